@@ -1,0 +1,214 @@
+//! The one message API. The popup, the result page, the context menu and the tests all speak it to the
+//! service worker through `chrome.runtime.sendMessage`; events are broadcast the same way to every
+//! extension page. README.md documents it for people; this module is the source of truth.
+//!
+//! Every message is a JSON object with a `type` field. Field names are camelCase.
+
+use serde::{Deserialize, Serialize};
+
+/// A request to the service worker. Each one gets exactly one [`Reply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Request {
+    /// Install the pack served under `baseUrl` (the Hub's file layout) into OPFS.
+    #[serde(rename_all = "camelCase")]
+    InstallPack { base_url: String },
+    /// Whether a pack is installed, and any install in progress.
+    PackStatus,
+    /// Start a generation. Missing fields take their defaults.
+    Generate(GenerateRequest),
+    /// Cancel a running job.
+    Cancel { job: String },
+    /// The state of one job: running (with its last progress), done (with its result) or failed.
+    Job { job: String },
+}
+
+/// `generate`: what the caller asked for, before validation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GenerateRequest {
+    pub prompt: String,
+    pub width: Option<i64>,
+    pub height: Option<i64>,
+    pub steps: Option<i64>,
+    /// A u64, as a JSON number (exact up to 2^53) or a decimal string (any u64).
+    pub seed: Option<Seed>,
+    pub schedule: Option<String>,
+    /// Also return the token ids, sigmas and initial noise, for verification.
+    pub trace: bool,
+    /// `webgpu` (default) or `wasm`. The wasm backend is never chosen silently.
+    pub backend: Option<String>,
+}
+
+/// A seed as it arrives in JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Seed {
+    Number(f64),
+    Text(String),
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Stage {
+    TextEncoder,
+    Transformer,
+    Decoder,
+}
+
+/// The reply to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Reply {
+    /// `installPack` accepted; follow `packProgress` events.
+    InstallStarted,
+    PackStatus(PackStatus),
+    /// `generate` accepted: the job id and the seed it will use (as a decimal string).
+    #[serde(rename_all = "camelCase")]
+    JobStarted { job: String, seed: String },
+    Cancelled { job: String },
+    Job(JobState),
+    /// The request was refused; `error` says what was wrong and what is allowed.
+    Error { error: String },
+}
+
+/// `packStatus`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackStatus {
+    pub installed: bool,
+    /// Where the installed pack came from.
+    pub source: Option<String>,
+    /// Bytes of the installed pack.
+    pub bytes: u64,
+    /// An install in progress, if any.
+    pub installing: Option<PackProgress>,
+    /// The last install failure, if the last install failed.
+    pub error: Option<String>,
+}
+
+/// Progress of a pack install.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackProgress {
+    pub file: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// The state of a job (`job` request, and what pages show when they open late).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum JobState {
+    Running { progress: Option<Progress> },
+    Done { result: GenerateResult },
+    Failed { error: String },
+    Cancelled,
+    Unknown,
+}
+
+/// One progress report of a running job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    pub stage: Stage,
+    /// 1-based step within the stage (the transformer has `steps` of them, the others 1).
+    pub step: u32,
+    pub steps: u32,
+}
+
+/// A finished image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerateResult {
+    pub job: String,
+    /// The PNG, base64. It carries the prompt, seed, size, steps and schedule in text chunks.
+    pub png: String,
+    pub prompt: String,
+    pub seed: String,
+    pub width: u32,
+    pub height: u32,
+    pub steps: u32,
+    pub schedule: String,
+    /// Prompt tokens used, chat template included, at most 512.
+    pub token_count: u32,
+    /// Whether the prompt lost its tail to the 512-token limit.
+    pub truncated: bool,
+    pub trace: Option<Trace>,
+    /// Where the time went, for benchmarks.
+    pub timings: Option<Timings>,
+}
+
+/// Time spent in one generation, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    /// Inside ORT's `InferenceSession.create`, all stages.
+    pub session_create_ms: f64,
+    /// Inside ORT's `run`, all stages.
+    pub run_ms: f64,
+    /// From the offscreen document receiving the job to the PNG being ready.
+    pub total_ms: f64,
+}
+
+/// What the independent reference needs to recompute an image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trace {
+    /// 512 ids, padded.
+    pub input_ids: Vec<i64>,
+    pub attention_mask: Vec<i64>,
+    /// `steps + 1` sigmas, the last one 0.
+    pub sigmas: Vec<f32>,
+    /// Initial packed latents `[1, N, 128]`, float32 little-endian, base64.
+    pub noise: String,
+}
+
+/// An event, broadcast to every extension page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Event {
+    #[serde(rename_all = "camelCase")]
+    Progress { job: String, progress: Progress },
+    Result(GenerateResult),
+    Failed { job: String, error: String },
+    Cancelled { job: String },
+    PackProgress(PackProgress),
+    PackInstalled { bytes: u64 },
+    PackFailed { error: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_use_camel_case_tags_and_defaults() {
+        let r: Request = serde_json::from_str(r#"{"type":"generate","prompt":"a cat"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Generate(GenerateRequest { prompt: "a cat".into(), ..Default::default() })
+        );
+        let r: Request =
+            serde_json::from_str(r#"{"type":"installPack","baseUrl":"http://x/"}"#).unwrap();
+        assert_eq!(r, Request::InstallPack { base_url: "http://x/".into() });
+        let r: Request =
+            serde_json::from_str(r#"{"type":"generate","prompt":"p","seed":"18446744073709551615"}"#)
+                .unwrap();
+        let Request::Generate(g) = r else { panic!() };
+        assert_eq!(g.seed, Some(Seed::Text("18446744073709551615".into())));
+    }
+
+    #[test]
+    fn events_serialize_with_type_tag() {
+        let e = Event::Progress {
+            job: "j1".into(),
+            progress: Progress { stage: Stage::Transformer, step: 2, steps: 4 },
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"progress","job":"j1","progress":{"stage":"transformer","step":2,"steps":4}}"#
+        );
+    }
+}

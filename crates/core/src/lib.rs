@@ -1,0 +1,45 @@
+//! The Imagine pipeline without the web.
+//!
+//! Everything here is plain Rust that builds for `wasm32-unknown-unknown` and is tested natively; the
+//! browser crates call it from their workers. One generation goes through these stages, in order:
+//!
+//! 1. **Parameters** ([`params`]): a `generate` request ([`api::GenerateRequest`]) is validated into
+//!    [`GenerateParams`]: size, steps, seed, schedule, backend. The service worker does this before
+//!    it accepts a job.
+//! 2. **Prompt** ([`prompt`]): [`PromptEncoder`] wraps the prompt in the Qwen3 chat template and
+//!    tokenizes it to 512 ids plus an attention mask, the text encoder graph's inputs.
+//! 3. **Schedule** ([`schedule`]): [`Schedule::sigmas`] gives the `steps + 1` noise levels.
+//! 4. **Latents** ([`latents`]): position ids for text and image tokens, the initial noise from the
+//!    seed, and the Euler step `x += (sigma_next - sigma) * v` after each transformer call.
+//! 5. **Decoder input** ([`latents`] again): the final tokens unpacked to `[128, h, w]`, or
+//!    unpatchified to `[32, 2h, 2w]`, whichever the decoder graph asks for.
+//! 6. **Image** ([`image`]): the decoder's sample to RGBA8, then a PNG carrying the parameters.
+//!
+//! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
+//! manifests, external-data locations), and [`api`] holds the message API types.
+//!
+//! Numerics follow the upstream diffusers pipeline (`shared/docs/reference-pipeline.md`); each
+//! module says where and why it departs from it.
+
+#![deny(missing_docs)]
+
+// The message API is documented in README.md and on its types; its messages are built and
+// serialized one at a time, so the size of their largest variant does not matter.
+#[allow(missing_docs, clippy::large_enum_variant)]
+pub mod api;
+pub mod image;
+pub mod latents;
+pub mod pack;
+pub mod params;
+pub mod prompt;
+pub mod schedule;
+
+pub use image::{encode_png, to_rgba8, ImageError, PngMeta};
+pub use latents::{
+    euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify,
+    LengthError,
+};
+pub use pack::{external_data_locations, parse_manifest, validate_relative_path, Graph, PackError};
+pub use params::{Backend, GenerateParams, ParamError};
+pub use prompt::{EncodedPrompt, PromptEncoder, PromptError};
+pub use schedule::Schedule;

@@ -1,0 +1,467 @@
+//! The pack contract: which graphs a pack holds, and which files each one needs.
+//!
+//! A pack (`cgb/flux2-klein-4b-onnx-webgpu`) holds three ONNX graphs. A graph's weights may live in
+//! external-data files: sharded ones are listed in `<stem>.manifest.json`, and every graph records
+//! the file names it needs in its initializers (`TensorProto.external_data`, key `location`). The
+//! pack's card does not say which graph has which files, so the extension derives it from the pack
+//! itself with [`parse_manifest`] and [`external_data_locations`], never from a hard-coded list.
+//!
+//! [`external_data_locations`] walks the protobuf wire format directly (varints and length-delimited
+//! fields; a protobuf crate and ONNX's schema would be far more code for three field numbers).
+//!
+//! Names from a pack become OPFS paths, so every one passes [`validate_relative_path`].
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// One of the pack's three graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Graph {
+    /// Qwen3 text encoder, int4 weights.
+    TextEncoder,
+    /// FLUX.2 klein transformer, int8 weights.
+    Transformer,
+    /// VAE decoder, float32.
+    Decoder,
+}
+
+impl Graph {
+    /// All graphs, in pipeline order.
+    pub const ALL: [Graph; 3] = [Graph::TextEncoder, Graph::Transformer, Graph::Decoder];
+
+    /// The file stem in the pack.
+    pub fn stem(self) -> &'static str {
+        match self {
+            Graph::TextEncoder => "text_encoder_q4",
+            Graph::Transformer => "transformer_q8",
+            Graph::Decoder => "vae_decoder",
+        }
+    }
+
+    /// `<stem>.onnx`.
+    pub fn file_name(self) -> String {
+        format!("{}.onnx", self.stem())
+    }
+
+    /// `<stem>.manifest.json`, present when the graph's weights are sharded.
+    pub fn manifest_name(self) -> String {
+        format!("{}.manifest.json", self.stem())
+    }
+}
+
+/// A pack file that breaks the contract.
+#[derive(Debug, Error)]
+pub enum PackError {
+    /// A manifest that is not `{ "shards": [{ "path": ... }, ...] }`.
+    #[error("the manifest is not of the form {{\"shards\": [{{\"path\": \"...\"}}, ...]}}: {0}")]
+    Manifest(#[from] serde_json::Error),
+    /// An ONNX file that is not a well-formed protobuf.
+    #[error("the ONNX graph is not a valid protobuf: {what} at byte {offset}")]
+    Protobuf {
+        /// What was wrong.
+        what: &'static str,
+        /// Where, from the start of the enclosing message.
+        offset: usize,
+    },
+    /// A file name that cannot be used as a relative path inside the pack.
+    #[error("{path:?} is not allowed as a file name in the pack: {reason}")]
+    Path {
+        /// The name as written in the pack.
+        path: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    shards: Vec<Shard>,
+}
+
+#[derive(Deserialize)]
+struct Shard {
+    path: String,
+}
+
+/// The shard file names of a `<stem>.manifest.json`, in order. Each passes
+/// [`validate_relative_path`] and is returned normalized.
+pub fn parse_manifest(bytes: &[u8]) -> Result<Vec<String>, PackError> {
+    let manifest: Manifest = serde_json::from_slice(bytes)?;
+    manifest.shards.iter().map(|s| validate_relative_path(&s.path).map(str::to_owned)).collect()
+}
+
+/// Checks a file name from the pack and returns it without leading `./`. Refuses the empty name,
+/// absolute paths, `..` and empty components, backslashes and NUL.
+pub fn validate_relative_path(path: &str) -> Result<&str, PackError> {
+    let refuse = |reason| Err(PackError::Path { path: path.to_owned(), reason });
+    if path.contains('\0') {
+        return refuse("it contains NUL");
+    }
+    if path.contains('\\') {
+        return refuse("it contains a backslash");
+    }
+    if path.starts_with('/') {
+        return refuse("it is absolute");
+    }
+    let mut rest = path;
+    while let Some(stripped) = rest.strip_prefix("./") {
+        rest = stripped;
+    }
+    if rest.is_empty() {
+        return refuse("it is empty");
+    }
+    for component in rest.split('/') {
+        match component {
+            ".." => return refuse("it has a `..` component"),
+            "" | "." => return refuse("it has an empty or `.` component"),
+            _ => {}
+        }
+    }
+    Ok(rest)
+}
+
+// Field numbers in onnx.proto.
+const MODEL_GRAPH: u64 = 7;
+const GRAPH_INITIALIZER: u64 = 5;
+const TENSOR_EXTERNAL_DATA: u64 = 13;
+const TENSOR_DATA_LOCATION: u64 = 14;
+const ENTRY_KEY: u64 = 1;
+const ENTRY_VALUE: u64 = 2;
+const DATA_LOCATION_EXTERNAL: u64 = 1;
+
+/// The external-data file names (`location`) that the initializers of an ONNX model record, unique,
+/// in first-seen order, exactly as written in the graph (the name ONNX Runtime Web matches against
+/// `externalData[].path`). Each one is checked with [`validate_relative_path`]. A model with all its
+/// weights inside gives an empty list.
+pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<String>, PackError> {
+    let mut locations: Vec<String> = Vec::new();
+    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
+        for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
+            if let Some(location) = tensor_location(tensor?)? {
+                validate_relative_path(location)?;
+                if !locations.iter().any(|l| l == location) {
+                    locations.push(location.to_owned());
+                }
+            }
+        }
+    }
+    Ok(locations)
+}
+
+const GRAPH_INPUT: u64 = 11;
+const GRAPH_OUTPUT: u64 = 12;
+const VALUE_INFO_TYPE: u64 = 2;
+const TYPE_TENSOR: u64 = 1;
+const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
+const ELEM_TYPE_FLOAT16: u64 = 10;
+
+/// Whether any declared input or output of the model's graph is float16. Read from the graph itself,
+/// before a session exists, because loading a float16 graph on a WebGPU device without `shader-f16`
+/// fails or, on some backends, silently computes zeros.
+pub fn declares_float16(onnx_bytes: &[u8]) -> Result<bool, PackError> {
+    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
+        let graph = graph?;
+        let values = Fields::new(graph)
+            .filter_field(GRAPH_INPUT)
+            .chain(Fields::new(graph).filter_field(GRAPH_OUTPUT));
+        for value in values {
+            for ty in Fields::new(value?).filter_field(VALUE_INFO_TYPE) {
+                for tensor in Fields::new(ty?).filter_field(TYPE_TENSOR) {
+                    for field in Fields::new(tensor?) {
+                        if field? == (TENSOR_TYPE_ELEM_TYPE, Value::Varint(ELEM_TYPE_FLOAT16)) {
+                            return Ok(true);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The `location` of a TensorProto whose `data_location` is EXTERNAL.
+fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
+    let (mut external, mut location) = (false, None);
+    for field in Fields::new(tensor) {
+        match field? {
+            (TENSOR_DATA_LOCATION, Value::Varint(v)) => external = v == DATA_LOCATION_EXTERNAL,
+            (TENSOR_EXTERNAL_DATA, Value::Bytes(entry)) => {
+                let (mut key, mut value) = (None, None);
+                for f in Fields::new(entry) {
+                    match f? {
+                        (ENTRY_KEY, Value::Bytes(b)) => key = Some(b),
+                        (ENTRY_VALUE, Value::Bytes(b)) => value = Some(b),
+                        _ => {}
+                    }
+                }
+                if key == Some(b"location".as_slice()) {
+                    let v = value.unwrap_or_default();
+                    let s = std::str::from_utf8(v).map_err(|_| PackError::Protobuf {
+                        what: "a location that is not UTF-8",
+                        offset: 0,
+                    })?;
+                    location = Some(s);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(location.filter(|_| external))
+}
+
+/// A field's payload in the protobuf wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Value<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    /// fixed32 or fixed64, unused here.
+    Fixed,
+}
+
+/// Iterator over the `(field number, value)` pairs of one message.
+struct Fields<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    failed: bool,
+}
+
+impl<'a> Fields<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0, failed: false }
+    }
+
+    fn error<T>(&mut self, what: &'static str) -> Result<T, PackError> {
+        self.failed = true;
+        Err(PackError::Protobuf { what, offset: self.pos })
+    }
+
+    fn varint(&mut self) -> Result<u64, PackError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(&byte) = self.buf.get(self.pos) else {
+                return self.error("a truncated varint");
+            };
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        self.error("a varint longer than 10 bytes")
+    }
+
+    fn take(&mut self, len: u64) -> Result<&'a [u8], PackError> {
+        let end = usize::try_from(len).ok().and_then(|l| self.pos.checked_add(l));
+        match end {
+            Some(end) if end <= self.buf.len() => {
+                let bytes = &self.buf[self.pos..end];
+                self.pos = end;
+                Ok(bytes)
+            }
+            _ => self.error("a field that runs past the end of its message"),
+        }
+    }
+
+    fn next_field(&mut self) -> Result<(u64, Value<'a>), PackError> {
+        let key = self.varint()?;
+        let value = match key & 7 {
+            0 => Value::Varint(self.varint()?),
+            1 => self.take(8).map(|_| Value::Fixed)?,
+            2 => {
+                let len = self.varint()?;
+                Value::Bytes(self.take(len)?)
+            }
+            5 => self.take(4).map(|_| Value::Fixed)?,
+            _ => return self.error("an unsupported wire type (groups are not used by ONNX)"),
+        };
+        Ok((key >> 3, value))
+    }
+
+    /// The length-delimited payloads of field `number`.
+    fn filter_field(self, number: u64) -> impl Iterator<Item = Result<&'a [u8], PackError>> {
+        self.filter_map(move |f| match f {
+            Ok((n, Value::Bytes(b))) if n == number => Some(Ok(b)),
+            Ok((n, _)) if n == number => Some(Err(PackError::Protobuf {
+                what: "a message field with a scalar wire type",
+                offset: 0,
+            })),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u64, Value<'a>), PackError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.pos >= self.buf.len() {
+            return None;
+        }
+        Some(self.next_field())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A minimal protobuf writer for building test models by hand.
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    fn bytes_field(number: u64, payload: &[u8], out: &mut Vec<u8>) {
+        varint(number << 3 | 2, out);
+        varint(payload.len() as u64, out);
+        out.extend_from_slice(payload);
+    }
+    fn varint_field(number: u64, v: u64, out: &mut Vec<u8>) {
+        varint(number << 3, out);
+        varint(v, out);
+    }
+    fn entry(key: &str, value: &str) -> Vec<u8> {
+        let mut e = Vec::new();
+        bytes_field(1, key.as_bytes(), &mut e);
+        bytes_field(2, value.as_bytes(), &mut e);
+        e
+    }
+    /// A TensorProto named `name`; external in `location` when given.
+    fn tensor(name: &str, location: Option<&str>, location_first: bool) -> Vec<u8> {
+        let mut t = Vec::new();
+        varint_field(1, 4, &mut t); // dims
+        varint_field(2, 1, &mut t); // data_type FLOAT
+        bytes_field(8, name.as_bytes(), &mut t);
+        t.extend_from_slice(&[0x25, 0, 0, 0x80, 0x3f]); // field 4 (float_data), fixed32 1.0
+        if let Some(loc) = location {
+            if !location_first {
+                varint_field(14, 1, &mut t);
+            }
+            bytes_field(13, &entry("location", loc), &mut t);
+            bytes_field(13, &entry("offset", "0"), &mut t);
+            bytes_field(13, &entry("length", "16"), &mut t);
+            if location_first {
+                varint_field(14, 1, &mut t);
+            }
+        }
+        t
+    }
+    fn model(tensors: &[Vec<u8>]) -> Vec<u8> {
+        let mut g = Vec::new();
+        bytes_field(1, b"node", &mut g); // a NodeProto-ish field to skip
+        bytes_field(2, b"graph", &mut g); // name
+        for t in tensors {
+            bytes_field(5, t, &mut g);
+        }
+        let mut m = Vec::new();
+        varint_field(1, 8, &mut m); // ir_version
+        bytes_field(2, b"imagine-test", &mut m); // producer_name
+        bytes_field(7, &g, &mut m);
+        m.extend_from_slice(&[0x09, 1, 2, 3, 4, 5, 6, 7, 8]); // field 1, fixed64, skipped
+        m
+    }
+
+    #[test]
+    fn graph_names() {
+        assert_eq!(Graph::Transformer.file_name(), "transformer_q8.onnx");
+        assert_eq!(Graph::TextEncoder.manifest_name(), "text_encoder_q4.manifest.json");
+        assert_eq!(Graph::Decoder.stem(), "vae_decoder");
+        assert_eq!(Graph::ALL.len(), 3);
+    }
+
+    #[test]
+    fn manifest() {
+        let m = br#"{ "shards": [{ "path": "transformer_q8-00000.data" }, { "path": "./transformer_q8-00001.data" }] }"#;
+        assert_eq!(
+            parse_manifest(m).unwrap(),
+            vec!["transformer_q8-00000.data", "transformer_q8-00001.data"]
+        );
+        assert_eq!(parse_manifest(br#"{"shards":[]}"#).unwrap(), Vec::<String>::new());
+        assert!(matches!(
+            parse_manifest(br#"{"shards":[{"size":1}]}"#),
+            Err(PackError::Manifest(_))
+        ));
+        assert!(matches!(parse_manifest(b"[]"), Err(PackError::Manifest(_))));
+        assert!(matches!(
+            parse_manifest(br#"{"shards":[{"path":"../x"}]}"#),
+            Err(PackError::Path { .. })
+        ));
+    }
+
+    #[test]
+    fn relative_paths() {
+        assert_eq!(validate_relative_path("a.data").unwrap(), "a.data");
+        assert_eq!(validate_relative_path("./a.data").unwrap(), "a.data");
+        assert_eq!(validate_relative_path("dir/a.data").unwrap(), "dir/a.data");
+        assert_eq!(validate_relative_path("..a").unwrap(), "..a");
+        for bad in ["", "./", "/a", "../a", "a/../b", "a/..", "a\\b", "a\0b", "a//b", "a/./b", "a/"]
+        {
+            assert!(validate_relative_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            validate_relative_path("../x").unwrap_err().to_string(),
+            r#""../x" is not allowed as a file name in the pack: it has a `..` component"#
+        );
+    }
+
+    #[test]
+    fn locations_unique_in_first_seen_order() {
+        let m = model(&[
+            tensor("a", Some("w-00001.data"), false),
+            tensor("inline", None, false),
+            tensor("b", Some("w-00000.data"), true),
+            tensor("c", Some("w-00001.data"), false),
+        ]);
+        assert_eq!(external_data_locations(&m).unwrap(), vec!["w-00001.data", "w-00000.data"]);
+        assert_eq!(
+            external_data_locations(&model(&[tensor("x", None, false)])).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(external_data_locations(&[]).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn location_without_external_flag_is_ignored() {
+        let mut t = tensor("a", None, false);
+        bytes_field(13, &entry("location", "ignored.data"), &mut t);
+        assert_eq!(external_data_locations(&model(&[t])).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn malformed_protobuf_is_an_error() {
+        let m = model(&[tensor("a", Some("w.data"), false)]);
+        for cut in [1, m.len() / 2, m.len() - 3] {
+            // Cutting inside the graph field leaves a length past the end.
+            let r = external_data_locations(&m[..cut]);
+            assert!(r.is_err() || r.as_ref().is_ok_and(|v| v.is_empty()), "cut {cut}: {r:?}");
+        }
+        assert!(matches!(
+            external_data_locations(&[0x3a, 0x05, 1]),
+            Err(PackError::Protobuf { .. })
+        ));
+        assert!(matches!(external_data_locations(&[0x0b]), Err(PackError::Protobuf { .. }))); // group
+        assert!(matches!(external_data_locations(&[0x80; 11]), Err(PackError::Protobuf { .. })));
+        assert!(matches!(external_data_locations(&[0x38, 0x01]), Err(PackError::Protobuf { .. })));
+    }
+
+    #[test]
+    fn unsafe_location_is_refused() {
+        let m = model(&[tensor("a", Some("../../etc/passwd"), false)]);
+        assert!(matches!(external_data_locations(&m), Err(PackError::Path { .. })));
+    }
+
+    /// A model written by Python `onnx` (`tests/data/make_external_data.py`): two external-data
+    /// tensors in two files, plus an inline one.
+    #[test]
+    fn real_onnx_file() {
+        let bytes = include_bytes!("../tests/data/external_data.onnx");
+        assert_eq!(
+            external_data_locations(bytes).unwrap(),
+            vec!["weights_a.data", "weights_b.data"]
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! Validation of a `generate` request into the parameters of one run.
+//!
+//! The service worker validates before it starts a job, so a bad request is refused at once with a
+//! sentence that names the field, the value and what is allowed, instead of failing minutes later in
+//! a stage worker. Everything downstream takes [`GenerateParams`], which cannot hold a bad value.
+//!
+//! The prompt is taken as it is: the empty prompt is valid (upstream encodes `""` fine) and a long
+//! prompt is truncated to 512 tokens by the prompt encoder, which reports it.
+
+use crate::api::{GenerateRequest, Seed};
+use crate::schedule::Schedule;
+use thiserror::Error;
+
+/// Smallest width or height, in pixels.
+pub const MIN_SIZE: u32 = 256;
+/// Largest width or height, in pixels.
+pub const MAX_SIZE: u32 = 1536;
+/// Width and height must be multiples of this (VAE factor 8 times the 2x2 patch).
+pub const SIZE_MULTIPLE: u32 = 16;
+/// Largest step count.
+pub const MAX_STEPS: u32 = 50;
+/// Width and height when the request gives none.
+pub const DEFAULT_SIZE: u32 = 512;
+/// Step count when the request gives none (the distilled model's fixed 4).
+pub const DEFAULT_STEPS: u32 = 4;
+/// Largest seed that a JSON number carries exactly (2^53); larger seeds come as strings.
+pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
+
+/// The ONNX Runtime Web execution provider that runs the graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// WebGPU; the default.
+    #[default]
+    WebGpu,
+    /// The CPU (wasm) backend. Only ever used when asked for.
+    Wasm,
+}
+
+impl Backend {
+    /// Every backend, in the order the API lists them.
+    pub const ALL: [Backend; 2] = [Backend::WebGpu, Backend::Wasm];
+
+    /// The backend called `name` in the message API (`webgpu`, `wasm`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    /// The name used in the message API (and by ONNX Runtime Web's `executionProviders`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::WebGpu => "webgpu",
+            Backend::Wasm => "wasm",
+        }
+    }
+}
+
+/// The validated parameters of one generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerateParams {
+    /// The user's prompt, unchanged.
+    pub prompt: String,
+    /// Image width in pixels: a multiple of 16 in `256..=1536`.
+    pub width: u32,
+    /// Image height in pixels: a multiple of 16 in `256..=1536`.
+    pub height: u32,
+    /// Denoising steps, `1..=50`.
+    pub steps: u32,
+    /// The noise seed.
+    pub seed: u64,
+    /// How sigmas are spaced.
+    pub schedule: Schedule,
+    /// Whether to return the token ids, sigmas and initial noise.
+    pub trace: bool,
+    /// Where the graphs run.
+    pub backend: Backend,
+}
+
+impl GenerateParams {
+    /// Latent grid `(h, w)` = `(height/16, width/16)`: one image token per cell.
+    pub fn latent_size(&self) -> (u32, u32) {
+        (self.height / SIZE_MULTIPLE, self.width / SIZE_MULTIPLE)
+    }
+
+    /// Image tokens N = (H/16)·(W/16).
+    pub fn image_tokens(&self) -> u32 {
+        let (h, w) = self.latent_size();
+        h * w
+    }
+
+    /// The `steps + 1` sigmas of this run.
+    pub fn sigmas(&self) -> Vec<f32> {
+        self.schedule.sigmas(self.image_tokens(), self.steps)
+    }
+}
+
+/// Why a `generate` request was refused. The message names the field, the value and what is allowed.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ParamError {
+    /// Width or height out of range or not a multiple of 16.
+    #[error(
+        "{field} {value} is not allowed: {field} must be a multiple of {SIZE_MULTIPLE} from {MIN_SIZE} to {MAX_SIZE}"
+    )]
+    Size {
+        /// `width` or `height`.
+        field: &'static str,
+        /// The value asked for.
+        value: i64,
+    },
+    /// Steps out of range.
+    #[error("steps {value} is not allowed: steps must be an integer from 1 to {MAX_STEPS}")]
+    Steps {
+        /// The value asked for.
+        value: i64,
+    },
+    /// A seed that is not a u64 in an allowed form.
+    #[error(
+        "seed {value} is not allowed: seed must be a whole number from 0 to 2^53 (9007199254740992) as a JSON number, or a decimal string from 0 to {max}",
+        max = u64::MAX
+    )]
+    Seed {
+        /// The value asked for, as it was written (strings quoted).
+        value: String,
+    },
+    /// An unknown schedule name.
+    #[error("schedule {value:?} is not known: schedule must be one of \"empirical\" (the default) or \"linear-shift\"")]
+    Schedule {
+        /// The name asked for.
+        value: String,
+    },
+    /// An unknown backend name.
+    #[error(
+        "backend {value:?} is not known: backend must be \"webgpu\" (the default) or \"wasm\""
+    )]
+    Backend {
+        /// The name asked for.
+        value: String,
+    },
+}
+
+impl GenerateRequest {
+    /// Checks every field and fills in defaults. `random_seed` is used only when the request has no
+    /// seed; the caller draws it (the core has no OS randomness).
+    pub fn validate(self, random_seed: u64) -> Result<GenerateParams, ParamError> {
+        let width = size("width", self.width)?;
+        let height = size("height", self.height)?;
+        let steps = match self.steps {
+            None => DEFAULT_STEPS,
+            Some(v) => match u32::try_from(v) {
+                Ok(s) if (1..=MAX_STEPS).contains(&s) => s,
+                _ => return Err(ParamError::Steps { value: v }),
+            },
+        };
+        let seed = match &self.seed {
+            None => random_seed,
+            Some(s) => parse_seed(s)?,
+        };
+        let schedule = match self.schedule.as_deref() {
+            None => Schedule::default(),
+            Some(name) => Schedule::from_name(name)
+                .ok_or_else(|| ParamError::Schedule { value: name.to_owned() })?,
+        };
+        let backend = match self.backend.as_deref() {
+            None => Backend::default(),
+            Some(name) => Backend::from_name(name)
+                .ok_or_else(|| ParamError::Backend { value: name.to_owned() })?,
+        };
+        Ok(GenerateParams {
+            prompt: self.prompt,
+            width,
+            height,
+            steps,
+            seed,
+            schedule,
+            trace: self.trace,
+            backend,
+        })
+    }
+}
+
+fn size(field: &'static str, value: Option<i64>) -> Result<u32, ParamError> {
+    let Some(v) = value else { return Ok(DEFAULT_SIZE) };
+    match u32::try_from(v) {
+        Ok(s) if (MIN_SIZE..=MAX_SIZE).contains(&s) && s % SIZE_MULTIPLE == 0 => Ok(s),
+        _ => Err(ParamError::Size { field, value: v }),
+    }
+}
+
+/// A JSON number must be a whole number in `0..=2^53` (beyond that JSON numbers lose digits); a
+/// string must be plain decimal digits of a u64 (no sign, no spaces).
+fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
+    match seed {
+        Seed::Number(n) => {
+            let ok = n.is_finite()
+                && n.fract() == 0.0
+                && (0.0..=MAX_JSON_NUMBER_SEED as f64).contains(n);
+            // `-0.0` passes the range check and becomes 0, which is harmless.
+            if ok {
+                Ok(*n as u64)
+            } else {
+                Err(ParamError::Seed { value: n.to_string() })
+            }
+        }
+        Seed::Text(s) => {
+            let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            digits
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| ParamError::Seed { value: format!("{s:?}") })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> GenerateRequest {
+        serde_json::from_str(json).expect("test request is valid JSON")
+    }
+
+    fn err(json: &str) -> String {
+        req(json).validate(7).expect_err("should be refused").to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let p = req(r#"{"prompt":"a cat"}"#).validate(42).unwrap();
+        assert_eq!(
+            p,
+            GenerateParams {
+                prompt: "a cat".into(),
+                width: 512,
+                height: 512,
+                steps: 4,
+                seed: 42,
+                schedule: Schedule::Empirical,
+                trace: false,
+                backend: Backend::WebGpu,
+            }
+        );
+        assert_eq!(p.latent_size(), (32, 32));
+        assert_eq!(p.image_tokens(), 1024);
+        assert_eq!(p.sigmas().len(), 5);
+    }
+
+    #[test]
+    fn every_field_set() {
+        let p = req(
+            r#"{"prompt":"","width":1536,"height":256,"steps":50,"seed":"18446744073709551615",
+                "schedule":"linear-shift","trace":true,"backend":"wasm"}"#,
+        )
+        .validate(1)
+        .unwrap();
+        assert_eq!((p.width, p.height, p.steps), (1536, 256, 50));
+        assert_eq!(p.seed, u64::MAX);
+        assert_eq!(p.schedule, Schedule::LinearShift);
+        assert!(p.trace);
+        assert_eq!(p.backend, Backend::Wasm);
+        assert_eq!(p.prompt, "");
+        assert_eq!(p.latent_size(), (16, 96));
+    }
+
+    #[test]
+    fn sizes() {
+        for ok in [256, 272, 512, 1024, 1088, 1536] {
+            let p = req(&format!(r#"{{"width":{ok},"height":{ok}}}"#)).validate(0).unwrap();
+            assert_eq!((p.width, p.height), (ok as u32, ok as u32));
+        }
+        assert_eq!(
+            err(r#"{"width":500}"#),
+            "width 500 is not allowed: width must be a multiple of 16 from 256 to 1536"
+        );
+        assert_eq!(
+            err(r#"{"height":1552}"#),
+            "height 1552 is not allowed: height must be a multiple of 16 from 256 to 1536"
+        );
+        for bad in [0, 240, 255, 257, 1537, 1552, -512, 4294967808i64] {
+            assert!(err(&format!(r#"{{"width":{bad}}}"#)).starts_with(&format!("width {bad} ")));
+            assert!(err(&format!(r#"{{"height":{bad}}}"#)).starts_with(&format!("height {bad} ")));
+        }
+    }
+
+    #[test]
+    fn steps() {
+        for ok in [1, 4, 50] {
+            assert_eq!(req(&format!(r#"{{"steps":{ok}}}"#)).validate(0).unwrap().steps, ok as u32);
+        }
+        assert_eq!(
+            err(r#"{"steps":0}"#),
+            "steps 0 is not allowed: steps must be an integer from 1 to 50"
+        );
+        for bad in [-1, 51, 4294967297i64] {
+            assert!(err(&format!(r#"{{"steps":{bad}}}"#)).starts_with(&format!("steps {bad} ")));
+        }
+    }
+
+    #[test]
+    fn seeds() {
+        let seed = |json: &str| req(json).validate(99).map(|p| p.seed);
+        assert_eq!(seed(r#"{}"#), Ok(99));
+        assert_eq!(seed(r#"{"seed":0}"#), Ok(0));
+        assert_eq!(seed(r#"{"seed":12345}"#), Ok(12345));
+        assert_eq!(seed(r#"{"seed":9007199254740992}"#), Ok(1 << 53));
+        assert_eq!(seed(r#"{"seed":"0"}"#), Ok(0));
+        assert_eq!(seed(r#"{"seed":"18446744073709551615"}"#), Ok(u64::MAX));
+        for bad in [
+            r#"{"seed":-1}"#,
+            r#"{"seed":1.5}"#,
+            r#"{"seed":9007199254740994}"#,
+            r#"{"seed":1e300}"#,
+            r#"{"seed":""}"#,
+            r#"{"seed":"-1"}"#,
+            r#"{"seed":"+1"}"#,
+            r#"{"seed":" 1"}"#,
+            r#"{"seed":"0x10"}"#,
+            r#"{"seed":"18446744073709551616"}"#,
+        ] {
+            assert!(matches!(seed(bad), Err(ParamError::Seed { .. })), "{bad}");
+        }
+        assert_eq!(
+            err(r#"{"seed":-1}"#),
+            "seed -1 is not allowed: seed must be a whole number from 0 to 2^53 (9007199254740992) \
+             as a JSON number, or a decimal string from 0 to 18446744073709551615"
+        );
+        assert!(err(r#"{"seed":"abc"}"#).starts_with(r#"seed "abc" is not allowed"#));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            err(r#"{"schedule":"karras"}"#),
+            r#"schedule "karras" is not known: schedule must be one of "empirical" (the default) or "linear-shift""#
+        );
+        assert_eq!(
+            err(r#"{"backend":"cpu"}"#),
+            r#"backend "cpu" is not known: backend must be "webgpu" (the default) or "wasm""#
+        );
+        assert_eq!(
+            req(r#"{"schedule":"empirical","backend":"webgpu"}"#).validate(0).unwrap().backend,
+            Backend::WebGpu
+        );
+        for b in Backend::ALL {
+            assert_eq!(Backend::from_name(b.name()), Some(b));
+        }
+    }
+}

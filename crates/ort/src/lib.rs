@@ -1,0 +1,352 @@
+//! Thin bindings to ONNX Runtime Web (`onnxruntime-web/webgpu`, the native WebGPU execution provider).
+//!
+//! The ORT bundle ships inside the extension. A worker's entry shim imports it and exposes it as
+//! `globalThis.ort` before the wasm module starts, so these bindings never load code from anywhere and
+//! the contexts that don't run models (the service worker, pages) never load ORT at all.
+//!
+//! What is covered is what the pipeline needs: creating a session from graph bytes with its external
+//! data given as URLs or `File`s from OPFS (ORT reads them itself, we never hold a second copy), input and
+//! output metadata, float32 / float16 / int64 tensors, `run` and `release`.
+
+use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = ort, js_name = InferenceSession)]
+    type JsSession;
+
+    #[wasm_bindgen(catch, static_method_of = JsSession, js_namespace = ort, js_class = "InferenceSession", js_name = create)]
+    fn create(model: &Uint8Array, options: &Object) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(method, getter, js_name = inputMetadata)]
+    fn input_metadata(this: &JsSession) -> Array;
+
+    #[wasm_bindgen(method, getter, js_name = outputMetadata)]
+    fn output_metadata(this: &JsSession) -> Array;
+
+    #[wasm_bindgen(catch, method)]
+    fn run(this: &JsSession, feeds: &Object) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, method)]
+    fn release(this: &JsSession) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(js_namespace = ort, js_name = Tensor)]
+    type JsTensor;
+
+    #[wasm_bindgen(catch, constructor, js_namespace = ort, js_class = "Tensor")]
+    fn new(dtype: &str, data: &JsValue, dims: &Array) -> Result<JsTensor, JsValue>;
+
+    #[wasm_bindgen(method, getter)]
+    fn data(this: &JsTensor) -> JsValue;
+
+    #[wasm_bindgen(method, getter)]
+    fn dims(this: &JsTensor) -> Array;
+
+    #[wasm_bindgen(method, getter, js_name = type)]
+    fn dtype(this: &JsTensor) -> String;
+
+    #[wasm_bindgen(method)]
+    fn dispose(this: &JsTensor);
+
+    #[wasm_bindgen(thread_local_v2, js_namespace = ort, js_name = env)]
+    static ENV: Object;
+}
+
+/// Why an ORT call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OrtError {
+    /// ORT threw or rejected; the message is ORT's own.
+    #[error("{0}")]
+    Ort(String),
+    /// A tensor did not have the type the caller asked for.
+    #[error("tensor `{name}` is {found}, expected {expected}")]
+    WrongType { name: String, found: String, expected: &'static str },
+    /// `run` did not return an output the caller asked for.
+    #[error("the graph returned no output named `{0}`")]
+    MissingOutput(String),
+}
+
+impl From<JsValue> for OrtError {
+    fn from(value: JsValue) -> Self {
+        let message = value
+            .dyn_ref::<js_sys::Error>()
+            .map(|e| String::from(e.message()))
+            .or_else(|| value.as_string())
+            .unwrap_or_else(|| format!("{value:?}"));
+        OrtError::Ort(message)
+    }
+}
+
+/// Which ORT execution provider runs a session.
+#[derive(Debug, Clone)]
+pub enum Provider {
+    /// The native WebGPU EP on the given device (the caller owns it and destroys it).
+    WebGpu(JsValue),
+    /// ORT's CPU backend in wasm.
+    Wasm,
+}
+
+/// Where one external-data file of a graph comes from.
+pub struct ExternalData {
+    /// The location recorded in the graph.
+    pub path: String,
+    /// A URL string, or a `Blob`/`File` (an OPFS file is disk-backed; ORT reads it itself).
+    pub data: JsValue,
+}
+
+/// Element type of a tensor, as ORT names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DType {
+    Float32,
+    Float16,
+    Int64,
+    /// Any type the pipeline does not use.
+    Other(String),
+}
+
+impl DType {
+    fn from_name(name: &str) -> Self {
+        match name {
+            "float32" => DType::Float32,
+            "float16" => DType::Float16,
+            "int64" => DType::Int64,
+            other => DType::Other(other.to_owned()),
+        }
+    }
+
+    /// ORT's name for it.
+    pub fn name(&self) -> &str {
+        match self {
+            DType::Float32 => "float32",
+            DType::Float16 => "float16",
+            DType::Int64 => "int64",
+            DType::Other(name) => name,
+        }
+    }
+}
+
+/// One dimension of a declared shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(i64),
+    Symbolic(String),
+}
+
+/// A declared graph input or output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueInfo {
+    pub name: String,
+    pub dtype: DType,
+    /// Empty when the graph declares no shape.
+    pub shape: Vec<Dim>,
+}
+
+/// Sets process-wide ORT options. Call before the first session.
+pub fn configure(threads: u32) {
+    ENV.with(|env| {
+        if let Ok(wasm) = Reflect::get(env, &"wasm".into()) {
+            let _ = Reflect::set(&wasm, &"numThreads".into(), &threads.into());
+        }
+    });
+}
+
+/// An ORT inference session.
+pub struct Session {
+    inner: JsSession,
+}
+
+impl Session {
+    /// Creates a session from the graph's bytes and its external data.
+    pub async fn create(
+        graph: &Uint8Array,
+        external: &[ExternalData],
+        provider: &Provider,
+    ) -> Result<Session, OrtError> {
+        let options = Object::new();
+        let providers = Array::new();
+        match provider {
+            Provider::WebGpu(device) => {
+                let ep = Object::new();
+                set(&ep, "name", &"webgpu".into());
+                set(&ep, "device", device);
+                providers.push(&ep);
+            }
+            Provider::Wasm => {
+                providers.push(&"wasm".into());
+            }
+        }
+        set(&options, "executionProviders", &providers);
+        let files = Array::new();
+        for file in external {
+            let entry = Object::new();
+            set(&entry, "path", &file.path.as_str().into());
+            set(&entry, "data", &file.data);
+            files.push(&entry);
+        }
+        set(&options, "externalData", &files);
+        set(&options, "graphOptimizationLevel", &"all".into());
+        let inner = JsFuture::from(JsSession::create(graph, &options)?).await?;
+        Ok(Session { inner: inner.unchecked_into() })
+    }
+
+    /// The graph's declared inputs.
+    pub fn inputs(&self) -> Vec<ValueInfo> {
+        value_infos(&self.inner.input_metadata())
+    }
+
+    /// The graph's declared outputs.
+    pub fn outputs(&self) -> Vec<ValueInfo> {
+        value_infos(&self.inner.output_metadata())
+    }
+
+    /// Runs the graph and returns the outputs named in `wanted`, in that order.
+    pub async fn run(
+        &self,
+        feeds: &[(&str, &Tensor)],
+        wanted: &[&str],
+    ) -> Result<Vec<Tensor>, OrtError> {
+        let map = Object::new();
+        for (name, tensor) in feeds {
+            set(&map, name, &tensor.inner);
+        }
+        let results: Object = JsFuture::from(self.inner.run(&map)?).await?.unchecked_into();
+        let mut outputs = Vec::with_capacity(wanted.len());
+        for name in wanted {
+            let value = Reflect::get(&results, &(*name).into())?;
+            if value.is_undefined() {
+                return Err(OrtError::MissingOutput((*name).to_owned()));
+            }
+            outputs.push(Tensor { inner: value.unchecked_into(), name: (*name).to_owned() });
+        }
+        Ok(outputs)
+    }
+
+    /// Releases the session's native resources.
+    pub async fn release(self) -> Result<(), OrtError> {
+        JsFuture::from(self.inner.release()?).await?;
+        Ok(())
+    }
+}
+
+/// A CPU tensor.
+pub struct Tensor {
+    inner: JsTensor,
+    name: String,
+}
+
+impl Tensor {
+    fn build(dtype: &'static str, data: JsValue, dims: &[i64]) -> Result<Tensor, OrtError> {
+        let shape: Array = dims.iter().map(|&d| JsValue::from_f64(d as f64)).collect();
+        let inner = JsTensor::new(dtype, &data, &shape)?;
+        Ok(Tensor { inner, name: String::from("input") })
+    }
+
+    /// A float32 tensor holding a copy of `data`.
+    pub fn from_f32(data: &[f32], dims: &[i64]) -> Result<Tensor, OrtError> {
+        Self::build("float32", Float32Array::from(data).into(), dims)
+    }
+
+    /// A float16 tensor holding `data` converted from float32 (round to nearest even).
+    pub fn from_f32_as_f16(data: &[f32], dims: &[i64]) -> Result<Tensor, OrtError> {
+        let bits: Vec<u16> = data.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        Self::build("float16", Uint16Array::from(bits.as_slice()).into(), dims)
+    }
+
+    /// A float16 tensor from raw half-precision bits.
+    pub fn from_f16_bits(bits: &[u16], dims: &[i64]) -> Result<Tensor, OrtError> {
+        Self::build("float16", Uint16Array::from(bits).into(), dims)
+    }
+
+    /// A tensor of `dtype` (float32 or float16) from float32 values.
+    pub fn from_f32_in(dtype: &DType, data: &[f32], dims: &[i64]) -> Result<Tensor, OrtError> {
+        match dtype {
+            DType::Float32 => Self::from_f32(data, dims),
+            DType::Float16 => Self::from_f32_as_f16(data, dims),
+            other => Err(OrtError::WrongType {
+                name: "input".into(),
+                found: other.name().to_owned(),
+                expected: "float32 or float16",
+            }),
+        }
+    }
+
+    /// An int64 tensor.
+    pub fn from_i64(data: &[i64], dims: &[i64]) -> Result<Tensor, OrtError> {
+        Self::build("int64", BigInt64Array::from(data).into(), dims)
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        DType::from_name(&self.inner.dtype())
+    }
+
+    /// The shape.
+    pub fn dims(&self) -> Vec<i64> {
+        self.inner.dims().iter().map(|d| d.as_f64().unwrap_or(-1.0) as i64).collect()
+    }
+
+    /// The values as float32, converting from float16 where needed.
+    pub fn to_f32(&self) -> Result<Vec<f32>, OrtError> {
+        let data = self.inner.data();
+        match self.dtype() {
+            DType::Float32 => Ok(data.unchecked_into::<Float32Array>().to_vec()),
+            DType::Float16 => Ok(self.f16_bits()?.into_iter().map(|b| half::f16::from_bits(b).to_f32()).collect()),
+            other => Err(self.wrong_type(other, "float32 or float16")),
+        }
+    }
+
+    /// The raw half-precision bits of a float16 tensor (ORT may hand back a `Float16Array`).
+    pub fn f16_bits(&self) -> Result<Vec<u16>, OrtError> {
+        let dtype = self.dtype();
+        if dtype != DType::Float16 {
+            return Err(self.wrong_type(dtype, "float16"));
+        }
+        let data = self.inner.data();
+        let buffer = Reflect::get(&data, &"buffer".into())?;
+        let offset = Reflect::get(&data, &"byteOffset".into())?.as_f64().unwrap_or(0.0) as u32;
+        let length = Reflect::get(&data, &"length".into())?.as_f64().unwrap_or(0.0) as u32;
+        Ok(Uint16Array::new_with_byte_offset_and_length(&buffer, offset, length).to_vec())
+    }
+
+    fn wrong_type(&self, found: DType, expected: &'static str) -> OrtError {
+        OrtError::WrongType { name: self.name.clone(), found: found.name().to_owned(), expected }
+    }
+
+    /// Frees the tensor's data now rather than at garbage collection.
+    pub fn dispose(self) {
+        self.inner.dispose();
+    }
+}
+
+fn set(target: &Object, key: &str, value: &JsValue) {
+    // Setting a property on a plain object we just created cannot fail.
+    let _ = Reflect::set(target, &key.into(), value);
+}
+
+fn value_infos(metadata: &Array) -> Vec<ValueInfo> {
+    metadata
+        .iter()
+        .map(|item| {
+            let get = |key: &str| Reflect::get(&item, &key.into()).unwrap_or(JsValue::UNDEFINED);
+            let shape = get("shape");
+            let shape = if Array::is_array(&shape) {
+                Array::from(&shape)
+                    .iter()
+                    .map(|d| match d.as_f64() {
+                        Some(n) => Dim::Fixed(n as i64),
+                        None => Dim::Symbolic(d.as_string().unwrap_or_default()),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            ValueInfo {
+                name: get("name").as_string().unwrap_or_default(),
+                dtype: DType::from_name(&get("type").as_string().unwrap_or_default()),
+                shape,
+            }
+        })
+        .collect()
+}

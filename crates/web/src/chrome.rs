@@ -1,0 +1,37 @@
+//! The few `chrome.*` extension APIs the contexts use, bound directly (no polyfill).
+
+use js_sys::Promise;
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "runtime"], js_name = sendMessage)]
+    pub fn runtime_send_message(message: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(js_namespace = ["chrome", "runtime"], js_name = getURL)]
+    pub fn runtime_get_url(path: &str) -> String;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "runtime"], js_name = getContexts)]
+    pub fn runtime_get_contexts(filter: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "offscreen"], js_name = createDocument)]
+    pub fn offscreen_create_document(parameters: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "contextMenus"], js_name = removeAll)]
+    pub fn context_menus_remove_all() -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "contextMenus"], js_name = create)]
+    pub fn context_menus_create(properties: &JsValue) -> Result<JsValue, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "tabs"], js_name = create)]
+    pub fn tabs_create(properties: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "session"], js_name = get)]
+    pub fn session_get(keys: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "session"], js_name = set)]
+    pub fn session_set(items: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "session"], js_name = remove)]
+    pub fn session_remove(keys: &JsValue) -> Result<Promise, JsValue>;
+}

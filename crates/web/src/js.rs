@@ -1,0 +1,80 @@
+//! Small helpers for crossing the JS boundary.
+
+use js_sys::{Object, Reflect, JSON};
+use serde::{de::DeserializeOwned, Serialize};
+use wasm_bindgen::prelude::*;
+
+/// A message for an error that came from JS.
+pub fn error_text(value: &JsValue) -> String {
+    value
+        .dyn_ref::<js_sys::Error>()
+        .map(|e| String::from(e.message()))
+        .or_else(|| value.as_string())
+        .unwrap_or_else(|| format!("{value:?}"))
+}
+
+/// Converts a Rust value to a plain JS object (through JSON, so u64 sizes stay numbers).
+pub fn to_js<T: Serialize>(value: &T) -> JsValue {
+    let text = serde_json::to_string(value).expect("API types always serialize");
+    JSON::parse(&text).expect("serde_json writes valid JSON")
+}
+
+/// Converts a plain JS object to a Rust value.
+pub fn from_js<T: DeserializeOwned>(value: &JsValue) -> Result<T, String> {
+    let text = JSON::stringify(value).map_err(|e| error_text(&e))?;
+    let text = text.as_string().unwrap_or_default();
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// Reads `object[key]`; `undefined` when absent.
+pub fn get(object: &JsValue, key: &str) -> JsValue {
+    Reflect::get(object, &key.into()).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// Reads `object[key]` as a string.
+pub fn get_string(object: &JsValue, key: &str) -> Option<String> {
+    get(object, key).as_string()
+}
+
+/// Reads `object[key]` as a number.
+pub fn get_f64(object: &JsValue, key: &str) -> Option<f64> {
+    get(object, key).as_f64()
+}
+
+/// Builds a plain JS object field by field.
+pub struct Obj(Object);
+
+impl Obj {
+    pub fn new() -> Self {
+        Obj(Object::new())
+    }
+
+    pub fn set(self, key: &str, value: impl Into<JsValue>) -> Self {
+        // Defining a property on a fresh plain object cannot fail.
+        let _ = Reflect::set(&self.0, &key.into(), &value.into());
+        self
+    }
+
+    pub fn build(self) -> JsValue {
+        self.0.into()
+    }
+}
+
+impl Default for Obj {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A fresh random u64 from `crypto.getRandomValues`.
+pub fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    let crypto = get(&js_sys::global(), "crypto").unchecked_into::<web_sys::Crypto>();
+    crypto.get_random_values_with_u8_array(&mut bytes).expect("crypto.getRandomValues is always available");
+    u64::from_le_bytes(bytes)
+}
+
+/// Milliseconds from `performance.now()`.
+pub fn now_ms() -> f64 {
+    get(&js_sys::global(), "performance").unchecked_into::<web_sys::Performance>().now()
+}

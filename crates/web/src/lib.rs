@@ -1,0 +1,35 @@
+//! The wasm module of the Imagine extension.
+//!
+//! Every browser context loads this same module through a thin JS shim in `extension/` and calls the
+//! entry point of its own Rust module:
+//!
+//! | context | shim | module | entry |
+//! |---|---|---|---|
+//! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMain` |
+//! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenMain` |
+//! | stage and pack workers | `stage-worker.js` | [`stage_worker`], [`pack_install`] | `stageWorkerMain` |
+//! | popup | `popup.js` | [`popup`] | `popupMain` |
+//! | result page | `result.js` | [`result_page`] | `resultPageMain` |
+//!
+//! The pipeline itself lives in `imagine-core` (no web dependency) and ORT in `imagine-ort`.
+
+pub mod chrome;
+pub mod gpu;
+pub mod js;
+pub mod messaging;
+pub mod offscreen;
+pub mod opfs;
+pub mod pack_install;
+pub mod popup;
+pub mod result_page;
+pub mod service_worker;
+pub mod stage_worker;
+pub mod view;
+
+use wasm_bindgen::prelude::*;
+
+/// Runs once per context when the module is instantiated.
+#[wasm_bindgen(start)]
+fn start() {
+    console_error_panic_hook::set_once();
+}

@@ -1,0 +1,23 @@
+//! Messages between contexts: the public API (`imagine_core::api`) and the internal commands the service
+//! worker sends to the offscreen document.
+
+use imagine_core::api::Event;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+
+use crate::chrome;
+use crate::js::{error_text, to_js};
+
+/// The `target` field of internal messages meant for the offscreen document only.
+pub const OFFSCREEN_TARGET: &str = "offscreen";
+
+/// Sends a message to every other extension context and waits for the first reply.
+pub async fn send(message: &JsValue) -> Result<JsValue, String> {
+    let promise = chrome::runtime_send_message(message).map_err(|e| error_text(&e))?;
+    JsFuture::from(promise).await.map_err(|e| error_text(&e))
+}
+
+/// Broadcasts an event to the service worker and every open page. Nobody listening is not an error.
+pub async fn broadcast(event: &Event) {
+    let _ = send(&to_js(event)).await;
+}

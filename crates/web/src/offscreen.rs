@@ -1,0 +1,282 @@
+//! The offscreen document: runs jobs stage by stage, one dedicated worker per stage, and pack installs.
+//!
+//! It takes internal commands from the service worker (`{ target: "offscreen", command, ... }`) and
+//! broadcasts public [`Event`]s. Jobs run one at a time, in order. A stage's worker is terminated as
+//! soon as the stage ends (or the job is cancelled), which is what frees its GPU memory and wasm heap.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+
+use futures_channel::mpsc;
+use futures_util::StreamExt;
+use imagine_core::api::{Event, GenerateResult, PackProgress, Progress, Stage, Timings, Trace};
+use js_sys::{Array, Uint8Array};
+use serde::Deserialize;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::spawn_local;
+use web_sys::{MessageEvent, Worker, WorkerOptions, WorkerType};
+
+use crate::js::{from_js, get, get_f64, get_string, now_ms, Obj};
+use crate::messaging::broadcast;
+use crate::stage_worker::{EncoderOutput, JobSpec, StageTiming, TransformerOutput};
+
+/// A command from the service worker.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "command", rename_all = "camelCase")]
+enum Command {
+    RunJob { job: String, spec: JobSpec },
+    CancelJob { job: String },
+    #[serde(rename_all = "camelCase")]
+    InstallPack { base_url: String },
+}
+
+/// The worker of the stage that is running now, so that a cancel can terminate it.
+struct Current {
+    job: String,
+    worker: Worker,
+    inbox: mpsc::UnboundedSender<JsValue>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<(String, JobSpec)>,
+    running: Option<String>,
+    current: Option<Current>,
+    installing: bool,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here.
+#[wasm_bindgen(js_name = offscreenCommand)]
+pub fn offscreen_command(message: JsValue) {
+    match from_js::<Command>(&message) {
+        Ok(Command::RunJob { job, spec }) => {
+            let start_now = STATE.with_borrow_mut(|state| {
+                state.queue.push_back((job, spec));
+                state.running.is_none()
+            });
+            if start_now {
+                spawn_local(run_queue());
+            }
+        }
+        Ok(Command::CancelJob { job }) => cancel(&job),
+        Ok(Command::InstallPack { base_url }) => {
+            let start = STATE.with_borrow_mut(|state| !std::mem::replace(&mut state.installing, true));
+            // A second request while one install runs joins it instead of starting another.
+            if start {
+                spawn_local(install(base_url));
+            }
+        }
+        Err(e) => web_sys::console::error_1(&format!("offscreen: bad command: {e}").into()),
+    }
+}
+
+async fn run_queue() {
+    loop {
+        let next = STATE.with_borrow_mut(|state| {
+            let next = state.queue.pop_front();
+            state.running = next.as_ref().map(|(job, _)| job.clone());
+            next
+        });
+        let Some((job, spec)) = next else { return };
+        let event = match run_job(&job, &spec).await {
+            Ok(result) => Event::Result(result),
+            Err(StageFailure::Cancelled) => Event::Cancelled { job },
+            Err(StageFailure::Error(error)) => Event::Failed { job, error },
+        };
+        broadcast(&event).await;
+    }
+}
+
+fn cancel(job: &str) {
+    let queued = STATE.with_borrow_mut(|state| {
+        let before = state.queue.len();
+        state.queue.retain(|(queued, _)| queued != job);
+        if let Some(current) = state.current.take_if(|current| current.job == job) {
+            current.worker.terminate();
+            let _ = current.inbox.unbounded_send(Obj::new().set("kind", "cancelled").build());
+        }
+        state.queue.len() != before
+    });
+    if queued {
+        let job = job.to_owned();
+        spawn_local(async move { broadcast(&Event::Cancelled { job }).await });
+    }
+}
+
+enum StageFailure {
+    Cancelled,
+    Error(String),
+}
+
+impl From<String> for StageFailure {
+    fn from(error: String) -> Self {
+        StageFailure::Error(error)
+    }
+}
+
+async fn progress(job: &str, stage: Stage, step: u32, steps: u32) {
+    broadcast(&Event::Progress { job: job.to_owned(), progress: Progress { stage, step, steps } }).await;
+}
+
+async fn run_job(job: &str, spec: &JobSpec) -> Result<GenerateResult, StageFailure> {
+    let started = now_ms();
+    let params = crate::js::to_js(spec);
+
+    progress(job, Stage::TextEncoder, 1, 1).await;
+    let (output, embeddings) = run_stage(job, "textEncoder", &params, None).await?;
+    let encoded: EncoderOutput = from_js(&output)?;
+
+    progress(job, Stage::Transformer, 0, spec.steps).await;
+    let (output, latents) = run_stage(job, "transformer", &params, embeddings).await?;
+    let denoised: TransformerOutput = from_js(&output)?;
+
+    progress(job, Stage::Decoder, 1, 1).await;
+    let (output, png) = run_stage(job, "decoder", &params, latents).await?;
+    let decoded: StageTiming = from_js(&output)?;
+    let png = png.ok_or_else(|| "the decoder returned no image".to_string())?;
+
+    let stages = [encoded.timing, denoised.timing, decoded];
+    let timings = Timings {
+        session_create_ms: stages.iter().map(|t| t.session_create_ms).sum(),
+        run_ms: stages.iter().map(|t| t.run_ms).sum(),
+        total_ms: now_ms() - started,
+    };
+    let trace = spec.trace.then(|| Trace {
+        input_ids: encoded.input_ids,
+        attention_mask: encoded.attention_mask,
+        sigmas: denoised.sigmas,
+        noise: denoised.noise.unwrap_or_default(),
+    });
+    use base64::Engine;
+    Ok(GenerateResult {
+        job: job.to_owned(),
+        png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
+        prompt: spec.prompt.clone(),
+        seed: spec.seed.clone(),
+        width: spec.width,
+        height: spec.height,
+        steps: spec.steps,
+        schedule: spec.schedule.clone(),
+        token_count: encoded.token_count,
+        truncated: encoded.truncated,
+        trace,
+        timings: Some(timings),
+    })
+}
+
+/// Spawns a stage worker for `task`, relays its progress, and terminates it when the stage ends.
+async fn run_stage(
+    job: &str,
+    task: &str,
+    params: &JsValue,
+    data: Option<JsValue>,
+) -> Result<(JsValue, Option<JsValue>), StageFailure> {
+    let (worker, mut inbox, sender) = spawn_worker()?;
+    STATE.with_borrow_mut(|state| {
+        state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
+    });
+    let message = Obj::new().set("task", task).set("params", params.clone());
+    let posted = match &data {
+        Some(data) => worker.post_message_with_transfer(&message.set("data", data.clone()).build(), &Array::of1(data)),
+        None => worker.post_message(&message.build()),
+    };
+    let outcome = match posted {
+        Ok(()) => relay(job, &mut inbox).await,
+        Err(e) => Err(StageFailure::Error(crate::js::error_text(&e))),
+    };
+    worker.terminate();
+    STATE.with_borrow_mut(|state| {
+        state.current.take_if(|current| current.job == job);
+    });
+    outcome
+}
+
+async fn relay(
+    job: &str,
+    inbox: &mut mpsc::UnboundedReceiver<JsValue>,
+) -> Result<(JsValue, Option<JsValue>), StageFailure> {
+    while let Some(message) = inbox.next().await {
+        match get_string(&message, "kind").as_deref() {
+            Some("progress") => {
+                let step = get_f64(&message, "step").unwrap_or(0.0) as u32;
+                let steps = get_f64(&message, "steps").unwrap_or(0.0) as u32;
+                progress(job, Stage::Transformer, step, steps).await;
+            }
+            Some("done") => {
+                let data = get(&message, "data");
+                return Ok((get(&message, "output"), (!data.is_undefined()).then_some(data)));
+            }
+            Some("cancelled") => return Err(StageFailure::Cancelled),
+            _ => {
+                let error = get_string(&message, "message").unwrap_or_else(|| "the stage worker failed".into());
+                return Err(StageFailure::Error(error));
+            }
+        }
+    }
+    Err(StageFailure::Error("the stage worker stopped unexpectedly".into()))
+}
+
+type Spawned = (Worker, mpsc::UnboundedReceiver<JsValue>, mpsc::UnboundedSender<JsValue>);
+
+fn spawn_worker() -> Result<Spawned, String> {
+    let options = WorkerOptions::new();
+    options.set_type(WorkerType::Module);
+    let worker = Worker::new_with_options("stage-worker.js", &options).map_err(|e| crate::js::error_text(&e))?;
+    let (sender, inbox) = mpsc::unbounded();
+    let on_message = {
+        let sender = sender.clone();
+        Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+            let _ = sender.unbounded_send(event.data());
+        })
+    };
+    let on_error = {
+        let sender = sender.clone();
+        Closure::<dyn FnMut(web_sys::ErrorEvent)>::new(move |event: web_sys::ErrorEvent| {
+            let message = format!("the stage worker crashed: {}", event.message());
+            let _ = sender.unbounded_send(Obj::new().set("kind", "error").set("message", message).build());
+        })
+    };
+    worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    // The closures must live as long as the worker; a worker lives for one stage.
+    on_message.forget();
+    on_error.forget();
+    Ok((worker, inbox, sender))
+}
+
+async fn install(base_url: String) {
+    let event = match install_pack(&base_url).await {
+        Ok(bytes) => Event::PackInstalled { bytes },
+        Err(error) => Event::PackFailed { error },
+    };
+    STATE.with_borrow_mut(|state| state.installing = false);
+    broadcast(&event).await;
+}
+
+async fn install_pack(base_url: &str) -> Result<u64, String> {
+    let (worker, mut inbox, _sender) = spawn_worker()?;
+    let params = Obj::new().set("baseUrl", base_url).build();
+    worker
+        .post_message(&Obj::new().set("task", "installPack").set("params", params).build())
+        .map_err(|e| crate::js::error_text(&e))?;
+    let outcome = loop {
+        let Some(message) = inbox.next().await else {
+            break Err("the pack worker stopped unexpectedly".to_string());
+        };
+        match get_string(&message, "kind").as_deref() {
+            Some("packProgress") => {
+                if let Ok(progress) = from_js::<PackProgress>(&message) {
+                    broadcast(&Event::PackProgress(progress)).await;
+                }
+            }
+            Some("done") => break Ok(get_f64(&get(&message, "output"), "bytes").unwrap_or(0.0) as u64),
+            _ => break Err(get_string(&message, "message").unwrap_or_else(|| "the pack install failed".into())),
+        }
+    };
+    worker.terminate();
+    outcome
+}

@@ -1,0 +1,5 @@
+import init, { resultPageMain, resultPageEvent } from './pkg/imagine_web.js';
+
+const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
+chrome.runtime.onMessage.addListener((message) => { ready.then(() => resultPageEvent(message)); return false; });
+ready.then(() => resultPageMain());

@@ -1,0 +1,42 @@
+// Cancelling a running job: a `cancelled` event, no result, and no stage worker left.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+test('cancel during the transformer stops the job and its workers', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const reply = await h.api(b.page, {
+    type: 'generate',
+    prompt: 'a cathedral made of glass',
+    width: 512,
+    height: 512,
+    steps: 8,
+    seed: '7',
+  });
+  assert.equal(reply.type, 'jobStarted', JSON.stringify(reply));
+  const { job } = reply;
+  await h.waitForEvent(b.page, (e) => e.type === 'progress' && e.job === job && e.progress.stage === 'transformer');
+
+  const cancelReply = await h.api(b.page, { type: 'cancel', job });
+  assert.equal(cancelReply.type, 'cancelled', JSON.stringify(cancelReply));
+  assert.equal(cancelReply.job, job);
+  await h.waitForEvent(b.page, (e) => e.type === 'cancelled' && e.job === job, 30_000);
+
+  // No stage worker survives the cancel (give the offscreen document a moment to terminate it).
+  let workers = [];
+  for (let i = 0; i < 50; i++) {
+    workers = (await h.listWorkers(b.context)).filter(h.isStageWorker);
+    if (workers.length === 0) break;
+    await h.sleep(200);
+  }
+  assert.deepEqual(workers, [], 'stage workers still alive after cancel');
+
+  // Nothing more arrives for the job: no result, no further progress.
+  await h.sleep(5_000);
+  const evs = await h.events(b.page);
+  assert.ok(!evs.some((e) => e.type === 'result' && e.job === job), 'a result arrived for a cancelled job');
+  assert.ok(!evs.some((e) => e.type === 'failed' && e.job === job), 'a cancelled job reported failed');
+  const state = await h.api(b.page, { type: 'job', job });
+  assert.equal(state.type, 'job');
+  assert.equal(state.status, 'cancelled', JSON.stringify(state, h.shorten));
+});

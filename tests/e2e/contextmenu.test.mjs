@@ -1,0 +1,33 @@
+// The context menu on a selection opens a result page that generates the selected text.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+test('context menu on a selection opens result.html with the image', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  const prompt = 'a lighthouse at dusk <b>bold</b>';
+  const [tab] = await Promise.all([
+    b.context.waitForEvent('page', { timeout: 30_000 }),
+    sw.evaluate(
+      (selectionText) =>
+        chrome.contextMenus.onClicked.dispatch(
+          { menuItemId: 'imagine-selection', selectionText, editable: false, pageUrl: 'https://example.com/' },
+          { id: -1 },
+        ),
+      prompt,
+    ),
+  ]);
+  await tab.waitForLoadState('domcontentloaded');
+  const url = new URL(tab.url());
+  assert.equal(url.protocol, 'chrome-extension:');
+  assert.equal(url.pathname, '/result.html');
+  assert.ok(url.searchParams.get('job'), `no job in ${tab.url()}`);
+
+  await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, {
+    timeout: h.GENERATION_TIMEOUT_MS,
+  });
+  // The prompt is rendered as text, not as HTML.
+  assert.equal((await tab.textContent('#prompt-text')).trim(), prompt);
+  assert.equal(await tab.locator('#prompt-text b').count(), 0);
+});

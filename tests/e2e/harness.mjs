@@ -1,0 +1,522 @@
+// Shared helpers for the end-to-end tests (node:test) and the run/bench scripts.
+//
+// Chromium is Debian's (/usr/lib/chromium/chromium; /usr/bin/chromium is a shell wrapper), driven by
+// playwright-core through a persistent context, because extensions only load in one. Without $DISPLAY
+// it runs in the new headless mode, which loads extensions; WebGPU is SwiftShader there
+// (--enable-unsafe-webgpu is the flag that matters, see docs/platform.md §7).
+//
+// Environment:
+//   IMAGINE_DIST      the unpacked extension to load (default: <repo>/dist, built by `cargo xtask build`)
+//   IMAGINE_PACKS     the fixture packs (default: <repo>/tests/fixtures/packs)
+//   IMAGINE_CHROMIUM  the Chromium binary (default: /usr/lib/chromium/chromium)
+//   IMAGINE_HEADLESS=1  headless even when $DISPLAY is set
+
+import { chromium } from 'playwright-core';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+export const DIST = process.env.IMAGINE_DIST ? path.resolve(process.env.IMAGINE_DIST) : path.join(ROOT, 'dist');
+export const CHROMIUM = process.env.IMAGINE_CHROMIUM || '/usr/lib/chromium/chromium';
+export const PACKS = process.env.IMAGINE_PACKS ? path.resolve(process.env.IMAGINE_PACKS) : path.join(ROOT, 'tests/fixtures/packs');
+export const OUT = path.join(ROOT, 'tests/e2e/out');
+
+/** SwiftShader is slow: one generation may take this long. */
+export const GENERATION_TIMEOUT_MS = 180_000;
+/** A pack install from loopback. */
+export const INSTALL_TIMEOUT_MS = 120_000;
+
+/** The flags every launch uses. */
+export function chromiumArgs(extDir = DIST) {
+  return [
+    `--disable-extensions-except=${extDir}`,
+    `--load-extension=${extDir}`,
+    // WebGPU without a GPU: this one flag gives the SwiftShader adapter; the next two don't hurt.
+    '--enable-unsafe-webgpu',
+    '--enable-unsafe-swiftshader',
+    '--use-webgpu-adapter=swiftshader',
+    // As root on a machine without a user namespace sandbox.
+    '--no-sandbox',
+    '--disable-gpu-sandbox',
+    // The machine's network is closed: keep Chromium from calling home (and from failing noisily).
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run',
+    '--disable-quic',
+    '--disable-default-apps',
+  ];
+}
+
+export function isHeadless() {
+  if (process.env.IMAGINE_HEADLESS === '1') return true;
+  return !process.env.DISPLAY;
+}
+
+/**
+ * Launches Chromium with the extension and opens its popup page in a tab.
+ * Returns { context, extensionId, serviceWorker, page, profileDir, browserCdp, close }.
+ */
+export async function launch({ profileDir, extDir = DIST, headless = isHeadless(), args = [], page: openPage = 'popup.html' } = {}) {
+  if (!fs.existsSync(path.join(extDir, 'manifest.json'))) {
+    throw new Error(`${extDir}/manifest.json is missing: run \`cargo xtask build\` first`);
+  }
+  const ownProfile = !profileDir;
+  profileDir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-e2e-'));
+  const context = await chromium.launchPersistentContext(profileDir, {
+    executablePath: CHROMIUM,
+    headless,
+    args: [...chromiumArgs(extDir), ...args],
+    viewport: { width: 900, height: 900 },
+  });
+  let serviceWorker = context.serviceWorkers().find((w) => w.url().startsWith('chrome-extension://'));
+  if (!serviceWorker) {
+    serviceWorker = await context.waitForEvent('serviceworker', {
+      predicate: (w) => w.url().startsWith('chrome-extension://'),
+      timeout: 30_000,
+    });
+  }
+  const extensionId = new URL(serviceWorker.url()).host;
+  let page = null;
+  if (openPage) {
+    page = context.pages()[0] ?? (await context.newPage());
+    await page.goto(extensionUrl(extensionId, openPage));
+  }
+  const browserCdp = await context.browser().newBrowserCDPSession();
+  const close = async () => {
+    await context.close().catch(() => {});
+    if (ownProfile) fs.rmSync(profileDir, { recursive: true, force: true });
+  };
+  return { context, extensionId, serviceWorker, page, profileDir, browserCdp, close };
+}
+
+export function extensionUrl(extensionId, file) {
+  return `chrome-extension://${extensionId}/${file}`;
+}
+
+/** The current service worker of the extension (it changes after a restart). */
+export async function currentServiceWorker(context, extensionId) {
+  const prefix = `chrome-extension://${extensionId}/`;
+  return (
+    context.serviceWorkers().find((w) => w.url().startsWith(prefix)) ??
+    (await context.waitForEvent('serviceworker', { predicate: (w) => w.url().startsWith(prefix), timeout: 30_000 }))
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The message API
+
+/** Sends one request from an extension page and returns the reply. */
+export async function api(page, request) {
+  return page.evaluate((msg) => chrome.runtime.sendMessage(msg), request);
+}
+
+/**
+ * Starts collecting broadcast events in the page (idempotent). Call it before sending the request
+ * whose events you wait for; waitForEvent calls it too, but then earlier events are lost.
+ */
+export async function collectEvents(page) {
+  await page.evaluate(() => {
+    if (window.__events) return;
+    window.__events = [];
+    chrome.runtime.onMessage.addListener((m) => {
+      if (m && typeof m === 'object' && 'type' in m) window.__events.push(m);
+      return false;
+    });
+  });
+}
+
+/** All events collected so far in the page. */
+export async function events(page) {
+  return page.evaluate(() => window.__events ?? []);
+}
+
+/**
+ * Waits for a collected event matching `predicate` (a node function over the event) and returns it.
+ * Events seen earlier count too. Throws with the events seen on timeout.
+ */
+export async function waitForEvent(page, predicate, timeoutMs = GENERATION_TIMEOUT_MS, { pollMs = 250 } = {}) {
+  await collectEvents(page);
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const evs = await events(page);
+    const hit = evs.find(predicate);
+    if (hit) return hit;
+    if (Date.now() > deadline) {
+      const summary = evs.slice(-20).map((e) => JSON.stringify(e, shorten)).join('\n  ');
+      throw new Error(`no matching event within ${timeoutMs} ms; last events:\n  ${summary}`);
+    }
+    await sleep(pollMs);
+  }
+}
+
+/** JSON.stringify replacer that shortens base64 blobs in error messages. */
+export function shorten(key, value) {
+  if (typeof value === 'string' && value.length > 200) return `${value.slice(0, 60)}…(${value.length} chars)`;
+  if (Array.isArray(value) && value.length > 20) return `[${value.length} items]`;
+  return value;
+}
+
+/** Installs the pack under `baseUrl` and waits until it is installed; returns packInstalled. */
+export async function installPack(page, baseUrl, timeoutMs = INSTALL_TIMEOUT_MS) {
+  await collectEvents(page);
+  await page.evaluate(() => {
+    window.__events = window.__events.filter((e) => !['packInstalled', 'packFailed'].includes(e.type));
+  });
+  const reply = await api(page, { type: 'installPack', baseUrl });
+  if (reply?.type !== 'installStarted') throw new Error(`installPack: ${JSON.stringify(reply)}`);
+  const ev = await waitForEvent(page, (e) => e.type === 'packInstalled' || e.type === 'packFailed', timeoutMs);
+  if (ev.type === 'packFailed') throw new Error(`pack install failed: ${ev.error}`);
+  const status = await api(page, { type: 'packStatus' });
+  if (!status?.installed) throw new Error(`packInstalled, but packStatus says ${JSON.stringify(status)}`);
+  return ev;
+}
+
+/**
+ * Starts a generation and waits for its result (or failure). Returns
+ * { reply, result, failed, wallMs }: result is the `result` event (or null), failed the `failed` event.
+ */
+export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS) {
+  await collectEvents(page);
+  const t0 = Date.now();
+  const reply = await api(page, { type: 'generate', ...request });
+  if (reply?.type !== 'jobStarted') return { reply, result: null, failed: null, wallMs: Date.now() - t0 };
+  const ev = await waitForEvent(
+    page,
+    (e) => e.job === reply.job && ['result', 'failed', 'cancelled'].includes(e.type),
+    timeoutMs,
+  );
+  const wallMs = Date.now() - t0;
+  return {
+    reply,
+    result: ev.type === 'result' ? ev : null,
+    failed: ev.type === 'result' ? null : ev,
+    wallMs,
+  };
+}
+
+/** Like generate, but throws unless there is a result. */
+export async function generateOk(page, request, timeoutMs) {
+  const r = await generate(page, request, timeoutMs);
+  if (!r.result) {
+    throw new Error(`generate ${JSON.stringify(request)}: ${JSON.stringify(r.failed ?? r.reply, shorten)}`);
+  }
+  return r;
+}
+
+export function pngBytes(result) {
+  return Buffer.from(result.png, 'base64');
+}
+
+/** Writes `<name>.png` and `<name>.json` (the result without the png) to tests/e2e/out/. */
+export function writeResult(name, result) {
+  fs.mkdirSync(OUT, { recursive: true });
+  const png = path.join(OUT, `${name}.png`);
+  const json = path.join(OUT, `${name}.json`);
+  fs.writeFileSync(png, pngBytes(result));
+  const { png: _png, ...rest } = result;
+  fs.writeFileSync(json, JSON.stringify(rest, null, 1));
+  return { png, json };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Static servers
+
+const TYPES = {
+  '.json': 'application/json',
+  '.onnx': 'application/octet-stream',
+  '.data': 'application/octet-stream',
+  '.html': 'text/html',
+  '.js': 'text/javascript',
+  '.mjs': 'text/javascript',
+  '.png': 'image/png',
+  '.txt': 'text/plain',
+};
+
+/**
+ * Serves `dir` on 127.0.0.1 (a free port) with CORS and Range support. Returns the server with
+ * `url` (base URL ending in /), `requests` ([{method, url, status, bytes, range}]) and `close()`.
+ * `prefix` mounts the directory under a path (e.g. 'resolve/main/').
+ */
+export async function serveDir(dir, { prefix = '' } = {}) {
+  const requests = [];
+  const sockets = new Set();
+  const server = http.createServer((req, res) => {
+    const rec = { method: req.method, url: req.url, status: 0, bytes: 0, range: req.headers.range ?? null };
+    requests.push(rec);
+    const send = (status, headers = {}, body = null) => {
+      rec.status = status;
+      res.writeHead(status, {
+        'Access-Control-Allow-Origin': '*',
+        'Access-Control-Allow-Headers': '*',
+        'Access-Control-Expose-Headers': 'Content-Length, Content-Range, Accept-Ranges, ETag',
+        ...headers,
+      });
+      if (body && req.method !== 'HEAD') {
+        rec.bytes += body.length;
+        res.end(body);
+      } else res.end();
+    };
+    if (req.method === 'OPTIONS') return send(204);
+    if (req.method !== 'GET' && req.method !== 'HEAD') return send(405);
+    let rel = decodeURIComponent(new URL(req.url, 'http://x').pathname).replace(/^\/+/, '');
+    if (prefix) {
+      if (!rel.startsWith(prefix)) return send(404);
+      rel = rel.slice(prefix.length);
+    }
+    const file = path.resolve(dir, rel);
+    if (!file.startsWith(path.resolve(dir) + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
+      return send(404, { 'Content-Type': 'text/plain' }, Buffer.from('not found'));
+    }
+    const size = fs.statSync(file).size;
+    const headers = {
+      'Content-Type': TYPES[path.extname(file)] ?? 'application/octet-stream',
+      'Accept-Ranges': 'bytes',
+      ETag: `"${size}-${Math.floor(fs.statSync(file).mtimeMs)}"`,
+    };
+    const m = /^bytes=(\d*)-(\d*)$/.exec(req.headers.range ?? '');
+    if (m && (m[1] !== '' || m[2] !== '')) {
+      let start = m[1] === '' ? size - Number(m[2]) : Number(m[1]);
+      let end = m[1] === '' || m[2] === '' ? size - 1 : Math.min(Number(m[2]), size - 1);
+      if (start >= size || start > end) return send(416, { 'Content-Range': `bytes */${size}` });
+      start = Math.max(0, start);
+      const body = readRange(file, start, end);
+      return send(206, { ...headers, 'Content-Range': `bytes ${start}-${end}/${size}`, 'Content-Length': body.length }, body);
+    }
+    const body = req.method === 'HEAD' ? null : fs.readFileSync(file);
+    return send(200, { ...headers, 'Content-Length': size }, body);
+  });
+  server.on('connection', (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  return {
+    server,
+    port,
+    url: `http://127.0.0.1:${port}/${prefix}`,
+    requests,
+    bytes: () => requests.reduce((n, r) => n + r.bytes, 0),
+    close: () =>
+      new Promise((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+function readRange(file, start, end) {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const buf = Buffer.alloc(end - start + 1);
+    fs.readSync(fd, buf, 0, buf.length, start);
+    return buf;
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** Serves a fixture pack (`f32`, `f32-vae32`, `f16`, or a directory). */
+export async function servePack(nameOrDir = 'f32') {
+  const dir = fs.existsSync(nameOrDir) ? nameOrDir : path.join(PACKS, nameOrDir);
+  if (!fs.existsSync(dir)) throw new Error(`no fixture pack at ${dir}: run python3 tests/fixtures/make_packs.py`);
+  return serveDir(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Browser internals over CDP
+
+/** Stops the extension's service worker (CDP ServiceWorker.stopAllWorkers) and waits until it is stopped. */
+export async function stopServiceWorker(context, page, { timeoutMs = 15_000 } = {}) {
+  const helper = page ?? (await context.newPage());
+  const cdp = await context.newCDPSession(helper);
+  const versions = new Map();
+  cdp.on('ServiceWorker.workerVersionUpdated', ({ versions: vs }) => {
+    for (const v of vs) versions.set(v.versionId, v);
+  });
+  await cdp.send('ServiceWorker.enable');
+  await cdp.send('ServiceWorker.stopAllWorkers');
+  const deadline = Date.now() + timeoutMs;
+  try {
+    for (;;) {
+      const ext = [...versions.values()].filter((v) => v.scriptURL.startsWith('chrome-extension://'));
+      if (ext.length > 0 && ext.every((v) => v.runningStatus === 'stopped')) return;
+      if (Date.now() > deadline) {
+        throw new Error(`service worker did not stop: ${JSON.stringify(ext.map((v) => v.runningStatus))}`);
+      }
+      await sleep(100);
+    }
+  } finally {
+    await cdp.send('ServiceWorker.disable').catch(() => {});
+    await cdp.detach().catch(() => {});
+    if (!page) await helper.close();
+  }
+}
+
+/**
+ * The dedicated workers alive in the browser, from a browser-level CDP session (Target.getTargets):
+ * [{ targetId, url, parentId, parentUrl, parentType }].
+ *
+ * Chromium 156 lists a dedicated worker of an offscreen document with an empty `url` and `title`
+ * (a page's workers have theirs), and attaching to such a worker and evaluating `location.href`
+ * gets no answer. What is always known is its parent: `parentId` is the offscreen document's target
+ * (type `background_page`, url `.../offscreen.html`). So stage workers are identified by their
+ * parent; a worker appears in the list as soon as it is constructed and disappears when terminated.
+ */
+export async function listWorkers(context) {
+  const cdp = await browserSession(context);
+  const { targetInfos } = await cdp.send('Target.getTargets');
+  const byId = new Map(targetInfos.map((t) => [t.targetId, t]));
+  return targetInfos
+    .filter((t) => t.type === 'worker')
+    .map((w) => {
+      const parent = byId.get(w.parentId ?? w.openerId ?? '') ?? null;
+      return {
+        targetId: w.targetId,
+        url: w.url,
+        parentId: parent?.targetId ?? null,
+        parentUrl: parent?.url ?? '',
+        parentType: parent?.type ?? '',
+      };
+    });
+}
+
+const browserSessions = new WeakMap();
+
+async function browserSession(context) {
+  let s = browserSessions.get(context);
+  if (!s) {
+    s = await context.browser().newBrowserCDPSession();
+    browserSessions.set(context, s);
+  }
+  return s;
+}
+
+/**
+ * Polls listWorkers every `intervalMs` until stop() is called; returns { stop, samples } where
+ * samples is [{ t, workers }] (t: ms since start).
+ */
+export function watchWorkers(context, { intervalMs = 100 } = {}) {
+  const samples = [];
+  const t0 = Date.now();
+  let running = true;
+  const loop = (async () => {
+    while (running) {
+      try {
+        samples.push({ t: Date.now() - t0, workers: await listWorkers(context) });
+      } catch (e) {
+        if (running) samples.push({ t: Date.now() - t0, error: String(e) });
+      }
+      await sleep(intervalMs);
+    }
+  })();
+  return {
+    samples,
+    stop: async () => {
+      running = false;
+      await loop;
+      return samples;
+    },
+  };
+}
+
+/** The workers whose parent is the extension's offscreen document (stage and pack workers). */
+export async function offscreenWorkers(context) {
+  return (await listWorkers(context)).filter((w) => w.parentUrl.includes('/offscreen.html'));
+}
+
+/** Whether a worker is a stage (or pack) worker: its parent is the offscreen document. */
+export function isStageWorker(w) {
+  return w.parentUrl.includes('/offscreen.html') || w.url.includes('stage-worker');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and misc
+
+/** Runs a command; resolves { code, stdout, stderr }. */
+export function run(cmd, args, { cwd = ROOT, timeoutMs = 600_000 } = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('error', reject);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+/**
+ * Recomputes the image with the Python reference and compares it with `png` (a path):
+ * reference.py --pack DIR --trace T.json --out REF.png, then compare.py OUT REF --tol TOL.
+ * Returns the compare output; throws with both outputs if either fails.
+ */
+export async function compareWithReference({ packDir, traceJson, png, tol, name }) {
+  const ref = path.join(OUT, `${name}.ref.png`);
+  const r1 = await run('python3', ['tests/reference/reference.py', '--pack', packDir, '--trace', traceJson, '--out', ref]);
+  if (r1.code !== 0) throw new Error(`reference.py failed (${r1.code}):\n${r1.stdout}\n${r1.stderr}`);
+  const r2 = await run('python3', ['tests/reference/compare.py', png, ref, '--tol', String(tol)]);
+  if (r2.code !== 0) throw new Error(`compare.py ${png} ${ref} --tol ${tol} failed (${r2.code}):\n${r2.stdout}\n${r2.stderr}`);
+  return r2.stdout;
+}
+
+/** The tEXt/zTXt/iTXt chunks of a PNG: [{ type, keyword, text }] (zTXt text is left compressed). */
+export function pngTextChunks(buf) {
+  const sig = Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]);
+  if (!buf.subarray(0, 8).equals(sig)) throw new Error('not a PNG');
+  const chunks = [];
+  let off = 8;
+  while (off + 8 <= buf.length) {
+    const len = buf.readUInt32BE(off);
+    const type = buf.toString('latin1', off + 4, off + 8);
+    const data = buf.subarray(off + 8, off + 8 + len);
+    if (type === 'tEXt' || type === 'iTXt' || type === 'zTXt') {
+      const nul = data.indexOf(0);
+      const keyword = data.toString('latin1', 0, nul);
+      let text = '';
+      if (type === 'tEXt') text = data.toString('latin1', nul + 1);
+      if (type === 'iTXt') {
+        // keyword\0 flag method lang\0 translated\0 text
+        const flag = data[nul + 1];
+        let p = nul + 3;
+        p = data.indexOf(0, p) + 1;
+        p = data.indexOf(0, p) + 1;
+        text = flag === 0 ? data.toString('utf8', p) : '';
+      }
+      chunks.push({ type, keyword, text });
+    }
+    if (type === 'IEND') break;
+    off += 12 + len;
+  }
+  return chunks;
+}
+
+export function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/**
+ * For a node:test test: launches a fresh browser profile, serves the fixture pack `pack` (unless
+ * null) and installs it. Closes everything when the test ends. Returns launch()'s object plus
+ * `server`.
+ */
+export async function setup(t, { pack = 'f32', install = true, ...launchOpts } = {}) {
+  const server = pack ? await servePack(pack) : null;
+  const b = await launch(launchOpts);
+  t.after(async () => {
+    await b.close();
+    await server?.close();
+  });
+  await collectEvents(b.page);
+  if (server && install) await installPack(b.page, server.url);
+  return { ...b, server };
+}

@@ -1,0 +1,38 @@
+// Stage workers: one at a time during a generation, none left after it.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+test('stage workers run one at a time and are gone after the result', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  // The pack worker of the install must be gone too.
+  assert.deepEqual((await h.listWorkers(b.context)).filter(h.isStageWorker), [], 'worker alive after install');
+
+  const watch = h.watchWorkers(b.context, { intervalMs: 50 });
+  let samples;
+  try {
+    await h.generateOk(b.page, { prompt: 'a bowl of cherries', width: 256, height: 256, steps: 2, seed: '11' });
+  } finally {
+    samples = await watch.stop();
+  }
+  const errors = samples.filter((s) => s.error);
+  assert.deepEqual(errors, [], 'listWorkers failed while polling');
+
+  const stage = samples.map((s) => ({ t: s.t, ids: s.workers.filter(h.isStageWorker).map((w) => w.targetId) }));
+  const most = Math.max(...stage.map((s) => s.ids.length));
+  assert.ok(most >= 1, 'never saw a stage worker (is the generation running in workers of the offscreen document?)');
+  assert.equal(most, 1, `more than one stage worker at once: ${JSON.stringify(stage.filter((s) => s.ids.length > 1))}`);
+
+  // Three stages, each in its own worker: three distinct targets seen, in sequence.
+  const seen = [...new Set(stage.flatMap((s) => s.ids))];
+  assert.equal(seen.length, 3, `expected 3 stage workers (text encoder, transformer, decoder), saw ${seen.length}`);
+
+  // None remain after the result.
+  let left = [];
+  for (let i = 0; i < 25; i++) {
+    left = (await h.listWorkers(b.context)).filter(h.isStageWorker);
+    if (left.length === 0) break;
+    await h.sleep(200);
+  }
+  assert.deepEqual(left, [], 'stage workers alive after the result');
+});

