@@ -122,12 +122,9 @@ fn split_flag(args: &[String], flag: &str) -> (bool, Vec<String>) {
 
 /// Runs a command, inheriting stdio; an error names the step.
 fn run_cmd(name: &str, cmd: &mut Command) -> Result {
-    let status = cmd.status().map_err(|e| {
-        format!(
-            "{name}: could not start `{}`: {e}",
-            cmd.get_program().to_string_lossy()
-        )
-    })?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{name}: could not start `{}`: {e}", cmd.get_program().to_string_lossy()))?;
     if status.success() {
         Ok(())
     } else {
@@ -154,17 +151,9 @@ fn build(root: &Path, debug: bool) -> Result {
     step("build: checking wasm-bindgen");
     let bindgen = check_wasm_bindgen(root)?;
 
-    step(&format!(
-        "build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"
-    ));
+    step(&format!("build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"));
     let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cargo.args([
-        "build",
-        "-p",
-        "imagine-web",
-        "--target",
-        "wasm32-unknown-unknown",
-    ]);
+    cargo.args(["build", "-p", "imagine-web", "--target", "wasm32-unknown-unknown"]);
     if !debug {
         cargo.arg("--release");
     }
@@ -176,17 +165,10 @@ fn build(root: &Path, debug: bool) -> Result {
     }
     fs::create_dir_all(&dist).map_err(|e| format!("mkdir dist: {e}"))?;
 
-    let wasm = root.join(format!(
-        "target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"
-    ));
-    step(&format!(
-        "build: wasm-bindgen --target web -> dist/pkg ({})",
-        rel(root, &wasm)
-    ));
+    let wasm = root.join(format!("target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
+    step(&format!("build: wasm-bindgen --target web -> dist/pkg ({})", rel(root, &wasm)));
     let mut wb = Command::new(&bindgen);
-    wb.args(["--target", "web", "--out-dir"])
-        .arg(dist.join("pkg"))
-        .arg("--no-typescript");
+    wb.args(["--target", "web", "--out-dir"]).arg(dist.join("pkg")).arg("--no-typescript");
     if debug {
         wb.arg("--debug").arg("--keep-debug");
     }
@@ -219,10 +201,7 @@ fn build(root: &Path, debug: bool) -> Result {
     if !ort.is_dir() {
         return Err("node_modules/onnxruntime-web is missing: run `npm ci`".into());
     }
-    for f in [
-        "ort.webgpu.bundle.min.mjs",
-        "ort-wasm-simd-threaded.asyncify.wasm",
-    ] {
+    for f in ["ort.webgpu.bundle.min.mjs", "ort-wasm-simd-threaded.asyncify.wasm"] {
         copy_file(&ort.join("dist").join(f), &dist.join("ort").join(f))?;
     }
     // The npm package carries no LICENSE file; its package.json says MIT and its banner says
@@ -279,8 +258,7 @@ fn check_wasm_bindgen(root: &Path) -> Result<PathBuf> {
 
 /// `wasm-bindgen = "=X"` under `[workspace.dependencies]` of the root Cargo.toml.
 fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
-    let text =
-        fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
+    let text = fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
     let mut section = String::new();
     for line in text.lines() {
         let line = line.trim();
@@ -300,10 +278,7 @@ fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
         // `"=0.2.130"` or `{ version = "=0.2.130", ... }`
         let value = value.trim();
         let version = if value.starts_with('{') {
-            value
-                .split("version")
-                .nth(1)
-                .and_then(|v| v.split('"').nth(1))
+            value.split("version").nth(1).and_then(|v| v.split('"').nth(1))
         } else {
             value.split('"').nth(1)
         };
@@ -311,9 +286,7 @@ fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
             if let Some(exact) = v.strip_prefix('=') {
                 return Ok(exact.trim().to_string());
             }
-            return Err(format!(
-                "wasm-bindgen must be pinned with `=` in Cargo.toml, found \"{v}\""
-            ));
+            return Err(format!("wasm-bindgen must be pinned with `=` in Cargo.toml, found \"{v}\""));
         }
     }
     Err("no `wasm-bindgen = \"=X\"` in [workspace.dependencies] of Cargo.toml".into())
@@ -356,11 +329,7 @@ fn dir_size(dir: &Path) -> u64 {
         for e in fs::read_dir(p)? {
             let e = e?;
             let m = e.metadata()?;
-            n += if m.is_dir() {
-                walk(&e.path())?
-            } else {
-                m.len()
-            };
+            n += if m.is_dir() { walk(&e.path())? } else { m.len() };
         }
         Ok(n)
     }
@@ -391,10 +360,7 @@ fn test(root: &Path, args: &[String]) -> Result {
 
     if !no_fmt {
         timed("cargo fmt --all --check", &mut || {
-            run_cmd(
-                "cargo fmt",
-                Command::new(&cargo).args(["fmt", "--all", "--check"]),
-            )
+            run_cmd("cargo fmt", Command::new(&cargo).args(["fmt", "--all", "--check"]))
         })?;
     }
     timed("cargo test (native)", &mut || {
@@ -420,10 +386,7 @@ fn test(root: &Path, args: &[String]) -> Result {
         println!("xtask:   ok  {secs:>8.1}s  {name}");
         total += secs;
     }
-    println!(
-        "xtask: test: all {} steps passed in {total:.1}s",
-        done.len()
-    );
+    println!("xtask: test: all {} steps passed in {total:.1}s", done.len());
     Ok(())
 }
 
@@ -436,19 +399,13 @@ fn check_fixtures(root: &Path) -> Result {
     }
     let source = fs::read_to_string(&script).map_err(|e| format!("{}: {e}", script.display()))?;
     if source.contains("--check") {
-        return run_cmd(
-            "make_packs.py --check",
-            Command::new("python3").arg(&script).arg("--check"),
-        );
+        return run_cmd("make_packs.py --check", Command::new("python3").arg(&script).arg("--check"));
     }
     let tmp = env::temp_dir().join(format!("imagine-packs-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
     let result = (|| {
-        run_cmd(
-            "make_packs.py --out TMP",
-            Command::new("python3").arg(&script).arg("--out").arg(&tmp),
-        )?;
+        run_cmd("make_packs.py --out TMP", Command::new("python3").arg(&script).arg("--out").arg(&tmp))?;
         let committed = root.join("tests/fixtures/packs");
         let diffs = compare_dirs(&tmp, &committed);
         if diffs.is_empty() {
@@ -525,9 +482,7 @@ fn e2e(root: &Path, names: &[String]) -> Result {
     step(&format!("e2e: node --test ({} files)", files.len()));
     run_cmd(
         "node --test",
-        Command::new("node")
-            .args(["--test", "--test-concurrency=1", "--test-timeout=1200000"])
-            .args(&files),
+        Command::new("node").args(["--test", "--test-concurrency=1", "--test-timeout=1200000"]).args(&files),
     )
 }
 

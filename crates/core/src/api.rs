@@ -66,11 +66,18 @@ pub enum Reply {
     PackStatus(PackStatus),
     /// `generate` accepted: the job id and the seed it will use (as a decimal string).
     #[serde(rename_all = "camelCase")]
-    JobStarted { job: String, seed: String },
-    Cancelled { job: String },
+    JobStarted {
+        job: String,
+        seed: String,
+    },
+    Cancelled {
+        job: String,
+    },
     Job(JobState),
     /// The request was refused; `error` says what was wrong and what is allowed.
-    Error { error: String },
+    Error {
+        error: String,
+    },
 }
 
 /// `packStatus`.
@@ -170,13 +177,25 @@ pub struct Trace {
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum Event {
     #[serde(rename_all = "camelCase")]
-    Progress { job: String, progress: Progress },
+    Progress {
+        job: String,
+        progress: Progress,
+    },
     Result(GenerateResult),
-    Failed { job: String, error: String },
-    Cancelled { job: String },
+    Failed {
+        job: String,
+        error: String,
+    },
+    Cancelled {
+        job: String,
+    },
     PackProgress(PackProgress),
-    PackInstalled { bytes: u64 },
-    PackFailed { error: String },
+    PackInstalled {
+        bytes: u64,
+    },
+    PackFailed {
+        error: String,
+    },
 }
 
 #[cfg(test)]
@@ -186,12 +205,8 @@ mod tests {
     #[test]
     fn requests_use_camel_case_tags_and_defaults() {
         let r: Request = serde_json::from_str(r#"{"type":"generate","prompt":"a cat"}"#).unwrap();
-        assert_eq!(
-            r,
-            Request::Generate(GenerateRequest { prompt: "a cat".into(), ..Default::default() })
-        );
-        let r: Request =
-            serde_json::from_str(r#"{"type":"installPack","baseUrl":"http://x/"}"#).unwrap();
+        assert_eq!(r, Request::Generate(GenerateRequest { prompt: "a cat".into(), ..Default::default() }));
+        let r: Request = serde_json::from_str(r#"{"type":"installPack","baseUrl":"http://x/"}"#).unwrap();
         assert_eq!(r, Request::InstallPack { base_url: "http://x/".into() });
         let r: Request =
             serde_json::from_str(r#"{"type":"generate","prompt":"p","seed":"18446744073709551615"}"#)

@@ -101,12 +101,7 @@ impl PngMeta {
 }
 
 /// RGBA8 pixels to a PNG with `meta` in text chunks.
-pub fn encode_png(
-    rgba: &[u8],
-    width: u32,
-    height: u32,
-    meta: &PngMeta,
-) -> Result<Vec<u8>, ImageError> {
+pub fn encode_png(rgba: &[u8], width: u32, height: u32, meta: &PngMeta) -> Result<Vec<u8>, ImageError> {
     check_size("the RGBA image", rgba.len(), 4, width, height)?;
     let mut out = Vec::new();
     let mut encoder = png::Encoder::new(&mut out, width, height);
@@ -152,10 +147,7 @@ mod tests {
         // 2x1 image: R = [-1, 1], G = [0, 1], B = [1, -1].
         let sample = [-1.0, 1.0, 0.0, 1.0, 1.0, -1.0];
         assert_eq!(to_rgba8(&sample, 2, 1).unwrap(), vec![0, 128, 255, 255, 255, 255, 0, 255]);
-        assert!(matches!(
-            to_rgba8(&sample, 2, 2),
-            Err(ImageError::Size { expected: 12, found: 6, .. })
-        ));
+        assert!(matches!(to_rgba8(&sample, 2, 2), Err(ImageError::Size { expected: 12, found: 6, .. })));
     }
 
     #[test]
@@ -183,11 +175,8 @@ mod tests {
         let itxt: Vec<(String, String)> =
             info.utf8_text.iter().map(|c| (c.keyword.clone(), c.get_text().unwrap())).collect();
         assert_eq!(itxt, vec![("prompt".to_owned(), meta.prompt.clone())]);
-        let text: Vec<(&str, &str)> = info
-            .uncompressed_latin1_text
-            .iter()
-            .map(|c| (c.keyword.as_str(), c.text.as_str()))
-            .collect();
+        let text: Vec<(&str, &str)> =
+            info.uncompressed_latin1_text.iter().map(|c| (c.keyword.as_str(), c.text.as_str())).collect();
         assert_eq!(
             text,
             vec![

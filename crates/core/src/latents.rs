@@ -82,12 +82,7 @@ fn pack(channel_first: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// One Euler step of the flow: `x += (sigma_next - sigma) * v`, in f32.
-pub fn euler_step(
-    x: &mut [f32],
-    v: &[f32],
-    sigma: f32,
-    sigma_next: f32,
-) -> Result<(), LengthError> {
+pub fn euler_step(x: &mut [f32], v: &[f32], sigma: f32, sigma_next: f32) -> Result<(), LengthError> {
     check_len("the velocity", v.len(), x.len())?;
     let dt = sigma_next - sigma;
     for (x, v) in x.iter_mut().zip(v) {
@@ -222,8 +217,7 @@ mod tests {
     #[test]
     fn unpack_small() {
         // h = 1, w = 2: two tokens of 128 channels; value = token*1000 + channel.
-        let tokens: Vec<f32> =
-            (0..2).flat_map(|t| (0..128).map(move |c| (t * 1000 + c) as f32)).collect();
+        let tokens: Vec<f32> = (0..2).flat_map(|t| (0..128).map(move |c| (t * 1000 + c) as f32)).collect();
         let out = unpack_tokens(&tokens, 1, 2).unwrap();
         assert_eq!(&out[..4], &[0.0, 1000.0, 1.0, 1001.0]);
         assert_eq!(out[2 * 127 + 1], 1127.0);
@@ -233,17 +227,13 @@ mod tests {
     #[test]
     fn unpatchify_small() {
         // h = 1, w = 2; value = channel*10 + column.
-        let latent: Vec<f32> =
-            (0..128).flat_map(|k| (0..2).map(move |j| (k * 10 + j) as f32)).collect();
+        let latent: Vec<f32> = (0..128).flat_map(|k| (0..2).map(move |j| (k * 10 + j) as f32)).collect();
         let out = unpatchify(&latent, 1, 2).unwrap();
         assert_eq!(out.len(), 32 * 2 * 4);
         // VAE channel 0, a 2x4 image: row dy, column 2j+dx holds channel dy*2+dx at column j.
         assert_eq!(&out[..8], &[0.0, 10.0, 1.0, 11.0, 20.0, 30.0, 21.0, 31.0]);
         // VAE channel 31: channels 124..=127.
-        assert_eq!(
-            &out[31 * 8..],
-            &[1240.0, 1250.0, 1241.0, 1251.0, 1260.0, 1270.0, 1261.0, 1271.0]
-        );
+        assert_eq!(&out[31 * 8..], &[1240.0, 1250.0, 1241.0, 1251.0, 1260.0, 1270.0, 1261.0, 1271.0]);
         assert!(unpatchify(&latent[1..], 1, 2).is_err());
     }
 }

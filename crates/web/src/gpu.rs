@@ -35,11 +35,17 @@ impl Device {
                         Use a browser with WebGPU, or choose the wasm backend."
                 .into());
         }
-        let adapter = call_async(&gpu, "requestAdapter", &Obj::new().set("powerPreference", "high-performance").build())
-            .await
-            .map_err(|e| format!("requesting a WebGPU adapter failed: {e}"))?;
+        let adapter = call_async(
+            &gpu,
+            "requestAdapter",
+            &Obj::new().set("powerPreference", "high-performance").build(),
+        )
+        .await
+        .map_err(|e| format!("requesting a WebGPU adapter failed: {e}"))?;
         if adapter.is_null() || adapter.is_undefined() {
-            return Err("no WebGPU adapter is available on this device. Choose the wasm backend instead.".into());
+            return Err(
+                "no WebGPU adapter is available on this device. Choose the wasm backend instead.".into()
+            );
         }
         let has_f16 = has_feature(&adapter, "shader-f16");
         if needs_f16 && !has_f16 {
@@ -53,8 +59,10 @@ impl Device {
             features.push(&"shader-f16".into());
         }
         let adapter_limits = get(&adapter, "limits");
-        let limits = LIMITS.iter().fold(Obj::new(), |limits, name| limits.set(name, get(&adapter_limits, name)));
-        let descriptor = Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
+        let limits =
+            LIMITS.iter().fold(Obj::new(), |limits, name| limits.set(name, get(&adapter_limits, name)));
+        let descriptor =
+            Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
         let device = call_async(&adapter, "requestDevice", &descriptor)
             .await
             .map_err(|e| format!("opening the WebGPU device failed: {e}"))?;

@@ -24,10 +24,17 @@ use crate::stage_worker::{EncoderOutput, JobSpec, StageTiming, TransformerOutput
 #[derive(Debug, Deserialize)]
 #[serde(tag = "command", rename_all = "camelCase")]
 enum Command {
-    RunJob { job: String, spec: JobSpec },
-    CancelJob { job: String },
+    RunJob {
+        job: String,
+        spec: JobSpec,
+    },
+    CancelJob {
+        job: String,
+    },
     #[serde(rename_all = "camelCase")]
-    InstallPack { base_url: String },
+    InstallPack {
+        base_url: String,
+    },
 }
 
 /// The worker of the stage that is running now, so that a cancel can terminate it.
@@ -181,7 +188,9 @@ async fn run_stage(
     });
     let message = Obj::new().set("task", task).set("params", params.clone());
     let posted = match &data {
-        Some(data) => worker.post_message_with_transfer(&message.set("data", data.clone()).build(), &Array::of1(data)),
+        Some(data) => {
+            worker.post_message_with_transfer(&message.set("data", data.clone()).build(), &Array::of1(data))
+        }
         None => worker.post_message(&message.build()),
     };
     let outcome = match posted {
@@ -212,7 +221,8 @@ async fn relay(
             }
             Some("cancelled") => return Err(StageFailure::Cancelled),
             _ => {
-                let error = get_string(&message, "message").unwrap_or_else(|| "the stage worker failed".into());
+                let error =
+                    get_string(&message, "message").unwrap_or_else(|| "the stage worker failed".into());
                 return Err(StageFailure::Error(error));
             }
         }
@@ -225,7 +235,8 @@ type Spawned = (Worker, mpsc::UnboundedReceiver<JsValue>, mpsc::UnboundedSender<
 fn spawn_worker() -> Result<Spawned, String> {
     let options = WorkerOptions::new();
     options.set_type(WorkerType::Module);
-    let worker = Worker::new_with_options("stage-worker.js", &options).map_err(|e| crate::js::error_text(&e))?;
+    let worker =
+        Worker::new_with_options("stage-worker.js", &options).map_err(|e| crate::js::error_text(&e))?;
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
         let sender = sender.clone();
@@ -274,7 +285,9 @@ async fn install_pack(base_url: &str) -> Result<u64, String> {
                 }
             }
             Some("done") => break Ok(get_f64(&get(&message, "output"), "bytes").unwrap_or(0.0) as u64),
-            _ => break Err(get_string(&message, "message").unwrap_or_else(|| "the pack install failed".into())),
+            _ => {
+                break Err(get_string(&message, "message").unwrap_or_else(|| "the pack install failed".into()))
+            }
         }
     };
     worker.terminate();

@@ -115,7 +115,9 @@ impl SyncFile {
     pub async fn create(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
         let file = file_handle(dir, name, true).await?;
         let handle: FileSystemSyncAccessHandle =
-            await_js(file.create_sync_access_handle(), &format!("opening {name} for writing")).await?.unchecked_into();
+            await_js(file.create_sync_access_handle(), &format!("opening {name} for writing"))
+                .await?
+                .unchecked_into();
         let sync = SyncFile { handle, name: name.to_owned() };
         sync.handle.truncate_with_f64(0.0).map_err(|e| sync.error("truncating", &e))?;
         Ok(sync)
@@ -130,7 +132,11 @@ impl SyncFile {
             .write_with_js_u8_array_and_options(bytes, &options)
             .map_err(|e| self.error("writing", &e))?;
         if written as u32 != bytes.length() {
-            return Err(format!("writing {}: only {written} of {} bytes were written", self.name, bytes.length()));
+            return Err(format!(
+                "writing {}: only {written} of {} bytes were written",
+                self.name,
+                bytes.length()
+            ));
         }
         Ok(())
     }

@@ -59,11 +59,7 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
             files.push(PackFile { path: name, bytes });
         }
     }
-    let record = PackRecord {
-        source: base_url,
-        bytes: files.iter().map(|f| f.bytes).sum(),
-        files,
-    };
+    let record = PackRecord { source: base_url, bytes: files.iter().map(|f| f.bytes).sum(), files };
     replace_pack(&staging, &record).await?;
     Ok((crate::js::to_js(&record), None))
 }
@@ -171,9 +167,8 @@ async fn replace_pack(staging: &FileSystemDirectoryHandle, record: &PackRecord) 
     for file in &record.files {
         let handle = opfs::file_handle(staging, &file.path, false).await?;
         // `FileSystemHandle.move` (OPFS) renames without copying the bytes.
-        let mover: js_sys::Function = Reflect::get(&handle, &"move".into())
-            .map_err(|e| error_text(&e))?
-            .unchecked_into();
+        let mover: js_sys::Function =
+            Reflect::get(&handle, &"move".into()).map_err(|e| error_text(&e))?.unchecked_into();
         let promise = mover.call1(&handle, &pack_dir).map_err(|e| error_text(&e))?;
         JsFuture::from(js_sys::Promise::from(promise))
             .await

@@ -4,9 +4,7 @@
 //! progress live in `chrome.storage.session`, the pack in OPFS, and the work itself in the offscreen
 //! document, which outlives the service worker.
 
-use imagine_core::api::{
-    Event, GenerateRequest, JobState, PackProgress, PackStatus, Reply, Request,
-};
+use imagine_core::api::{Event, GenerateRequest, JobState, PackProgress, PackStatus, Reply, Request};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
@@ -79,7 +77,9 @@ pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
         let shown = String::from(js_sys::encode_uri_component(&prompt));
         let page = match start_job(GenerateRequest { prompt, ..Default::default() }).await {
             Reply::JobStarted { job, .. } => format!("result.html?job={job}&prompt={shown}"),
-            Reply::Error { error } => format!("result.html?error={}", String::from(js_sys::encode_uri_component(&error))),
+            Reply::Error { error } => {
+                format!("result.html?error={}", String::from(js_sys::encode_uri_component(&error)))
+            }
             _ => "result.html".to_owned(),
         };
         let url = chrome::runtime_get_url(&page);
@@ -105,7 +105,9 @@ async fn handle(request: Request) -> Reply {
 
 async fn install(base_url: String) -> Reply {
     if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
-        return Reply::Error { error: format!("baseUrl must be an http:// or https:// URL, got {base_url:?}") };
+        return Reply::Error {
+            error: format!("baseUrl must be an http:// or https:// URL, got {base_url:?}"),
+        };
     }
     let state = InstallState { installing: Some(PackProgress::default()), error: None };
     save(INSTALL_KEY, &state).await;
@@ -190,7 +192,9 @@ async fn ensure_offscreen() -> Result<(), String> {
 /// Keeps the latest state of jobs and installs, from the events the offscreen document broadcasts.
 async fn record(event: Event) {
     match event {
-        Event::Progress { job, progress } => set_job(&job, &JobState::Running { progress: Some(progress) }).await,
+        Event::Progress { job, progress } => {
+            set_job(&job, &JobState::Running { progress: Some(progress) }).await
+        }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping.
             result.trace = None;
@@ -203,7 +207,9 @@ async fn record(event: Event) {
             save(INSTALL_KEY, &InstallState { installing: Some(progress), error: None }).await
         }
         Event::PackInstalled { .. } => save(INSTALL_KEY, &InstallState::default()).await,
-        Event::PackFailed { error } => save(INSTALL_KEY, &InstallState { installing: None, error: Some(error) }).await,
+        Event::PackFailed { error } => {
+            save(INSTALL_KEY, &InstallState { installing: None, error: Some(error) }).await
+        }
     }
 }
 

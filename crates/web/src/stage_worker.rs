@@ -163,7 +163,8 @@ impl Stage {
         let bytes = opfs::read(&dir, &name).await?;
         let mut external = Vec::new();
         for location in pack::external_data_locations(&bytes).map_err(|e| format!("{name}: {e}"))? {
-            let file = opfs::file(&dir, &location).await.map_err(|e| format!("{name} needs {location}: {e}"))?;
+            let file =
+                opfs::file(&dir, &location).await.map_err(|e| format!("{name} needs {location}: {e}"))?;
             external.push(ExternalData { path: location, data: file.into() });
         }
         let (provider, device) = match backend {
@@ -199,7 +200,8 @@ impl Stage {
     }
 
     fn contract_error(&self, kind: &str, name: &str) -> String {
-        let names: Vec<String> = self.session.inputs().into_iter().chain(self.session.outputs()).map(|v| v.name).collect();
+        let names: Vec<String> =
+            self.session.inputs().into_iter().chain(self.session.outputs()).map(|v| v.name).collect();
         format!("{} has no {kind} named `{name}` (it declares: {})", self.graph.file_name(), names.join(", "))
     }
 
@@ -279,7 +281,8 @@ async fn text_encoder(params: &JsValue) -> StageResult {
     let spec: JobSpec = from_js(params)?;
     let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
     let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-    let encoder = PromptEncoder::new(&tokenizer, &config).map_err(|e| format!("loading the tokenizer failed: {e}"))?;
+    let encoder =
+        PromptEncoder::new(&tokenizer, &config).map_err(|e| format!("loading the tokenizer failed: {e}"))?;
     let encoded = encoder.encode(&spec.prompt).map_err(|e| format!("encoding the prompt failed: {e}"))?;
 
     let mut stage = Stage::open(Graph::TextEncoder, &spec.backend).await?;
@@ -319,7 +322,8 @@ async fn transformer(params: &JsValue, data: &JsValue) -> StageResult {
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
     let (h, w) = (spec.tokens_high(), spec.tokens_wide());
     let tokens = h * w;
-    let schedule = Schedule::from_name(&spec.schedule).ok_or_else(|| format!("unknown schedule {:?}", spec.schedule))?;
+    let schedule =
+        Schedule::from_name(&spec.schedule).ok_or_else(|| format!("unknown schedule {:?}", spec.schedule))?;
     let sigmas = schedule.sigmas(tokens as u32, spec.steps);
     let noise = initial_noise(spec.seed()?, spec.width, spec.height);
     let text_tokens = (embeddings.len() as i64) / EMBED_WIDTH;
@@ -333,10 +337,13 @@ async fn transformer(params: &JsValue, data: &JsValue) -> StageResult {
     require_int64(graph, &stage.input("txt_ids")?)?;
     stage.output("noise_pred")?;
 
-    let tensor = |dtype: &DType, values: &[f32], dims: &[i64]| Tensor::from_f32_in(dtype, values, dims).map_err(|e| e.to_string());
+    let tensor = |dtype: &DType, values: &[f32], dims: &[i64]| {
+        Tensor::from_f32_in(dtype, values, dims).map_err(|e| e.to_string())
+    };
     let context = tensor(&text_float, &embeddings, &[1, text_tokens, EMBED_WIDTH])?;
     drop(embeddings);
-    let img_ids = Tensor::from_i64(&image_ids(spec.height, spec.width), &[1, tokens as i64, 4]).map_err(|e| e.to_string())?;
+    let img_ids = Tensor::from_i64(&image_ids(spec.height, spec.width), &[1, tokens as i64, 4])
+        .map_err(|e| e.to_string())?;
     let txt_ids = Tensor::from_i64(&text_ids(), &[1, text_tokens, 4]).map_err(|e| e.to_string())?;
 
     let mut latents = noise.clone();
@@ -365,7 +372,10 @@ async fn transformer(params: &JsValue, data: &JsValue) -> StageResult {
         }
         euler_step(&mut latents, &velocity, sigmas[step], sigmas[step + 1]).map_err(|e| e.to_string())?;
         x.dispose();
-        post(&Obj::new().set("kind", "progress").set("step", step as u32 + 1).set("steps", spec.steps).build(), None);
+        post(
+            &Obj::new().set("kind", "progress").set("step", step as u32 + 1).set("steps", spec.steps).build(),
+            None,
+        );
     }
     let timing = stage.close().await;
     let noise = spec.trace.then(|| base64_f32(&noise));
@@ -390,15 +400,25 @@ async fn decoder(params: &JsValue, data: &JsValue) -> StageResult {
     let graph = stage.graph;
     let inputs = stage.session.inputs();
     let [input] = inputs.as_slice() else {
-        return Err(format!("{} declares {} inputs, expected one latent input", graph.file_name(), inputs.len()));
+        return Err(format!(
+            "{} declares {} inputs, expected one latent input",
+            graph.file_name(),
+            inputs.len()
+        ));
     };
     let float = float_type(graph, input)?;
     let outputs = stage.session.outputs();
     let [output] = outputs.as_slice() else {
-        return Err(format!("{} declares {} outputs, expected one image output", graph.file_name(), outputs.len()));
+        return Err(format!(
+            "{} declares {} outputs, expected one image output",
+            graph.file_name(),
+            outputs.len()
+        ));
     };
     let (values, dims) = match input.shape.as_slice() {
-        [_, Dim::Fixed(128), _, _] => (unpack_tokens(&latents, h, w).map_err(|e| e.to_string())?, [1, 128, h as i64, w as i64]),
+        [_, Dim::Fixed(128), _, _] => {
+            (unpack_tokens(&latents, h, w).map_err(|e| e.to_string())?, [1, 128, h as i64, w as i64])
+        }
         [_, Dim::Fixed(32), _, _] => {
             let packed = unpack_tokens(&latents, h, w).map_err(|e| e.to_string())?;
             (unpatchify(&packed, h, w).map_err(|e| e.to_string())?, [1, 32, 2 * h as i64, 2 * w as i64])
@@ -434,7 +454,8 @@ async fn decoder(params: &JsValue, data: &JsValue) -> StageResult {
         steps: spec.steps,
         schedule: spec.schedule.clone(),
     };
-    let png = encode_png(&rgba, spec.width, spec.height, &meta).map_err(|e| format!("encoding the PNG failed: {e}"))?;
+    let png = encode_png(&rgba, spec.width, spec.height, &meta)
+        .map_err(|e| format!("encoding the PNG failed: {e}"))?;
     let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
     Ok((to_js(&timing), Some(buffer)))
 }

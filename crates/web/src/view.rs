@@ -12,10 +12,7 @@ pub fn document() -> Document {
 
 /// The element with `id`, which the page's HTML must have.
 pub fn element<T: JsCast>(id: &str) -> T {
-    document()
-        .get_element_by_id(id)
-        .unwrap_or_else(|| panic!("the page has no #{id}"))
-        .unchecked_into()
+    document().get_element_by_id(id).unwrap_or_else(|| panic!("the page has no #{id}")).unchecked_into()
 }
 
 /// Sets an element's text (as text).
