@@ -10,10 +10,20 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum Request {
-    /// Install the pack served under `baseUrl` (the Hub's file layout) into OPFS.
-    #[serde(rename_all = "camelCase")]
-    InstallPack { base_url: String },
-    /// Whether a pack is installed, and any install in progress.
+    /// Download and install the pack from a Hugging Face Hub repo (resumable, verified). Joins an
+    /// install already running. Missing fields take the defaults of [`PackSource`].
+    InstallPack(InstallRequest),
+    /// Resolve the revision and list what an install would download, without writing anything.
+    PlanPack(PackSource),
+    /// Pause the running download, keeping what is downloaded.
+    PausePack,
+    /// Resume a paused or failed download.
+    ResumePack,
+    /// Stop the download and remove its partial files.
+    CancelPack,
+    /// Remove the installed pack and free its storage.
+    DeletePack,
+    /// Whether a pack is installed, the storage it uses, and any download in progress.
     PackStatus,
     /// Start a generation. Missing fields take their defaults.
     Generate(GenerateRequest),
@@ -61,8 +71,12 @@ pub enum Stage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum Reply {
-    /// `installPack` accepted; follow `packProgress` events.
+    /// `installPack`/`resumePack` accepted; follow `packProgress` events.
     InstallStarted,
+    /// `planPack`.
+    PackPlan(PackPlan),
+    /// `pausePack`, `cancelPack`, `deletePack` done.
+    Done,
     PackStatus(PackStatus),
     /// `generate` accepted: the job id and the seed it will use (as a decimal string).
     #[serde(rename_all = "camelCase")]
@@ -80,28 +94,125 @@ pub enum Reply {
     },
 }
 
+/// `installPack`: the source, and the backend the pack is meant for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct InstallRequest {
+    #[serde(flatten)]
+    pub source: PackSource,
+    /// `webgpu` (default): the device is checked before anything is downloaded (WebGPU adapter,
+    /// `shader-f16` for float16 graphs, buffer size). `wasm`: the pack will run on the CPU backend,
+    /// so the GPU checks are skipped.
+    pub backend: Option<String>,
+}
+
+/// Where a pack comes from: a model repo on a Hugging Face Hub (or a mirror with the same API).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PackSource {
+    /// The Hub's base URL.
+    pub endpoint: String,
+    /// `owner/name`.
+    pub repo: String,
+    /// A branch, tag or commit; resolved to a commit before anything is downloaded.
+    pub revision: String,
+}
+
+impl Default for PackSource {
+    fn default() -> Self {
+        PackSource {
+            endpoint: "https://huggingface.co".into(),
+            repo: "cgb/flux2-klein-4b-onnx-webgpu".into(),
+            revision: "main".into(),
+        }
+    }
+}
+
+/// One file of a pack, as the Hub lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackFile {
+    pub path: String,
+    pub size: u64,
+    /// Lowercase hex SHA-256 (LFS files), or the git blob id (SHA-1, small files stored in git).
+    pub sha256: Option<String>,
+    pub git_oid: Option<String>,
+}
+
+/// What an install downloads: every file at one commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackPlan {
+    pub source: PackSource,
+    /// The commit the revision resolved to.
+    pub commit: String,
+    pub files: Vec<PackFile>,
+    pub total_bytes: u64,
+}
+
+/// Bytes used and available to the extension (`navigator.storage.estimate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageUse {
+    pub usage_bytes: u64,
+    pub quota_bytes: u64,
+}
+
 /// `packStatus`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PackStatus {
     pub installed: bool,
     /// Where the installed pack came from.
-    pub source: Option<String>,
+    pub source: Option<PackSource>,
+    /// The commit of the installed pack.
+    pub commit: Option<String>,
     /// Bytes of the installed pack.
     pub bytes: u64,
-    /// An install in progress, if any.
-    pub installing: Option<PackProgress>,
-    /// The last install failure, if the last install failed.
-    pub error: Option<String>,
+    pub storage: StorageUse,
+    /// A download that is running, paused or failed (resumable), if any.
+    pub download: Option<DownloadProgress>,
 }
 
-/// Progress of a pack install.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Where a download is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PackProgress {
-    pub file: String,
+pub enum DownloadState {
+    /// Resolving the revision, listing files, checking storage and the device.
+    Checking,
+    Downloading,
+    Paused,
+    /// Stopped by an error; `resumePack` continues from what was kept.
+    Failed,
+}
+
+/// Progress of one file of a download.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileProgress {
+    pub path: String,
+    pub size: u64,
     pub done_bytes: u64,
+    /// Size and hash checked.
+    pub verified: bool,
+}
+
+/// Progress of a pack download (`packStatus.download` and the `packProgress` event).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownloadProgress {
+    pub state: DownloadState,
+    pub source: PackSource,
+    pub commit: Option<String>,
     pub total_bytes: u64,
+    pub done_bytes: u64,
+    pub files: Vec<FileProgress>,
+    /// Recent download rate.
+    pub bytes_per_second: f64,
+    /// At the recent rate; `None` before there is one.
+    pub seconds_left: Option<f64>,
+    /// Why the download failed (state `failed`).
+    pub error: Option<String>,
 }
 
 /// The state of a job (`job` request, and what pages show when they open late).
@@ -189,9 +300,11 @@ pub enum Event {
     Cancelled {
         job: String,
     },
-    PackProgress(PackProgress),
+    PackProgress(DownloadProgress),
+    #[serde(rename_all = "camelCase")]
     PackInstalled {
         bytes: u64,
+        commit: String,
     },
     PackFailed {
         error: String,
@@ -206,8 +319,9 @@ mod tests {
     fn requests_use_camel_case_tags_and_defaults() {
         let r: Request = serde_json::from_str(r#"{"type":"generate","prompt":"a cat"}"#).unwrap();
         assert_eq!(r, Request::Generate(GenerateRequest { prompt: "a cat".into(), ..Default::default() }));
-        let r: Request = serde_json::from_str(r#"{"type":"installPack","baseUrl":"http://x/"}"#).unwrap();
-        assert_eq!(r, Request::InstallPack { base_url: "http://x/".into() });
+        let r: Request = serde_json::from_str(r#"{"type":"installPack","repo":"a/b"}"#).unwrap();
+        let source = PackSource { repo: "a/b".into(), ..PackSource::default() };
+        assert_eq!(r, Request::InstallPack(InstallRequest { source, backend: None }));
         let r: Request =
             serde_json::from_str(r#"{"type":"generate","prompt":"p","seed":"18446744073709551615"}"#)
                 .unwrap();
