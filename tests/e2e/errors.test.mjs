@@ -28,7 +28,9 @@ test('a 3000-word prompt is truncated to 512 tokens', { timeout: 600_000 }, asyn
 });
 
 test('a float16 pack on WebGPU without shader-f16 fails clearly', { timeout: 600_000 }, async (t) => {
-  const b = await h.setup(t, { pack: 'f16' });
+  // Installed for the wasm backend (an install for webgpu is refused up front, see download-basic),
+  // then generated on webgpu: generation itself must say what is missing.
+  const b = await h.setup(t, { pack: 'f16', backend: 'wasm' });
   const r = await h.generate(b.page, { ...base, backend: 'webgpu' });
   assert.equal(r.reply.type, 'jobStarted', JSON.stringify(r.reply));
   assert.ok(!r.result, 'float16 on SwiftShader WebGPU produced an image');

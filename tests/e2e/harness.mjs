@@ -18,6 +18,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { startFakeHub } from './fake-hub.mjs';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const DIST = process.env.IMAGINE_DIST ? path.resolve(process.env.IMAGINE_DIST) : path.join(ROOT, 'dist');
@@ -87,11 +88,27 @@ export async function launch({ profileDir, extDir = DIST, headless = isHeadless(
     await page.goto(extensionUrl(extensionId, openPage));
   }
   const browserCdp = await context.browser().newBrowserCDPSession();
-  const close = async () => {
+  const b = { context, extensionId, serviceWorker, page, profileDir, browserCdp };
+  /** Closes the browser; removes the profile if launch() made it (unless keepProfile). */
+  b.close = async ({ keepProfile = false } = {}) => {
     await context.close().catch(() => {});
-    if (ownProfile) fs.rmSync(profileDir, { recursive: true, force: true });
+    if (ownProfile && !keepProfile) fs.rmSync(profileDir, { recursive: true, force: true });
   };
-  return { context, extensionId, serviceWorker, page, profileDir, browserCdp, close };
+  /**
+   * Closes the browser and launches it again on the same profile (as a user quitting and reopening
+   * it). Returns the new launch object; its close() removes the profile as the first one would have.
+   */
+  b.relaunch = async (opts = {}) => {
+    await context.close().catch(() => {});
+    const nb = await launch({ profileDir, extDir, headless, args, page: openPage, ...opts });
+    const innerClose = nb.close;
+    nb.close = async ({ keepProfile = false } = {}) => {
+      await innerClose({ keepProfile: true });
+      if (ownProfile && !keepProfile) fs.rmSync(profileDir, { recursive: true, force: true });
+    };
+    return nb;
+  };
+  return b;
 }
 
 export function extensionUrl(extensionId, file) {
@@ -161,19 +178,94 @@ export function shorten(key, value) {
   return value;
 }
 
-/** Installs the pack under `baseUrl` and waits until it is installed; returns packInstalled. */
-export async function installPack(page, baseUrl, timeoutMs = INSTALL_TIMEOUT_MS) {
+/** Sends `installPack` for `repo` on `hub` (a fake Hub or { url }); returns the reply (no waiting). */
+export async function startInstall(page, hub, repo, { backend, revision = 'main' } = {}) {
   await collectEvents(page);
   await page.evaluate(() => {
     window.__events = window.__events.filter((e) => !['packInstalled', 'packFailed'].includes(e.type));
   });
-  const reply = await api(page, { type: 'installPack', baseUrl });
+  const req = { type: 'installPack', endpoint: hubUrl(hub), repo, revision };
+  if (backend) req.backend = backend;
+  return api(page, req);
+}
+
+/**
+ * Waits for the install started before to end: returns the `packInstalled` event, throws with the
+ * `packFailed` error. Also polls packStatus (a request to the service worker is one of the moments the
+ * extension resumes an interrupted download), so it survives events lost to a restart.
+ */
+export async function waitForInstall(page, timeoutMs = INSTALL_TIMEOUT_MS) {
+  await collectEvents(page);
+  const deadline = Date.now() + timeoutMs;
+  let status = null;
+  for (;;) {
+    const evs = await events(page);
+    const ev = evs.find((e) => e.type === 'packInstalled' || e.type === 'packFailed');
+    if (ev?.type === 'packFailed') throw new Error(`pack install failed: ${ev.error}`);
+    status = await api(page, { type: 'packStatus' }).catch((e) => ({ error: String(e) }));
+    if (ev?.type === 'packInstalled') {
+      if (!status?.installed) throw new Error(`packInstalled, but packStatus says ${JSON.stringify(status)}`);
+      return ev;
+    }
+    if (status?.download?.state === 'failed') throw new Error(`pack install failed: ${status.download.error}`);
+    if (status?.installed && !status.download) return { type: 'packInstalled', bytes: status.bytes, commit: status.commit };
+    if (Date.now() > deadline) throw new Error(`install not done within ${timeoutMs} ms: ${JSON.stringify(status, shorten)}`);
+    await sleep(250);
+  }
+}
+
+/**
+ * Installs `repo` from `hub` and waits until it is installed; returns packInstalled.
+ * `backend: 'wasm'` skips the GPU checks (needed for the f16 pack on SwiftShader).
+ */
+export async function installPack(page, hub, repo = 'fixtures/f32', { backend, revision, timeoutMs = INSTALL_TIMEOUT_MS } = {}) {
+  const reply = await startInstall(page, hub, repo, { backend, revision });
   if (reply?.type !== 'installStarted') throw new Error(`installPack: ${JSON.stringify(reply)}`);
-  const ev = await waitForEvent(page, (e) => e.type === 'packInstalled' || e.type === 'packFailed', timeoutMs);
-  if (ev.type === 'packFailed') throw new Error(`pack install failed: ${ev.error}`);
-  const status = await api(page, { type: 'packStatus' });
-  if (!status?.installed) throw new Error(`packInstalled, but packStatus says ${JSON.stringify(status)}`);
-  return ev;
+  return waitForInstall(page, timeoutMs);
+}
+
+/** Waits for the install started before to fail; returns the error text (throws if it installs). */
+export async function waitForInstallFailure(page, timeoutMs = INSTALL_TIMEOUT_MS) {
+  try {
+    const ev = await waitForInstall(page, timeoutMs);
+    throw Object.assign(new Error(`expected the install to fail, it installed: ${JSON.stringify(ev)}`), { installed: true });
+  } catch (e) {
+    if (e.installed) throw e;
+    const m = /^pack install failed: ([\s\S]*)$/.exec(e.message);
+    if (!m) throw e;
+    return m[1];
+  }
+}
+
+function hubUrl(hub) {
+  return typeof hub === 'string' ? hub : hub.url;
+}
+
+/** `packStatus`. */
+export async function packStatus(page) {
+  const s = await api(page, { type: 'packStatus' });
+  if (s?.type !== 'packStatus') throw new Error(`packStatus: ${JSON.stringify(s)}`);
+  return s;
+}
+
+/**
+ * Polls packStatus until `predicate(status)` holds; returns that status. Throws on timeout with the
+ * last status. (Use a predicate over status.download, e.g. `(s) => fileDone(s, 'x.data') >= 8 << 20`.)
+ */
+export async function waitForDownload(page, predicate, timeoutMs = INSTALL_TIMEOUT_MS, { pollMs = 150 } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let last = null;
+  for (;;) {
+    last = await api(page, { type: 'packStatus' }).catch((e) => ({ error: String(e) }));
+    if (last && !last.error && predicate(last)) return last;
+    if (Date.now() > deadline) throw new Error(`download condition not met within ${timeoutMs} ms; last packStatus: ${JSON.stringify(last, shorten)}`);
+    await sleep(pollMs);
+  }
+}
+
+/** Bytes done of one file of the running download (0 if unknown). */
+export function fileDone(status, p) {
+  return status?.download?.files?.find((f) => f.path === p)?.doneBytes ?? 0;
 }
 
 /**
@@ -321,11 +413,199 @@ function readRange(file, start, end) {
   }
 }
 
-/** Serves a fixture pack (`f32`, `f32-vae32`, `f16`, or a directory). */
-export async function servePack(nameOrDir = 'f32') {
-  const dir = fs.existsSync(nameOrDir) ? nameOrDir : path.join(PACKS, nameOrDir);
-  if (!fs.existsSync(dir)) throw new Error(`no fixture pack at ${dir}: run python3 tests/fixtures/make_packs.py`);
-  return serveDir(dir);
+/** The download checkpoint: an interruption re-fetches at most this much of the file it was in. */
+export const CHECKPOINT_BYTES = 4 << 20;
+/**
+ * What may be in flight (written to the socket, not yet read by the browser) when an interruption
+ * hits; the fake Hub counts bytes as they are written. Downloads that are interrupted on purpose are
+ * throttled, which keeps this small.
+ */
+export const IN_FLIGHT_SLACK = 1 << 20;
+
+/** The shard the interruption tests pad to BIG_SHARD_SIZE, so that "mid-file" means something. */
+export const BIG_SHARD = 'transformer_q8-00000.data';
+export const BIG_SHARD_SIZE = 24 << 20;
+
+/**
+ * setup() with the f32 pack's BIG_SHARD padded to BIG_SHARD_SIZE, nothing installed yet.
+ * Returns setup()'s object with `repo` = 'fixtures/f32'.
+ */
+export async function setupPadded(t, opts = {}) {
+  return setup(t, { pack: 'f32', install: false, hubOptions: { repos: ['f32'], pad: { [BIG_SHARD]: BIG_SHARD_SIZE } }, ...opts });
+}
+
+/** The fixture packs' repos on the fake Hub: `fixtures/<name>`. */
+export const FIXTURE_REPOS = ['f32', 'f32-vae32', 'f16'];
+
+/**
+ * Starts a fake Hub (fake-hub.mjs) serving fixture packs. `repos`: names of fixture packs (served as
+ * `fixtures/<name>`), or { repo: spec } (see fake-hub.mjs). `pad`: { file: size } applied to every
+ * fixture repo.
+ */
+export async function startHub({ repos = FIXTURE_REPOS, pad = null, throttle = null } = {}) {
+  const specs = {};
+  if (Array.isArray(repos)) {
+    for (const name of repos) {
+      const dir = path.join(PACKS, name);
+      if (!fs.existsSync(dir)) throw new Error(`no fixture pack at ${dir}: run python3 tests/fixtures/make_packs.py`);
+      specs[`fixtures/${name}`] = { dir };
+    }
+  } else Object.assign(specs, repos);
+  return startFakeHub({ repos: specs, pad, throttle });
+}
+
+/** The fixture pack directory of a fixture repo (`fixtures/f32` -> tests/fixtures/packs/f32). */
+export function fixtureDir(repo) {
+  return path.join(PACKS, repo.replace(/^fixtures\//, ''));
+}
+
+/** Whether a repo file is part of the pack (graphs, manifests, external data), from its name. */
+export function isPackFile(p) {
+  return !p.includes('/') && /\.(onnx|data|manifest\.json)$/.test(p);
+}
+
+/** Bytes of body the hub (hub and CDN) served for a pack-relative path. */
+export function servedBytes(hub, p) {
+  return hub.stats(p).bodyBytes;
+}
+
+/** The pack files of `repo` on the hub at main: [{ path, size, sha256, lfs }]. */
+export function packFiles(hub, repo, commit) {
+  return hub.files(repo, commit).filter((f) => isPackFile(f.path));
+}
+
+/**
+ * Asserts what the hub served for `repo`: every pack file at most its size plus CHECKPOINT_BYTES (+
+ * in-flight slack) per interruption it went through (`interruptions`: { path: n }, or a number for
+ * every file; `extra`: { path: bytes } more allowed, e.g. a restart from 0), non-pack files never
+ * requested, and every resolve at one commit. Returns the per-file stats.
+ */
+export function assertServed(hub, repo, { interruptions = 0, extra = {}, commit } = {}) {
+  const problems = [];
+  const rows = {};
+  for (const f of packFiles(hub, repo, commit)) {
+    const st = hub.stats(f.path);
+    const n = typeof interruptions === 'number' ? interruptions : (interruptions[f.path] ?? 0);
+    const allowed = f.size + n * (CHECKPOINT_BYTES + IN_FLIGHT_SLACK) + (extra[f.path] ?? 0);
+    rows[f.path] = { size: f.size, served: st.bodyBytes, allowed, requests: st.requests, ranges: st.ranges };
+    if (st.bodyBytes > allowed) problems.push(`${f.path}: served ${st.bodyBytes} bytes, size ${f.size}, allowed ${allowed}`);
+  }
+  for (const f of hub.files(repo, commit).filter((f) => !isPackFile(f.path))) {
+    if (hub.stats(f.path).requests > 0) problems.push(`${f.path} is not part of the pack but was requested`);
+  }
+  const resolveRevs = hub.log.filter((r) => r.server === 'hub' && r.rev).map((r) => r.rev);
+  const want = commit ?? hub.commit(repo);
+  const other = [...new Set(resolveRevs.filter((r) => r !== want))];
+  if (other.length) problems.push(`resolve requests at other revisions than ${want}: ${other.join(', ')}`);
+  if (problems.length) throw new Error(`served bytes:\n  ${problems.join('\n  ')}\n${JSON.stringify(rows, null, 1)}`);
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------------------
+// OPFS, quota, offscreen document
+
+/** The OPFS of the extension, from an extension page: { 'pack/x.onnx': size, 'pack-staging/': 0, … } (dirs end in /). */
+export async function opfsTree(page) {
+  return page.evaluate(async () => {
+    const out = {};
+    const walk = async (dir, prefix) => {
+      for await (const [name, h] of dir.entries()) {
+        if (h.kind === 'directory') {
+          out[`${prefix}${name}/`] = 0;
+          await walk(h, `${prefix}${name}/`);
+        } else {
+          out[`${prefix}${name}`] = (await h.getFile()).size;
+        }
+      }
+    };
+    await walk(await navigator.storage.getDirectory(), '');
+    return out;
+  });
+}
+
+/** The names in the OPFS root (`pack`, `pack-staging`, …). */
+export async function opfsEntries(page) {
+  return page.evaluate(async () => {
+    const names = [];
+    for await (const name of (await navigator.storage.getDirectory()).keys()) names.push(name);
+    return names.sort();
+  });
+}
+
+/** `navigator.storage.estimate()` in an extension page. */
+export async function storageEstimate(page) {
+  return page.evaluate(async () => {
+    const { usage, quota } = await navigator.storage.estimate();
+    return { usage, quota };
+  });
+}
+
+const quotaSessions = new WeakMap();
+
+/**
+ * Overrides the storage quota of the extension's origin with CDP Storage.overrideQuotaForOrigin
+ * (`null` removes the override). The override lives as long as the CDP session that set it, so the
+ * session is kept open (per page) until setQuota(…, null).
+ *
+ * What it does in Chromium 156 (checked, see tests/e2e/README.md):
+ *  - extension WITH `unlimitedStorage` (dist/ as built): navigator.storage.estimate().quota reports the
+ *    override, but OPFS writes are not limited by it;
+ *  - extension WITHOUT `unlimitedStorage` (quotaDist()): OPFS writes fail with QuotaExceededError past
+ *    the override, but estimate().quota keeps reporting the default (10 GiB).
+ * So: the up-front quota check is tested with dist/ + setQuota, and running out of quota part way
+ * with quotaDist() + setQuota.
+ */
+export async function setQuota(context, page, bytes) {
+  const u = new URL(page.url());
+  const origin = `${u.protocol}//${u.host}`; // URL.origin is "null" for chrome-extension: in node
+  let cdp = quotaSessions.get(page);
+  if (!cdp) {
+    cdp = await context.newCDPSession(page);
+    quotaSessions.set(page, cdp);
+  }
+  const params = { origin };
+  if (bytes !== null && bytes !== undefined) params.quotaSize = bytes;
+  await cdp.send('Storage.overrideQuotaForOrigin', params);
+  if (bytes === null || bytes === undefined) {
+    quotaSessions.delete(page);
+    await cdp.detach().catch(() => {});
+  }
+}
+
+let quotaDistDir = null;
+
+/**
+ * A copy of the built extension without the `unlimitedStorage` permission (in a temp dir, made once
+ * per process), so that a quota override limits OPFS writes (see setQuota).
+ */
+export function quotaDist() {
+  if (quotaDistDir) return quotaDistDir;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-dist-quota-'));
+  fs.cpSync(DIST, dir, { recursive: true });
+  const mf = path.join(dir, 'manifest.json');
+  const m = JSON.parse(fs.readFileSync(mf, 'utf8'));
+  m.permissions = (m.permissions ?? []).filter((p) => p !== 'unlimitedStorage');
+  fs.writeFileSync(mf, JSON.stringify(m, null, 1));
+  process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
+  quotaDistDir = dir;
+  return dir;
+}
+
+/** Closes the extension's offscreen document from its service worker. */
+export async function closeOffscreen(serviceWorker) {
+  return serviceWorker.evaluate(async () => {
+    const has = await chrome.offscreen.hasDocument?.();
+    if (has === false) return false;
+    await chrome.offscreen.closeDocument();
+    return true;
+  });
+}
+
+/** Whether the offscreen document is open (from the browser's targets). */
+export async function offscreenOpen(context) {
+  const cdp = await browserSession(context);
+  const { targetInfos } = await cdp.send('Target.getTargets');
+  return targetInfos.some((t) => t.url.includes('/offscreen.html'));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -505,18 +785,22 @@ export function sleep(ms) {
 }
 
 /**
- * For a node:test test: launches a fresh browser profile, serves the fixture pack `pack` (unless
- * null) and installs it. Closes everything when the test ends. Returns launch()'s object plus
- * `server`.
+ * For a node:test test: starts a fake Hub serving the fixture packs (unless `pack` is null and `hub`
+ * is false), launches a fresh browser profile and installs `fixtures/<pack>` (with `backend`; f16
+ * defaults to 'wasm', whose graphs SwiftShader cannot run on WebGPU). Closes everything when the test
+ * ends. Returns launch()'s object plus `hub` (also as `server`) and `repo`.
  */
-export async function setup(t, { pack = 'f32', install = true, ...launchOpts } = {}) {
-  const server = pack ? await servePack(pack) : null;
-  const b = await launch(launchOpts);
+export async function setup(t, { pack = 'f32', install = true, backend, hubOptions = {}, ...launchOpts } = {}) {
+  const hub = pack || hubOptions.repos ? await startHub(hubOptions) : null;
+  let b = await launch(launchOpts);
+  const ctx = { ...b, hub, server: hub, repo: pack ? `fixtures/${pack}` : null };
   t.after(async () => {
-    await b.close();
-    await server?.close();
+    await ctx.close();
+    await hub?.close();
   });
   await collectEvents(b.page);
-  if (server && install) await installPack(b.page, server.url);
-  return { ...b, server };
+  if (hub && pack && install) {
+    await installPack(b.page, hub, ctx.repo, { backend: backend ?? (pack === 'f16' ? 'wasm' : undefined) });
+  }
+  return ctx;
 }

@@ -7,8 +7,8 @@ const LOCAL = /^(chrome-extension|data|blob|about|chrome):/;
 
 test('a generation after install touches no network', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
-  const port = b.server.port;
-  await b.server.close();
+  const port = new URL(b.hub.url).port;
+  await b.hub.close();
 
   const requests = [];
   // Pages and the service worker, as Playwright sees them.
@@ -35,5 +35,5 @@ test('a generation after install touches no network', { timeout: 600_000 }, asyn
   await cdp.send('Fetch.disable').catch(() => {});
 
   const remote = requests.filter((r) => !LOCAL.test(r.replace(/^\w+: /, '')));
-  assert.deepEqual(remote, [], `network requests during generation (pack server was on port ${port})`);
+  assert.deepEqual(remote, [], `network requests during generation (the fake Hub was on port ${port})`);
 });

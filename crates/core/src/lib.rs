@@ -16,7 +16,9 @@
 //! 6. **Image** ([`image`]): the decoder's sample to RGBA8, then a PNG carrying the parameters.
 //!
 //! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
-//! manifests, external-data locations), and [`api`] holds the message API types.
+//! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
+//! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
+//! message API types.
 //!
 //! Numerics follow the upstream diffusers pipeline (`shared/docs/reference-pipeline.md`); each
 //! module says where and why it departs from it.
@@ -27,6 +29,7 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
+pub mod hub;
 pub mod image;
 pub mod latents;
 pub mod pack;

@@ -179,6 +179,37 @@ pub fn declares_float16(onnx_bytes: &[u8]) -> Result<bool, PackError> {
     Ok(false)
 }
 
+/// The size in bytes of the largest initializer stored as external data (its `length` entry): each one
+/// must fit in a single GPU buffer, so this is checked against the adapter's limits before a download.
+pub fn largest_external_tensor(onnx_bytes: &[u8]) -> Result<u64, PackError> {
+    let mut largest = 0;
+    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
+        for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
+            for entry in Fields::new(tensor?).filter_field(TENSOR_EXTERNAL_DATA) {
+                let (mut key, mut value) = (None, None);
+                for field in Fields::new(entry?) {
+                    match field? {
+                        (ENTRY_KEY, Value::Bytes(b)) => key = Some(b),
+                        (ENTRY_VALUE, Value::Bytes(b)) => value = Some(b),
+                        _ => {}
+                    }
+                }
+                if key == Some(b"length".as_slice()) {
+                    let length = std::str::from_utf8(value.unwrap_or_default())
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or(PackError::Protobuf {
+                            what: "an external-data length that is not a number",
+                            offset: 0,
+                        })?;
+                    largest = largest.max(length);
+                }
+            }
+        }
+    }
+    Ok(largest)
+}
+
 /// The `location` of a TensorProto whose `data_location` is EXTERNAL.
 fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
     let (mut external, mut location) = (false, None);

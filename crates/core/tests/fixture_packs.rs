@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use imagine_core::pack::{declares_float16, external_data_locations, parse_manifest, Graph};
+use imagine_core::pack::{
+    declares_float16, external_data_locations, largest_external_tensor, parse_manifest, Graph,
+};
 
 fn pack(variant: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/packs").join(variant)
@@ -47,4 +49,10 @@ fn unsharded_decoder_names_its_data_file_in_the_graph() {
         external_data_locations(&graph_bytes("f32", Graph::Decoder)).unwrap(),
         ["vae_decoder.onnx.data"]
     );
+}
+
+#[test]
+fn largest_external_tensor_is_read_from_the_graph() {
+    // The f32 text encoder's biggest external initializer is its 151,936-entry float32 id table.
+    assert_eq!(largest_external_tensor(&graph_bytes("f32", Graph::TextEncoder)).unwrap(), 151_936 * 4);
 }

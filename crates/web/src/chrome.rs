@@ -34,4 +34,22 @@ extern "C" {
 
     #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "session"], js_name = remove)]
     pub fn session_remove(keys: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "local"], js_name = get)]
+    pub fn local_get(keys: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "local"], js_name = set)]
+    pub fn local_set(items: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "storage", "local"], js_name = remove)]
+    pub fn local_remove(keys: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "alarms"], js_name = create)]
+    pub fn alarms_create(name: &str, info: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "alarms"], js_name = clear)]
+    pub fn alarms_clear(name: &str) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
+    pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
 }

@@ -78,3 +78,13 @@ pub fn random_u64() -> u64 {
 pub fn now_ms() -> f64 {
     get(&js_sys::global(), "performance").unchecked_into::<web_sys::Performance>().now()
 }
+
+/// Waits `ms` milliseconds (any context: window, worker or service worker).
+pub async fn sleep_ms(ms: u64) {
+    let promise = js_sys::Promise::new(&mut |resolve, _| {
+        let global = js_sys::global();
+        let set_timeout: js_sys::Function = get(&global, "setTimeout").unchecked_into();
+        let _ = set_timeout.call2(&global, &resolve, &JsValue::from_f64(ms as f64));
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+}

@@ -7,19 +7,20 @@
 //! |---|---|---|---|
 //! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMain` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenMain` |
-//! | stage and pack workers | `stage-worker.js` | [`stage_worker`], [`pack_install`] | `stageWorkerMain` |
+//! | stage and download workers | `stage-worker.js` | [`stage_worker`], [`download`] | `stageWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain` |
 //!
 //! The pipeline itself lives in `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
 pub mod chrome;
+pub mod download;
 pub mod gpu;
+pub mod hub_client;
 pub mod js;
 pub mod messaging;
 pub mod offscreen;
 pub mod opfs;
-pub mod pack_install;
 pub mod popup;
 pub mod result_page;
 pub mod service_worker;

@@ -9,7 +9,9 @@ use std::collections::VecDeque;
 
 use futures_channel::mpsc;
 use futures_util::StreamExt;
-use imagine_core::api::{Event, GenerateResult, PackProgress, Progress, Stage, Timings, Trace};
+use imagine_core::api::{
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Stage, Timings, Trace,
+};
 use js_sys::{Array, Uint8Array};
 use serde::Deserialize;
 use wasm_bindgen::prelude::*;
@@ -24,17 +26,12 @@ use crate::stage_worker::{EncoderOutput, JobSpec, StageTiming, TransformerOutput
 #[derive(Debug, Deserialize)]
 #[serde(tag = "command", rename_all = "camelCase")]
 enum Command {
-    RunJob {
-        job: String,
-        spec: JobSpec,
-    },
-    CancelJob {
-        job: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    InstallPack {
-        base_url: String,
-    },
+    RunJob { job: String, spec: JobSpec },
+    CancelJob { job: String },
+    InstallPack { request: InstallRequest },
+    PausePack,
+    CancelPack,
+    InstallStatus,
 }
 
 /// The worker of the stage that is running now, so that a cancel can terminate it.
@@ -44,41 +41,63 @@ struct Current {
     inbox: mpsc::UnboundedSender<JsValue>,
 }
 
+/// The worker of the running pack download.
+struct Install {
+    worker: Worker,
+    inbox: mpsc::UnboundedSender<JsValue>,
+    last: Option<DownloadProgress>,
+}
+
 #[derive(Default)]
 struct State {
     queue: VecDeque<(String, JobSpec)>,
     running: Option<String>,
     current: Option<Current>,
-    installing: bool,
+    install: Option<Install>,
 }
 
 thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-/// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here.
+/// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here and
+/// replies with what this resolves to.
 #[wasm_bindgen(js_name = offscreenCommand)]
-pub fn offscreen_command(message: JsValue) {
-    match from_js::<Command>(&message) {
-        Ok(Command::RunJob { job, spec }) => {
-            let start_now = STATE.with_borrow_mut(|state| {
-                state.queue.push_back((job, spec));
-                state.running.is_none()
-            });
-            if start_now {
-                spawn_local(run_queue());
+pub fn offscreen_command(message: JsValue) -> js_sys::Promise {
+    wasm_bindgen_futures::future_to_promise(async move {
+        match from_js::<Command>(&message) {
+            Ok(Command::RunJob { job, spec }) => {
+                let start_now = STATE.with_borrow_mut(|state| {
+                    state.queue.push_back((job, spec));
+                    state.running.is_none()
+                });
+                if start_now {
+                    spawn_local(run_queue());
+                }
             }
-        }
-        Ok(Command::CancelJob { job }) => cancel(&job),
-        Ok(Command::InstallPack { base_url }) => {
-            let start = STATE.with_borrow_mut(|state| !std::mem::replace(&mut state.installing, true));
-            // A second request while one install runs joins it instead of starting another.
-            if start {
-                spawn_local(install(base_url));
+            Ok(Command::CancelJob { job }) => cancel(&job),
+            Ok(Command::InstallPack { request }) => start_install(request)?,
+            Ok(Command::PausePack) => {
+                if let Some(progress) = stop_install() {
+                    let progress = DownloadProgress {
+                        state: DownloadState::Paused,
+                        bytes_per_second: 0.0,
+                        seconds_left: None,
+                        ..progress
+                    };
+                    broadcast(&Event::PackProgress(progress)).await;
+                }
             }
+            Ok(Command::CancelPack) => {
+                stop_install();
+                remove_staging().await?;
+            }
+            Ok(Command::InstallStatus) => {}
+            Err(e) => return Err(format!("offscreen: bad command: {e}").into()),
         }
-        Err(e) => web_sys::console::error_1(&format!("offscreen: bad command: {e}").into()),
-    }
+        let installing = STATE.with_borrow(|state| state.install.is_some());
+        Ok(Obj::new().set("ok", true).set("installing", installing).build())
+    })
 }
 
 async fn run_queue() {
@@ -259,37 +278,76 @@ fn spawn_worker() -> Result<Spawned, String> {
     Ok((worker, inbox, sender))
 }
 
-async fn install(base_url: String) {
-    let event = match install_pack(&base_url).await {
-        Ok(bytes) => Event::PackInstalled { bytes },
-        Err(error) => Event::PackFailed { error },
-    };
-    STATE.with_borrow_mut(|state| state.installing = false);
-    broadcast(&event).await;
+/// Starts the download worker, unless one is running: a second request joins the first.
+fn start_install(request: InstallRequest) -> Result<(), String> {
+    if STATE.with_borrow(|state| state.install.is_some()) {
+        return Ok(());
+    }
+    let (worker, inbox, sender) = spawn_worker()?;
+    worker
+        .post_message(
+            &Obj::new().set("task", "installPack").set("params", crate::js::to_js(&request)).build(),
+        )
+        .map_err(|e| crate::js::error_text(&e))?;
+    STATE.with_borrow_mut(|state| state.install = Some(Install { worker, inbox: sender, last: None }));
+    spawn_local(relay_install(inbox));
+    Ok(())
 }
 
-async fn install_pack(base_url: &str) -> Result<u64, String> {
-    let (worker, mut inbox, _sender) = spawn_worker()?;
-    let params = Obj::new().set("baseUrl", base_url).build();
-    worker
-        .post_message(&Obj::new().set("task", "installPack").set("params", params).build())
-        .map_err(|e| crate::js::error_text(&e))?;
-    let outcome = loop {
-        let Some(message) = inbox.next().await else {
-            break Err("the pack worker stopped unexpectedly".to_string());
-        };
+/// Terminates the download worker (what it saved is kept) and returns its last progress.
+fn stop_install() -> Option<DownloadProgress> {
+    let install = STATE.with_borrow_mut(|state| state.install.take())?;
+    install.worker.terminate();
+    let _ = install.inbox.unbounded_send(Obj::new().set("kind", "stopped").build());
+    install.last
+}
+
+/// Removes a download's partial files. The terminated worker's file locks go away shortly after it.
+async fn remove_staging() -> Result<(), String> {
+    let root = crate::opfs::root().await?;
+    let mut attempt = 0;
+    loop {
+        match crate::opfs::remove(&root, crate::opfs::STAGING_DIR).await {
+            Ok(()) => return Ok(()),
+            Err(_) if attempt < 20 => {
+                attempt += 1;
+                crate::js::sleep_ms(100).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
+    let event = loop {
+        let Some(message) = inbox.next().await else { return };
         match get_string(&message, "kind").as_deref() {
             Some("packProgress") => {
-                if let Ok(progress) = from_js::<PackProgress>(&message) {
+                if let Ok(progress) = from_js::<DownloadProgress>(&get(&message, "progress")) {
+                    STATE.with_borrow_mut(|state| {
+                        if let Some(install) = &mut state.install {
+                            install.last = Some(progress.clone());
+                        }
+                    });
                     broadcast(&Event::PackProgress(progress)).await;
                 }
             }
-            Some("done") => break Ok(get_f64(&get(&message, "output"), "bytes").unwrap_or(0.0) as u64),
+            Some("done") => {
+                let output = get(&message, "output");
+                let bytes = get_f64(&output, "bytes").unwrap_or(0.0) as u64;
+                let commit = get_string(&output, "commit").unwrap_or_default();
+                break Event::PackInstalled { bytes, commit };
+            }
+            // Paused or cancelled: whoever stopped it reports.
+            Some("stopped") => return,
             _ => {
-                break Err(get_string(&message, "message").unwrap_or_else(|| "the pack install failed".into()))
+                let error = get_string(&message, "message").unwrap_or_else(|| "the download failed".into());
+                break Event::PackFailed { error };
             }
         }
     };
-    worker.terminate();
-    outcome
+    if let Some(install) = STATE.with_borrow_mut(|state| state.install.take()) {
+        install.worker.terminate();
+    }
+    broadcast(&event).await;
 }

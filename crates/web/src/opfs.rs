@@ -3,8 +3,10 @@
 //! ```text
 //! pack/            the installed pack: graphs, manifests and external-data files under their Hub names
 //! pack/pack.json   the pack record, written last: a pack without it is not installed
+//! pack-staging/    a download in progress: its files and its download record (see `download.rs`)
 //! ```
 
+use imagine_core::api::{PackFile, PackSource, StorageUse};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -19,21 +21,16 @@ use crate::js::{error_text, get};
 pub const PACK_DIR: &str = "pack";
 /// The pack record's file name inside [`PACK_DIR`].
 pub const PACK_RECORD: &str = "pack.json";
+/// The directory of a download in progress.
+pub const STAGING_DIR: &str = "pack-staging";
 
-/// What is installed: written after every file is in place.
+/// What is installed: written after every file is in place and verified.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PackRecord {
-    /// The base URL the pack was installed from.
-    pub source: String,
+    pub source: PackSource,
+    pub commit: String,
     pub files: Vec<PackFile>,
-    pub bytes: u64,
-}
-
-/// One file of an installed pack.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PackFile {
-    pub path: String,
     pub bytes: u64,
 }
 
@@ -104,51 +101,102 @@ pub async fn pack_record() -> Option<PackRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// A file opened for synchronous writing (dedicated workers only).
+/// Bytes the extension's origin uses and may use.
+pub async fn storage_use() -> OpfsResult<StorageUse> {
+    let storage: StorageManager = get(&get(&js_sys::global(), "navigator"), "storage").unchecked_into();
+    let estimate = await_js(storage.estimate().map_err(|e| error_text(&e))?, "estimating storage").await?;
+    let number = |key| crate::js::get_f64(&estimate, key).unwrap_or(0.0) as u64;
+    Ok(StorageUse { usage_bytes: number("usage"), quota_bytes: number("quota") })
+}
+
+/// Why a synchronous file operation failed.
+#[derive(Debug)]
+pub enum SyncError {
+    /// The origin's storage quota is used up.
+    QuotaExceeded(String),
+    Other(String),
+}
+
+impl From<SyncError> for String {
+    fn from(error: SyncError) -> String {
+        match error {
+            SyncError::QuotaExceeded(message) | SyncError::Other(message) => message,
+        }
+    }
+}
+
+/// A file opened for synchronous reading and writing (dedicated workers only). Dropping it closes it,
+/// which releases its exclusive lock.
 pub struct SyncFile {
     handle: FileSystemSyncAccessHandle,
     name: String,
 }
 
 impl SyncFile {
-    /// Opens (creating) `name` in `dir`, truncated to zero bytes.
-    pub async fn create(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
+    /// Opens (creating) `name` in `dir`, keeping its contents.
+    pub async fn open(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
         let file = file_handle(dir, name, true).await?;
         let handle: FileSystemSyncAccessHandle =
             await_js(file.create_sync_access_handle(), &format!("opening {name} for writing"))
                 .await?
                 .unchecked_into();
-        let sync = SyncFile { handle, name: name.to_owned() };
-        sync.handle.truncate_with_f64(0.0).map_err(|e| sync.error("truncating", &e))?;
+        Ok(SyncFile { handle, name: name.to_owned() })
+    }
+
+    /// Opens (creating) `name` in `dir`, truncated to zero bytes.
+    pub async fn create(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
+        let sync = Self::open(dir, name).await?;
+        sync.truncate(0)?;
         Ok(sync)
     }
 
+    /// Cuts the file to `length` bytes.
+    pub fn truncate(&self, length: u64) -> Result<(), SyncError> {
+        self.handle.truncate_with_f64(length as f64).map_err(|e| self.error("truncating", &e))
+    }
+
     /// Writes all of `bytes` at `offset`.
-    pub fn write_at(&self, bytes: &js_sys::Uint8Array, offset: f64) -> OpfsResult<()> {
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<(), SyncError> {
         let options = FileSystemReadWriteOptions::new();
-        options.set_at(offset);
+        options.set_at(offset as f64);
         let written = self
             .handle
-            .write_with_js_u8_array_and_options(bytes, &options)
+            .write_with_u8_array_and_options(bytes, &options)
             .map_err(|e| self.error("writing", &e))?;
-        if written as u32 != bytes.length() {
-            return Err(format!(
+        if written as usize != bytes.len() {
+            // A short write is how running out of quota shows on some platforms.
+            return Err(SyncError::QuotaExceeded(format!(
                 "writing {}: only {written} of {} bytes were written",
                 self.name,
-                bytes.length()
-            ));
+                bytes.len()
+            )));
         }
         Ok(())
     }
 
-    fn error(&self, what: &str, e: &JsValue) -> String {
-        format!("{what} {}: {}", self.name, error_text(e))
+    /// Makes what was written durable.
+    pub fn flush(&self) -> Result<(), SyncError> {
+        self.handle.flush().map_err(|e| self.error("flushing", &e))
+    }
+
+    fn error(&self, what: &str, e: &JsValue) -> SyncError {
+        let message = format!("{what} {}: {}", self.name, error_text(e));
+        if get(e, "name").as_string().as_deref() == Some("QuotaExceededError") {
+            SyncError::QuotaExceeded(message)
+        } else {
+            SyncError::Other(message)
+        }
     }
 
     /// Flushes and closes the file.
-    pub fn close(self) -> OpfsResult<()> {
-        self.handle.flush().map_err(|e| self.error("flushing", &e))?;
+    pub fn close(self) -> Result<(), SyncError> {
+        self.flush()
+    }
+}
+
+impl Drop for SyncFile {
+    fn drop(&mut self) {
+        // Closing an already closed handle is harmless.
         self.handle.close();
-        Ok(())
     }
 }

@@ -2,17 +2,20 @@
 
 use std::cell::RefCell;
 
-use imagine_core::api::{Event, GenerateRequest, PackStatus, Reply, Request, Seed};
+use imagine_core::api::{
+    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackSource, PackStatus, Reply,
+    Request, Seed,
+};
+use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::js::{from_js, to_js};
+use crate::chrome;
+use crate::js::{from_js, to_js, Obj};
 use crate::messaging::send;
 use crate::view::{element, set_text, set_visible, JobView};
 
-/// The published pack, resolved at `main`.
-pub const DEFAULT_PACK_URL: &str = "https://huggingface.co/cgb/flux2-klein-4b-onnx-webgpu/resolve/main/";
 /// The job shown by the popup survives closing and reopening it.
 const JOB_KEY: &str = "imagine.popup.job";
 
@@ -31,10 +34,13 @@ pub async fn request(request: &Request) -> Reply {
 /// Entry point of `popup.js`.
 #[wasm_bindgen(js_name = popupMain)]
 pub fn popup_main() {
-    element::<HtmlInputElement>("pack-url").set_value(DEFAULT_PACK_URL);
     on_click("generate", || spawn_local(generate()));
     on_click("cancel", || spawn_local(cancel()));
-    on_click("install", || spawn_local(install()));
+    on_click("install", install_clicked);
+    on_click("pause", || spawn_local(pack_action(Request::PausePack)));
+    on_click("resume", || spawn_local(pack_action(Request::ResumePack)));
+    on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack)));
+    on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack)));
     spawn_local(async {
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
@@ -52,10 +58,7 @@ pub fn popup_main() {
 pub fn popup_event(message: JsValue) {
     let Ok(event) = from_js::<Event>(&message) else { return };
     match &event {
-        Event::PackProgress(p) => set_text(
-            "pack-status",
-            &format!("Downloading {}: {} of {} MB", p.file, p.done_bytes >> 20, p.total_bytes >> 20),
-        ),
+        Event::PackProgress(progress) => show_download(Some(progress)),
         Event::PackInstalled { .. } | Event::PackFailed { .. } => spawn_local(refresh_pack()),
         _ => {
             let ended = VIEW.with_borrow(|view| view.as_ref().is_some_and(|v| v.apply(&event)));
@@ -95,27 +98,138 @@ async fn refresh_pack() {
         _ => PackStatus::default(),
     };
     let text = if status.installed {
-        format!("Model installed ({:.1} GB), works offline.", status.bytes as f64 / 1e9)
-    } else if let Some(p) = &status.installing {
-        format!("Downloading {}\u{2026}", p.file)
-    } else if let Some(error) = &status.error {
-        format!("Install failed: {error}")
+        let commit = status.commit.as_deref().unwrap_or_default();
+        format!(
+            "Model installed ({}, commit {}), works offline.",
+            format_bytes(status.bytes),
+            &commit[..commit.len().min(7)]
+        )
+    } else if status.download.is_some() {
+        "Downloading the model\u{2026}".to_owned()
     } else {
         "The model is not installed yet.".to_owned()
     };
     set_text("pack-status", &text);
-    set_visible("install-form", !status.installed && status.installing.is_none());
+    set_text(
+        "storage-used",
+        &format!(
+            "Storage used: {} of {} available to Imagine",
+            format_bytes(status.storage.usage_bytes),
+            format_bytes(status.storage.quota_bytes)
+        ),
+    );
+    set_visible("delete-pack", status.installed);
+    let idle = !status.installed && status.download.is_none();
+    set_visible("install-form", idle);
+    show_download(status.download.as_ref());
+    if idle {
+        spawn_local(show_plan());
+    }
 }
 
-async fn install() {
-    let base_url = element::<HtmlInputElement>("pack-url").value();
-    match request(&Request::InstallPack { base_url }).await {
-        Reply::Error { error } => set_text("pack-status", &error),
-        _ => {
-            set_text("pack-status", "Starting the download\u{2026}");
-            set_visible("install-form", false);
+/// Shows the size of the download before anything is written.
+async fn show_plan() {
+    set_text("pack-size", "Checking the download size\u{2026}");
+    let text = match request(&Request::PlanPack(source_from_form())).await {
+        Reply::PackPlan(plan) => {
+            format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len())
         }
+        Reply::Error { error } => format!("Could not check the download: {error}"),
+        _ => String::new(),
+    };
+    set_text("pack-size", &text);
+}
+
+fn show_download(progress: Option<&DownloadProgress>) {
+    set_visible("download", progress.is_some());
+    let Some(p) = progress else { return };
+    let running = matches!(p.state, DownloadState::Checking | DownloadState::Downloading);
+    set_visible("pause", running);
+    set_visible("resume", !running);
+    set_visible("install-form", false);
+    let state = match p.state {
+        DownloadState::Checking => "Checking the model, storage and GPU\u{2026}",
+        DownloadState::Downloading => "Downloading",
+        DownloadState::Paused => "Paused",
+        DownloadState::Failed => "Stopped",
+    };
+    set_text(
+        "download-done",
+        &format!("{state}: {} of {}", format_bytes(p.done_bytes), format_bytes(p.total_bytes)),
+    );
+    let rate = if running && p.bytes_per_second > 0.0 {
+        format!("{}/s", format_bytes(p.bytes_per_second as u64))
+    } else {
+        String::new()
+    };
+    set_text("download-rate", &rate);
+    set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
+    set_text("download-error", p.error.as_deref().unwrap_or_default());
+    set_visible("download-error", p.error.is_some());
+    let list = element::<web_sys::HtmlElement>("download-files");
+    list.set_text_content(None);
+    let document = crate::view::document();
+    for file in &p.files {
+        let Ok(item) = document.create_element("li") else { continue };
+        let mark = if file.verified { " \u{2713}" } else { "" };
+        item.set_text_content(Some(&format!(
+            "{}: {} of {}{mark}",
+            file.path,
+            format_bytes(file.done_bytes),
+            format_bytes(file.size)
+        )));
+        let _ = list.append_child(&item);
     }
+}
+
+fn describe_time_left(seconds: f64) -> String {
+    match seconds.round() as u64 {
+        s if s < 90 => format!("about {s} s left"),
+        s if s < 90 * 60 => format!("about {} min left", (s + 30) / 60),
+        s => format!("about {:.1} h left", s as f64 / 3600.0),
+    }
+}
+
+fn source_from_form() -> PackSource {
+    let value = |id: &str| element::<HtmlInputElement>(id).value().trim().to_owned();
+    let defaults = PackSource::default();
+    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
+    PackSource {
+        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
+        repo: or_default(value("hub-repo"), defaults.repo),
+        revision: or_default(value("hub-revision"), defaults.revision),
+    }
+}
+
+/// The Install button. Hosts other than the Hub need a permission, which must be asked for
+/// synchronously within the click.
+fn install_clicked() {
+    let source = source_from_form();
+    let hub = PackSource::default().endpoint;
+    let permission = if source.endpoint == hub {
+        None
+    } else {
+        let origins = js_sys::Array::of1(&format!("{}/*", source.endpoint).into());
+        chrome::permissions_request(&Obj::new().set("origins", origins).build()).ok()
+    };
+    spawn_local(async move {
+        if let Some(permission) = permission {
+            // Refused or failed: the download may still work if the mirror allows CORS.
+            let _ = wasm_bindgen_futures::JsFuture::from(permission).await;
+        }
+        let install = InstallRequest { source, backend: None };
+        match request(&Request::InstallPack(install)).await {
+            Reply::Error { error } => set_text("pack-status", &error),
+            _ => refresh_pack().await,
+        }
+    });
+}
+
+async fn pack_action(action: Request) {
+    if let Reply::Error { error } = request(&action).await {
+        set_text("pack-status", &error);
+    }
+    refresh_pack().await;
 }
 
 fn number(id: &str) -> Option<i64> {

@@ -1,15 +1,25 @@
 //! The service worker: owns the message API, jobs, the context menu and the offscreen document.
 //!
-//! It holds no state in memory that matters: Chrome stops it whenever it is idle. Job states and install
-//! progress live in `chrome.storage.session`, the pack in OPFS, and the work itself in the offscreen
-//! document, which outlives the service worker.
+//! It holds no state in memory that matters: Chrome stops it whenever it is idle. Job states live in
+//! `chrome.storage.session`; the download in progress (what was asked, where it is) in
+//! `chrome.storage.local`, so it resumes after the browser restarts; the pack in OPFS; the work itself in
+//! the offscreen document, which outlives the service worker. A download that should be running but is
+//! not (the offscreen document was closed, the browser restarted) is resumed on the next request, on
+//! browser start-up, or by a 30-second alarm while a download is active.
 
-use imagine_core::api::{Event, GenerateRequest, JobState, PackProgress, PackStatus, Reply, Request};
+use imagine_core::api::{
+    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
+    PackStatus, Reply, Request,
+};
+use std::rc::Rc;
+
+use futures_util::lock::Mutex;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::chrome;
+use crate::hub_client;
 use crate::js::{error_text, from_js, get, random_u64, to_js, Obj};
 use crate::messaging::{send, OFFSCREEN_TARGET};
 use crate::opfs;
@@ -20,13 +30,25 @@ pub const MENU_ID: &str = "imagine-selection";
 /// Jobs whose state is kept (results included) for pages that open late.
 const KEPT_JOBS: usize = 8;
 const JOBS_KEY: &str = "jobs";
-const INSTALL_KEY: &str = "install";
+/// `chrome.storage.local` key of the [`Download`].
+const DOWNLOAD_KEY: &str = "download";
+/// The alarm that checks on an active download.
+pub const DOWNLOAD_ALARM: &str = "imagine-download";
 
-/// What the service worker remembers about pack installs.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct InstallState {
-    installing: Option<PackProgress>,
+/// The download the user asked for, as long as it is not installed or cancelled.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Download {
+    request: InstallRequest,
+    state: DownloadState,
+    progress: Option<DownloadProgress>,
     error: Option<String>,
+}
+
+impl Download {
+    fn active(&self) -> bool {
+        matches!(self.state, DownloadState::Checking | DownloadState::Downloading)
+    }
 }
 
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
@@ -66,6 +88,15 @@ pub fn service_worker_installed() -> js_sys::Promise {
     })
 }
 
+/// `chrome.runtime.onStartup` and `chrome.alarms.onAlarm`: resumes a download that should be running.
+#[wasm_bindgen(js_name = serviceWorkerWake)]
+pub fn service_worker_wake() -> js_sys::Promise {
+    future_to_promise(async {
+        resume_if_stalled().await;
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
 /// `chrome.contextMenus.onClicked`: generates from the selection and opens the result page.
 #[wasm_bindgen(js_name = serviceWorkerMenuClick)]
 pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
@@ -90,12 +121,24 @@ pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
 
 async fn handle(request: Request) -> Reply {
     match request {
-        Request::InstallPack { base_url } => install(base_url).await,
+        Request::InstallPack(request) => install(request).await,
+        Request::PlanPack(source) => plan(source).await,
+        Request::PausePack => pause().await,
+        Request::ResumePack => match load_local::<Download>(DOWNLOAD_KEY).await {
+            Some(download) if !download.active() => install(download.request).await,
+            Some(_) => Reply::InstallStarted,
+            None => Reply::Error { error: "there is no download to resume".into() },
+        },
+        Request::CancelPack => cancel_download().await,
+        Request::DeletePack => match delete_pack().await {
+            Ok(()) => Reply::Done,
+            Err(error) => Reply::Error { error },
+        },
         Request::PackStatus => Reply::PackStatus(pack_status().await),
         Request::Generate(request) => start_job(request).await,
         Request::Cancel { job } => {
             match command(Obj::new().set("command", "cancelJob").set("job", job.as_str())).await {
-                Ok(()) => Reply::Cancelled { job },
+                Ok(_) => Reply::Cancelled { job },
                 Err(error) => Reply::Error { error },
             }
         }
@@ -103,29 +146,139 @@ async fn handle(request: Request) -> Reply {
     }
 }
 
-async fn install(base_url: String) -> Reply {
-    if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
-        return Reply::Error {
-            error: format!("baseUrl must be an http:// or https:// URL, got {base_url:?}"),
-        };
+/// Starts (or joins, or resumes) a download. The source is checked here so a bad one is refused at once.
+async fn install(mut request: InstallRequest) -> Reply {
+    request.source = match request.source.validate() {
+        Ok(source) => source,
+        Err(e) => return Reply::Error { error: e.to_string() },
+    };
+    if let Some(backend) = &request.backend {
+        if !matches!(backend.as_str(), "webgpu" | "wasm") {
+            return Reply::Error {
+                error: format!("backend {backend:?} is not allowed: use \"webgpu\" or \"wasm\""),
+            };
+        }
     }
-    let state = InstallState { installing: Some(PackProgress::default()), error: None };
-    save(INSTALL_KEY, &state).await;
-    match command(Obj::new().set("command", "installPack").set("baseUrl", base_url)).await {
-        Ok(()) => Reply::InstallStarted,
+    let download =
+        Download { request: request.clone(), state: DownloadState::Checking, progress: None, error: None };
+    save_local(DOWNLOAD_KEY, &download).await;
+    let info = Obj::new().set("periodInMinutes", 0.5).build();
+    if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {
+        let _ = JsFuture::from(promise).await;
+    }
+    match command(Obj::new().set("command", "installPack").set("request", to_js(&request))).await {
+        Ok(_) => Reply::InstallStarted,
         Err(error) => Reply::Error { error },
     }
 }
 
+async fn plan(source: PackSource) -> Reply {
+    let source = match source.validate() {
+        Ok(source) => source,
+        Err(e) => return Reply::Error { error: e.to_string() },
+    };
+    match hub_client::plan(&source, &Default::default()).await {
+        Ok((plan, _)) => Reply::PackPlan(plan),
+        Err(error) => Reply::Error { error: error.into() },
+    }
+}
+
+async fn pause() -> Reply {
+    let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await else {
+        return Reply::Error { error: "there is no download to pause".into() };
+    };
+    download.state = DownloadState::Paused;
+    save_local(DOWNLOAD_KEY, &download).await;
+    clear_alarm().await;
+    match offscreen_exists().await {
+        Ok(true) => command(Obj::new().set("command", "pausePack"))
+            .await
+            .map_or_else(|error| Reply::Error { error }, |_| Reply::Done),
+        _ => Reply::Done,
+    }
+}
+
+async fn cancel_download() -> Reply {
+    remove_local(DOWNLOAD_KEY).await;
+    clear_alarm().await;
+    // The offscreen document stops the worker before removing the files it has open.
+    let removed = match offscreen_exists().await {
+        Ok(true) => command(Obj::new().set("command", "cancelPack")).await.map(|_| ()),
+        _ => match opfs::root().await {
+            Ok(root) => opfs::remove(&root, opfs::STAGING_DIR).await,
+            Err(e) => Err(e),
+        },
+    };
+    match removed {
+        Ok(()) => Reply::Done,
+        Err(error) => Reply::Error { error },
+    }
+}
+
+async fn delete_pack() -> Result<(), String> {
+    let root = opfs::root().await?;
+    opfs::remove(&root, opfs::PACK_DIR).await
+}
+
+async fn clear_alarm() {
+    if let Ok(promise) = chrome::alarms_clear(DOWNLOAD_ALARM) {
+        let _ = JsFuture::from(promise).await;
+    }
+}
+
+/// Restarts an active download whose worker is gone; the worker resumes from what it saved.
+async fn resume_if_stalled() {
+    let Some(download) = load_local::<Download>(DOWNLOAD_KEY).await else {
+        clear_alarm().await;
+        return;
+    };
+    if !download.active() {
+        return;
+    }
+    let running = match offscreen_exists().await {
+        Ok(true) => match command(Obj::new().set("command", "installStatus")).await {
+            Ok(reply) => get(&reply, "installing").as_bool().unwrap_or(false),
+            Err(_) => false,
+        },
+        _ => false,
+    };
+    if !running {
+        let _ =
+            command(Obj::new().set("command", "installPack").set("request", to_js(&download.request))).await;
+    }
+}
+
 async fn pack_status() -> PackStatus {
-    let install: InstallState = load(INSTALL_KEY).await.unwrap_or_default();
+    resume_if_stalled().await;
+    let download = load_local::<Download>(DOWNLOAD_KEY).await;
     let record = opfs::pack_record().await;
     PackStatus {
         installed: record.is_some(),
         bytes: record.as_ref().map_or(0, |r| r.bytes),
+        commit: record.as_ref().map(|r| r.commit.clone()),
         source: record.map(|r| r.source),
-        installing: install.installing,
-        error: install.error,
+        storage: opfs::storage_use().await.unwrap_or_default(),
+        download: download.map(|d| {
+            let progress = d.progress.unwrap_or_else(|| DownloadProgress {
+                state: d.state,
+                source: d.request.source.clone(),
+                commit: None,
+                total_bytes: 0,
+                done_bytes: 0,
+                files: Vec::new(),
+                bytes_per_second: 0.0,
+                seconds_left: None,
+                error: None,
+            });
+            let moving = matches!(d.state, DownloadState::Checking | DownloadState::Downloading);
+            DownloadProgress {
+                state: d.state,
+                error: d.error,
+                bytes_per_second: if moving { progress.bytes_per_second } else { 0.0 },
+                seconds_left: if moving { progress.seconds_left } else { None },
+                ..progress
+            }
+        }),
     }
 }
 
@@ -154,7 +307,7 @@ async fn start_job(request: GenerateRequest) -> Reply {
     let seed = spec.seed.clone();
     let message = Obj::new().set("command", "runJob").set("job", job.as_str()).set("spec", to_js(&spec));
     match command(message).await {
-        Ok(()) => Reply::JobStarted { job, seed },
+        Ok(_) => Reply::JobStarted { job, seed },
         Err(error) => {
             set_job(&job, &JobState::Failed { error: error.clone() }).await;
             Reply::Error { error }
@@ -162,18 +315,32 @@ async fn start_job(request: GenerateRequest) -> Reply {
     }
 }
 
-/// Sends an internal command to the offscreen document, creating it first if needed.
-async fn command(message: Obj) -> Result<(), String> {
+/// Sends an internal command to the offscreen document, creating it first if needed; its reply.
+async fn command(message: Obj) -> Result<JsValue, String> {
     ensure_offscreen().await?;
-    send(&message.set("target", OFFSCREEN_TARGET).build()).await.map(|_| ())
+    let reply = send(&message.set("target", OFFSCREEN_TARGET).build()).await?;
+    match get(&reply, "ok").as_bool() {
+        Some(true) => Ok(reply),
+        _ => Err(get(&reply, "error")
+            .as_string()
+            .unwrap_or_else(|| "the offscreen document did not answer".into())),
+    }
 }
 
-async fn ensure_offscreen() -> Result<(), String> {
+async fn offscreen_exists() -> Result<bool, String> {
     let filter = Obj::new().set("contextTypes", js_sys::Array::of1(&"OFFSCREEN_DOCUMENT".into())).build();
     let contexts = JsFuture::from(chrome::runtime_get_contexts(&filter).map_err(|e| error_text(&e))?)
         .await
         .map_err(|e| error_text(&e))?;
-    if js_sys::Array::from(&contexts).length() > 0 {
+    Ok(js_sys::Array::from(&contexts).length() > 0)
+}
+
+async fn ensure_offscreen() -> Result<(), String> {
+    // A document that is still loading is listed already but cannot take messages yet: one creation at
+    // a time, and everyone waits for it to finish loading.
+    let lock = OFFSCREEN_LOCK.with(Rc::clone);
+    let _guard = lock.lock().await;
+    if offscreen_exists().await? {
         return Ok(());
     }
     let parameters = Obj::new()
@@ -204,12 +371,50 @@ async fn record(event: Event) {
         Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
         Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
         Event::PackProgress(progress) => {
-            save(INSTALL_KEY, &InstallState { installing: Some(progress), error: None }).await
+            update_download(|d| {
+                if d.state == DownloadState::Checking && progress.state == DownloadState::Downloading {
+                    d.state = DownloadState::Downloading;
+                }
+                d.progress = Some(progress);
+            })
+            .await
         }
-        Event::PackInstalled { .. } => save(INSTALL_KEY, &InstallState::default()).await,
+        Event::PackInstalled { .. } => {
+            remove_local(DOWNLOAD_KEY).await;
+            clear_alarm().await;
+        }
         Event::PackFailed { error } => {
-            save(INSTALL_KEY, &InstallState { installing: None, error: Some(error) }).await
+            update_download(|d| {
+                d.state = DownloadState::Failed;
+                d.error = Some(error);
+            })
+            .await;
+            clear_alarm().await;
         }
+    }
+}
+
+thread_local! {
+    /// Serialises read-modify-write of the stored download: events arrive faster than storage answers.
+    static DOWNLOAD_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+    /// Serialises opening the offscreen document.
+    static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+}
+
+/// Changes the stored download, if there is one (events of a cancelled download change nothing).
+async fn update_download(change: impl FnOnce(&mut Download)) {
+    let lock = DOWNLOAD_LOCK.with(Rc::clone);
+    let _guard = lock.lock().await;
+    if let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await {
+        // A paused download's worker may still report once; that does not resume it.
+        if download.state != DownloadState::Paused {
+            change(&mut download);
+        } else {
+            let mut copy = download.clone();
+            change(&mut copy);
+            download.progress = copy.progress;
+        }
+        save_local(DOWNLOAD_KEY, &download).await;
     }
 }
 
@@ -238,16 +443,40 @@ async fn set_job(job: &str, state: &JobState) {
 }
 
 async fn save<T: Serialize>(key: &str, value: &T) {
+    store(chrome::session_set, key, value).await
+}
+
+async fn load<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {
+    fetch_stored(chrome::session_get, key).await
+}
+
+async fn save_local<T: Serialize>(key: &str, value: &T) {
+    store(chrome::local_set, key, value).await
+}
+
+async fn load_local<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {
+    fetch_stored(chrome::local_get, key).await
+}
+
+async fn remove_local(key: &str) {
+    if let Ok(promise) = chrome::local_remove(&key.into()) {
+        let _ = JsFuture::from(promise).await;
+    }
+}
+
+type StorageCall = fn(&JsValue) -> Result<js_sys::Promise, JsValue>;
+
+async fn store<T: Serialize>(set: StorageCall, key: &str, value: &T) {
     let items = Obj::new().set(key, to_js(value)).build();
-    if let Ok(promise) = chrome::session_set(&items) {
+    if let Ok(promise) = set(&items) {
         if let Err(e) = JsFuture::from(promise).await {
             web_sys::console::error_1(&e);
         }
     }
 }
 
-async fn load<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {
-    let items = JsFuture::from(chrome::session_get(&key.into()).ok()?).await.ok()?;
+async fn fetch_stored<T: for<'de> Deserialize<'de>>(get_items: StorageCall, key: &str) -> Option<T> {
+    let items = JsFuture::from(get_items(&key.into()).ok()?).await.ok()?;
     let value = get(&items, key);
     if value.is_undefined() {
         return None;

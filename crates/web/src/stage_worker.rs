@@ -21,10 +21,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
+use crate::download;
 use crate::gpu::Device;
 use crate::js::{error_text, from_js, get, get_string, now_ms, to_js, Obj};
 use crate::opfs;
-use crate::pack_install;
 
 /// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
 const EMBED_WIDTH: i64 = 7680;
@@ -105,7 +105,7 @@ pub fn stage_worker_main() {
                 "textEncoder" => text_encoder(&params).await,
                 "transformer" => transformer(&params, &data).await,
                 "decoder" => decoder(&params, &data).await,
-                "installPack" => pack_install::install(&params).await,
+                "installPack" => download::install(&params).await,
                 other => Err(format!("unknown stage task {other:?}")),
             };
             match outcome {

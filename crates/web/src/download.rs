@@ -1,0 +1,438 @@
+//! Installing the pack from a Hub: a dedicated worker of the offscreen document (only workers can write
+//! OPFS files synchronously) that streams each file into `pack-staging/`, hashing it as it goes.
+//!
+//! Losing nothing to interruptions rests on one rule: the download record says a prefix of a file is done
+//! only after that prefix is flushed to disk and hashed, and it is saved every [`CHECKPOINT_BYTES`]. The
+//! worker can therefore be terminated at any instant (pause, cancel, the offscreen document closing, the
+//! browser quitting): the next attempt truncates each file to its recorded prefix, restores the hash
+//! state and asks for the rest with a `Range` request, re-fetching at most one checkpoint's worth.
+//!
+//! The record is written alternately to two files with a sequence number, so a write cut short by
+//! termination leaves the previous record intact. The pack replaces the installed one only when every
+//! file is verified, and its record (`pack/pack.json`) is written last.
+
+use std::collections::HashMap;
+
+use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
+use imagine_core::hub::{self, DownloadRecord, RateMeter, ResumableSha256};
+use js_sys::{Reflect, Uint8Array};
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{FileSystemDirectoryHandle, ReadableStreamDefaultReader};
+
+use crate::gpu;
+use crate::hub_client::{self, check_status, FetchError, KeptFiles};
+use crate::js::{error_text, from_js, get, now_ms, random_u64, sleep_ms, to_js, Obj};
+use crate::opfs::{self, PackRecord, SyncError, SyncFile, PACK_DIR, PACK_RECORD, STAGING_DIR};
+use crate::stage_worker::post;
+
+/// Bytes between two saves of the download record: the most an interruption can cost.
+pub const CHECKPOINT_BYTES: u64 = 4 << 20;
+/// Bytes hashed and written at once (a multiple of the SHA-256 block, so checkpoints are block-aligned).
+const WRITE_BYTES: usize = 1 << 20;
+/// The two slots of the download record.
+const RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
+/// Progress reports are posted at most this often.
+const REPORT_EVERY_MS: f64 = 250.0;
+
+#[derive(Serialize, Deserialize)]
+struct StoredRecord {
+    sequence: u64,
+    record: DownloadRecord,
+}
+
+/// Runs (or resumes) an install; replies with the pack record.
+pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
+    let request: InstallRequest = from_js(params)?;
+    let source = request.source.validate().map_err(|e| e.to_string())?;
+    let mut report = Reporter::new(source.clone());
+    report.checking();
+
+    let mut store = RecordStore::load().await;
+    let kept = store.kept_small_files().await;
+    let (plan, graphs) = hub_client::plan(&source, &kept).await.map_err(String::from)?;
+    let mut record = store
+        .record
+        .take()
+        .filter(|record| record.matches(&plan))
+        .unwrap_or_else(|| DownloadRecord::new(&plan));
+    report.record(&record);
+
+    // Everything is checked before the first byte is written.
+    let usage = opfs::storage_use().await?;
+    let remaining = record.total_bytes() - record.done_bytes();
+    hub::check_space(remaining, usage.usage_bytes, usage.quota_bytes).map_err(|e| e.to_string())?;
+    if request.backend.as_deref() != Some("wasm") {
+        let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
+        gpu::check_device(needs_f16, largest).await?;
+    }
+
+    let fresh = record.done_bytes() == 0 || store.record_commit.as_deref() != Some(&plan.commit);
+    if fresh {
+        // A pack is never a mix of two revisions: nothing of another commit is kept.
+        opfs::remove(&opfs::root().await?, STAGING_DIR).await?;
+        store.sequence = 0;
+    }
+    let dir = opfs::dir(STAGING_DIR, true).await?;
+    // The graphs and manifests were fetched and verified while planning; store them now.
+    let small: HashMap<String, &[u8]> = graphs
+        .iter()
+        .flat_map(|g| {
+            let onnx = (g.graph.file_name(), g.onnx.as_slice());
+            let manifest = g.manifest.as_deref().map(|m| (g.graph.manifest_name(), m));
+            std::iter::once(onnx).chain(manifest)
+        })
+        .collect();
+    for file in record.files.iter_mut().filter(|f| !f.verified) {
+        if let Some(bytes) = small.get(&file.file.path) {
+            let sync = SyncFile::create(&dir, &file.file.path).await?;
+            sync.write_at(bytes, 0).map_err(quota_message)?;
+            sync.close()?;
+            file.done = file.file.size;
+            file.verified = true;
+        }
+    }
+    store.save(&dir, &record).await?;
+    report.state = DownloadState::Downloading;
+    report.record(&record);
+
+    for index in 0..record.files.len() {
+        if !record.files[index].verified {
+            download_file(&dir, &source, &plan.commit, &mut record, index, &mut store, &mut report).await?;
+        }
+    }
+    let installed = move_into_place(&dir, &record).await?;
+    Ok((to_js(&installed), None))
+}
+
+/// The user-facing message of a failed write: running out of storage says what to do about it.
+fn quota_message(error: SyncError) -> String {
+    match error {
+        SyncError::QuotaExceeded(detail) => format!(
+            "not enough storage to continue the download ({detail}). What is downloaded is kept: free \
+             space on the disk, then resume."
+        ),
+        SyncError::Other(message) => message,
+    }
+}
+
+/// Streams one file, resuming from its recorded prefix, until it is verified.
+async fn download_file(
+    dir: &FileSystemDirectoryHandle,
+    source: &PackSource,
+    commit: &str,
+    record: &mut DownloadRecord,
+    index: usize,
+    store: &mut RecordStore,
+    report: &mut Reporter,
+) -> Result<(), String> {
+    let url = hub::resolve_url(source, commit, &record.files[index].file.path);
+    let path = record.files[index].file.path.clone();
+    let size = record.files[index].file.size;
+    let expected = record.files[index].file.sha256.clone();
+    let mut mismatches = 0;
+    let mut failures = 0;
+    loop {
+        let file = SyncFile::open(dir, &path).await?;
+        // Bytes past the last checkpoint are never trusted: the file is cut back to it.
+        let mut hasher = record.files[index].resume();
+        let start = hasher.offset();
+        record.files[index].done = start;
+        file.truncate(start).map_err(String::from)?;
+        let before = record.done_bytes();
+        match stream(&file, &url, start, size, &mut hasher, record, index, store, dir, report).await {
+            Ok(()) => {}
+            Err(StreamError::Fatal(message)) => return Err(message),
+            Err(StreamError::Transient(message)) => {
+                failures = if record.done_bytes() > before { 1 } else { failures + 1 };
+                if failures > hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
+                    return Err(format!(
+                        "{message} (gave up after {failures} attempts; resume to try again)"
+                    ));
+                }
+                drop(file);
+                sleep_ms(hub::backoff_ms(failures - 1, random_unit())).await;
+                continue;
+            }
+        }
+        let digest = hub::hex(&hasher.finalize());
+        let entry = &mut record.files[index];
+        if expected.as_deref().is_none_or(|e| e == digest) {
+            entry.verified = true;
+            entry.done = size;
+            entry.hash = None;
+            file.close().map_err(String::from)?;
+            store.save(dir, record).await?;
+            report.record(record);
+            return Ok(());
+        }
+        // A corrupt file is downloaded again once, from the start.
+        mismatches += 1;
+        entry.done = 0;
+        entry.hash = None;
+        file.truncate(0).map_err(String::from)?;
+        drop(file);
+        store.save(dir, record).await?;
+        if mismatches > 1 {
+            return Err(format!(
+                "{path} failed verification twice: its SHA-256 is {digest}, the Hub lists {}",
+                expected.unwrap_or_default()
+            ));
+        }
+    }
+}
+
+enum StreamError {
+    Transient(String),
+    Fatal(String),
+}
+
+impl From<FetchError> for StreamError {
+    fn from(error: FetchError) -> Self {
+        match error {
+            FetchError::Transient(message) => StreamError::Transient(message),
+            FetchError::Fatal(message) => StreamError::Fatal(message),
+        }
+    }
+}
+
+/// One request: appends the response to `file` from `start`, saving the record every checkpoint.
+#[allow(clippy::too_many_arguments)]
+async fn stream(
+    file: &SyncFile,
+    url: &str,
+    start: u64,
+    size: u64,
+    hasher: &mut ResumableSha256,
+    record: &mut DownloadRecord,
+    index: usize,
+    store: &mut RecordStore,
+    dir: &FileSystemDirectoryHandle,
+    report: &mut Reporter,
+) -> Result<(), StreamError> {
+    let path = record.files[index].file.path.clone();
+    let response = hub_client::fetch(url, (start > 0).then_some(start)).await?;
+    check_status(&response, url)?;
+    let mut offset = start;
+    if start > 0 {
+        let range = response.headers().get("content-range").ok().flatten();
+        let resumed =
+            response.status() == 206 && range.as_deref().is_some_and(|r| hub::range_matches(r, start));
+        if !resumed {
+            // Anything but the asked-for range (a 200, another offset) restarts the file.
+            offset = 0;
+            *hasher = ResumableSha256::new();
+            file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
+            record.files[index].done = 0;
+            record.files[index].hash = None;
+            if response.status() == 206 {
+                return Err(StreamError::Transient(format!(
+                    "{url} answered a range that does not start at {start}"
+                )));
+            }
+        }
+    }
+    let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
+    let reader: ReadableStreamDefaultReader = body.get_reader().unchecked_into();
+    let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
+    let mut saved_at = offset;
+    let result = loop {
+        let chunk = match JsFuture::from(reader.read()).await {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                break Err(StreamError::Transient(format!(
+                    "downloading {path} was interrupted: {}",
+                    error_text(&e)
+                )))
+            }
+        };
+        let done = get(&chunk, "done").as_bool().unwrap_or(true);
+        if !done {
+            let bytes: Uint8Array = get(&chunk, "value").unchecked_into();
+            let from = pending.len();
+            pending.resize(from + bytes.length() as usize, 0);
+            bytes.copy_to(&mut pending[from..]);
+        }
+        // Whole write blocks while streaming; the tail once the body ends.
+        let ready = if done { pending.len() } else { pending.len() / WRITE_BYTES * WRITE_BYTES };
+        if ready > 0 {
+            if offset + ready as u64 > size {
+                break Err(StreamError::Transient(format!(
+                    "{url} sent more than the {size} bytes the Hub lists"
+                )));
+            }
+            if let Err(e) = file.write_at(&pending[..ready], offset) {
+                break Err(StreamError::Fatal(quota_message(e)));
+            }
+            hasher.update(&pending[..ready]);
+            pending.drain(..ready);
+            offset += ready as u64;
+            record.files[index].done = offset;
+        }
+        if offset - saved_at >= CHECKPOINT_BYTES {
+            if let Err(e) = file.flush() {
+                break Err(StreamError::Fatal(quota_message(e)));
+            }
+            record.files[index].save(hasher);
+            if let Err(e) = store.save(dir, record).await {
+                break Err(StreamError::Fatal(e));
+            }
+            saved_at = offset;
+        }
+        report.maybe(record);
+        if done {
+            break if offset == size {
+                Ok(())
+            } else {
+                Err(StreamError::Transient(format!("{url} ended after {offset} of {size} bytes")))
+            };
+        }
+    };
+    if result.is_err() {
+        let _ = reader.cancel();
+    }
+    result
+}
+
+/// The download record in OPFS, saved alternately to two slots.
+struct RecordStore {
+    record: Option<DownloadRecord>,
+    record_commit: Option<String>,
+    sequence: u64,
+}
+
+impl RecordStore {
+    async fn load() -> RecordStore {
+        let mut best: Option<StoredRecord> = None;
+        if let Ok(dir) = opfs::dir(STAGING_DIR, false).await {
+            for slot in RECORD_SLOTS {
+                let stored = opfs::read(&dir, slot)
+                    .await
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<StoredRecord>(&b).ok());
+                if let Some(stored) = stored {
+                    if best.as_ref().is_none_or(|b| stored.sequence > b.sequence) {
+                        best = Some(stored);
+                    }
+                }
+            }
+        }
+        let sequence = best.as_ref().map_or(0, |b| b.sequence);
+        let record = best.map(|b| b.record);
+        RecordStore { record_commit: record.as_ref().map(|r| r.commit.clone()), record, sequence }
+    }
+
+    /// The graphs and manifests an earlier attempt already verified.
+    async fn kept_small_files(&self) -> KeptFiles {
+        let mut kept = KeptFiles::default();
+        let (Some(record), Ok(dir)) = (&self.record, opfs::dir(STAGING_DIR, false).await) else {
+            return kept;
+        };
+        kept.commit = record.commit.clone();
+        for file in record.files.iter().filter(|f| f.verified && f.file.size < CHECKPOINT_BYTES) {
+            if let Ok(bytes) = opfs::read(&dir, &file.file.path).await {
+                kept.files.insert(file.file.path.clone(), bytes);
+            }
+        }
+        kept
+    }
+
+    async fn save(&mut self, dir: &FileSystemDirectoryHandle, record: &DownloadRecord) -> Result<(), String> {
+        self.sequence += 1;
+        let stored = serde_json::json!({ "sequence": self.sequence, "record": record });
+        let bytes = serde_json::to_vec(&stored).map_err(|e| e.to_string())?;
+        let slot = RECORD_SLOTS[(self.sequence % 2) as usize];
+        let file = SyncFile::create(dir, slot).await?;
+        file.write_at(&bytes, 0).map_err(quota_message)?;
+        file.close().map_err(String::from)
+    }
+}
+
+/// Moves the verified files into `pack/`, replacing the installed pack, and writes its record last.
+async fn move_into_place(
+    staging: &FileSystemDirectoryHandle,
+    record: &DownloadRecord,
+) -> Result<PackRecord, String> {
+    let root = opfs::root().await?;
+    opfs::remove(&root, PACK_DIR).await?;
+    let pack_dir = opfs::dir(PACK_DIR, true).await?;
+    for entry in &record.files {
+        let handle = opfs::file_handle(staging, &entry.file.path, false).await?;
+        // `FileSystemHandle.move` renames within OPFS without copying the bytes.
+        let mover: js_sys::Function =
+            Reflect::get(&handle, &"move".into()).map_err(|e| error_text(&e))?.unchecked_into();
+        let promise = mover.call1(&handle, &pack_dir).map_err(|e| error_text(&e))?;
+        JsFuture::from(js_sys::Promise::from(promise))
+            .await
+            .map_err(|e| format!("moving {} into place: {}", entry.file.path, error_text(&e)))?;
+    }
+    let installed = PackRecord {
+        source: record.source.clone(),
+        commit: record.commit.clone(),
+        files: record.files.iter().map(|f| f.file.clone()).collect(),
+        bytes: record.total_bytes(),
+    };
+    let text = serde_json::to_vec(&installed).map_err(|e| e.to_string())?;
+    let file = SyncFile::create(&pack_dir, PACK_RECORD).await?;
+    file.write_at(&text, 0).map_err(quota_message)?;
+    file.close().map_err(String::from)?;
+    opfs::remove(&root, STAGING_DIR).await?;
+    Ok(installed)
+}
+
+/// Posts progress to the offscreen document, at most every [`REPORT_EVERY_MS`].
+struct Reporter {
+    source: PackSource,
+    state: DownloadState,
+    rate: RateMeter,
+    last_ms: f64,
+}
+
+impl Reporter {
+    fn new(source: PackSource) -> Self {
+        Reporter {
+            source,
+            state: DownloadState::Checking,
+            rate: RateMeter::new(),
+            last_ms: f64::NEG_INFINITY,
+        }
+    }
+
+    fn post(progress: &DownloadProgress) {
+        post(&Obj::new().set("kind", "packProgress").set("progress", to_js(progress)).build(), None);
+    }
+
+    /// Reports that the revision, listing, storage and device are being checked.
+    fn checking(&mut self) {
+        Self::post(&DownloadProgress {
+            state: DownloadState::Checking,
+            source: self.source.clone(),
+            commit: None,
+            total_bytes: 0,
+            done_bytes: 0,
+            files: Vec::new(),
+            bytes_per_second: 0.0,
+            seconds_left: None,
+            error: None,
+        });
+    }
+
+    /// Reports now.
+    fn record(&mut self, record: &DownloadRecord) {
+        self.last_ms = now_ms();
+        self.rate.push(self.last_ms, record.done_bytes());
+        Self::post(&record.to_progress(self.state, &self.rate, None));
+    }
+
+    /// Reports if the last report is old enough.
+    fn maybe(&mut self, record: &DownloadRecord) {
+        if now_ms() - self.last_ms >= REPORT_EVERY_MS {
+            self.record(record);
+        }
+    }
+}
+
+fn random_unit() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,144 @@
+//! Talking to a Hugging Face Hub (or a mirror with its API) from any context: resolve a revision to a
+//! commit, list the files at that commit, fetch the pack's small files, and compute the plan.
+//! Requests never use the HTTP cache: the pack goes to OPFS, and a 2 GB shard must not be stored twice.
+
+use std::collections::HashMap;
+
+use imagine_core::api::{PackFile, PackPlan, PackSource};
+use imagine_core::hub::{self, GraphFiles};
+use imagine_core::pack::Graph;
+use js_sys::{Function, Promise, Uint8Array};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{Headers, RequestInit, Response};
+
+use crate::js::{error_text, get};
+
+/// Why a request failed, as far as retrying is concerned.
+#[derive(Debug)]
+pub enum FetchError {
+    /// Worth retrying after a pause: the network, a 5xx, a 429.
+    Transient(String),
+    /// Retrying cannot help: a 404, a 403, a malformed answer.
+    Fatal(String),
+}
+
+impl From<FetchError> for String {
+    fn from(error: FetchError) -> String {
+        match error {
+            FetchError::Transient(message) | FetchError::Fatal(message) => message,
+        }
+    }
+}
+
+/// `GET url`, from byte `from` on when given; the response is returned whatever its status.
+pub async fn fetch(url: &str, from: Option<u64>) -> Result<Response, FetchError> {
+    let init = RequestInit::new();
+    init.set_cache(web_sys::RequestCache::NoStore);
+    if let Some(from) = from {
+        let headers = Headers::new().map_err(|e| FetchError::Fatal(error_text(&e)))?;
+        headers.set("Range", &format!("bytes={from}-")).map_err(|e| FetchError::Fatal(error_text(&e)))?;
+        init.set_headers(&headers);
+    }
+    let global = js_sys::global();
+    let fetch: Function = get(&global, "fetch").unchecked_into();
+    let promise: Promise = fetch
+        .call2(&global, &url.into(), &init)
+        .map_err(|e| FetchError::Fatal(error_text(&e)))?
+        .unchecked_into();
+    let response = JsFuture::from(promise)
+        .await
+        .map_err(|e| FetchError::Transient(format!("downloading {url} failed: {}", error_text(&e))))?;
+    Ok(response.unchecked_into())
+}
+
+/// The whole body of a successful `GET url`.
+pub async fn fetch_bytes(url: &str) -> Result<Vec<u8>, FetchError> {
+    let response = fetch(url, None).await?;
+    check_status(&response, url)?;
+    let buffer = JsFuture::from(response.array_buffer().map_err(|e| FetchError::Fatal(error_text(&e)))?)
+        .await
+        .map_err(|e| {
+            FetchError::Transient(format!("downloading {url} was interrupted: {}", error_text(&e)))
+        })?;
+    Ok(Uint8Array::new(&buffer).to_vec())
+}
+
+/// Classifies a response status: success, worth a retry, or fatal.
+pub fn check_status(response: &Response, url: &str) -> Result<(), FetchError> {
+    match response.status() {
+        200..=299 => Ok(()),
+        404 => Err(FetchError::Fatal(format!("{url} was not found (HTTP 404)"))),
+        status @ (408 | 429 | 500..=599) => {
+            Err(FetchError::Transient(format!("{url} answered HTTP {status}")))
+        }
+        status => Err(FetchError::Fatal(format!("{url} answered HTTP {status}"))),
+    }
+}
+
+/// The commit a revision points at, and every file listed at that commit.
+pub async fn resolve(source: &PackSource) -> Result<(String, Vec<PackFile>), FetchError> {
+    let revision = fetch_bytes(&hub::revision_url(source)).await?;
+    let commit = hub::parse_revision(&revision).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    let tree = fetch_bytes(&hub::tree_url(source, &commit)).await?;
+    let listing = hub::parse_tree(&tree).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    Ok((commit, listing))
+}
+
+/// Fetches one small file of the pack at `commit` and checks it against the listing.
+pub async fn fetch_verified(
+    source: &PackSource,
+    commit: &str,
+    file: &PackFile,
+) -> Result<Vec<u8>, FetchError> {
+    let bytes = fetch_bytes(&hub::resolve_url(source, commit, &file.path)).await?;
+    hub::verify_small(file, &bytes).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// Small files of an earlier attempt, already verified, with the commit they belong to.
+#[derive(Debug, Default)]
+pub struct KeptFiles {
+    pub commit: String,
+    pub files: HashMap<String, Vec<u8>>,
+}
+
+/// The plan of an install, fetching the graphs and manifests (small files) it is derived from.
+/// Files in `kept` are reused when they belong to the same commit, so a resume does not fetch them again.
+pub async fn plan(source: &PackSource, kept: &KeptFiles) -> Result<(PackPlan, Vec<GraphFiles>), FetchError> {
+    let (commit, listing) = resolve(source).await?;
+    let kept = |path: &str| if kept.commit == commit { kept.files.get(path).cloned() } else { None };
+    let mut graphs = Vec::new();
+    for (graph, onnx, manifest) in
+        hub::graph_files(source, &commit, &listing).map_err(|e| FetchError::Fatal(e.to_string()))?
+    {
+        let onnx = match kept(&onnx.path) {
+            Some(bytes) => bytes,
+            None => fetch_verified(source, &commit, &onnx).await?,
+        };
+        let manifest = match manifest {
+            Some(file) => Some(match kept(&file.path) {
+                Some(bytes) => bytes,
+                None => fetch_verified(source, &commit, &file).await?,
+            }),
+            None => None,
+        };
+        graphs.push(GraphFiles { graph, onnx, manifest });
+    }
+    let plan = hub::plan(source, &commit, &listing, &graphs).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    Ok((plan, graphs))
+}
+
+/// Whether any graph of the pack needs `shader-f16`, and its largest single tensor in bytes.
+pub fn device_needs(graphs: &[GraphFiles]) -> Result<(bool, u64), String> {
+    let mut needs_f16 = false;
+    let mut largest = 0;
+    for files in graphs {
+        let name = Graph::file_name(files.graph);
+        needs_f16 |= imagine_core::pack::declares_float16(&files.onnx).map_err(|e| format!("{name}: {e}"))?;
+        largest = largest.max(
+            imagine_core::pack::largest_external_tensor(&files.onnx).map_err(|e| format!("{name}: {e}"))?,
+        );
+    }
+    Ok((needs_f16, largest))
+}

@@ -1,0 +1,166 @@
+// Installing from the (fake) Hub: the plan, what is fetched and from where, checks before anything is
+// written, paths that escape the pack, one download for two requests, delete.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+const REPO = 'fixtures/f32';
+const sum = (files) => files.reduce((n, f) => n + f.size, 0);
+
+test('planPack: total = the pack files at the resolved commit; nothing written or downloaded', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: REPO, revision: 'main' });
+  assert.equal(plan.type, 'packPlan', JSON.stringify(plan));
+  assert.equal(plan.commit, b.hub.commit(REPO));
+  const want = h.packFiles(b.hub, REPO);
+  assert.deepEqual(plan.files.map((f) => f.path).sort(), want.map((f) => f.path).sort());
+  assert.equal(plan.totalBytes, sum(want));
+  for (const f of plan.files) {
+    const w = want.find((x) => x.path === f.path);
+    assert.equal(f.size, w.size, f.path);
+    if (w.lfs) assert.equal(f.sha256, w.sha256, f.path);
+  }
+  // Only graphs and manifests may have been read to make the plan; no shard, nothing written.
+  for (const f of want.filter((f) => f.path.endsWith('.data'))) assert.equal(h.servedBytes(b.hub, f.path), 0, f.path);
+  assert.ok(!(await h.opfsEntries(b.page)).some((n) => n.startsWith('pack')), 'planPack wrote to OPFS');
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, false);
+  assert.equal(st.download ?? null, null);
+});
+
+test('install: every pack file once, at the commit, nothing else; generate; deletePack frees it', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const ev = await h.installPack(b.page, b.hub, REPO);
+  const commit = b.hub.commit(REPO);
+  const files = h.packFiles(b.hub, REPO);
+  assert.equal(ev.commit, commit);
+  assert.equal(ev.bytes, sum(files));
+  h.assertServed(b.hub, REPO);
+  for (const f of files) assert.equal(b.hub.stats(f.path).bodyBytes, f.size, `${f.path} served more than once`);
+  // Resolve requests name the commit, never the branch; LFS files came from the CDN.
+  const resolves = b.hub.log.filter((r) => r.server === 'hub' && r.rev);
+  assert.ok(resolves.length >= files.length);
+  assert.ok(resolves.every((r) => r.rev === commit), JSON.stringify(resolves.map((r) => r.url)));
+  for (const f of files.filter((f) => f.lfs)) assert.ok(b.hub.stats(f.path).cdnRequests >= 1, f.path);
+
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, true);
+  assert.equal(st.commit, commit);
+  assert.equal(st.source.repo, REPO);
+  assert.equal(st.source.endpoint.replace(/\/$/, ''), b.hub.url);
+  assert.equal(st.bytes, sum(files));
+  assert.equal(st.download ?? null, null);
+  assert.ok(st.storage.usageBytes >= sum(files), JSON.stringify(st.storage));
+  assert.ok(st.storage.quotaBytes > 0);
+
+  const tree = await h.opfsTree(b.page);
+  for (const f of files) assert.equal(tree[`pack/${f.path}`], f.size, `pack/${f.path} in OPFS: ${JSON.stringify(tree)}`);
+  assert.ok('pack/pack.json' in tree, 'no pack/pack.json');
+  assert.ok(!('pack-staging/' in tree), `pack-staging left behind: ${JSON.stringify(tree)}`);
+
+  const { result } = await h.generateOk(b.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
+  assert.ok(result.png.length > 0);
+
+  const del = await h.api(b.page, { type: 'deletePack' });
+  assert.equal(del.type, 'done', JSON.stringify(del));
+  const after = await h.packStatus(b.page);
+  assert.equal(after.installed, false);
+  assert.ok(after.storage.usageBytes < st.storage.usageBytes - sum(files) / 2, `storage not freed: ${JSON.stringify([st.storage, after.storage])}`);
+  assert.ok(!(await h.opfsEntries(b.page)).includes('pack'), 'pack/ still in OPFS after deletePack');
+  const g = await h.generate(b.page, { prompt: 'x', width: 256, height: 256, steps: 1, seed: '1' });
+  assert.ok(!g.result, 'generated without a pack');
+});
+
+test('two installPack requests at once start one download', { timeout: 180_000 }, async (t) => {
+  const b = await h.setup(t, { install: false, hubOptions: { pad: { 'transformer_q8-00000.data': 16 << 20 } } });
+  const req = { type: 'installPack', endpoint: b.hub.url, repo: REPO, revision: 'main' };
+  await h.collectEvents(b.page);
+  const [r1, r2] = await b.page.evaluate((m) => Promise.all([chrome.runtime.sendMessage(m), chrome.runtime.sendMessage(m)]), req);
+  assert.equal(r1.type, 'installStarted', JSON.stringify(r1));
+  assert.equal(r2.type, 'installStarted', JSON.stringify(r2));
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, REPO);
+  for (const f of h.packFiles(b.hub, REPO)) assert.equal(b.hub.stats(f.path).bodyBytes, f.size, `${f.path} fetched twice`);
+  const revisions = b.hub.log.filter((r) => r.url.includes('/revision/'));
+  assert.ok(revisions.length <= 2, `revision resolved ${revisions.length} times`);
+  const installed = (await h.events(b.page)).filter((e) => e.type === 'packInstalled');
+  assert.equal(installed.length, 1, 'more than one packInstalled');
+});
+
+test('the float16 pack with the default (webgpu) backend is refused before downloading: no shader-f16', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const reply = await h.startInstall(b.page, b.hub, 'fixtures/f16');
+  let error;
+  if (reply.type === 'error') error = reply.error;
+  else {
+    assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+    error = await h.waitForInstallFailure(b.page, 60_000);
+  }
+  assert.match(error, /shader-f16/);
+  // Only graphs and manifests may have been read (to find the dtypes); no shard byte.
+  for (const f of h.packFiles(b.hub, 'fixtures/f16')) {
+    if (f.path.endsWith('.data')) assert.equal(h.servedBytes(b.hub, f.path), 0, `${f.path} was downloaded`);
+  }
+  const small = h.packFiles(b.hub, 'fixtures/f16').filter((f) => !f.path.endsWith('.data'));
+  assert.ok(b.hub.totalBodyBytes() <= sum(small), `served ${b.hub.totalBodyBytes()} bytes`);
+  assert.ok(!(await h.opfsEntries(b.page)).some((n) => n.startsWith('pack')), 'wrote to OPFS');
+  assert.equal((await h.packStatus(b.page)).installed, false);
+});
+
+test('not enough quota is refused before downloading, and says storage', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const total = sum(h.packFiles(b.hub, REPO));
+  // With unlimitedStorage, the override changes what navigator.storage.estimate() reports.
+  await h.setQuota(b.context, b.page, Math.floor(total / 2));
+  const est = await h.storageEstimate(b.page);
+  assert.ok(est.quota < total, `quota override not visible to the extension: ${JSON.stringify(est)}`);
+  const reply = await h.startInstall(b.page, b.hub, REPO);
+  const error = reply.type === 'error' ? reply.error : await h.waitForInstallFailure(b.page, 60_000);
+  assert.match(error, /storage|space|quota/i);
+  for (const f of h.packFiles(b.hub, REPO)) if (f.path.endsWith('.data')) assert.equal(h.servedBytes(b.hub, f.path), 0, f.path);
+  assert.ok(!(await h.opfsEntries(b.page)).some((n) => n.startsWith('pack')), 'wrote to OPFS');
+});
+
+for (const [name, spec, needle] of [
+  [
+    'a manifest listing ../evil.data',
+    { override: { 'transformer_q8.manifest.json': JSON.stringify({ shards: [{ path: '../evil.data' }, { path: 'transformer_q8-00001.data' }] }) } },
+    'evil.data',
+  ],
+  [
+    'a manifest listing an absolute path',
+    { override: { 'text_encoder_q4.manifest.json': JSON.stringify({ shards: [{ path: '/etc/evil.data' }] }) } },
+    'evil.data',
+  ],
+  [
+    'a tree entry (named by the manifest) with a backslash',
+    {
+      override: { 'transformer_q8.manifest.json': JSON.stringify({ shards: [{ path: 'sub\\evil.data' }, { path: 'transformer_q8-00001.data' }] }) },
+      files: { 'sub\\evil.data': Buffer.alloc(1000, 1) },
+    },
+    'evil.data',
+  ],
+  [
+    'a size that makes no sense (tree size and LFS size disagree)',
+    {
+      mutateTree: (entries) =>
+        entries.map((e) => (e.path === 'transformer_q8-00001.data' ? { ...e, size: e.size + 1 } : e)),
+    },
+    'transformer_q8-00001.data',
+  ],
+]) {
+  test(`refused with a clear error, nothing written: ${name}`, { timeout: 120_000 }, async (t) => {
+    const hub = await h.startHub({ repos: { 'bad/pack': { dir: h.fixtureDir('fixtures/f32'), ...spec } } });
+    t.after(() => hub.close());
+    const b = await h.launch();
+    t.after(() => b.close());
+    const reply = await h.startInstall(b.page, hub, 'bad/pack');
+    const error = reply.type === 'error' ? reply.error : await h.waitForInstallFailure(b.page, 60_000);
+    assert.ok(error.includes(needle), `error does not name ${needle}: ${error}`);
+    assert.equal(hub.stats('../evil.data').requests + hub.stats('/etc/evil.data').requests + hub.stats('sub\\evil.data').requests, 0);
+    for (const f of h.packFiles(hub, 'bad/pack')) if (f.path.endsWith('.data')) assert.equal(h.servedBytes(hub, f.path), 0, f.path);
+    const tree = await h.opfsTree(b.page);
+    assert.ok(!Object.keys(tree).some((k) => k.startsWith('pack')), `wrote to OPFS: ${JSON.stringify(tree)}`);
+    assert.equal((await h.packStatus(b.page)).installed, false);
+  });
+}

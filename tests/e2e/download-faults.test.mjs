@@ -1,0 +1,108 @@
+// Server-side faults during a download: each one survived with nothing lost and at most one
+// checkpoint (4 MiB) re-fetched per interruption, or stopped with an error naming the file.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE, CHECKPOINT_BYTES } = h;
+
+/** Range starts the hub saw for SHARD (null: no Range header). */
+const rangeStarts = (hub) => hub.stats(SHARD).ranges.map((r) => (r ? Number(/bytes=(\d+)-/.exec(r)?.[1]) : null));
+
+test('connection cut mid-file: resumes with a Range from the last checkpoint; the pack generates', { timeout: 600_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const cutAt = 10 << 20;
+  b.hub.inject(SHARD, { type: 'cut', afterBytes: cutAt });
+  await h.installPack(b.page, b.hub, b.repo);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  const starts = rangeStarts(b.hub);
+  const resumed = starts.filter((s) => s > 0);
+  assert.equal(resumed.length, 1, `expected one ranged resume, ranges: ${JSON.stringify(b.hub.stats(SHARD).ranges)}`);
+  assert.ok(resumed[0] <= cutAt && resumed[0] >= cutAt - CHECKPOINT_BYTES, `resumed at ${resumed[0]}, cut at ${cutAt}`);
+  assert.ok(b.hub.stats(SHARD).statuses.includes(206));
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, true);
+  // The padded pack still runs: nothing lost.
+  const { result } = await h.generateOk(b.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '2' });
+  assert.ok(result.png.length > 0);
+});
+
+test('500 and 503 are retried with backoff; nothing fetched twice', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'status', status: 503, times: 2 });
+  b.hub.inject('transformer_q8-00001.data', { type: 'status', status: 500, times: 1 });
+  // And a file that gets a 503 and a cut mid-file.
+  b.hub.inject('text_encoder_q4-00000.data', { type: 'cut', afterBytes: 100_000 });
+  b.hub.inject('text_encoder_q4-00000.data', { type: 'status', status: 503, times: 1 });
+  await h.installPack(b.page, b.hub, b.repo);
+  h.assertServed(b.hub, b.repo, { interruptions: { 'text_encoder_q4-00000.data': 1 } });
+  assert.equal(h.servedBytes(b.hub, SHARD), SIZE);
+  const s = b.hub.stats(SHARD);
+  assert.deepEqual(s.statuses.filter((x) => x >= 500), [503, 503]);
+  // Backoff: 0.5 s, then 1 s (a little early is fine: timers).
+  const times = b.hub.log.filter((r) => r.server === 'hub' && r.path === SHARD).map((r) => r.t);
+  assert.ok(times.length >= 3);
+  assert.ok(times[1] - times[0] >= 400, `first retry after ${times[1] - times[0]} ms`);
+  assert.ok(times[2] - times[1] >= 800, `second retry after ${times[2] - times[1]} ms`);
+  assert.ok(b.hub.stats('transformer_q8-00001.data').statuses.includes(500));
+});
+
+test('404: stops with an error naming the file; resumes once the file is back', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'status', status: 404, times: Infinity });
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  const error = await h.waitForInstallFailure(b.page, 60_000);
+  assert.ok(error.includes(SHARD), `error does not name ${SHARD}: ${error}`);
+  assert.match(error, /404|not found/i);
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, false);
+  assert.equal(st.download?.state, 'failed', JSON.stringify(st.download, h.shorten));
+  assert.ok(st.download.error.includes(SHARD));
+  // No retry storm: a 404 is final.
+  assert.ok(b.hub.stats(SHARD).requests <= 2, `404 retried ${b.hub.stats(SHARD).requests} times`);
+
+  b.hub.clearFaults();
+  assert.equal((await h.api(b.page, { type: 'resumePack' })).type, 'installStarted');
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, b.repo);
+});
+
+test('a 200 to a range request restarts that file from 0 and still verifies', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const cutAt = 9 << 20;
+  b.hub.inject(SHARD, { type: 'cut', afterBytes: cutAt });
+  b.hub.inject(SHARD, { type: 'ignoreRange', times: 1 });
+  await h.installPack(b.page, b.hub, b.repo);
+  // The bytes before the cut are wasted once (the server ignored the range); nothing else.
+  h.assertServed(b.hub, b.repo, { extra: { [SHARD]: cutAt } });
+  const s = b.hub.stats(SHARD);
+  assert.ok(s.statuses.includes(200));
+  assert.ok(s.ranges.some((r) => r && !r.startsWith('bytes=0-')), `no ranged resume: ${JSON.stringify(s.ranges)}`);
+  assert.equal((await h.packStatus(b.page)).installed, true);
+});
+
+test('corrupted bytes: the file is deleted and fetched again once', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'corrupt', times: 1 });
+  await h.installPack(b.page, b.hub, b.repo);
+  h.assertServed(b.hub, b.repo, { extra: { [SHARD]: SIZE } });
+  assert.equal(h.servedBytes(b.hub, SHARD), 2 * SIZE);
+  assert.equal((await h.packStatus(b.page)).installed, true);
+});
+
+test('corrupted twice: stops with an error naming the file', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'corrupt', times: 2 });
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  const error = await h.waitForInstallFailure(b.page, 120_000);
+  assert.ok(error.includes(SHARD), `error does not name ${SHARD}: ${error}`);
+  assert.match(error, /sha-?256|hash|checksum|verif|corrupt|mismatch/i);
+  assert.ok(h.servedBytes(b.hub, SHARD) <= 2 * SIZE, 'fetched more than twice');
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, false);
+  assert.equal(st.download?.state, 'failed');
+  const tree = await h.opfsTree(b.page);
+  assert.ok(!('pack/pack.json' in tree), 'pack record written for a failed install');
+});

@@ -1,0 +1,159 @@
+// Interruptions on the browser's side: service worker stopped, offscreen document closed, browser
+// restarted, pause/resume, cancel, the quota running out, and `main` moving while paused. Each one
+// with nothing lost and at most one checkpoint (4 MiB) re-fetched.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE, CHECKPOINT_BYTES } = h;
+/** Throttle for the shard while we interrupt it: 24 MiB take 8 s. */
+const SLOW = 3 << 20;
+const MID = 8 << 20;
+
+/** Starts an install with SHARD throttled and waits until it is mid-file; returns the status then. */
+async function startMidFile(b, { page = b.page } = {}) {
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: SLOW });
+  const reply = await h.startInstall(page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  return h.waitForDownload(page, (s) => h.fileDone(s, SHARD) >= MID, 60_000);
+}
+
+/** Bytes the hub sends in `ms` (0 when the download is stopped). */
+async function flowing(hub, ms = 1500) {
+  const before = hub.totalBodyBytes();
+  await h.sleep(ms);
+  return hub.totalBodyBytes() - before;
+}
+
+function resumedFrom(hub) {
+  return hub.stats(SHARD).ranges.map((r) => (r ? Number(/bytes=(\d+)-/.exec(r)?.[1]) : 0)).filter((n) => n > 0);
+}
+
+test('service worker stopped mid-download: the download goes on', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  await startMidFile(b);
+  await h.stopServiceWorker(b.context, b.page);
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  assert.equal((await h.packStatus(b.page)).installed, true);
+});
+
+test('offscreen document closed mid-download: resumes by itself from the checkpoint', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const mid = await startMidFile(b);
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  assert.equal(await h.closeOffscreen(sw), true, 'no offscreen document to close');
+  b.hub.clearFaults();
+  // The next request to the service worker (waitForInstall polls packStatus) resumes it.
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  const resumed = resumedFrom(b.hub);
+  assert.equal(resumed.length, 1, JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.ok(resumed[0] >= h.fileDone(mid, SHARD) - CHECKPOINT_BYTES, `resumed at ${resumed[0]}, was at ${h.fileDone(mid, SHARD)}`);
+});
+
+test('browser closed and reopened on the same profile: resumes by itself, nothing lost', { timeout: 600_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const mid = await startMidFile(b);
+  const nb = await b.relaunch();
+  b.close = nb.close; // setup's cleanup closes the new browser
+  b.hub.clearFaults();
+  // Without any request from us: startup (or the popup the launch opens) resumes it.
+  const deadline = Date.now() + 40_000;
+  while (b.hub.stats(SHARD).ranges.length < 2 && Date.now() < deadline) await h.sleep(250);
+  assert.ok(b.hub.stats(SHARD).ranges.length >= 2, 'the download did not resume by itself within 40 s of the restart');
+  await h.waitForInstall(nb.page);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  const resumed = resumedFrom(b.hub);
+  assert.ok(resumed.length >= 1 && resumed[0] >= h.fileDone(mid, SHARD) - CHECKPOINT_BYTES, JSON.stringify(b.hub.stats(SHARD).ranges));
+  const st = await h.packStatus(nb.page);
+  assert.equal(st.installed, true);
+  const { result } = await h.generateOk(nb.page, { prompt: 'a harbour', width: 256, height: 256, steps: 2, seed: '4' });
+  assert.ok(result.png.length > 0);
+});
+
+test('pause keeps the bytes and stops the transfer; resume continues from there', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  await startMidFile(b);
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  const paused = await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  await h.sleep(500);
+  assert.ok((await flowing(b.hub)) === 0, 'bytes still flowing after pausePack');
+  const done = h.fileDone(paused, SHARD);
+  assert.ok(done >= MID, `paused at ${done}`);
+  const tree = await h.opfsTree(b.page);
+  assert.ok(tree[`pack-staging/${SHARD}`] > 0 || Object.keys(tree).some((k) => k.startsWith('pack-staging/') && tree[k] > 0), `no partial kept: ${JSON.stringify(tree)}`);
+  // Still paused after a status request (a pause is not an interruption to repair).
+  await h.sleep(1000);
+  assert.equal((await h.packStatus(b.page)).download?.state, 'paused');
+
+  b.hub.clearFaults();
+  assert.equal((await h.api(b.page, { type: 'resumePack' })).type, 'installStarted');
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  assert.ok(resumedFrom(b.hub)[0] >= done - CHECKPOINT_BYTES);
+});
+
+test('cancel removes the partial files and stops the transfer', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  await startMidFile(b);
+  assert.equal((await h.api(b.page, { type: 'cancelPack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => !s.download, 10_000);
+  await h.sleep(500);
+  assert.equal(await flowing(b.hub), 0, 'bytes still flowing after cancelPack');
+  assert.ok(!(await h.opfsEntries(b.page)).includes('pack-staging'), 'pack-staging/ still in OPFS');
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, false);
+  assert.equal(st.download ?? null, null);
+  // And nothing resumes it later.
+  await h.sleep(2000);
+  assert.equal(await flowing(b.hub, 500), 0);
+});
+
+test('quota exhausted part way: clear error, partial kept, resumes once space is freed', { timeout: 240_000 }, async (t) => {
+  // Without unlimitedStorage (quotaDist), a quota override limits OPFS writes (see harness setQuota).
+  const b = await h.setupPadded(t, { extDir: h.quotaDist() });
+  await h.setQuota(b.context, b.page, 14 << 20);
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  const error = await h.waitForInstallFailure(b.page, 60_000);
+  assert.match(error, /storage|space|quota/i);
+  const st = await h.packStatus(b.page);
+  assert.equal(st.download?.state, 'failed', JSON.stringify(st.download, h.shorten));
+  assert.ok(st.download.doneBytes > 0, 'nothing kept');
+  const kept = st.download.doneBytes;
+  const tree = await h.opfsTree(b.page);
+  assert.ok(Object.keys(tree).some((k) => k.startsWith('pack-staging/') && tree[k] > 0), `partial not kept: ${JSON.stringify(tree)}`);
+
+  await h.setQuota(b.context, b.page, null);
+  assert.equal((await h.api(b.page, { type: 'resumePack' })).type, 'installStarted');
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, b.repo, { interruptions: 1 });
+  assert.ok(b.hub.totalBodyBytes() <= st.download.totalBytes + CHECKPOINT_BYTES + h.IN_FLIGHT_SLACK, `kept ${kept}, served ${b.hub.totalBodyBytes()}`);
+});
+
+test('main moves to a new commit while paused: the result is entirely the new commit', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const oldCommit = b.hub.commit(b.repo);
+  await startMidFile(b);
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  const NEW_SIZE = 20 << 20;
+  const newCommit = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), pad: { [SHARD]: NEW_SIZE }, salt: 'v2' });
+  assert.notEqual(newCommit, oldCommit);
+  b.hub.clearFaults();
+  b.hub.reset();
+  assert.equal((await h.api(b.page, { type: 'resumePack' })).type, 'installStarted');
+  const ev = await h.waitForInstall(b.page);
+  assert.equal(ev.commit, newCommit);
+  const st = await h.packStatus(b.page);
+  assert.equal(st.commit, newCommit);
+  // Every resolve after the move is at the new commit, and the changed shard came whole from it.
+  h.assertServed(b.hub, b.repo, { commit: newCommit });
+  assert.equal(h.servedBytes(b.hub, SHARD), NEW_SIZE);
+  assert.ok(b.hub.stats(SHARD).ranges.every((r) => !r || r.startsWith('bytes=0-')), JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.ok(b.hub.log.every((r) => !r.commit || r.commit === newCommit), 'a request at the old commit after the move');
+  const tree = await h.opfsTree(b.page);
+  assert.equal(tree[`pack/${SHARD}`], NEW_SIZE);
+});

@@ -1,0 +1,40 @@
+// The popup during a download: size, progress, rate, time left, per-file list, pause/resume, cancel
+// button, storage used and delete. Light: the behaviour itself is covered by the API tests.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+const { BIG_SHARD: SHARD } = h;
+
+test('popup shows the download and its controls, after a reopen too', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const page = b.page;
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 2 << 20 });
+  const reply = await h.startInstall(page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  await h.waitForDownload(page, (s) => h.fileDone(s, SHARD) >= 4 << 20, 60_000);
+
+  await page.reload(); // the popup opened while a download runs
+  const text = (sel) => page.textContent(sel).then((s) => (s ?? '').trim());
+  await page.waitForSelector('#download', { state: 'visible', timeout: 10_000 });
+  await page.waitForFunction(() => /\d/.test(document.querySelector('#download-rate')?.textContent ?? ''), null, { timeout: 10_000 });
+  assert.match(await text('#pack-size'), /\d/);
+  assert.match(await text('#download-done'), /\d/);
+  assert.match(await text('#download-eta'), /\d|s|min/);
+  assert.ok((await text('#download-files')).includes(SHARD), `#download-files: ${await text('#download-files')}`);
+  for (const id of ['#pause', '#cancel-download']) assert.ok(await page.isVisible(id), `${id} not visible`);
+
+  await page.click('#pause');
+  await h.waitForDownload(page, (s) => s.download?.state === 'paused', 10_000);
+  await page.waitForSelector('#resume', { state: 'visible', timeout: 10_000 });
+  b.hub.clearFaults();
+  await page.click('#resume');
+  await h.waitForInstall(page);
+
+  await page.waitForFunction(() => /\d/.test(document.querySelector('#storage-used')?.textContent ?? ''), null, { timeout: 10_000 });
+  assert.ok((await text('#pack-status')).length > 0);
+  await page.waitForSelector('#delete-pack', { state: 'visible', timeout: 10_000 });
+  page.once('dialog', (d) => d.accept()); // in case delete asks for confirmation
+  await page.click('#delete-pack');
+  await h.waitForDownload(page, (s) => !s.installed, 10_000);
+});
