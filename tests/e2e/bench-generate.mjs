@@ -22,12 +22,12 @@ const runs = Number(o.runs);
 const size = Number(o.size);
 const steps = Number(o.steps);
 
-const server = await h.servePack(o.pack);
+const server = await h.startHub({ repos: [o.pack] });
 const b = await h.launch();
 const rows = [];
 try {
-  console.log(`bench: installing fixture pack ${o.pack} from ${server.url}`);
-  await h.installPack(b.page, server.url);
+  console.log(`bench: installing fixture pack ${o.pack} from the fake Hub at ${server.url}`);
+  await h.installPack(b.page, server, `fixtures/${o.pack}`, { backend: o.pack === 'f16' ? 'wasm' : undefined });
   for (let i = 1; i <= runs; i++) {
     const req = { prompt: 'a red fox in the snow', width: size, height: size, steps, seed: String(i), trace: false };
     if (o.backend) req.backend = o.backend;

@@ -1,12 +1,17 @@
-// `cargo xtask run`: launch Chromium with the built extension (dist/), install a pack, optionally
-// generate one image and write it.
+// `cargo xtask run`: launch Chromium with the built extension (dist/), install the pack from a Hub
+// (or the demo pack from a local fake Hub), optionally generate one image and write it.
 //
-//   node tests/e2e/run.mjs [--pack URL | --demo] [--prompt P --out F.png]
+//   node tests/e2e/run.mjs [--hub ENDPOINT] [--repo OWNER/NAME] [--revision REV] [--demo]
+//        [--prompt P --out F.png]
 //        [--width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm]
 //        [--profile DIR] [--fresh]
 //
+// The install goes through the extension's Hub path (resolve the revision to a commit, list, verify,
+// resume): defaults https://huggingface.co, cgb/flux2-klein-4b-onnx-webgpu, main. `--demo` starts the
+// fake Hub (tests/e2e/fake-hub.mjs) serving tests/fixtures/packs/f32 as `fixtures/f32` on loopback.
 // Headed when $DISPLAY is set, otherwise headless (SwiftShader WebGPU). The browser profile lives in
-// target/imagine-profile (so a downloaded pack survives runs) unless --profile or --fresh is given.
+// target/imagine-profile (so a downloaded pack, or a half-downloaded one, survives runs) unless
+// --profile or --fresh is given.
 
 import fs from 'node:fs';
 import os from 'node:os';
@@ -14,11 +19,13 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as h from './harness.mjs';
 
-const DEFAULT_PACK = 'https://huggingface.co/cgb/flux2-klein-4b-onnx-webgpu/resolve/main/';
+const DEFAULTS = { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b-onnx-webgpu', revision: 'main' };
 
 const { values: o } = parseArgs({
   options: {
-    pack: { type: 'string' },
+    hub: { type: 'string' },
+    repo: { type: 'string' },
+    revision: { type: 'string' },
     demo: { type: 'boolean', default: false },
     prompt: { type: 'string' },
     out: { type: 'string' },
@@ -33,7 +40,7 @@ const { values: o } = parseArgs({
     fresh: { type: 'boolean', default: false },
   },
 });
-if (o.demo && o.pack) fail('--demo and --pack exclude each other');
+if (o.demo && (o.hub || o.repo || o.revision)) fail('--demo serves its own Hub: it excludes --hub, --repo and --revision');
 if (o.prompt !== undefined && !o.out) fail('--prompt needs --out F.png');
 if (o.out && o.prompt === undefined) fail('--out needs --prompt');
 
@@ -47,12 +54,16 @@ const profileDir = o.fresh
   : path.resolve(o.profile ?? path.join(h.ROOT, 'target/imagine-profile'));
 fs.mkdirSync(profileDir, { recursive: true });
 
-let server = null;
-let baseUrl = o.pack ?? DEFAULT_PACK;
+let hub = null;
+const source = {
+  endpoint: (o.hub ?? DEFAULTS.endpoint).replace(/\/+$/, ''),
+  repo: o.repo ?? DEFAULTS.repo,
+  revision: o.revision ?? DEFAULTS.revision,
+};
 if (o.demo) {
-  server = await h.servePack('f32');
-  baseUrl = server.url;
-  console.log(`run: serving tests/fixtures/packs/f32 at ${baseUrl}`);
+  hub = await h.startHub({ repos: ['f32'] });
+  Object.assign(source, { endpoint: hub.url, repo: 'fixtures/f32', revision: 'main' });
+  console.log(`run: fake Hub at ${hub.url} (CDN ${hub.cdnUrl}) serving tests/fixtures/packs/f32 as fixtures/f32`);
 }
 
 console.log(`run: launching ${h.CHROMIUM} (${h.isHeadless() ? 'headless' : 'headed'}), profile ${profileDir}`);
@@ -62,7 +73,7 @@ let exitCode = 0;
 
 const shutdown = async (code) => {
   await b.close();
-  await server?.close();
+  await hub?.close();
   if (o.fresh) fs.rmSync(profileDir, { recursive: true, force: true });
   process.exit(code);
 };
@@ -71,29 +82,45 @@ process.on('SIGINT', () => {
   shutdown(130);
 });
 
+const sameSource = (s) =>
+  s && s.endpoint?.replace(/\/+$/, '') === source.endpoint && s.repo === source.repo && s.revision === source.revision;
+
 try {
   await h.collectEvents(b.page);
-  const status = await h.api(b.page, { type: 'packStatus' });
-  // The demo server's port changes every run, so a demo pack is always reinstalled.
-  if (!status?.installed || status.source !== baseUrl) {
-    console.log(`run: installing pack from ${baseUrl}`);
+  const status = await h.packStatus(b.page);
+  // Installed from the same endpoint, repo and revision (or at the commit asked for): kept. The demo
+  // hub's port changes every run, so a demo pack is always reinstalled.
+  const same = status.installed && !o.demo && (sameSource(status.source) || status.commit === source.revision);
+  if (same && !status.download) {
+    console.log(`run: pack already installed from ${status.source.endpoint} ${status.source.repo}@${status.commit} (${mb(status.bytes)} MB)`);
+  } else {
+    const backend = o.backend === 'wasm' ? 'wasm' : undefined;
+    if (status.download && sameSource(status.download.source) && status.download.state !== 'downloading') {
+      console.log(`run: a ${status.download.state} download of ${status.download.source.repo} exists: resuming it`);
+      const r = await h.api(b.page, { type: 'resumePack' });
+      if (r?.type !== 'installStarted') throw new Error(`resumePack: ${JSON.stringify(r)}`);
+    } else {
+      console.log(`run: installing ${source.repo}@${source.revision} from ${source.endpoint}`);
+      const r = await h.startInstall(b.page, source.endpoint, source.repo, { revision: source.revision, backend });
+      if (r?.type !== 'installStarted') throw new Error(`installPack: ${r?.error ?? JSON.stringify(r)}`);
+    }
     let last = 0;
     const progress = setInterval(async () => {
-      const evs = await h.events(b.page).catch(() => []);
-      const p = evs.filter((e) => e.type === 'packProgress').at(-1);
-      if (p && Date.now() - last > 2000) {
+      const s = await h.packStatus(b.page).catch(() => null); // also what resumes an interrupted download
+      const d = s?.download;
+      if (d && Date.now() - last > 2000) {
         last = Date.now();
-        console.log(`run:   ${p.file}: ${mb(p.doneBytes)} / ${mb(p.totalBytes)} MB`);
+        const eta = d.secondsLeft == null ? '?' : `${Math.round(d.secondsLeft)} s`;
+        const cur = d.files.find((f) => !f.verified && f.doneBytes > 0)?.path ?? '';
+        console.log(`run:   ${d.state} ${mb(d.doneBytes)} / ${mb(d.totalBytes)} MB, ${mb(d.bytesPerSecond)} MB/s, ${eta} left ${cur}`);
       }
     }, 1000);
     try {
-      const ev = await h.installPack(b.page, baseUrl, 24 * 3600_000);
-      console.log(`run: pack installed (${mb(ev.bytes)} MB)`);
+      const ev = await h.waitForInstall(b.page, 7 * 24 * 3600_000);
+      console.log(`run: pack installed (${mb(ev.bytes)} MB, commit ${ev.commit})`);
     } finally {
       clearInterval(progress);
     }
-  } else {
-    console.log(`run: pack already installed from ${status.source} (${mb(status.bytes)} MB)`);
   }
 
   if (o.prompt !== undefined) {

@@ -19,12 +19,18 @@ commands:
   test [--no-fmt]        everything CI runs: fmt, native tests, fixture check, build, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
   run [options]          build, then launch Chromium with the extension loaded
-        --pack URL       install the pack from URL (default: the Hugging Face pack)
-        --demo           serve tests/fixtures/packs/f32/ on loopback and install it
+        --hub ENDPOINT   install from this Hub (or mirror) (default: https://huggingface.co)
+        --repo OWNER/NAME   the pack's repo (default: cgb/flux2-klein-4b-onnx-webgpu)
+        --revision REV   branch, tag or commit (default: main; resolved to a commit first)
+        --demo           serve tests/fixtures/packs/f32/ from a fake Hub on loopback and install it
         --prompt P --out F.png   generate once, write the PNG, exit
         --width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm
+        --profile DIR | --fresh  browser profile (default: target/imagine-profile)
   bench generate [--runs N] [--size S] [--steps N]
                          build, then time generations on the f32 fixture pack
+  bench download [--size-mb 2000] [--shards 4]
+                         build, then install a generated ~2 GB pack from a fake Hub on loopback:
+                         ingest throughput vs raw fetch, peak memory above idle
   help                   this text
 
 options for run/bench/e2e:
@@ -73,7 +79,7 @@ fn dispatch(args: &[String]) -> Result {
         }
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
-                return Err(format!("bench needs a benchmark name (generate)\n{USAGE}"));
+                return Err(format!("bench needs a benchmark name (generate, download)\n{USAGE}"));
             };
             match what.as_str() {
                 "generate" => {
@@ -84,7 +90,15 @@ fn dispatch(args: &[String]) -> Result {
                     step("bench: node tests/e2e/bench-generate.mjs");
                     node_script(&root, "tests/e2e/bench-generate.mjs", &rest)
                 }
-                other => Err(format!("unknown benchmark `{other}` (known: generate)")),
+                "download" => {
+                    let (no_build, rest) = split_flag(rest, "--no-build");
+                    if !no_build {
+                        build(&root, false)?;
+                    }
+                    step("bench: node tests/e2e/bench-download.mjs");
+                    node_script(&root, "tests/e2e/bench-download.mjs", &rest)
+                }
+                other => Err(format!("unknown benchmark `{other}` (known: generate, download)")),
             }
         }
         "help" | "-h" | "--help" => {

@@ -52,11 +52,9 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
     let mut store = RecordStore::load().await;
     let kept = store.kept_small_files().await;
     let (plan, graphs) = hub_client::plan(&source, &kept).await.map_err(String::from)?;
-    let mut record = store
-        .record
-        .take()
-        .filter(|record| record.matches(&plan))
-        .unwrap_or_else(|| DownloadRecord::new(&plan));
+    let kept = store.record.take().filter(|record| record.matches(&plan));
+    let fresh = kept.as_ref().is_none_or(|record| record.done_bytes() == 0);
+    let mut record = kept.unwrap_or_else(|| DownloadRecord::new(&plan));
     report.record(&record);
 
     // Everything is checked before the first byte is written.
@@ -68,7 +66,6 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
         gpu::check_device(needs_f16, largest).await?;
     }
 
-    let fresh = record.done_bytes() == 0 || store.record_commit.as_deref() != Some(&plan.commit);
     if fresh {
         // A pack is never a mix of two revisions: nothing of another commit is kept.
         opfs::remove(&opfs::root().await?, STAGING_DIR).await?;
@@ -93,16 +90,16 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
             file.verified = true;
         }
     }
-    store.save(&dir, &record).await?;
     report.state = DownloadState::Downloading;
-    report.record(&record);
-
-    for index in 0..record.files.len() {
-        if !record.files[index].verified {
-            download_file(&dir, &source, &plan.commit, &mut record, index, &mut store, &mut report).await?;
+    let mut download = Download { dir, source, record, store, report };
+    download.save().await?;
+    download.report.record(&download.record);
+    for index in 0..download.record.files.len() {
+        if !download.record.files[index].verified {
+            download.file(index).await?;
         }
     }
-    let installed = move_into_place(&dir, &record).await?;
+    let installed = move_into_place(&download.dir, &download.record).await?;
     Ok((to_js(&installed), None))
 }
 
@@ -117,70 +114,13 @@ fn quota_message(error: SyncError) -> String {
     }
 }
 
-/// Streams one file, resuming from its recorded prefix, until it is verified.
-async fn download_file(
-    dir: &FileSystemDirectoryHandle,
-    source: &PackSource,
-    commit: &str,
-    record: &mut DownloadRecord,
-    index: usize,
-    store: &mut RecordStore,
-    report: &mut Reporter,
-) -> Result<(), String> {
-    let url = hub::resolve_url(source, commit, &record.files[index].file.path);
-    let path = record.files[index].file.path.clone();
-    let size = record.files[index].file.size;
-    let expected = record.files[index].file.sha256.clone();
-    let mut mismatches = 0;
-    let mut failures = 0;
-    loop {
-        let file = SyncFile::open(dir, &path).await?;
-        // Bytes past the last checkpoint are never trusted: the file is cut back to it.
-        let mut hasher = record.files[index].resume();
-        let start = hasher.offset();
-        record.files[index].done = start;
-        file.truncate(start).map_err(String::from)?;
-        let before = record.done_bytes();
-        match stream(&file, &url, start, size, &mut hasher, record, index, store, dir, report).await {
-            Ok(()) => {}
-            Err(StreamError::Fatal(message)) => return Err(message),
-            Err(StreamError::Transient(message)) => {
-                failures = if record.done_bytes() > before { 1 } else { failures + 1 };
-                if failures > hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
-                    return Err(format!(
-                        "{message} (gave up after {failures} attempts; resume to try again)"
-                    ));
-                }
-                drop(file);
-                sleep_ms(hub::backoff_ms(failures - 1, random_unit())).await;
-                continue;
-            }
-        }
-        let digest = hub::hex(&hasher.finalize());
-        let entry = &mut record.files[index];
-        if expected.as_deref().is_none_or(|e| e == digest) {
-            entry.verified = true;
-            entry.done = size;
-            entry.hash = None;
-            file.close().map_err(String::from)?;
-            store.save(dir, record).await?;
-            report.record(record);
-            return Ok(());
-        }
-        // A corrupt file is downloaded again once, from the start.
-        mismatches += 1;
-        entry.done = 0;
-        entry.hash = None;
-        file.truncate(0).map_err(String::from)?;
-        drop(file);
-        store.save(dir, record).await?;
-        if mismatches > 1 {
-            return Err(format!(
-                "{path} failed verification twice: its SHA-256 is {digest}, the Hub lists {}",
-                expected.unwrap_or_default()
-            ));
-        }
-    }
+/// A download under way: where its files go, its record, and its progress reports.
+struct Download {
+    dir: FileSystemDirectoryHandle,
+    source: PackSource,
+    record: DownloadRecord,
+    store: RecordStore,
+    report: Reporter,
 }
 
 enum StreamError {
@@ -197,108 +137,164 @@ impl From<FetchError> for StreamError {
     }
 }
 
-/// One request: appends the response to `file` from `start`, saving the record every checkpoint.
-#[allow(clippy::too_many_arguments)]
-async fn stream(
-    file: &SyncFile,
-    url: &str,
-    start: u64,
-    size: u64,
-    hasher: &mut ResumableSha256,
-    record: &mut DownloadRecord,
-    index: usize,
-    store: &mut RecordStore,
-    dir: &FileSystemDirectoryHandle,
-    report: &mut Reporter,
-) -> Result<(), StreamError> {
-    let path = record.files[index].file.path.clone();
-    let response = hub_client::fetch(url, (start > 0).then_some(start)).await?;
-    check_status(&response, url)?;
-    let mut offset = start;
-    if start > 0 {
-        let range = response.headers().get("content-range").ok().flatten();
-        let resumed =
-            response.status() == 206 && range.as_deref().is_some_and(|r| hub::range_matches(r, start));
-        if !resumed {
-            // Anything but the asked-for range (a 200, another offset) restarts the file.
-            offset = 0;
-            *hasher = ResumableSha256::new();
-            file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
-            record.files[index].done = 0;
-            record.files[index].hash = None;
-            if response.status() == 206 {
+impl Download {
+    async fn save(&mut self) -> Result<(), String> {
+        self.store.save(&self.dir, &self.record).await
+    }
+
+    /// Streams file `index`, resuming from its recorded prefix, until it is verified.
+    async fn file(&mut self, index: usize) -> Result<(), String> {
+        let planned = self.record.files[index].file.clone();
+        let url = hub::resolve_url(&self.source, &self.record.commit, &planned.path);
+        let mut mismatches = 0;
+        let mut failures = 0;
+        loop {
+            let file = SyncFile::open(&self.dir, &planned.path).await?;
+            // Bytes past the last checkpoint are never trusted: the file is cut back to it.
+            let mut hasher = self.record.files[index].resume();
+            let start = hasher.offset();
+            self.record.files[index].done = start;
+            file.truncate(start).map_err(String::from)?;
+            match self.stream(&file, &url, &mut hasher, index).await {
+                Ok(()) => {}
+                Err(StreamError::Fatal(message)) => return Err(message),
+                Err(StreamError::Transient(message)) => {
+                    let progressed = self.record.files[index].done > start;
+                    failures = if progressed { 1 } else { failures + 1 };
+                    if failures > hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
+                        return Err(format!(
+                            "{message} (gave up after {failures} attempts; resume to try again)"
+                        ));
+                    }
+                    drop(file);
+                    sleep_ms(hub::backoff_ms(failures - 1, random_unit())).await;
+                    continue;
+                }
+            }
+            let digest = hasher.finalize();
+            let entry = &mut self.record.files[index];
+            if let Err(mismatch) = hub::verify_sha256(&planned, &digest) {
+                // A corrupt file is downloaded again once, from the start.
+                mismatches += 1;
+                entry.done = 0;
+                entry.hash = None;
+                file.truncate(0).map_err(String::from)?;
+                drop(file);
+                self.save().await?;
+                if mismatches > 1 {
+                    return Err(format!("{mismatch}; it failed verification twice, so the download stopped"));
+                }
+                continue;
+            }
+            entry.verified = true;
+            entry.done = planned.size;
+            entry.hash = None;
+            file.close().map_err(String::from)?;
+            self.save().await?;
+            self.report.record(&self.record);
+            return Ok(());
+        }
+    }
+
+    /// One request: appends the response to `file` from the hasher's offset, saving the record every
+    /// checkpoint. A 200 where a range was asked for restarts the file.
+    async fn stream(
+        &mut self,
+        file: &SyncFile,
+        url: &str,
+        hasher: &mut ResumableSha256,
+        index: usize,
+    ) -> Result<(), StreamError> {
+        let (path, size) = (self.record.files[index].file.path.clone(), self.record.files[index].file.size);
+        let start = hasher.offset();
+        if start == size {
+            // Every byte was saved before an interruption; only the verification is left.
+            return Ok(());
+        }
+        let response = hub_client::fetch(url, (start > 0).then_some(start)).await?;
+        check_status(&response, url)?;
+        let mut offset = start;
+        if start > 0 {
+            let range = response.headers().get("content-range").ok().flatten();
+            if response.status() == 206 && !range.as_deref().is_some_and(|r| hub::range_matches(r, start)) {
                 return Err(StreamError::Transient(format!(
                     "{url} answered a range that does not start at {start}"
                 )));
             }
+            if response.status() != 206 {
+                offset = 0;
+                *hasher = ResumableSha256::new();
+                file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
+                self.record.files[index].done = 0;
+                self.record.files[index].hash = None;
+            }
         }
-    }
-    let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
-    let reader: ReadableStreamDefaultReader = body.get_reader().unchecked_into();
-    let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
-    let mut saved_at = offset;
-    let result = loop {
-        let chunk = match JsFuture::from(reader.read()).await {
-            Ok(chunk) => chunk,
-            Err(e) => {
-                break Err(StreamError::Transient(format!(
-                    "downloading {path} was interrupted: {}",
-                    error_text(&e)
-                )))
+        let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
+        let reader: ReadableStreamDefaultReader = body.get_reader().unchecked_into();
+        let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
+        let mut saved_at = offset;
+        let result = loop {
+            let chunk = match JsFuture::from(reader.read()).await {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    break Err(StreamError::Transient(format!(
+                        "downloading {path} was interrupted: {}",
+                        error_text(&e)
+                    )))
+                }
+            };
+            let done = get(&chunk, "done").as_bool().unwrap_or(true);
+            if !done {
+                let bytes: Uint8Array = get(&chunk, "value").unchecked_into();
+                let from = pending.len();
+                pending.resize(from + bytes.length() as usize, 0);
+                bytes.copy_to(&mut pending[from..]);
+            }
+            // Whole write blocks while streaming (so checkpoints fall on hash blocks); the tail at the end.
+            let ready = if done { pending.len() } else { pending.len() / WRITE_BYTES * WRITE_BYTES };
+            if ready > 0 {
+                if offset + ready as u64 > size {
+                    break Err(StreamError::Transient(format!(
+                        "{url} sent more than the {size} bytes the Hub lists"
+                    )));
+                }
+                if let Err(e) = file.write_at(&pending[..ready], offset) {
+                    break Err(StreamError::Fatal(quota_message(e)));
+                }
+                hasher.update(&pending[..ready]);
+                pending.drain(..ready);
+                offset += ready as u64;
+                self.record.files[index].done = offset;
+            }
+            if offset - saved_at >= CHECKPOINT_BYTES {
+                if let Err(e) = file.flush() {
+                    break Err(StreamError::Fatal(quota_message(e)));
+                }
+                self.record.files[index].save(hasher);
+                if let Err(e) = self.save().await {
+                    break Err(StreamError::Fatal(e));
+                }
+                saved_at = offset;
+            }
+            self.report.maybe(&self.record);
+            if done {
+                break if offset == size {
+                    Ok(())
+                } else {
+                    Err(StreamError::Transient(format!("{url} ended after {offset} of {size} bytes")))
+                };
             }
         };
-        let done = get(&chunk, "done").as_bool().unwrap_or(true);
-        if !done {
-            let bytes: Uint8Array = get(&chunk, "value").unchecked_into();
-            let from = pending.len();
-            pending.resize(from + bytes.length() as usize, 0);
-            bytes.copy_to(&mut pending[from..]);
+        if result.is_err() {
+            let _ = reader.cancel();
         }
-        // Whole write blocks while streaming; the tail once the body ends.
-        let ready = if done { pending.len() } else { pending.len() / WRITE_BYTES * WRITE_BYTES };
-        if ready > 0 {
-            if offset + ready as u64 > size {
-                break Err(StreamError::Transient(format!(
-                    "{url} sent more than the {size} bytes the Hub lists"
-                )));
-            }
-            if let Err(e) = file.write_at(&pending[..ready], offset) {
-                break Err(StreamError::Fatal(quota_message(e)));
-            }
-            hasher.update(&pending[..ready]);
-            pending.drain(..ready);
-            offset += ready as u64;
-            record.files[index].done = offset;
-        }
-        if offset - saved_at >= CHECKPOINT_BYTES {
-            if let Err(e) = file.flush() {
-                break Err(StreamError::Fatal(quota_message(e)));
-            }
-            record.files[index].save(hasher);
-            if let Err(e) = store.save(dir, record).await {
-                break Err(StreamError::Fatal(e));
-            }
-            saved_at = offset;
-        }
-        report.maybe(record);
-        if done {
-            break if offset == size {
-                Ok(())
-            } else {
-                Err(StreamError::Transient(format!("{url} ended after {offset} of {size} bytes")))
-            };
-        }
-    };
-    if result.is_err() {
-        let _ = reader.cancel();
+        result
     }
-    result
 }
 
 /// The download record in OPFS, saved alternately to two slots.
 struct RecordStore {
     record: Option<DownloadRecord>,
-    record_commit: Option<String>,
     sequence: u64,
 }
 
@@ -319,8 +315,7 @@ impl RecordStore {
             }
         }
         let sequence = best.as_ref().map_or(0, |b| b.sequence);
-        let record = best.map(|b| b.record);
-        RecordStore { record_commit: record.as_ref().map(|r| r.commit.clone()), record, sequence }
+        RecordStore { record: best.map(|b| b.record), sequence }
     }
 
     /// The graphs and manifests an earlier attempt already verified.
