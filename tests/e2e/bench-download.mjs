@@ -117,8 +117,8 @@ try {
   for (const k of kinds) {
     rows.push([k, mb(idle.median[k] ?? 0), mb(ingestMem.peakByKind[k] ?? 0), mb(rawMem.peakByKind[k] ?? 0)]);
   }
-  rows.push(['sum without browser', mb(idle.medianSum), mb(ingestMem.peakSum), mb(rawMem.peakSum)]);
-  rows.push(['sum with browser', mb(idle.medianAll), mb(ingestMem.peakAll), mb(rawMem.peakAll)]);
+  rows.push(['sum: extension+gpu+network+storage+utility', mb(idle.medianSum), mb(ingestMem.peakSum), mb(rawMem.peakSum)]);
+  rows.push(['sum: all processes', mb(idle.medianAll), mb(ingestMem.peakAll), mb(rawMem.peakAll)]);
   table(['process', 'idle', 'peak during (a)', 'peak during (b)'], rows);
   const above = ingestMem.peakSum - idle.medianSum;
   const aboveAll = ingestMem.peakAll - idle.medianAll;
@@ -126,7 +126,7 @@ try {
   const v1 = ratio >= 0.9;
   const v2 = above <= 256e6;
   console.log(`verdict: ingest/raw throughput = ${ratio.toFixed(3)} (target >= 0.9): ${v1 ? 'PASS' : 'FAIL'}`);
-  console.log(`verdict: peak memory above idle during the download = ${mb(above)} MB without the browser process, ${mb(aboveAll)} MB with it (target <= 256 MB): ${v2 ? 'PASS' : 'FAIL'}`);
+  console.log(`verdict: peak memory above idle during the download = ${mb(above)} MB (extension renderer, GPU, network, storage, utility processes), ${mb(aboveAll)} MB for all processes (target <= 256 MB): ${v2 ? 'PASS' : 'FAIL'}`);
   if (!v1 || !v2) exit = 1;
 } catch (e) {
   console.error(`bench: ${e.stack ?? e}`);
@@ -221,7 +221,10 @@ function startSampler(profileDir, intervalMs) {
       await h.sleep(intervalMs);
     }
   })();
-  const sumOf = (s, all) => Object.entries(s).reduce((n, [k, v]) => n + (all || k !== 'browser' ? v : 0), 0);
+  // The download's processes: the extension renderer (offscreen document, its workers, the popup), the
+  // GPU process, the network and storage services, other utilities. Not the browser process (added
+  // in the "with browser" sum) nor renderers of ordinary pages (none do anything here).
+  const sumOf = (s, all) => Object.entries(s).reduce((n, [k, v]) => n + (all || (k !== 'browser' && k !== 'renderer') ? v : 0), 0);
   const median = (xs) => {
     const a = [...xs].sort((x, y) => x - y);
     return a.length ? a[Math.floor(a.length / 2)] : 0;
