@@ -12,13 +12,17 @@ const rangeStarts = (hub) => hub.stats(SHARD).ranges.map((r) => (r ? Number(/byt
 test('connection cut mid-file: resumes with a Range from the last checkpoint; the pack generates', { timeout: 600_000 }, async (t) => {
   const b = await h.setupPadded(t);
   const cutAt = 10 << 20;
+  // Throttled like a real network (the browser keeps up), so that what was sent before the cut was
+  // received: Chromium drops body bytes still buffered when the connection fails, and at loopback
+  // speed megabytes are (the fake Hub counts bytes written, not bytes read).
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 8 << 20 });
   b.hub.inject(SHARD, { type: 'cut', afterBytes: cutAt });
   await h.installPack(b.page, b.hub, b.repo);
   h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
   const starts = rangeStarts(b.hub);
   const resumed = starts.filter((s) => s > 0);
   assert.equal(resumed.length, 1, `expected one ranged resume, ranges: ${JSON.stringify(b.hub.stats(SHARD).ranges)}`);
-  assert.ok(resumed[0] <= cutAt && resumed[0] >= cutAt - CHECKPOINT_BYTES, `resumed at ${resumed[0]}, cut at ${cutAt}`);
+  assert.ok(resumed[0] <= cutAt && resumed[0] >= cutAt - CHECKPOINT_BYTES - h.IN_FLIGHT_SLACK, `resumed at ${resumed[0]}, cut at ${cutAt}`);
   assert.ok(b.hub.stats(SHARD).statuses.includes(206));
   const st = await h.packStatus(b.page);
   assert.equal(st.installed, true);
@@ -63,7 +67,7 @@ test('404: stops with an error naming the file; resumes once the file is back', 
   assert.ok(b.hub.stats(SHARD).requests <= 2, `404 retried ${b.hub.stats(SHARD).requests} times`);
 
   b.hub.clearFaults();
-  assert.equal((await h.api(b.page, { type: 'resumePack' })).type, 'installStarted');
+  assert.equal((await h.resumePack(b.page)).type, 'installStarted');
   await h.waitForInstall(b.page);
   h.assertServed(b.hub, b.repo);
 });

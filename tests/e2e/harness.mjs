@@ -180,10 +180,7 @@ export function shorten(key, value) {
 
 /** Sends `installPack` for `repo` on `hub` (a fake Hub or { url }); returns the reply (no waiting). */
 export async function startInstall(page, hub, repo, { backend, revision = 'main' } = {}) {
-  await collectEvents(page);
-  await page.evaluate(() => {
-    window.__events = window.__events.filter((e) => !['packInstalled', 'packFailed'].includes(e.type));
-  });
+  await clearInstallEvents(page);
   const req = { type: 'installPack', endpoint: hubUrl(hub), repo, revision };
   if (backend) req.backend = backend;
   return api(page, req);
@@ -222,6 +219,20 @@ export async function installPack(page, hub, repo = 'fixtures/f32', { backend, r
   const reply = await startInstall(page, hub, repo, { backend, revision });
   if (reply?.type !== 'installStarted') throw new Error(`installPack: ${JSON.stringify(reply)}`);
   return waitForInstall(page, timeoutMs);
+}
+
+/** Forgets collected packInstalled/packFailed events (before a request whose outcome you wait for). */
+export async function clearInstallEvents(page) {
+  await collectEvents(page);
+  await page.evaluate(() => {
+    window.__events = window.__events.filter((e) => !['packInstalled', 'packFailed'].includes(e.type));
+  });
+}
+
+/** Sends `resumePack` (after forgetting earlier install outcomes); returns the reply. */
+export async function resumePack(page) {
+  await clearInstallEvents(page);
+  return api(page, { type: 'resumePack' });
 }
 
 /** Waits for the install started before to fail; returns the error text (throws if it installs). */

@@ -15,11 +15,11 @@ use std::collections::HashMap;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
 use imagine_core::hub::{self, DownloadRecord, RateMeter, ResumableSha256};
-use js_sys::{Reflect, Uint8Array};
+use js_sys::{ArrayBuffer, Reflect, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{FileSystemDirectoryHandle, ReadableStreamDefaultReader};
+use web_sys::{FileSystemDirectoryHandle, ReadableStreamByobReader, ReadableStreamDefaultReader};
 
 use crate::gpu;
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
@@ -46,8 +46,7 @@ struct StoredRecord {
 pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
     let request: InstallRequest = from_js(params)?;
     let source = request.source.validate().map_err(|e| e.to_string())?;
-    let mut report = Reporter::new(source.clone());
-    report.checking();
+    let mut report = Reporter::new();
 
     let mut store = RecordStore::load().await;
     let kept = store.kept_small_files().await;
@@ -230,12 +229,12 @@ impl Download {
             }
         }
         let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
-        let reader: ReadableStreamDefaultReader = body.get_reader().unchecked_into();
-        let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
+        let mut reader = BodyReader::new(body);
+        let mut block: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
         let mut saved_at = offset;
         let result = loop {
-            let chunk = match JsFuture::from(reader.read()).await {
-                Ok(chunk) => chunk,
+            let more = match reader.next_block(&mut block).await {
+                Ok(more) => more,
                 Err(e) => {
                     break Err(StreamError::Transient(format!(
                         "downloading {path} was interrupted: {}",
@@ -243,27 +242,17 @@ impl Download {
                     )))
                 }
             };
-            let done = get(&chunk, "done").as_bool().unwrap_or(true);
-            if !done {
-                let bytes: Uint8Array = get(&chunk, "value").unchecked_into();
-                let from = pending.len();
-                pending.resize(from + bytes.length() as usize, 0);
-                bytes.copy_to(&mut pending[from..]);
-            }
-            // Whole write blocks while streaming (so checkpoints fall on hash blocks); the tail at the end.
-            let ready = if done { pending.len() } else { pending.len() / WRITE_BYTES * WRITE_BYTES };
-            if ready > 0 {
-                if offset + ready as u64 > size {
+            if !block.is_empty() {
+                if offset + block.len() as u64 > size {
                     break Err(StreamError::Transient(format!(
                         "{url} sent more than the {size} bytes the Hub lists"
                     )));
                 }
-                if let Err(e) = file.write_at(&pending[..ready], offset) {
+                if let Err(e) = file.write_at(&block, offset) {
                     break Err(StreamError::Fatal(quota_message(e)));
                 }
-                hasher.update(&pending[..ready]);
-                pending.drain(..ready);
-                offset += ready as u64;
+                hasher.update(&block);
+                offset += block.len() as u64;
                 self.record.files[index].done = offset;
             }
             if offset - saved_at >= CHECKPOINT_BYTES {
@@ -277,7 +266,7 @@ impl Download {
                 saved_at = offset;
             }
             self.report.maybe(&self.record);
-            if done {
+            if !more {
                 break if offset == size {
                     Ok(())
                 } else {
@@ -286,9 +275,85 @@ impl Download {
             }
         };
         if result.is_err() {
-            let _ = reader.cancel();
+            reader.cancel();
         }
         result
+    }
+}
+
+/// Reads a response body in blocks of [`WRITE_BYTES`]. Where the body is a byte stream (Chromium's fetch
+/// bodies are) it reads into one reused buffer ("bring your own buffer"), so a multi-GB download
+/// allocates nothing per chunk and leaves the garbage collector nothing to catch up with.
+enum BodyReader {
+    Byob { reader: ReadableStreamByobReader, buffer: Option<ArrayBuffer> },
+    Chunks { reader: ReadableStreamDefaultReader, carry: Vec<u8> },
+}
+
+impl BodyReader {
+    fn new(body: web_sys::ReadableStream) -> Self {
+        match ReadableStreamByobReader::new(&body) {
+            Ok(reader) => BodyReader::Byob { reader, buffer: None },
+            Err(_) => BodyReader::Chunks { reader: body.get_reader().unchecked_into(), carry: Vec::new() },
+        }
+    }
+
+    /// Replaces `block` with the next bytes: a full block, or less at the end. False once the body ended.
+    async fn next_block(&mut self, block: &mut Vec<u8>) -> Result<bool, JsValue> {
+        block.clear();
+        match self {
+            BodyReader::Byob { reader, buffer } => {
+                let mut buf = buffer.take().unwrap_or_else(|| ArrayBuffer::new(WRITE_BYTES as u32));
+                let mut filled = 0u32;
+                let more = loop {
+                    let view = Uint8Array::new_with_byte_offset_and_length(
+                        &buf,
+                        filled,
+                        WRITE_BYTES as u32 - filled,
+                    );
+                    let result = JsFuture::from(reader.read_with_array_buffer_view(&view)).await?;
+                    let value = get(&result, "value");
+                    if let Some(value) = value.dyn_ref::<Uint8Array>() {
+                        // The buffer was transferred to the stream and comes back with the data.
+                        buf = value.buffer();
+                        filled += value.length();
+                    }
+                    if get(&result, "done").as_bool().unwrap_or(true) {
+                        break false;
+                    }
+                    if filled as usize == WRITE_BYTES {
+                        break true;
+                    }
+                };
+                block.resize(filled as usize, 0);
+                Uint8Array::new_with_byte_offset_and_length(&buf, 0, filled).copy_to(block);
+                if buf.byte_length() as usize == WRITE_BYTES {
+                    *buffer = Some(buf);
+                }
+                Ok(more)
+            }
+            BodyReader::Chunks { reader, carry } => {
+                while carry.len() < WRITE_BYTES {
+                    let result = JsFuture::from(reader.read()).await?;
+                    if get(&result, "done").as_bool().unwrap_or(true) {
+                        std::mem::swap(block, carry);
+                        return Ok(false);
+                    }
+                    let bytes: Uint8Array = get(&result, "value").unchecked_into();
+                    let from = carry.len();
+                    carry.resize(from + bytes.length() as usize, 0);
+                    bytes.copy_to(&mut carry[from..]);
+                }
+                block.extend(carry.drain(..WRITE_BYTES));
+                Ok(true)
+            }
+        }
+    }
+
+    fn cancel(&self) {
+        let _ = match self {
+            BodyReader::Byob { reader, .. } => reader.cancel(),
+            BodyReader::Chunks { reader, .. } => reader.cancel(),
+        };
     }
 }
 
@@ -378,39 +443,18 @@ async fn move_into_place(
 
 /// Posts progress to the offscreen document, at most every [`REPORT_EVERY_MS`].
 struct Reporter {
-    source: PackSource,
     state: DownloadState,
     rate: RateMeter,
     last_ms: f64,
 }
 
 impl Reporter {
-    fn new(source: PackSource) -> Self {
-        Reporter {
-            source,
-            state: DownloadState::Checking,
-            rate: RateMeter::new(),
-            last_ms: f64::NEG_INFINITY,
-        }
+    fn new() -> Self {
+        Reporter { state: DownloadState::Checking, rate: RateMeter::new(), last_ms: f64::NEG_INFINITY }
     }
 
     fn post(progress: &DownloadProgress) {
         post(&Obj::new().set("kind", "packProgress").set("progress", to_js(progress)).build(), None);
-    }
-
-    /// Reports that the revision, listing, storage and device are being checked.
-    fn checking(&mut self) {
-        Self::post(&DownloadProgress {
-            state: DownloadState::Checking,
-            source: self.source.clone(),
-            commit: None,
-            total_bytes: 0,
-            done_bytes: 0,
-            files: Vec::new(),
-            bytes_per_second: 0.0,
-            seconds_left: None,
-            error: None,
-        });
     }
 
     /// Reports now.

@@ -82,7 +82,7 @@ fn storage() -> Option<web_sys::Storage> {
 fn show_job(job: String) {
     set_visible("error", false);
     set_visible("image", false);
-    set_visible("download", false);
+    set_visible("save-png", false);
     set_text("meta", "");
     VIEW.with_borrow_mut(|view| *view = Some(JobView { job }));
 }

@@ -159,8 +159,14 @@ async fn install(mut request: InstallRequest) -> Reply {
             };
         }
     }
+    // Resuming the same download keeps showing what is already done until the worker reports.
+    let progress = load_local::<Download>(DOWNLOAD_KEY)
+        .await
+        .filter(|d| d.request.source == request.source)
+        .and_then(|d| d.progress)
+        .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, ..p });
     let download =
-        Download { request: request.clone(), state: DownloadState::Checking, progress: None, error: None };
+        Download { request: request.clone(), state: DownloadState::Checking, progress, error: None };
     save_local(DOWNLOAD_KEY, &download).await;
     let info = Obj::new().set("periodInMinutes", 0.5).build();
     if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {

@@ -35,7 +35,7 @@ pub fn describe(progress: &Progress) -> String {
     }
 }
 
-/// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#download`.
+/// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#save-png`.
 pub struct JobView {
     pub job: String,
 }
@@ -102,10 +102,10 @@ impl JobView {
         image.set_src(&url);
         image.set_alt(&result.prompt);
         set_visible("image", true);
-        let download: web_sys::HtmlAnchorElement = element("download");
+        let download: web_sys::HtmlAnchorElement = element("save-png");
         download.set_href(&url);
         download.set_download(&format!("imagine-{}.png", result.seed));
-        set_visible("download", true);
+        set_visible("save-png", true);
         set_text("progress", "Done.");
         let mut meta = format!(
             "{}\u{00d7}{}, {} steps, {}, seed {}",
