@@ -46,6 +46,11 @@ struct Install {
     worker: Worker,
     inbox: mpsc::UnboundedSender<JsValue>,
     last: Option<DownloadProgress>,
+    /// The worker ended and its outcome is being broadcast. The install stays registered until the
+    /// service worker has recorded the outcome, so it never restarts an install that just failed.
+    ended: bool,
+    /// An install asked for while the previous one was ending; it starts right after.
+    next: Option<InstallRequest>,
 }
 
 #[derive(Default)]
@@ -280,7 +285,15 @@ fn spawn_worker() -> Result<Spawned, String> {
 
 /// Starts the download worker, unless one is running: a second request joins the first.
 fn start_install(request: InstallRequest) -> Result<(), String> {
-    if STATE.with_borrow(|state| state.install.is_some()) {
+    let busy = STATE.with_borrow_mut(|state| match &mut state.install {
+        Some(install) if install.ended => {
+            install.next = Some(request.clone());
+            true
+        }
+        Some(_) => true,
+        None => false,
+    });
+    if busy {
         return Ok(());
     }
     let (worker, inbox, sender) = spawn_worker()?;
@@ -289,7 +302,8 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
             &Obj::new().set("task", "installPack").set("params", crate::js::to_js(&request)).build(),
         )
         .map_err(|e| crate::js::error_text(&e))?;
-    STATE.with_borrow_mut(|state| state.install = Some(Install { worker, inbox: sender, last: None }));
+    let install = Install { worker, inbox: sender, last: None, ended: false, next: None };
+    STATE.with_borrow_mut(|state| state.install = Some(install));
     spawn_local(relay_install(inbox));
     Ok(())
 }
@@ -346,8 +360,17 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
             }
         }
     };
-    if let Some(install) = STATE.with_borrow_mut(|state| state.install.take()) {
-        install.worker.terminate();
-    }
+    STATE.with_borrow_mut(|state| {
+        if let Some(install) = &mut state.install {
+            install.worker.terminate();
+            install.ended = true;
+        }
+    });
     broadcast(&event).await;
+    let next = STATE.with_borrow_mut(|state| state.install.take().and_then(|install| install.next));
+    if let Some(request) = next {
+        if let Err(error) = start_install(request) {
+            broadcast(&Event::PackFailed { error }).await;
+        }
+    }
 }
