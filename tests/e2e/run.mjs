@@ -130,13 +130,15 @@ try {
     if (o.schedule !== undefined) req.schedule = o.schedule;
     if (o.backend !== undefined) req.backend = o.backend;
     console.log(`run: generating ${JSON.stringify(req)}`);
+    let shown = '';
     const printer = setInterval(async () => {
       const evs = await h.events(b.page).catch(() => []);
       const p = evs.filter((e) => e.type === 'progress').at(-1);
-      if (p) process.stdout.write(`\rrun:   ${p.progress.stage} ${p.progress.step}/${p.progress.steps}   `);
-    }, 500);
+      const line = p ? `${p.progress.stage} ${p.progress.step}/${p.progress.steps}` : '';
+      if (line && line !== shown) console.log(`run:   ${line}`);
+      shown = line || shown;
+    }, 250);
     const r = await h.generate(b.page, req, 24 * 3600_000).finally(() => clearInterval(printer));
-    process.stdout.write('\n');
     if (!r.result) {
       console.error(`run: generation failed: ${JSON.stringify(r.failed ?? r.reply, h.shorten)}`);
       exitCode = 1;
