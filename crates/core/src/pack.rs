@@ -129,6 +129,12 @@ const TENSOR_DATA_LOCATION: u64 = 14;
 const ENTRY_KEY: u64 = 1;
 const ENTRY_VALUE: u64 = 2;
 const DATA_LOCATION_EXTERNAL: u64 = 1;
+const GRAPH_INPUT: u64 = 11;
+const GRAPH_OUTPUT: u64 = 12;
+const VALUE_INFO_TYPE: u64 = 2;
+const TYPE_TENSOR: u64 = 1;
+const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
+const ELEM_TYPE_FLOAT16: u64 = 10;
 
 /// The external-data file names (`location`) that the initializers of an ONNX model record, unique,
 /// in first-seen order, exactly as written in the graph (the name ONNX Runtime Web matches against
@@ -148,13 +154,6 @@ pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<String>, PackErr
     }
     Ok(locations)
 }
-
-const GRAPH_INPUT: u64 = 11;
-const GRAPH_OUTPUT: u64 = 12;
-const VALUE_INFO_TYPE: u64 = 2;
-const TYPE_TENSOR: u64 = 1;
-const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
-const ELEM_TYPE_FLOAT16: u64 = 10;
 
 /// Whether any declared input or output of the model's graph is float16. Read from the graph itself,
 /// before a session exists, because loading a float16 graph on a WebGPU device without `shader-f16`
@@ -186,22 +185,14 @@ pub fn largest_external_tensor(onnx_bytes: &[u8]) -> Result<u64, PackError> {
     for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
         for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
             for entry in Fields::new(tensor?).filter_field(TENSOR_EXTERNAL_DATA) {
-                let (mut key, mut value) = (None, None);
-                for field in Fields::new(entry?) {
-                    match field? {
-                        (ENTRY_KEY, Value::Bytes(b)) => key = Some(b),
-                        (ENTRY_VALUE, Value::Bytes(b)) => value = Some(b),
-                        _ => {}
-                    }
-                }
-                if key == Some(b"length".as_slice()) {
-                    let length = std::str::from_utf8(value.unwrap_or_default())
-                        .ok()
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .ok_or(PackError::Protobuf {
+                let (key, value) = string_entry(entry?)?;
+                if key == b"length" {
+                    let length = std::str::from_utf8(value).ok().and_then(|v| v.parse::<u64>().ok()).ok_or(
+                        PackError::Protobuf {
                             what: "an external-data length that is not a number",
                             offset: 0,
-                        })?;
+                        },
+                    )?;
                     largest = largest.max(length);
                 }
             }
@@ -217,17 +208,9 @@ fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
         match field? {
             (TENSOR_DATA_LOCATION, Value::Varint(v)) => external = v == DATA_LOCATION_EXTERNAL,
             (TENSOR_EXTERNAL_DATA, Value::Bytes(entry)) => {
-                let (mut key, mut value) = (None, None);
-                for f in Fields::new(entry) {
-                    match f? {
-                        (ENTRY_KEY, Value::Bytes(b)) => key = Some(b),
-                        (ENTRY_VALUE, Value::Bytes(b)) => value = Some(b),
-                        _ => {}
-                    }
-                }
-                if key == Some(b"location".as_slice()) {
-                    let v = value.unwrap_or_default();
-                    let s = std::str::from_utf8(v).map_err(|_| PackError::Protobuf {
+                let (key, value) = string_entry(entry)?;
+                if key == b"location" {
+                    let s = std::str::from_utf8(value).map_err(|_| PackError::Protobuf {
                         what: "a location that is not UTF-8",
                         offset: 0,
                     })?;
@@ -238,6 +221,19 @@ fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
         }
     }
     Ok(location.filter(|_| external))
+}
+
+/// The key and value of a StringStringEntryProto (an external-data entry); absent ones are empty.
+fn string_entry(entry: &[u8]) -> Result<(&[u8], &[u8]), PackError> {
+    let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
+    for field in Fields::new(entry) {
+        match field? {
+            (ENTRY_KEY, Value::Bytes(b)) => key = b,
+            (ENTRY_VALUE, Value::Bytes(b)) => value = b,
+            _ => {}
+        }
+    }
+    Ok((key, value))
 }
 
 /// A field's payload in the protobuf wire format.

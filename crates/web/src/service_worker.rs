@@ -7,13 +7,13 @@
 //! not (the offscreen document was closed, the browser restarted) is resumed on the next request, on
 //! browser start-up, or by a 30-second alarm while a download is active.
 
+use std::rc::Rc;
+
+use futures_util::lock::Mutex;
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
     PackStatus, Reply, Request,
 };
-use std::rc::Rc;
-
-use futures_util::lock::Mutex;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
