@@ -98,6 +98,8 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
             download.file(index).await?;
         }
     }
+    // Closes the record files, which `move_into_place` removes with the staging directory.
+    download.store.slots = None;
     let installed = move_into_place(&download.dir, &download.record).await?;
     Ok((to_js(&installed), None))
 }
@@ -361,6 +363,7 @@ impl BodyReader {
 struct RecordStore {
     record: Option<DownloadRecord>,
     sequence: u64,
+    slots: Option<[SyncFile; 2]>,
 }
 
 impl RecordStore {
@@ -380,7 +383,7 @@ impl RecordStore {
             }
         }
         let sequence = best.as_ref().map_or(0, |b| b.sequence);
-        RecordStore { record: best.map(|b| b.record), sequence }
+        RecordStore { record: best.map(|b| b.record), sequence, slots: None }
     }
 
     /// The graphs and manifests an earlier attempt already verified.
@@ -402,10 +405,16 @@ impl RecordStore {
         self.sequence += 1;
         let stored = serde_json::json!({ "sequence": self.sequence, "record": record });
         let bytes = serde_json::to_vec(&stored).map_err(|e| e.to_string())?;
-        let slot = RECORD_SLOTS[(self.sequence % 2) as usize];
-        let file = SyncFile::create(dir, slot).await?;
+        if self.slots.is_none() {
+            // Kept open for the whole download: a save is then three synchronous calls.
+            let [a, b] = RECORD_SLOTS;
+            self.slots = Some([SyncFile::open(dir, a).await?, SyncFile::open(dir, b).await?]);
+        }
+        let slots = self.slots.as_ref().expect("opened above");
+        let file = &slots[(self.sequence % 2) as usize];
+        file.truncate(0).map_err(quota_message)?;
         file.write_at(&bytes, 0).map_err(quota_message)?;
-        file.close().map_err(String::from)
+        file.flush().map_err(quota_message)
     }
 }
 
