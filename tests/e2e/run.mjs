@@ -1,13 +1,15 @@
 // `cargo xtask run`: launch Chromium with the built extension (dist/), install the pack from a Hub
 // (or the demo pack from a local fake Hub), optionally generate one image and write it.
 //
-//   node tests/e2e/run.mjs [--hub ENDPOINT] [--repo OWNER/NAME] [--revision REV] [--demo]
+//   node tests/e2e/run.mjs [--pack URL | --hub ENDPOINT [--repo OWNER/NAME] [--revision REV] | --demo]
 //        [--prompt P --out F.png]
 //        [--width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm]
 //        [--profile DIR] [--fresh]
 //
 // The install goes through the extension's Hub path (resolve the revision to a commit, list, verify,
-// resume): defaults https://huggingface.co, cgb/flux2-klein-4b-onnx-webgpu, main. `--demo` starts the
+// resume): defaults https://huggingface.co, cgb/flux2-klein-4b-onnx-webgpu, main. `--pack URL` names
+// the same three from a repo's address (`https://huggingface.co/OWNER/NAME`, optionally followed by
+// `/tree/REV` or `/resolve/REV/`). `--demo` starts the
 // fake Hub (tests/e2e/fake-hub.mjs) serving tests/fixtures/packs/f32 as `fixtures/f32` on loopback.
 // Headed when $DISPLAY is set, otherwise headless (SwiftShader WebGPU). The browser profile lives in
 // target/imagine-profile (so a downloaded pack, or a half-downloaded one, survives runs) unless
@@ -23,6 +25,7 @@ const DEFAULTS = { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b
 
 const { values: o } = parseArgs({
   options: {
+    pack: { type: 'string' },
     hub: { type: 'string' },
     repo: { type: 'string' },
     revision: { type: 'string' },
@@ -40,7 +43,24 @@ const { values: o } = parseArgs({
     fresh: { type: 'boolean', default: false },
   },
 });
-if (o.demo && (o.hub || o.repo || o.revision)) fail('--demo serves its own Hub: it excludes --hub, --repo and --revision');
+if (o.demo && (o.pack || o.hub || o.repo || o.revision)) fail('--demo serves its own Hub: it excludes --pack, --hub, --repo and --revision');
+if (o.pack && (o.hub || o.repo || o.revision)) fail('--pack names the Hub, repo and revision: it excludes --hub, --repo and --revision');
+if (o.pack) Object.assign(o, parsePackUrl(o.pack));
+
+/** `https://HOST/OWNER/NAME[/tree/REV | /resolve/REV[/...]]` -> { hub, repo, revision }. */
+function parsePackUrl(text) {
+  let url;
+  try {
+    url = new URL(text);
+  } catch {
+    fail(`--pack ${text}: not a URL; expected https://huggingface.co/OWNER/NAME[/tree/REVISION]`);
+  }
+  const parts = url.pathname.split('/').filter(Boolean);
+  if (parts.length < 2 || (parts.length > 2 && !['tree', 'resolve'].includes(parts[2])) || parts.length === 3) {
+    fail(`--pack ${text}: expected https://HOST/OWNER/NAME, optionally followed by /tree/REVISION or /resolve/REVISION/`);
+  }
+  return { hub: url.origin, repo: `${parts[0]}/${parts[1]}`, revision: parts[3] ?? DEFAULTS.revision };
+}
 if (o.prompt !== undefined && !o.out) fail('--prompt needs --out F.png');
 if (o.out && o.prompt === undefined) fail('--out needs --prompt');
 

@@ -19,6 +19,7 @@ commands:
   test [--no-fmt]        everything CI runs: fmt, native tests, fixture check, build, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
   run [options]          build, then launch Chromium with the extension loaded
+        --pack URL       the pack's repo address, e.g. https://huggingface.co/OWNER/NAME[/tree/REV]
         --hub ENDPOINT   install from this Hub (or mirror) (default: https://huggingface.co)
         --repo OWNER/NAME   the pack's repo (default: cgb/flux2-klein-4b-onnx-webgpu)
         --revision REV   branch, tag or commit (default: main; resolved to a commit first)
