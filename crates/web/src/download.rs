@@ -49,11 +49,11 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
     let mut report = Reporter::new();
 
     let mut store = RecordStore::load().await;
-    let kept = store.kept_small_files().await;
-    let (plan, graphs) = hub_client::plan(&source, &kept).await.map_err(String::from)?;
-    let kept = store.record.take().filter(|record| record.matches(&plan));
-    let fresh = kept.as_ref().is_none_or(|record| record.done_bytes() == 0);
-    let mut record = kept.unwrap_or_else(|| DownloadRecord::new(&plan));
+    let verified_small_files = store.kept_small_files().await;
+    let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await.map_err(String::from)?;
+    let resumable = store.record.take().filter(|record| record.matches(&plan));
+    let fresh = resumable.as_ref().is_none_or(|record| record.done_bytes() == 0);
+    let mut record = resumable.unwrap_or_else(|| DownloadRecord::new(&plan));
     report.record(&record);
 
     // Everything is checked before the first byte is written.
@@ -403,7 +403,7 @@ impl RecordStore {
 
     async fn save(&mut self, dir: &FileSystemDirectoryHandle, record: &DownloadRecord) -> Result<(), String> {
         self.sequence += 1;
-        let stored = serde_json::json!({ "sequence": self.sequence, "record": record });
+        let stored = StoredRecord { sequence: self.sequence, record: record.clone() };
         let bytes = serde_json::to_vec(&stored).map_err(|e| e.to_string())?;
         if self.slots.is_none() {
             // Kept open for the whole download: a save is then three synchronous calls.

@@ -46,9 +46,12 @@ pub async fn fetch(url: &str, from: Option<u64>) -> Result<Response, FetchError>
         .call2(&global, &url.into(), &init)
         .map_err(|e| FetchError::Fatal(error_text(&e)))?
         .unchecked_into();
-    let response = JsFuture::from(promise)
-        .await
-        .map_err(|e| FetchError::Transient(format!("downloading {url} failed: {}", error_text(&e))))?;
+    let response = JsFuture::from(promise).await.map_err(|e| {
+        FetchError::Transient(format!(
+            "could not reach {url} ({}): offline, or the server is down?",
+            error_text(&e)
+        ))
+    })?;
     Ok(response.unchecked_into())
 }
 
