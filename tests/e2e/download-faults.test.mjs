@@ -103,7 +103,7 @@ test('corrupted twice: stops with an error naming the file', { timeout: 180_000 
   const error = await h.waitForInstallFailure(b.page, 120_000);
   assert.ok(error.includes(SHARD), `error does not name ${SHARD}: ${error}`);
   assert.match(error, /sha-?256|hash|checksum|verif|corrupt|mismatch/i);
-  assert.ok(h.servedBytes(b.hub, SHARD) <= 2 * SIZE, 'fetched more than twice');
+  assert.ok(h.servedBytes(b.hub, SHARD) <= 2 * SIZE, `fetched more than twice: ${JSON.stringify(b.hub.stats(SHARD))}`);
   const st = await h.packStatus(b.page);
   assert.equal(st.installed, false);
   assert.equal(st.download?.state, 'failed');

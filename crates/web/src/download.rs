@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
-use imagine_core::hub::{self, DownloadRecord, RateMeter, ResumableSha256};
+use imagine_core::hub::{self, DownloadRecord, RateMeter};
 use js_sys::{ArrayBuffer, Reflect, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -22,6 +22,7 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::{FileSystemDirectoryHandle, ReadableStreamByobReader, ReadableStreamDefaultReader};
 
 use crate::gpu;
+use crate::hasher::HashWorker;
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
 use crate::js::{error_text, from_js, get, now_ms, random_u64, sleep_ms, to_js, Obj};
 use crate::opfs::{self, PackRecord, SyncError, SyncFile, PACK_DIR, PACK_RECORD, STAGING_DIR};
@@ -29,7 +30,8 @@ use crate::stage_worker::post;
 
 /// Bytes between two saves of the download record: the most an interruption can cost.
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
-/// Bytes hashed and written at once (a multiple of the SHA-256 block, so checkpoints are block-aligned).
+/// Bytes read, written and hashed at once (a multiple of the SHA-256 block, so checkpoints fall on
+/// block boundaries).
 const WRITE_BYTES: usize = 1 << 20;
 /// The two slots of the download record.
 const RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
@@ -90,7 +92,8 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
         }
     }
     report.state = DownloadState::Downloading;
-    let mut download = Download { dir, source, record, store, report };
+    let hasher = HashWorker::spawn(WRITE_BYTES as u32)?;
+    let mut download = Download { dir, source, record, store, report, hasher };
     download.save().await?;
     download.report.record(&download.record);
     for index in 0..download.record.files.len() {
@@ -122,6 +125,7 @@ struct Download {
     record: DownloadRecord,
     store: RecordStore,
     report: Reporter,
+    hasher: HashWorker,
 }
 
 enum StreamError {
@@ -152,11 +156,12 @@ impl Download {
         loop {
             let file = SyncFile::open(&self.dir, &planned.path).await?;
             // Bytes past the last checkpoint are never trusted: the file is cut back to it.
-            let mut hasher = self.record.files[index].resume();
-            let start = hasher.offset();
+            let checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
+            let start = checkpoint.as_ref().map_or(0, |c| c.offset);
+            self.hasher.reset(checkpoint.as_ref()).await?;
             self.record.files[index].done = start;
             file.truncate(start).map_err(String::from)?;
-            match self.stream(&file, &url, &mut hasher, index).await {
+            match self.stream(&file, &url, start, index).await {
                 Ok(()) => {}
                 Err(StreamError::Fatal(message)) => return Err(message),
                 Err(StreamError::Transient(message)) => {
@@ -172,7 +177,7 @@ impl Download {
                     continue;
                 }
             }
-            let digest = hasher.finalize();
+            let digest = self.hasher.finish().await?;
             let entry = &mut self.record.files[index];
             if let Err(mismatch) = hub::verify_sha256(&planned, &digest) {
                 // A corrupt file is downloaded again once, from the start.
@@ -197,17 +202,16 @@ impl Download {
         }
     }
 
-    /// One request: appends the response to `file` from the hasher's offset, saving the record every
-    /// checkpoint. A 200 where a range was asked for restarts the file.
+    /// One request: appends the response to `file` from `start`, saving the record every checkpoint.
+    /// A 200 where a range was asked for restarts the file.
     async fn stream(
         &mut self,
         file: &SyncFile,
         url: &str,
-        hasher: &mut ResumableSha256,
+        start: u64,
         index: usize,
     ) -> Result<(), StreamError> {
         let (path, size) = (self.record.files[index].file.path.clone(), self.record.files[index].file.size);
-        let start = hasher.offset();
         if start == size {
             // Every byte was saved before an interruption; only the verification is left.
             return Ok(());
@@ -224,7 +228,7 @@ impl Download {
             }
             if response.status() != 206 {
                 offset = 0;
-                *hasher = ResumableSha256::new();
+                self.hasher.reset(None).await.map_err(StreamError::Fatal)?;
                 file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
                 self.record.files[index].done = 0;
                 self.record.files[index].hash = None;
@@ -232,11 +236,11 @@ impl Download {
         }
         let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
         let mut reader = BodyReader::new(body);
-        let mut block: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
         let mut saved_at = offset;
         let result = loop {
-            let more = match reader.next_block(&mut block).await {
-                Ok(more) => more,
+            let buffer = self.hasher.buffer().await.map_err(StreamError::Fatal)?;
+            let (buffer, length, more) = match reader.fill(buffer).await {
+                Ok(block) => block,
                 Err(e) => {
                     break Err(StreamError::Transient(format!(
                         "downloading {path} was interrupted: {}",
@@ -244,27 +248,34 @@ impl Download {
                     )))
                 }
             };
-            if !block.is_empty() {
-                if offset + block.len() as u64 > size {
+            if length > 0 {
+                if offset + u64::from(length) > size {
                     break Err(StreamError::Transient(format!(
                         "{url} sent more than the {size} bytes the Hub lists"
                     )));
                 }
-                if let Err(e) = file.write_at(&block, offset) {
+                let block = Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length);
+                if let Err(e) = file.write_js_at(&block, offset) {
                     break Err(StreamError::Fatal(quota_message(e)));
                 }
-                hasher.update(&block);
-                offset += block.len() as u64;
+                self.hasher.hash(buffer, length).map_err(StreamError::Fatal)?;
+                offset += u64::from(length);
                 self.record.files[index].done = offset;
+            } else {
+                self.hasher.give_back(buffer);
             }
             if offset - saved_at >= CHECKPOINT_BYTES {
                 if let Err(e) = file.flush() {
                     break Err(StreamError::Fatal(quota_message(e)));
                 }
-                self.record.files[index].save(hasher);
+                let checkpoint = self.hasher.checkpoint().await.map_err(StreamError::Fatal)?;
+                let entry = &mut self.record.files[index];
+                entry.done = checkpoint.offset;
+                entry.hash = Some(checkpoint);
                 if let Err(e) = self.save().await {
                     break Err(StreamError::Fatal(e));
                 }
+                self.record.files[index].done = offset;
                 saved_at = offset;
             }
             self.report.maybe(&self.record);
@@ -283,77 +294,70 @@ impl Download {
     }
 }
 
-/// Reads a response body in blocks of [`WRITE_BYTES`]. Where the body is a byte stream (Chromium's fetch
-/// bodies are) it reads into one reused buffer ("bring your own buffer"), so a multi-GB download
-/// allocates nothing per chunk and leaves the garbage collector nothing to catch up with.
+/// Reads a response body into the buffers it is given, a block at a time. Where the body is a byte
+/// stream (Chromium's fetch bodies are) the bytes land in the buffer itself ("bring your own buffer"),
+/// so a multi-GB download allocates nothing per chunk and copies nothing in this worker.
 enum BodyReader {
-    Byob { reader: ReadableStreamByobReader, buffer: Option<ArrayBuffer> },
-    Chunks { reader: ReadableStreamDefaultReader, carry: Vec<u8> },
+    Byob(ReadableStreamByobReader),
+    Chunks { reader: ReadableStreamDefaultReader, carry: Option<Uint8Array> },
 }
 
 impl BodyReader {
     fn new(body: web_sys::ReadableStream) -> Self {
         match ReadableStreamByobReader::new(&body) {
-            Ok(reader) => BodyReader::Byob { reader, buffer: None },
-            Err(_) => BodyReader::Chunks { reader: body.get_reader().unchecked_into(), carry: Vec::new() },
+            Ok(reader) => BodyReader::Byob(reader),
+            Err(_) => BodyReader::Chunks { reader: body.get_reader().unchecked_into(), carry: None },
         }
     }
 
-    /// Replaces `block` with the next bytes: a full block, or less at the end. False once the body ended.
-    async fn next_block(&mut self, block: &mut Vec<u8>) -> Result<bool, JsValue> {
-        block.clear();
+    /// Fills `buffer` with the next bytes: `(buffer, bytes in it, whether more follow)`. The buffer
+    /// comes back as a new object (reading transfers it), full unless the body ended.
+    async fn fill(&mut self, mut buffer: ArrayBuffer) -> Result<(ArrayBuffer, u32, bool), JsValue> {
+        let capacity = buffer.byte_length();
+        let mut filled = 0u32;
         match self {
-            BodyReader::Byob { reader, buffer } => {
-                let mut buf = buffer.take().unwrap_or_else(|| ArrayBuffer::new(WRITE_BYTES as u32));
-                let mut filled = 0u32;
-                let more = loop {
-                    let view = Uint8Array::new_with_byte_offset_and_length(
-                        &buf,
-                        filled,
-                        WRITE_BYTES as u32 - filled,
-                    );
-                    let result = JsFuture::from(reader.read_with_array_buffer_view(&view)).await?;
-                    let value = get(&result, "value");
-                    if let Some(value) = value.dyn_ref::<Uint8Array>() {
-                        // The buffer was transferred to the stream and comes back with the data.
-                        buf = value.buffer();
-                        filled += value.length();
-                    }
-                    if get(&result, "done").as_bool().unwrap_or(true) {
-                        break false;
-                    }
-                    if filled as usize == WRITE_BYTES {
-                        break true;
-                    }
-                };
-                block.resize(filled as usize, 0);
-                Uint8Array::new_with_byte_offset_and_length(&buf, 0, filled).copy_to(block);
-                if buf.byte_length() as usize == WRITE_BYTES {
-                    *buffer = Some(buf);
+            BodyReader::Byob(reader) => loop {
+                let view = Uint8Array::new_with_byte_offset_and_length(&buffer, filled, capacity - filled);
+                let result = JsFuture::from(reader.read_with_array_buffer_view(&view)).await?;
+                if let Some(value) = get(&result, "value").dyn_ref::<Uint8Array>() {
+                    buffer = value.buffer();
+                    filled += value.length();
                 }
-                Ok(more)
-            }
+                if get(&result, "done").as_bool().unwrap_or(true) {
+                    return Ok((buffer, filled, false));
+                }
+                if filled == capacity {
+                    return Ok((buffer, filled, true));
+                }
+            },
             BodyReader::Chunks { reader, carry } => {
-                while carry.len() < WRITE_BYTES {
-                    let result = JsFuture::from(reader.read()).await?;
-                    if get(&result, "done").as_bool().unwrap_or(true) {
-                        std::mem::swap(block, carry);
-                        return Ok(false);
+                let target = Uint8Array::new(&buffer);
+                while filled < capacity {
+                    let chunk = match carry.take() {
+                        Some(chunk) => chunk,
+                        None => {
+                            let result = JsFuture::from(reader.read()).await?;
+                            if get(&result, "done").as_bool().unwrap_or(true) {
+                                return Ok((buffer, filled, false));
+                            }
+                            get(&result, "value").unchecked_into()
+                        }
+                    };
+                    let take = chunk.length().min(capacity - filled);
+                    target.set(&chunk.subarray(0, take), filled);
+                    filled += take;
+                    if take < chunk.length() {
+                        *carry = Some(chunk.subarray(take, chunk.length()));
                     }
-                    let bytes: Uint8Array = get(&result, "value").unchecked_into();
-                    let from = carry.len();
-                    carry.resize(from + bytes.length() as usize, 0);
-                    bytes.copy_to(&mut carry[from..]);
                 }
-                block.extend(carry.drain(..WRITE_BYTES));
-                Ok(true)
+                Ok((buffer, filled, true))
             }
         }
     }
 
     fn cancel(&self) {
         let _ = match self {
-            BodyReader::Byob { reader, .. } => reader.cancel(),
+            BodyReader::Byob(reader) => reader.cancel(),
             BodyReader::Chunks { reader, .. } => reader.cancel(),
         };
     }

@@ -8,6 +8,7 @@
 //! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMain` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenMain` |
 //! | stage and download workers | `stage-worker.js` | [`stage_worker`], [`download`] | `stageWorkerMain` |
+//! | hash worker (of the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain` |
 //!
@@ -16,6 +17,7 @@
 pub mod chrome;
 pub mod download;
 pub mod gpu;
+pub mod hasher;
 pub mod hub_client;
 pub mod js;
 pub mod messaging;

@@ -90,7 +90,9 @@ pub fn offscreen_command(message: JsValue) -> js_sys::Promise {
                         seconds_left: None,
                         ..progress
                     };
-                    broadcast(&Event::PackProgress(progress)).await;
+                    // Not awaited: the service worker answers events only after the request that
+                    // paused has its reply.
+                    spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
                 }
             }
             Ok(Command::CancelPack) => {

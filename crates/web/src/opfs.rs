@@ -174,6 +174,24 @@ impl SyncFile {
         Ok(())
     }
 
+    /// Writes all of a JS array at `offset` (no copy into wasm memory).
+    pub fn write_js_at(&self, bytes: &js_sys::Uint8Array, offset: u64) -> Result<(), SyncError> {
+        let options = FileSystemReadWriteOptions::new();
+        options.set_at(offset as f64);
+        let written = self
+            .handle
+            .write_with_js_u8_array_and_options(bytes, &options)
+            .map_err(|e| self.error("writing", &e))?;
+        if written as u32 != bytes.length() {
+            return Err(SyncError::QuotaExceeded(format!(
+                "writing {}: only {written} of {} bytes were written",
+                self.name,
+                bytes.length()
+            )));
+        }
+        Ok(())
+    }
+
     /// Makes what was written durable.
     pub fn flush(&self) -> Result<(), SyncError> {
         self.handle.flush().map_err(|e| self.error("flushing", &e))

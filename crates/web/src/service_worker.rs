@@ -8,8 +8,9 @@
 //! browser start-up, or by a 30-second alarm while a download is active.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
-use futures_util::lock::Mutex;
+use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
     PackStatus, Reply, Request,
@@ -159,6 +160,7 @@ async fn install(mut request: InstallRequest) -> Reply {
             };
         }
     }
+    let _guard = lock_download().await;
     // Resuming the same download keeps showing what is already done until the worker reports.
     let progress = load_local::<Download>(DOWNLOAD_KEY)
         .await
@@ -190,6 +192,7 @@ async fn plan(source: PackSource) -> Reply {
 }
 
 async fn pause() -> Reply {
+    let _guard = lock_download().await;
     let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await else {
         return Reply::Error { error: "there is no download to pause".into() };
     };
@@ -205,6 +208,7 @@ async fn pause() -> Reply {
 }
 
 async fn cancel_download() -> Reply {
+    let _guard = lock_download().await;
     remove_local(DOWNLOAD_KEY).await;
     clear_alarm().await;
     // The offscreen document stops the worker before removing the files it has open.
@@ -232,8 +236,11 @@ async fn clear_alarm() {
     }
 }
 
-/// Restarts an active download whose worker is gone; the worker resumes from what it saved.
+/// Restarts an active download whose worker is gone; the worker resumes from what it saved. Holds the
+/// download lock throughout: the offscreen document keeps an ending download registered until the
+/// service worker recorded how it ended, so what is read here cannot be stale.
 async fn resume_if_stalled() {
+    let _guard = lock_download().await;
     let Some(download) = load_local::<Download>(DOWNLOAD_KEY).await else {
         clear_alarm().await;
         return;
@@ -386,6 +393,7 @@ async fn record(event: Event) {
             .await
         }
         Event::PackInstalled { .. } => {
+            let _guard = lock_download().await;
             remove_local(DOWNLOAD_KEY).await;
             clear_alarm().await;
         }
@@ -401,16 +409,20 @@ async fn record(event: Event) {
 }
 
 thread_local! {
-    /// Serialises read-modify-write of the stored download: events arrive faster than storage answers.
-    static DOWNLOAD_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+    /// Serialises everything that reads and then writes the stored download, or acts on what it read:
+    /// requests, events and the watchdog interleave while storage answers.
+    static DOWNLOAD_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
     /// Serialises opening the offscreen document.
     static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
 }
 
+async fn lock_download() -> OwnedMutexGuard<()> {
+    DOWNLOAD_LOCK.with(Arc::clone).lock_owned().await
+}
+
 /// Changes the stored download, if there is one (events of a cancelled download change nothing).
 async fn update_download(change: impl FnOnce(&mut Download)) {
-    let lock = DOWNLOAD_LOCK.with(Rc::clone);
-    let _guard = lock.lock().await;
+    let _guard = lock_download().await;
     if let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await {
         // A paused download's worker may still report once; that does not resume it.
         if download.state != DownloadState::Paused {

@@ -1,0 +1,219 @@
+//! SHA-256 of a download in a worker of its own, so hashing overlaps the network and the disk.
+//!
+//! The download worker reads each block of a response into a buffer, writes it to OPFS, then transfers
+//! the buffer here; this worker hashes it and transfers it back for the next read. Messages keep their
+//! order, so a `checkpoint` answered here is the hash state exactly after the blocks sent before it.
+//!
+//! Protocol: in `{ op: "reset", checkpoint? }`, `{ op: "data", buffer, length }`, `{ op: "checkpoint" }`,
+//! `{ op: "finish" }`; out `{ op: "buffer", buffer }`, `{ op: "checkpoint", checkpoint }`,
+//! `{ op: "digest", digest }` (32 bytes), `{ op: "error", message }`.
+
+use std::cell::RefCell;
+
+use futures_channel::mpsc;
+use futures_util::StreamExt;
+use imagine_core::hub::{HashCheckpoint, ResumableSha256};
+use js_sys::{Array, ArrayBuffer, Uint8Array};
+use wasm_bindgen::prelude::*;
+use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, Worker, WorkerOptions, WorkerType};
+
+use crate::js::{error_text, from_js, get, get_f64, get_string, to_js, Obj};
+
+/// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
+const MAX_LENT: usize = 4;
+
+thread_local! {
+    static HASHER: RefCell<(ResumableSha256, Vec<u8>)> = RefCell::new((ResumableSha256::new(), Vec::new()));
+}
+
+/// Entry point of `hash-worker.js`.
+#[wasm_bindgen(js_name = hashWorkerMain)]
+pub fn hash_worker_main() {
+    let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
+    let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+        let message = event.data();
+        let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
+        let reply = HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, &message));
+        let sent = match reply {
+            Ok((reply, Some(buffer))) => scope.post_message_with_transfer(&reply, &Array::of1(&buffer)),
+            Ok((reply, None)) => scope.post_message(&reply),
+            Err(message) => {
+                scope.post_message(&Obj::new().set("op", "error").set("message", message).build())
+            }
+        };
+        if let Err(e) = sent {
+            web_sys::console::error_1(&e);
+        }
+    });
+    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    // The handler lives as long as the worker.
+    on_message.forget();
+}
+
+fn handle(
+    hasher: &mut ResumableSha256,
+    scratch: &mut Vec<u8>,
+    message: &JsValue,
+) -> Result<(JsValue, Option<ArrayBuffer>), String> {
+    match get_string(message, "op").as_deref() {
+        Some("reset") => {
+            let checkpoint = get(message, "checkpoint");
+            *hasher = if checkpoint.is_undefined() || checkpoint.is_null() {
+                ResumableSha256::new()
+            } else {
+                ResumableSha256::from_checkpoint(&from_js(&checkpoint)?).map_err(|e| e.to_string())?
+            };
+            Ok((Obj::new().set("op", "reset").build(), None))
+        }
+        Some("data") => {
+            let buffer: ArrayBuffer = get(message, "buffer").unchecked_into();
+            let length = get_f64(message, "length").unwrap_or(0.0) as u32;
+            scratch.resize(length as usize, 0);
+            Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length).copy_to(scratch);
+            hasher.update(scratch);
+            Ok((Obj::new().set("op", "buffer").set("buffer", buffer.clone()).build(), Some(buffer)))
+        }
+        Some("checkpoint") => {
+            let checkpoint = hasher.aligned_checkpoint();
+            Ok((Obj::new().set("op", "checkpoint").set("checkpoint", to_js(&checkpoint)).build(), None))
+        }
+        Some("finish") => {
+            let digest = Uint8Array::from(hasher.clone().finalize().as_slice());
+            Ok((Obj::new().set("op", "digest").set("digest", digest).build(), None))
+        }
+        other => Err(format!("hash worker: unknown op {other:?}")),
+    }
+}
+
+/// The download worker's handle on its hash worker, and the pool of buffers the two pass back and forth.
+pub struct HashWorker {
+    worker: Worker,
+    inbox: mpsc::UnboundedReceiver<JsValue>,
+    spare: Vec<ArrayBuffer>,
+    lent: usize,
+    block_bytes: u32,
+    _on_message: Closure<dyn FnMut(MessageEvent)>,
+    _on_error: Closure<dyn FnMut(web_sys::ErrorEvent)>,
+}
+
+impl HashWorker {
+    /// Starts a hash worker; buffers are `block_bytes` long.
+    pub fn spawn(block_bytes: u32) -> Result<HashWorker, String> {
+        let options = WorkerOptions::new();
+        options.set_type(WorkerType::Module);
+        let worker = Worker::new_with_options("hash-worker.js", &options).map_err(|e| error_text(&e))?;
+        let (sender, inbox) = mpsc::unbounded();
+        let on_message = {
+            let sender = sender.clone();
+            Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+                let _ = sender.unbounded_send(event.data());
+            })
+        };
+        let on_error = Closure::<dyn FnMut(web_sys::ErrorEvent)>::new(move |event: web_sys::ErrorEvent| {
+            let message = format!("the hash worker crashed: {}", event.message());
+            let _ = sender.unbounded_send(Obj::new().set("op", "error").set("message", message).build());
+        });
+        worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        Ok(HashWorker {
+            worker,
+            inbox,
+            spare: Vec::new(),
+            lent: 0,
+            block_bytes,
+            _on_message: on_message,
+            _on_error: on_error,
+        })
+    }
+
+    fn send(&self, message: &JsValue, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
+        match buffer {
+            Some(buffer) => self.worker.post_message_with_transfer(message, &Array::of1(buffer)),
+            None => self.worker.post_message(message),
+        }
+        .map_err(|e| error_text(&e))
+    }
+
+    /// Waits for the next reply that is not a returned buffer (returned buffers go back to the pool).
+    async fn reply(&mut self, op: &str) -> Result<JsValue, String> {
+        loop {
+            let message = self.inbox.next().await.ok_or("the hash worker stopped")?;
+            match get_string(&message, "op").as_deref() {
+                Some("buffer") => {
+                    self.spare.push(get(&message, "buffer").unchecked_into());
+                    self.lent -= 1;
+                }
+                Some(found) if found == op => return Ok(message),
+                _ => {
+                    return Err(
+                        get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into())
+                    )
+                }
+            }
+        }
+    }
+
+    /// Starts over from a checkpoint (or from the first byte).
+    pub async fn reset(&mut self, checkpoint: Option<&HashCheckpoint>) -> Result<(), String> {
+        let mut message = Obj::new().set("op", "reset");
+        if let Some(checkpoint) = checkpoint {
+            message = message.set("checkpoint", to_js(checkpoint));
+        }
+        self.send(&message.build(), None)?;
+        self.reply("reset").await.map(|_| ())
+    }
+
+    /// A buffer to read the next block into: a returned one, a new one while few are lent, or the
+    /// next one returned (which holds the download back while hashing catches up).
+    pub async fn buffer(&mut self) -> Result<ArrayBuffer, String> {
+        if let Some(buffer) = self.spare.pop() {
+            return Ok(buffer);
+        }
+        if self.lent < MAX_LENT {
+            return Ok(ArrayBuffer::new(self.block_bytes));
+        }
+        let message = self.inbox.next().await.ok_or("the hash worker stopped")?;
+        match get_string(&message, "op").as_deref() {
+            Some("buffer") => {
+                self.lent -= 1;
+                Ok(get(&message, "buffer").unchecked_into())
+            }
+            _ => Err(get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into())),
+        }
+    }
+
+    /// Keeps a buffer that carries no data for the next read.
+    pub fn give_back(&mut self, buffer: ArrayBuffer) {
+        if buffer.byte_length() == self.block_bytes {
+            self.spare.push(buffer);
+        }
+    }
+
+    /// Hashes the first `length` bytes of `buffer`, which is transferred (it comes back to the pool).
+    pub fn hash(&mut self, buffer: ArrayBuffer, length: u32) -> Result<(), String> {
+        let message =
+            Obj::new().set("op", "data").set("buffer", buffer.clone()).set("length", length).build();
+        self.send(&message, Some(&buffer))?;
+        self.lent += 1;
+        Ok(())
+    }
+
+    /// The hash state after every block sent so far.
+    pub async fn checkpoint(&mut self) -> Result<HashCheckpoint, String> {
+        self.send(&Obj::new().set("op", "checkpoint").build(), None)?;
+        from_js(&get(&self.reply("checkpoint").await?, "checkpoint"))
+    }
+
+    /// The SHA-256 of everything sent since the last reset.
+    pub async fn finish(&mut self) -> Result<[u8; 32], String> {
+        self.send(&Obj::new().set("op", "finish").build(), None)?;
+        let digest: Uint8Array = get(&self.reply("digest").await?, "digest").unchecked_into();
+        digest.to_vec().try_into().map_err(|_| "the hash worker sent a malformed digest".to_string())
+    }
+}
+
+impl Drop for HashWorker {
+    fn drop(&mut self) {
+        self.worker.terminate();
+    }
+}
