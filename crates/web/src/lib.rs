@@ -3,14 +3,14 @@
 //! Every browser context loads this same module through a thin JS shim in `extension/` and calls the
 //! entry point of its own Rust module:
 //!
-//! | context | shim | module | entry |
+//! | context | shim | module | entries |
 //! |---|---|---|---|
-//! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMain` |
-//! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenMain` |
+//! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerWake`, `serviceWorkerMenuClick` |
+//! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
 //! | stage and download workers | `stage-worker.js` | [`stage_worker`], [`download`] | `stageWorkerMain` |
 //! | hash worker (of the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
-//! | popup | `popup.js` | [`popup`] | `popupMain` |
-//! | result page | `result.js` | [`result_page`] | `resultPageMain` |
+//! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
+//! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
 //!
 //! The pipeline itself lives in `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 

@@ -155,26 +155,12 @@ impl SyncFile {
         self.handle.truncate_with_f64(length as f64).map_err(|e| self.error("truncating", &e))
     }
 
-    /// Writes all of `bytes` at `offset`.
+    /// Writes all of `bytes` (small: records, graphs, manifests) at `offset`.
     pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<(), SyncError> {
-        let options = FileSystemReadWriteOptions::new();
-        options.set_at(offset as f64);
-        let written = self
-            .handle
-            .write_with_u8_array_and_options(bytes, &options)
-            .map_err(|e| self.error("writing", &e))?;
-        if written as usize != bytes.len() {
-            // A short write is how running out of quota shows on some platforms.
-            return Err(SyncError::QuotaExceeded(format!(
-                "writing {}: only {written} of {} bytes were written",
-                self.name,
-                bytes.len()
-            )));
-        }
-        Ok(())
+        self.write_js_at(&js_sys::Uint8Array::from(bytes), offset)
     }
 
-    /// Writes all of a JS array at `offset` (no copy into wasm memory).
+    /// Writes all of a JS array at `offset` (the downloaded blocks: no copy into wasm memory).
     pub fn write_js_at(&self, bytes: &js_sys::Uint8Array, offset: u64) -> Result<(), SyncError> {
         let options = FileSystemReadWriteOptions::new();
         options.set_at(offset as f64);
@@ -183,6 +169,7 @@ impl SyncFile {
             .write_with_js_u8_array_and_options(bytes, &options)
             .map_err(|e| self.error("writing", &e))?;
         if written as u32 != bytes.length() {
+            // A short write is how running out of quota shows on some platforms.
             return Err(SyncError::QuotaExceeded(format!(
                 "writing {}: only {written} of {} bytes were written",
                 self.name,
