@@ -57,6 +57,8 @@ struct Install {
 struct State {
     queue: VecDeque<(String, JobSpec)>,
     running: Option<String>,
+    /// The running job was cancelled.
+    cancel_running: bool,
     current: Option<Current>,
     install: Option<Install>,
 }
@@ -112,6 +114,7 @@ async fn run_queue() {
         let next = STATE.with_borrow_mut(|state| {
             let next = state.queue.pop_front();
             state.running = next.as_ref().map(|(job, _)| job.clone());
+            state.cancel_running = false;
             next
         });
         let Some((job, spec)) = next else { return };
@@ -128,6 +131,10 @@ fn cancel(job: &str) {
     let queued = STATE.with_borrow_mut(|state| {
         let before = state.queue.len();
         state.queue.retain(|(queued, _)| queued != job);
+        if state.running.as_deref() == Some(job) {
+            // Between two stages there is no worker to stop: the next stage sees this and does not start.
+            state.cancel_running = true;
+        }
         if let Some(current) = state.current.take_if(|current| current.job == job) {
             current.worker.terminate();
             let _ = current.inbox.unbounded_send(Obj::new().set("kind", "cancelled").build());
@@ -208,6 +215,9 @@ async fn run_stage(
     params: &JsValue,
     data: Option<JsValue>,
 ) -> Result<(JsValue, Option<JsValue>), StageFailure> {
+    if STATE.with_borrow(|state| state.cancel_running) {
+        return Err(StageFailure::Cancelled);
+    }
     let (worker, mut inbox, sender) = spawn_worker()?;
     STATE.with_borrow_mut(|state| {
         state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
