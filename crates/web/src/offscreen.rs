@@ -76,7 +76,9 @@ pub fn offscreen_command(message: JsValue) -> js_sys::Promise {
             Ok(Command::RunJob { job, spec }) => {
                 let start_now = STATE.with_borrow_mut(|state| {
                     state.queue.push_back((job, spec));
-                    state.running.is_none()
+                    // The first job of an idle queue starts the loop; until the loop has popped it, a
+                    // job queued right after must not start a second one.
+                    state.running.is_none() && state.queue.len() == 1
                 });
                 if start_now {
                     spawn_local(run_queue());
