@@ -1,12 +1,12 @@
 //! Messages between contexts: the public API (`imagine_core::api`) and the internal commands the service
 //! worker sends to the offscreen document.
 
-use imagine_core::api::Event;
+use imagine_core::api::{Event, Reply, Request};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use crate::chrome;
-use crate::js::{error_text, to_js};
+use crate::js::{error_text, from_js, to_js};
 
 /// The `target` field of internal messages meant for the offscreen document only.
 pub const OFFSCREEN_TARGET: &str = "offscreen";
@@ -20,4 +20,12 @@ pub async fn send(message: &JsValue) -> Result<JsValue, String> {
 /// Broadcasts an event to the service worker and every open page. Nobody listening is not an error.
 pub async fn broadcast(event: &Event) {
     let _ = send(&to_js(event)).await;
+}
+
+/// Sends a request of the message API (from a page) and returns the service worker's reply.
+pub async fn request(request: &Request) -> Reply {
+    match send(&to_js(request)).await.and_then(|reply| from_js(&reply)) {
+        Ok(reply) => reply,
+        Err(error) => Reply::Error { error },
+    }
 }

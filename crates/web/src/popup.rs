@@ -12,8 +12,8 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::chrome;
-use crate::js::{from_js, to_js, Obj};
-use crate::messaging::send;
+use crate::js::{from_js, Obj};
+use crate::messaging::request;
 use crate::view::{element, set_text, set_visible, JobView};
 
 /// The job shown by the popup survives closing and reopening it.
@@ -21,14 +21,6 @@ const JOB_KEY: &str = "imagine.popup.job";
 
 thread_local! {
     static VIEW: RefCell<Option<JobView>> = const { RefCell::new(None) };
-}
-
-/// Sends a request of the message API and returns the reply.
-pub async fn request(request: &Request) -> Reply {
-    match send(&to_js(request)).await.and_then(|reply| from_js(&reply)) {
-        Ok(reply) => reply,
-        Err(error) => Reply::Error { error },
-    }
 }
 
 /// Entry point of `popup.js`.

@@ -7,7 +7,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 
 use crate::js::from_js;
-use crate::popup::request;
+use crate::messaging::request;
 use crate::view::{set_text, JobView};
 
 thread_local! {
