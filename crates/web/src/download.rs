@@ -44,8 +44,8 @@ struct StoredRecord {
     record: DownloadRecord,
 }
 
-/// Runs (or resumes) an install; replies with the pack record.
-pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
+/// Runs (or resumes) an install; replies with the pack record. `hash_port` links to the hash worker.
+pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
     let request: InstallRequest = from_js(params)?;
     let source = request.source.validate().map_err(|e| e.to_string())?;
     let mut report = Reporter::new();
@@ -92,7 +92,9 @@ pub async fn install(params: &JsValue) -> Result<(JsValue, Option<JsValue>), Str
         }
     }
     report.state = DownloadState::Downloading;
-    let hasher = HashWorker::spawn(WRITE_BYTES as u32)?;
+    let hash_port =
+        hash_port.dyn_ref::<web_sys::MessagePort>().ok_or("internal: no port to the hash worker")?;
+    let hasher = HashWorker::connect(hash_port.clone(), WRITE_BYTES as u32);
     let mut download = Download { dir, source, record, store, report, hasher };
     download.save().await?;
     download.report.record(&download.record);

@@ -1,5 +1,8 @@
 //! SHA-256 of a download in a worker of its own, so hashing overlaps the network and the disk.
 //!
+//! The offscreen document starts this worker beside the download worker and links the two with a
+//! `MessageChannel` (`{ op: "port", port }`); it terminates both when the download ends. (A worker
+//! nested in the download worker sometimes outlived the download worker's termination in Chromium.)
 //! The download worker reads each block of a response into a buffer, writes it to OPFS, then transfers
 //! the buffer here; this worker hashes it and transfers it back for the next read. Messages keep their
 //! order, so a `checkpoint` answered here is the hash state exactly after the blocks sent before it.
@@ -15,7 +18,7 @@ use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, ResumableSha256};
 use js_sys::{Array, ArrayBuffer, Uint8Array};
 use wasm_bindgen::prelude::*;
-use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, Worker, WorkerOptions, WorkerType};
+use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
 use crate::js::{error_text, from_js, get, get_f64, get_string, to_js, Obj};
 
@@ -26,28 +29,35 @@ thread_local! {
     static HASHER: RefCell<(ResumableSha256, Vec<u8>)> = RefCell::new((ResumableSha256::new(), Vec::new()));
 }
 
-/// Entry point of `hash-worker.js`.
+/// Entry point of `hash-worker.js`: waits for the port to the download worker, then serves it.
 #[wasm_bindgen(js_name = hashWorkerMain)]
 pub fn hash_worker_main() {
     let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
-    let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-        let message = event.data();
-        let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
-        let reply = HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, &message));
-        let sent = match reply {
-            Ok((reply, Some(buffer))) => scope.post_message_with_transfer(&reply, &Array::of1(&buffer)),
-            Ok((reply, None)) => scope.post_message(&reply),
-            Err(message) => {
-                scope.post_message(&Obj::new().set("op", "error").set("message", message).build())
+    let on_port = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+        let port: MessagePort = get(&event.data(), "port").unchecked_into();
+        let reply_port = port.clone();
+        let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+            let message = event.data();
+            let reply = HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, &message));
+            let sent = match reply {
+                Ok((reply, Some(buffer))) => {
+                    reply_port.post_message_with_transferable(&reply, &Array::of1(&buffer))
+                }
+                Ok((reply, None)) => reply_port.post_message(&reply),
+                Err(message) => {
+                    reply_port.post_message(&Obj::new().set("op", "error").set("message", message).build())
+                }
+            };
+            if let Err(e) = sent {
+                web_sys::console::error_1(&e);
             }
-        };
-        if let Err(e) = sent {
-            web_sys::console::error_1(&e);
-        }
+        });
+        port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        // The handler lives as long as the worker.
+        on_message.forget();
     });
-    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    // The handler lives as long as the worker.
-    on_message.forget();
+    scope.set_onmessage(Some(on_port.as_ref().unchecked_ref()));
+    on_port.forget();
 }
 
 fn handle(
@@ -85,51 +95,32 @@ fn handle(
     }
 }
 
-/// The download worker's handle on its hash worker, and the pool of buffers the two pass back and forth.
+/// The download worker's end of the link to its hash worker, and the pool of buffers the two pass back
+/// and forth.
 pub struct HashWorker {
-    worker: Worker,
+    port: MessagePort,
     inbox: mpsc::UnboundedReceiver<JsValue>,
     spare: Vec<ArrayBuffer>,
     lent: usize,
     block_bytes: u32,
     _on_message: Closure<dyn FnMut(MessageEvent)>,
-    _on_error: Closure<dyn FnMut(web_sys::ErrorEvent)>,
 }
 
 impl HashWorker {
-    /// Starts a hash worker; buffers are `block_bytes` long.
-    pub fn spawn(block_bytes: u32) -> Result<HashWorker, String> {
-        let options = WorkerOptions::new();
-        options.set_type(WorkerType::Module);
-        let worker = Worker::new_with_options("hash-worker.js", &options).map_err(|e| error_text(&e))?;
+    /// Talks to the hash worker through `port`; buffers are `block_bytes` long.
+    pub fn connect(port: MessagePort, block_bytes: u32) -> HashWorker {
         let (sender, inbox) = mpsc::unbounded();
-        let on_message = {
-            let sender = sender.clone();
-            Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-                let _ = sender.unbounded_send(event.data());
-            })
-        };
-        let on_error = Closure::<dyn FnMut(web_sys::ErrorEvent)>::new(move |event: web_sys::ErrorEvent| {
-            let message = format!("the hash worker crashed: {}", event.message());
-            let _ = sender.unbounded_send(Obj::new().set("op", "error").set("message", message).build());
+        let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+            let _ = sender.unbounded_send(event.data());
         });
-        worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-        Ok(HashWorker {
-            worker,
-            inbox,
-            spare: Vec::new(),
-            lent: 0,
-            block_bytes,
-            _on_message: on_message,
-            _on_error: on_error,
-        })
+        port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        HashWorker { port, inbox, spare: Vec::new(), lent: 0, block_bytes, _on_message: on_message }
     }
 
     fn send(&self, message: &JsValue, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
         match buffer {
-            Some(buffer) => self.worker.post_message_with_transfer(message, &Array::of1(buffer)),
-            None => self.worker.post_message(message),
+            Some(buffer) => self.port.post_message_with_transferable(message, &Array::of1(buffer)),
+            None => self.port.post_message(message),
         }
         .map_err(|e| error_text(&e))
     }
@@ -214,6 +205,6 @@ impl HashWorker {
 
 impl Drop for HashWorker {
     fn drop(&mut self) {
-        self.worker.terminate();
+        self.port.close();
     }
 }

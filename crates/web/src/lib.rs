@@ -8,7 +8,7 @@
 //! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerWake`, `serviceWorkerMenuClick` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
 //! | stage and download workers | `stage-worker.js` | [`stage_worker`], [`download`] | `stageWorkerMain` |
-//! | hash worker (of the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
+//! | hash worker (beside the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
 //!

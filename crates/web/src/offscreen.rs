@@ -16,7 +16,7 @@ use js_sys::{Array, Uint8Array};
 use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
-use web_sys::{MessageEvent, Worker, WorkerOptions, WorkerType};
+use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
 use crate::js::{from_js, get, get_f64, get_string, now_ms, Obj};
 use crate::messaging::broadcast;
@@ -41,9 +41,10 @@ struct Current {
     inbox: mpsc::UnboundedSender<JsValue>,
 }
 
-/// The worker of the running pack download.
+/// The workers of the running pack download: the download worker and its hash worker.
 struct Install {
     worker: Worker,
+    hasher: Worker,
     inbox: mpsc::UnboundedSender<JsValue>,
     last: Option<DownloadProgress>,
     /// The worker ended and its outcome is being broadcast. The install stays registered until the
@@ -51,6 +52,13 @@ struct Install {
     ended: bool,
     /// An install asked for while the previous one was ending; it starts right after.
     next: Option<InstallRequest>,
+}
+
+impl Install {
+    fn terminate(&self) {
+        self.worker.terminate();
+        self.hasher.terminate();
+    }
 }
 
 #[derive(Default)]
@@ -248,6 +256,7 @@ async fn relay(
 ) -> Result<(JsValue, Option<JsValue>), StageFailure> {
     while let Some(message) = inbox.next().await {
         match get_string(&message, "kind").as_deref() {
+            Some("ready") => {}
             Some("progress") => {
                 let step = get_f64(&message, "step").unwrap_or(0.0) as u32;
                 let steps = get_f64(&message, "steps").unwrap_or(0.0) as u32;
@@ -270,16 +279,24 @@ async fn relay(
 
 type Spawned = (Worker, mpsc::UnboundedReceiver<JsValue>, mpsc::UnboundedSender<JsValue>);
 
-fn spawn_worker() -> Result<Spawned, String> {
+fn new_worker(script: &str) -> Result<Worker, String> {
     let options = WorkerOptions::new();
     options.set_type(WorkerType::Module);
-    let worker =
-        Worker::new_with_options("stage-worker.js", &options).map_err(|e| crate::js::error_text(&e))?;
+    Worker::new_with_options(script, &options).map_err(|e| crate::js::error_text(&e))
+}
+
+fn spawn_worker() -> Result<Spawned, String> {
+    let worker = new_worker("stage-worker.js")?;
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
         let sender = sender.clone();
+        let worker = worker.clone();
         Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-            let _ = sender.unbounded_send(event.data());
+            if sender.unbounded_send(event.data()).is_err() {
+                // Its stage is over, yet it still talks: a worker terminated while it was still
+                // loading its scripts can outlive that call (seen in Chromium). Terminate it again.
+                worker.terminate();
+            }
         })
     };
     let on_error = {
@@ -311,12 +328,24 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
         return Ok(());
     }
     let (worker, inbox, sender) = spawn_worker()?;
-    worker
-        .post_message(
-            &Obj::new().set("task", "installPack").set("params", crate::js::to_js(&request)).build(),
+    let hasher = new_worker("hash-worker.js")?;
+    let channel = MessageChannel::new().map_err(|e| crate::js::error_text(&e))?;
+    let (download_end, hash_end) = (channel.port1(), channel.port2());
+    hasher
+        .post_message_with_transfer(
+            &Obj::new().set("op", "port").set("port", hash_end.clone()).build(),
+            &Array::of1(&hash_end),
         )
         .map_err(|e| crate::js::error_text(&e))?;
-    let install = Install { worker, inbox: sender, last: None, ended: false, next: None };
+    let task = Obj::new()
+        .set("task", "installPack")
+        .set("params", crate::js::to_js(&request))
+        .set("data", download_end.clone())
+        .build();
+    worker
+        .post_message_with_transfer(&task, &Array::of1(&download_end))
+        .map_err(|e| crate::js::error_text(&e))?;
+    let install = Install { worker, hasher, inbox: sender, last: None, ended: false, next: None };
     STATE.with_borrow_mut(|state| state.install = Some(install));
     spawn_local(relay_install(inbox));
     Ok(())
@@ -325,7 +354,7 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
 /// Terminates the download worker (what it saved is kept) and returns its last progress.
 fn stop_install() -> Option<DownloadProgress> {
     let install = STATE.with_borrow_mut(|state| state.install.take())?;
-    install.worker.terminate();
+    install.terminate();
     let _ = install.inbox.unbounded_send(Obj::new().set("kind", "stopped").build());
     install.last
 }
@@ -350,6 +379,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
     let event = loop {
         let Some(message) = inbox.next().await else { return };
         match get_string(&message, "kind").as_deref() {
+            Some("ready") => {}
             Some("packProgress") => {
                 if let Ok(progress) = from_js::<DownloadProgress>(&get(&message, "progress")) {
                     STATE.with_borrow_mut(|state| {
@@ -376,7 +406,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
     };
     STATE.with_borrow_mut(|state| {
         if let Some(install) = &mut state.install {
-            install.worker.terminate();
+            install.terminate();
             install.ended = true;
         }
     });

@@ -105,7 +105,7 @@ pub fn stage_worker_main() {
                 "textEncoder" => text_encoder(&params).await,
                 "transformer" => transformer(&params, &data).await,
                 "decoder" => decoder(&params, &data).await,
-                "installPack" => download::install(&params).await,
+                "installPack" => download::install(&params, &data).await,
                 other => Err(format!("unknown stage task {other:?}")),
             };
             match outcome {
