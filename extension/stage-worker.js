@@ -8,7 +8,5 @@ const early = [];
 self.onmessage = (event) => early.push(event);
 init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => {
   stageWorkerMain();
-  // Tells the offscreen document it is running (it terminates a worker it no longer needs).
-  self.postMessage({ kind: 'ready' });
   for (const event of early) self.onmessage(event);
 }, (e) => self.postMessage({ kind: 'error', message: `the stage worker could not start: ${e}` }));

@@ -256,7 +256,6 @@ async fn relay(
 ) -> Result<(JsValue, Option<JsValue>), StageFailure> {
     while let Some(message) = inbox.next().await {
         match get_string(&message, "kind").as_deref() {
-            Some("ready") => {}
             Some("progress") => {
                 let step = get_f64(&message, "step").unwrap_or(0.0) as u32;
                 let steps = get_f64(&message, "steps").unwrap_or(0.0) as u32;
@@ -290,13 +289,8 @@ fn spawn_worker() -> Result<Spawned, String> {
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
         let sender = sender.clone();
-        let worker = worker.clone();
         Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-            if sender.unbounded_send(event.data()).is_err() {
-                // Its stage is over, yet it still talks: a worker terminated while it was still
-                // loading its scripts can outlive that call (seen in Chromium). Terminate it again.
-                worker.terminate();
-            }
+            let _ = sender.unbounded_send(event.data());
         })
     };
     let on_error = {
@@ -379,7 +373,6 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
     let event = loop {
         let Some(message) = inbox.next().await else { return };
         match get_string(&message, "kind").as_deref() {
-            Some("ready") => {}
             Some("packProgress") => {
                 if let Ok(progress) = from_js::<DownloadProgress>(&get(&message, "progress")) {
                     STATE.with_borrow_mut(|state| {
