@@ -61,9 +61,14 @@ function pattern(seed) {
   return p;
 }
 
-/** Filler bytes [start, end) of the file seeded `seed` (absolute offsets). */
+/**
+ * Filler bytes [start, end) of the file seeded `seed` (absolute offsets): a view of the pattern when
+ * the range does not wrap around it (serving gigabytes then allocates nothing), else a copy. Read-only.
+ */
 export function filler(seed, start, end) {
   const p = pattern(seed);
+  const from = start % PATTERN_LEN;
+  if (from + (end - start) <= PATTERN_LEN) return p.subarray(from, from + (end - start));
   const out = Buffer.allocUnsafe(end - start);
   let o = 0;
   while (o < out.length) {

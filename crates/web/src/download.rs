@@ -2,10 +2,13 @@
 //! OPFS files synchronously) that streams each file into `pack-staging/`, hashing it as it goes.
 //!
 //! Losing nothing to interruptions rests on one rule: the download record says a prefix of a file is done
-//! only after that prefix is flushed to disk and hashed, and it is saved every [`CHECKPOINT_BYTES`]. The
-//! worker can therefore be terminated at any instant (pause, cancel, the offscreen document closing, the
-//! browser quitting): the next attempt truncates each file to its recorded prefix, restores the hash
-//! state and asks for the rest with a `Range` request, re-fetching at most one checkpoint's worth.
+//! only after that prefix is flushed to disk and hashed. Every [`CHECKPOINT_BYTES`] the worker flushes the
+//! file and asks the hash worker for its state after the bytes written so far; it reads on meanwhile and
+//! saves the record when the answer comes (the hash worker is at most [`crate::hasher::MAX_LENT`] blocks
+//! behind). The worker can therefore be terminated at any instant (pause, cancel, the offscreen document
+//! closing, the browser quitting): the next attempt truncates each file to its recorded prefix, restores
+//! the hash state and asks for the rest with a `Range` request, re-fetching at most a checkpoint interval
+//! plus that lag (6 MiB).
 //!
 //! The record is written alternately to two files with a sequence number, so a write cut short by
 //! termination leaves the previous record intact. The pack replaces the installed one only when every
@@ -14,7 +17,7 @@
 use std::collections::HashMap;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
-use imagine_core::hub::{self, DownloadRecord, RateMeter};
+use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, RateMeter};
 use js_sys::{ArrayBuffer, Reflect, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -28,7 +31,7 @@ use crate::js::{error_text, from_js, get, now_ms, random_u64, sleep_ms, to_js, O
 use crate::opfs::{self, PackRecord, SyncError, SyncFile, PACK_DIR, PACK_RECORD, STAGING_DIR};
 use crate::stage_worker::post;
 
-/// Bytes between two saves of the download record: the most an interruption can cost.
+/// Bytes between two checkpoints (flush, then the hash state asked for and saved in the record).
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
 /// Bytes read, written and hashed at once (a multiple of the SHA-256 block, so checkpoints fall on
 /// block boundaries).
@@ -238,7 +241,7 @@ impl Download {
         }
         let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
         let mut reader = BodyReader::new(body);
-        let mut saved_at = offset;
+        let mut asked_at = offset;
         let result = loop {
             let buffer = self.hasher.buffer().await.map_err(StreamError::Fatal)?;
             let (buffer, length, more) = match reader.fill(buffer).await {
@@ -266,19 +269,19 @@ impl Download {
             } else {
                 self.hasher.give_back(buffer);
             }
-            if offset - saved_at >= CHECKPOINT_BYTES {
+            // A checkpoint is asked for once the bytes it will cover are flushed; the download goes on
+            // while the hash worker catches up, and the record is saved when the answer comes.
+            if offset - asked_at >= CHECKPOINT_BYTES && !self.hasher.checkpoint_asked() {
                 if let Err(e) = file.flush() {
                     break Err(StreamError::Fatal(quota_message(e)));
                 }
-                let checkpoint = self.hasher.checkpoint().await.map_err(StreamError::Fatal)?;
-                let entry = &mut self.record.files[index];
-                entry.done = checkpoint.offset;
-                entry.hash = Some(checkpoint);
-                if let Err(e) = self.save().await {
+                self.hasher.ask_checkpoint().map_err(StreamError::Fatal)?;
+                asked_at = offset;
+            }
+            if let Some(checkpoint) = self.hasher.take_checkpoint().map_err(StreamError::Fatal)? {
+                if let Err(e) = self.save_checkpoint(index, checkpoint).await {
                     break Err(StreamError::Fatal(e));
                 }
-                self.record.files[index].done = offset;
-                saved_at = offset;
             }
             self.report.maybe(&self.record);
             if !more {
@@ -291,8 +294,26 @@ impl Download {
         };
         if result.is_err() {
             reader.cancel();
+            // The checkpoint asked for before the failure covers bytes already on disk: keep them if
+            // it can be saved (the failure is what gets reported either way).
+            if self.hasher.checkpoint_asked() {
+                if let Ok(checkpoint) = self.hasher.wait_checkpoint().await {
+                    let _ = self.save_checkpoint(index, checkpoint).await;
+                }
+            }
         }
         result
+    }
+
+    /// Saves the record with file `index` done up to `checkpoint`.
+    async fn save_checkpoint(&mut self, index: usize, checkpoint: HashCheckpoint) -> Result<(), String> {
+        let entry = &mut self.record.files[index];
+        let done = entry.done;
+        entry.done = checkpoint.offset;
+        entry.hash = Some(checkpoint);
+        let saved = self.save().await;
+        self.record.files[index].done = done;
+        saved
     }
 }
 

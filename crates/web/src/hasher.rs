@@ -23,7 +23,7 @@ use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 use crate::js::{error_text, from_js, get, get_f64, get_string, to_js, Obj};
 
 /// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
-const MAX_LENT: usize = 4;
+pub const MAX_LENT: usize = 2;
 
 thread_local! {
     static HASHER: RefCell<(ResumableSha256, Vec<u8>)> = RefCell::new((ResumableSha256::new(), Vec::new()));
@@ -103,6 +103,10 @@ pub struct HashWorker {
     spare: Vec<ArrayBuffer>,
     lent: usize,
     block_bytes: u32,
+    /// A checkpoint was asked for and has not been taken yet.
+    checkpoint_asked: bool,
+    /// The answer to it, once it came.
+    checkpoint: Option<HashCheckpoint>,
     _on_message: Closure<dyn FnMut(MessageEvent)>,
 }
 
@@ -114,7 +118,16 @@ impl HashWorker {
             let _ = sender.unbounded_send(event.data());
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        HashWorker { port, inbox, spare: Vec::new(), lent: 0, block_bytes, _on_message: on_message }
+        HashWorker {
+            port,
+            inbox,
+            spare: Vec::new(),
+            lent: 0,
+            block_bytes,
+            checkpoint_asked: false,
+            checkpoint: None,
+            _on_message: on_message,
+        }
     }
 
     fn send(&self, message: &JsValue, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
@@ -125,21 +138,42 @@ impl HashWorker {
         .map_err(|e| error_text(&e))
     }
 
-    /// Waits for the next reply that is not a returned buffer (returned buffers go back to the pool).
+    /// Takes in one message: a returned buffer goes back to the pool, a checkpoint is kept until
+    /// taken; anything else is handed back.
+    fn accept(&mut self, message: JsValue) -> Result<Option<JsValue>, String> {
+        match get_string(&message, "op").as_deref() {
+            Some("buffer") => {
+                self.spare.push(get(&message, "buffer").unchecked_into());
+                self.lent -= 1;
+                Ok(None)
+            }
+            Some("checkpoint") => {
+                self.checkpoint = Some(from_js(&get(&message, "checkpoint"))?);
+                Ok(None)
+            }
+            Some("error") | None => {
+                Err(get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into()))
+            }
+            Some(_) => Ok(Some(message)),
+        }
+    }
+
+    async fn next(&mut self) -> Result<JsValue, String> {
+        self.inbox.next().await.ok_or_else(|| "the hash worker stopped".to_string())
+    }
+
+    /// Waits for the reply `op`, taking in the messages before it.
     async fn reply(&mut self, op: &str) -> Result<JsValue, String> {
         loop {
-            let message = self.inbox.next().await.ok_or("the hash worker stopped")?;
-            match get_string(&message, "op").as_deref() {
-                Some("buffer") => {
-                    self.spare.push(get(&message, "buffer").unchecked_into());
-                    self.lent -= 1;
+            let message = self.next().await?;
+            if let Some(message) = self.accept(message)? {
+                if get_string(&message, "op").as_deref() == Some(op) {
+                    return Ok(message);
                 }
-                Some(found) if found == op => return Ok(message),
-                _ => {
-                    return Err(
-                        get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into())
-                    )
-                }
+                return Err(format!(
+                    "the hash worker answered {:?} where {op} was due",
+                    get_string(&message, "op")
+                ));
             }
         }
     }
@@ -151,25 +185,27 @@ impl HashWorker {
             message = message.set("checkpoint", to_js(checkpoint));
         }
         self.send(&message.build(), None)?;
-        self.reply("reset").await.map(|_| ())
+        self.reply("reset").await?;
+        // A checkpoint asked for before the reset belongs to the bytes before it.
+        self.checkpoint_asked = false;
+        self.checkpoint = None;
+        Ok(())
     }
 
     /// A buffer to read the next block into: a returned one, a new one while few are lent, or the
     /// next one returned (which holds the download back while hashing catches up).
     pub async fn buffer(&mut self) -> Result<ArrayBuffer, String> {
-        if let Some(buffer) = self.spare.pop() {
-            return Ok(buffer);
-        }
-        if self.lent < MAX_LENT {
-            return Ok(ArrayBuffer::new(self.block_bytes));
-        }
-        let message = self.inbox.next().await.ok_or("the hash worker stopped")?;
-        match get_string(&message, "op").as_deref() {
-            Some("buffer") => {
-                self.lent -= 1;
-                Ok(get(&message, "buffer").unchecked_into())
+        loop {
+            if let Some(buffer) = self.spare.pop() {
+                return Ok(buffer);
             }
-            _ => Err(get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into())),
+            if self.lent < MAX_LENT {
+                return Ok(ArrayBuffer::new(self.block_bytes));
+            }
+            let message = self.next().await?;
+            if let Some(message) = self.accept(message)? {
+                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
+            }
         }
     }
 
@@ -189,10 +225,43 @@ impl HashWorker {
         Ok(())
     }
 
-    /// The hash state after every block sent so far.
-    pub async fn checkpoint(&mut self) -> Result<HashCheckpoint, String> {
+    /// Asks for the hash state after every block sent so far. The download goes on meanwhile; [`HashWorker::take_checkpoint`] has the answer once it came.
+    pub fn ask_checkpoint(&mut self) -> Result<(), String> {
         self.send(&Obj::new().set("op", "checkpoint").build(), None)?;
-        from_js(&get(&self.reply("checkpoint").await?, "checkpoint"))
+        self.checkpoint_asked = true;
+        Ok(())
+    }
+
+    /// Whether a checkpoint was asked for and not taken yet.
+    pub fn checkpoint_asked(&self) -> bool {
+        self.checkpoint_asked
+    }
+
+    /// The checkpoint asked for, if its answer came (without waiting for it).
+    pub fn take_checkpoint(&mut self) -> Result<Option<HashCheckpoint>, String> {
+        while let Ok(Some(message)) = self.inbox.try_next() {
+            if let Some(message) = self.accept(message)? {
+                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
+            }
+        }
+        let checkpoint = self.checkpoint.take();
+        if checkpoint.is_some() {
+            self.checkpoint_asked = false;
+        }
+        Ok(checkpoint)
+    }
+
+    /// The checkpoint asked for, waiting for its answer if need be (after a failed request, so that
+    /// what was read before the failure still counts).
+    pub async fn wait_checkpoint(&mut self) -> Result<HashCheckpoint, String> {
+        while self.checkpoint.is_none() {
+            let message = self.next().await?;
+            if let Some(message) = self.accept(message)? {
+                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
+            }
+        }
+        self.checkpoint_asked = false;
+        Ok(self.checkpoint.take().expect("checked above"))
     }
 
     /// The SHA-256 of everything sent since the last reset.
