@@ -28,6 +28,19 @@ test('planPack: total = the pack files at the resolved commit; nothing written o
   assert.equal(st.download ?? null, null);
 });
 
+test('a file list the Hub serves in pages is read to its last page', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  b.hub.setTreePageSize(3);
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: REPO, revision: 'main' });
+  assert.equal(plan.type, 'packPlan', JSON.stringify(plan));
+  const want = h.packFiles(b.hub, REPO);
+  assert.deepEqual(plan.files.map((f) => f.path).sort(), want.map((f) => f.path).sort());
+  assert.equal(plan.totalBytes, sum(want));
+  const pages = b.hub.log.filter((r) => r.server === 'hub' && r.url.includes('/tree/'));
+  assert.ok(pages.length >= 4, `the list came in ${pages.length} requests`);
+  assert.ok(pages.slice(1).every((r) => r.url.includes('cursor=')), JSON.stringify(pages.map((r) => r.url)));
+});
+
 test('install: every pack file once, at the commit, nothing else; generate; deletePack frees it', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t, { install: false });
   const ev = await h.installPack(b.page, b.hub, REPO);

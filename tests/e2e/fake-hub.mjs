@@ -3,6 +3,7 @@
 // Two HTTP servers on 127.0.0.1, i.e. two origins, the way the Hub works:
 //   HUB  /api/models/{owner}/{name}/revision/{rev}        -> { id, sha, siblings }
 //        /api/models/{owner}/{name}/tree/{rev}?recursive=true -> [{ type, oid, size, path, lfs? }]
+//                                                              (in pages when setTreePageSize is set)
 //        /{owner}/{name}/resolve/{rev}/{path}             -> LFS: 302 to CDN/blobs/<sha256>, else 200
 //   CDN  /blobs/<sha256>                                    -> the bytes, with Range, ETag
 //
@@ -205,7 +206,7 @@ function treeEntries(commit, { recursive = true, prefix = '' } = {}) {
 // ---------------------------------------------------------------------------------------------
 // Servers
 
-const EXPOSE = 'Content-Range, Content-Length, ETag, Accept-Ranges, X-Repo-Commit, X-Linked-Etag, X-Linked-Size, Location, X-Error-Code';
+const EXPOSE = 'Link, Content-Range, Content-Length, ETag, Accept-Ranges, X-Repo-Commit, X-Linked-Etag, X-Linked-Size, Location, X-Error-Code';
 const CORS = {
   'Access-Control-Allow-Origin': '*',
   'Access-Control-Expose-Headers': EXPOSE,
@@ -223,6 +224,7 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     stats: new Map(), // path -> stats
     log: [],
     throttle,
+    treePageSize: null,
     sockets: new Set(),
     t0: Date.now(),
   };
@@ -282,6 +284,13 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     clearFaults(p) {
       if (p) state.faults.delete(p);
       else state.faults.clear();
+    },
+    /**
+     * Serves tree listings `n` entries a page (null: one page), the next page named by a
+     * `Link: <url>; rel="next"` header with a `cursor`, as the Hub does.
+     */
+    setTreePageSize(n) {
+      state.treePageSize = n;
     },
     /** Throttles every body to `bps` bytes/s (null: full speed). */
     setThrottle(bps) {
@@ -493,7 +502,16 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
       if (kind === 'tree') {
         const prefix = parts.slice(6).join('/');
         const entries = treeEntries(commit, { recursive: url.searchParams.get('recursive') === 'true', prefix });
-        return send(res, rec, 200, { 'Content-Type': 'application/json' }, Buffer.from(JSON.stringify(entries)));
+        const headers = { 'Content-Type': 'application/json' };
+        const size = state.treePageSize ?? entries.length;
+        const from = Number(Buffer.from(url.searchParams.get('cursor') ?? '', 'base64').toString() || 0);
+        if (from + size < entries.length) {
+          const next = new URL(req.url, hub.url);
+          next.searchParams.set('cursor', Buffer.from(String(from + size)).toString('base64'));
+          headers.Link = `<${next}>; rel="next"`;
+        }
+        const page = entries.slice(from, from + size);
+        return send(res, rec, 200, headers, Buffer.from(JSON.stringify(page)));
       }
       return sendError(res, rec, 404, 'NotFound', 'Not Found');
     }

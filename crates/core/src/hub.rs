@@ -353,6 +353,39 @@ fn entry_size(path: &str, value: &serde_json::Value) -> Result<u64, HubError> {
     }
 }
 
+/// Pages of a file list followed at most: a pack lists a few dozen files, and the Hub pages by the
+/// thousand, so more means something is wrong.
+pub const MAX_TREE_PAGES: usize = 100;
+
+/// The next page of a file list, from the response's `Link` header (`<url>; rel="next"`, the format of
+/// GitHub's API, which the Hub follows). The page must be on `endpoint`: a listing never sends the
+/// installer to another server.
+pub fn next_page(link: &str, endpoint: &str) -> Result<Option<String>, HubError> {
+    let mut rest = link;
+    while let Some(open) = rest.find('<') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('>') else { break };
+        let url = &after[..close];
+        let params_end = after[close + 1..].find('<').map_or(after.len(), |i| close + 1 + i);
+        let is_next = after[close + 1..params_end].split([';', ',']).any(|param| {
+            let param = param.trim().replace(' ', "");
+            param.eq_ignore_ascii_case("rel=\"next\"") || param.eq_ignore_ascii_case("rel=next")
+        });
+        if is_next {
+            let on_endpoint = url.strip_prefix(endpoint).is_some_and(|path| path.starts_with('/'));
+            if !on_endpoint {
+                return Err(HubError::Response {
+                    what: "file list",
+                    reason: format!("its next page {url:?} is not on {endpoint}"),
+                });
+            }
+            return Ok(Some(url.to_owned()));
+        }
+        rest = &after[params_end..];
+    }
+    Ok(None)
+}
+
 /// The files of the body of [`tree_url`]: an array of
 /// `{type, path, size, oid, lfs?: {oid, size, pointerSize}}`. Directories (and any other
 /// non-file entry) are skipped. An LFS file gets `sha256 = lfs.oid` (64 lowercase hex) and
@@ -360,8 +393,17 @@ fn entry_size(path: &str, value: &serde_json::Value) -> Result<u64, HubError> {
 /// `git_oid = oid` (40 lowercase hex, the SHA-1 of the git blob). Paths are checked with
 /// [`validate_relative_path`] and returned normalized; duplicates are refused.
 pub fn parse_tree(bytes: &[u8]) -> Result<Vec<PackFile>, HubError> {
-    let entries: Vec<TreeEntry> = serde_json::from_slice(bytes)
-        .map_err(|e| HubError::Response { what: "file list", reason: e.to_string() })?;
+    parse_tree_pages(&[bytes])
+}
+
+/// [`parse_tree`] over a list given in pages (see [`next_page`]), as one list.
+pub fn parse_tree_pages(pages: &[&[u8]]) -> Result<Vec<PackFile>, HubError> {
+    let mut entries: Vec<TreeEntry> = Vec::new();
+    for page in pages {
+        let page: Vec<TreeEntry> = serde_json::from_slice(page)
+            .map_err(|e| HubError::Response { what: "file list", reason: e.to_string() })?;
+        entries.extend(page);
+    }
     let mut files: Vec<PackFile> = Vec::new();
     for e in entries {
         if e.kind != "file" {
@@ -981,6 +1023,36 @@ pub fn format_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn next_page_follows_rel_next_on_the_endpoint_only() {
+        let hub = "https://huggingface.co";
+        let next = "https://huggingface.co/api/models/a/b/tree/c?recursive=true&cursor=Mg%3D%3D";
+        let link = format!("<{next}>; rel=\"next\"");
+        assert_eq!(next_page(&link, hub).unwrap().as_deref(), Some(next));
+        let both = format!("<{hub}/api/models/a/b/tree/c?cursor=0>; rel=\"prev\", <{next}>; rel=\"next\"");
+        assert_eq!(next_page(&both, hub).unwrap().as_deref(), Some(next));
+        assert_eq!(next_page(&format!("<{next}>; rel=\"prev\""), hub).unwrap(), None);
+        assert_eq!(next_page("", hub).unwrap(), None);
+        for elsewhere in
+            ["https://evil.example/api/models/a/b/tree/c", "https://huggingface.co.evil.example/x"]
+        {
+            let error = next_page(&format!("<{elsewhere}>; rel=next"), hub).unwrap_err().to_string();
+            assert!(error.contains("not on https://huggingface.co"), "{error}");
+        }
+    }
+
+    #[test]
+    fn tree_pages_are_one_list() {
+        let page = |path: &str| {
+            format!(r#"[{{"type":"file","path":"{path}","size":3,"oid":"{}"}}]"#, "a".repeat(40))
+        };
+        let (one, two) = (page("a.onnx"), page("b.onnx"));
+        let files = parse_tree_pages(&[one.as_bytes(), two.as_bytes()]).unwrap();
+        assert_eq!(files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["a.onnx", "b.onnx"]);
+        let error = parse_tree_pages(&[one.as_bytes(), one.as_bytes()]).unwrap_err().to_string();
+        assert!(error.contains("listed twice"), "{error}");
+    }
     use super::*;
 
     /// xorshift64*, enough for test data and split points.

@@ -57,14 +57,20 @@ pub async fn fetch(url: &str, from: Option<u64>) -> Result<Response, FetchError>
 
 /// The whole body of a successful `GET url`.
 pub async fn fetch_bytes(url: &str) -> Result<Vec<u8>, FetchError> {
+    fetch_page(url).await.map(|(bytes, _)| bytes)
+}
+
+/// The whole body of a successful `GET url`, and its `Link` header (how paginated lists go on).
+async fn fetch_page(url: &str) -> Result<(Vec<u8>, Option<String>), FetchError> {
     let response = fetch(url, None).await?;
     check_status(&response, url)?;
+    let link = response.headers().get("link").ok().flatten();
     let buffer = JsFuture::from(response.array_buffer().map_err(|e| FetchError::Fatal(error_text(&e)))?)
         .await
         .map_err(|e| {
             FetchError::Transient(format!("downloading {url} was interrupted: {}", error_text(&e)))
         })?;
-    Ok(Uint8Array::new(&buffer).to_vec())
+    Ok((Uint8Array::new(&buffer).to_vec(), link))
 }
 
 /// Classifies a response status: success, worth a retry, or fatal.
@@ -83,8 +89,24 @@ pub fn check_status(response: &Response, url: &str) -> Result<(), FetchError> {
 pub async fn resolve(source: &PackSource) -> Result<(String, Vec<PackFile>), FetchError> {
     let revision = fetch_bytes(&hub::revision_url(source)).await?;
     let commit = hub::parse_revision(&revision).map_err(|e| FetchError::Fatal(e.to_string()))?;
-    let tree = fetch_bytes(&hub::tree_url(source, &commit)).await?;
-    let listing = hub::parse_tree(&tree).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    // The Hub pages long lists; every page is read before anything is planned.
+    let fatal = |e: hub::HubError| FetchError::Fatal(e.to_string());
+    let mut pages = Vec::new();
+    let mut next = Some(hub::tree_url(source, &commit));
+    while let Some(url) = next {
+        if pages.len() == hub::MAX_TREE_PAGES {
+            return Err(FetchError::Fatal(format!(
+                "the file list of {} goes on past {} pages",
+                source.repo,
+                hub::MAX_TREE_PAGES
+            )));
+        }
+        let (page, link) = fetch_page(&url).await?;
+        pages.push(page);
+        next = link.map(|link| hub::next_page(&link, &source.endpoint)).transpose().map_err(fatal)?.flatten();
+    }
+    let pages: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    let listing = hub::parse_tree_pages(&pages).map_err(fatal)?;
     Ok((commit, listing))
 }
 
