@@ -84,6 +84,29 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
   assert.ok(!g.result, 'generated without a pack');
 });
 
+test('a new pack installed while a generation runs replaces the old one only after that job', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const old = b.hub.commit(REPO);
+  const fresh = b.hub.setRepo(REPO, { dir: h.fixtureDir(REPO), salt: 'v2' });
+  assert.notEqual(fresh, old);
+  await h.collectEvents(b.page);
+  const job = await h.api(b.page, { type: 'generate', prompt: 'a lighthouse', width: 512, height: 512, steps: 4, seed: '7' });
+  assert.equal(job.type, 'jobStarted', JSON.stringify(job));
+  await h.waitForEvent(b.page, (e) => e.type === 'progress' && e.job === job.job && e.progress.stage === 'transformer');
+  // The install starts while the job runs: its pack must not replace the files the job is reading.
+  const reply = await h.startInstall(b.page, b.hub, REPO);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  const installed = await h.waitForInstall(b.page);
+  assert.equal(installed.commit, fresh);
+  const evs = await h.events(b.page);
+  const resultAt = evs.findIndex((e) => e.job === job.job && ['result', 'failed', 'cancelled'].includes(e.type));
+  const installedAt = evs.findIndex((e) => e.type === 'packInstalled');
+  assert.ok(resultAt >= 0 && resultAt < installedAt, `the job ended at event ${resultAt}, the pack was replaced at ${installedAt}`);
+  assert.equal(evs[resultAt].type, 'result', JSON.stringify(evs[resultAt], h.shorten));
+  assert.equal((await h.packStatus(b.page)).commit, fresh);
+  await h.generateOk(b.page, { prompt: 'a lighthouse', width: 256, height: 256, steps: 1, seed: '7' });
+});
+
 test('two installPack requests at once start one download', { timeout: 180_000 }, async (t) => {
   const b = await h.setup(t, { install: false, hubOptions: { pad: { 'transformer_q8-00000.data': 16 << 20 } } });
   const req = { type: 'installPack', endpoint: b.hub.url, repo: REPO, revision: 'main' };

@@ -14,7 +14,10 @@
 //! termination leaves the previous record intact. The pack replaces the installed one only when every
 //! file is verified, and its record (`pack/pack.json`) is written last.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+
+use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
 use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, RateMeter};
@@ -108,8 +111,26 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
     }
     // Closes the record files, which `move_into_place` removes with the staging directory.
     download.store.slots = None;
+    // A generation may be reading the installed pack: the offscreen document lets the new one replace
+    // it only once no job runs, and holds the next jobs until it has.
+    let (allow, allowed) = oneshot::channel();
+    SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
+    post(&Obj::new().set("kind", "swapReady").build(), None);
+    allowed.await.map_err(|_| "internal: the pack swap was never allowed".to_string())?;
     let installed = move_into_place(&download.dir, &download.record).await?;
     Ok((to_js(&installed), None))
+}
+
+thread_local! {
+    /// Answered when the offscreen document allows the swap (`{ op: "swap" }`).
+    static SWAP_ALLOWED: RefCell<Option<oneshot::Sender<()>>> = const { RefCell::new(None) };
+}
+
+/// The offscreen document's `{ op: "swap" }`: no job runs, the verified pack may replace the installed one.
+pub fn allow_swap() {
+    if let Some(allow) = SWAP_ALLOWED.with_borrow_mut(Option::take) {
+        let _ = allow.send(());
+    }
 }
 
 /// The user-facing message of a failed write: running out of storage says what to do about it.

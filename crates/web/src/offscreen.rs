@@ -69,6 +69,9 @@ struct State {
     cancel_running: bool,
     current: Option<Current>,
     install: Option<Install>,
+    /// A verified pack waits to replace the installed one: no new job starts until it has (or the
+    /// install stopped).
+    swap_pending: bool,
 }
 
 thread_local! {
@@ -122,7 +125,7 @@ pub fn offscreen_command(message: JsValue) -> js_sys::Promise {
 async fn run_queue() {
     loop {
         let next = STATE.with_borrow_mut(|state| {
-            let next = state.queue.pop_front();
+            let next = if state.swap_pending { None } else { state.queue.pop_front() };
             state.running = next.as_ref().map(|(job, _)| job.clone());
             state.cancel_running = false;
             next
@@ -369,6 +372,16 @@ async fn remove_staging() -> Result<(), String> {
     }
 }
 
+/// The install ended: jobs that waited for its pack swap start.
+fn end_swap() {
+    let resume = STATE.with_borrow_mut(|state| {
+        std::mem::take(&mut state.swap_pending) && state.running.is_none() && !state.queue.is_empty()
+    });
+    if resume {
+        spawn_local(run_queue());
+    }
+}
+
 async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
     let event = loop {
         let Some(message) = inbox.next().await else { return };
@@ -383,6 +396,17 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
                     broadcast(&Event::PackProgress(progress)).await;
                 }
             }
+            Some("swapReady") => {
+                STATE.with_borrow_mut(|state| state.swap_pending = true);
+                // The job that is running finishes on the installed pack.
+                while STATE.with_borrow(|state| state.running.is_some()) {
+                    crate::js::sleep_ms(100).await;
+                }
+                let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
+                if let Some(worker) = worker {
+                    let _ = worker.post_message(&Obj::new().set("op", "swap").build());
+                }
+            }
             Some("done") => {
                 let output = get(&message, "output");
                 let bytes = get_f64(&output, "bytes").unwrap_or(0.0) as u64;
@@ -390,7 +414,10 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
                 break Event::PackInstalled { bytes, commit };
             }
             // Paused or cancelled: whoever stopped it reports.
-            Some("stopped") => return,
+            Some("stopped") => {
+                end_swap();
+                return;
+            }
             _ => {
                 let error = get_string(&message, "message").unwrap_or_else(|| "the download failed".into());
                 break Event::PackFailed { error };
@@ -403,6 +430,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
             install.ended = true;
         }
     });
+    end_swap();
     broadcast(&event).await;
     let next = STATE.with_borrow_mut(|state| state.install.take().and_then(|install| install.next));
     if let Some(request) = next {

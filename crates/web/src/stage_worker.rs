@@ -2,9 +2,11 @@
 //!
 //! Protocol (internal to the offscreen document):
 //! * in: `{ task, params, data? }`: `task` is `textEncoder`, `transformer`, `decoder` or `installPack`,
-//!   `params` a JSON object, `data` an `ArrayBuffer` (transferred).
-//! * out: `{ kind: "progress", step, steps }`, `{ kind: "packProgress", ... }`,
-//!   `{ kind: "done", output, data? }` or `{ kind: "error", message }`.
+//!   `params` a JSON object, `data` an `ArrayBuffer` or the hash worker's port (transferred); then, for
+//!   `installPack` only, `{ op: "swap" }` once the new pack may replace the installed one.
+//! * out: `{ kind: "progress", step, steps }`, `{ kind: "packProgress", ... }`, `{ kind: "swapReady" }`
+//!   (every file verified, waiting for `swap`), `{ kind: "done", output, data? }` or
+//!   `{ kind: "error", message }`.
 //!
 //! Each stage releases its session and destroys its GPU device before it reports `done`; the offscreen
 //! document then terminates the worker, which also returns the wasm heap.
@@ -96,8 +98,12 @@ pub fn stage_worker_main() {
     imagine_ort::configure(1);
     let scope = worker_scope();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+        let message = event.data();
+        if get_string(&message, "op").as_deref() == Some("swap") {
+            download::allow_swap();
+            return;
+        }
         spawn_local(async move {
-            let message = event.data();
             let task = get_string(&message, "task").unwrap_or_default();
             let params = get(&message, "params");
             let data = get(&message, "data");
