@@ -378,6 +378,27 @@ fn test(root: &Path, args: &[String]) -> Result {
             run_cmd("cargo fmt", Command::new(&cargo).args(["fmt", "--all", "--check"]))
         })?;
     }
+    timed("cargo clippy (native and wasm32, warnings are errors)", &mut || {
+        run_cmd(
+            "cargo clippy (native)",
+            Command::new(&cargo).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        )?;
+        run_cmd(
+            "cargo clippy (wasm32)",
+            Command::new(&cargo).args([
+                "clippy",
+                "-p",
+                "imagine-web",
+                "-p",
+                "imagine-ort",
+                "--target",
+                "wasm32-unknown-unknown",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )
+    })?;
     timed("cargo test (native)", &mut || {
         run_cmd(
             "cargo test",
