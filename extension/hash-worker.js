@@ -1,5 +1,5 @@
-// Hash worker entry (spawned by the download worker). Messages that arrive before the wasm module is
-// ready are queued, then replayed.
+// Hash worker entry (started by the offscreen document beside the download worker). Messages that
+// arrive before the wasm module is ready are queued, then replayed.
 import init, { hashWorkerMain } from './pkg/imagine_web.js';
 
 const early = [];

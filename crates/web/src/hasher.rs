@@ -158,6 +158,14 @@ impl HashWorker {
         }
     }
 
+    /// Takes in a message that must not be a reply.
+    fn accept_unasked(&mut self, message: JsValue) -> Result<(), String> {
+        match self.accept(message)? {
+            Some(message) => Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op"))),
+            None => Ok(()),
+        }
+    }
+
     async fn next(&mut self) -> Result<JsValue, String> {
         self.inbox.next().await.ok_or_else(|| "the hash worker stopped".to_string())
     }
@@ -203,9 +211,7 @@ impl HashWorker {
                 return Ok(ArrayBuffer::new(self.block_bytes));
             }
             let message = self.next().await?;
-            if let Some(message) = self.accept(message)? {
-                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
-            }
+            self.accept_unasked(message)?;
         }
     }
 
@@ -225,7 +231,8 @@ impl HashWorker {
         Ok(())
     }
 
-    /// Asks for the hash state after every block sent so far. The download goes on meanwhile; [`HashWorker::take_checkpoint`] has the answer once it came.
+    /// Asks for the hash state after every block sent so far. The download goes on meanwhile;
+    /// [`HashWorker::take_checkpoint`] has the answer once it came.
     pub fn ask_checkpoint(&mut self) -> Result<(), String> {
         self.send(&Obj::new().set("op", "checkpoint").build(), None)?;
         self.checkpoint_asked = true;
@@ -240,9 +247,7 @@ impl HashWorker {
     /// The checkpoint asked for, if its answer came (without waiting for it).
     pub fn take_checkpoint(&mut self) -> Result<Option<HashCheckpoint>, String> {
         while let Ok(Some(message)) = self.inbox.try_next() {
-            if let Some(message) = self.accept(message)? {
-                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
-            }
+            self.accept_unasked(message)?;
         }
         let checkpoint = self.checkpoint.take();
         if checkpoint.is_some() {
@@ -256,9 +261,7 @@ impl HashWorker {
     pub async fn wait_checkpoint(&mut self) -> Result<HashCheckpoint, String> {
         while self.checkpoint.is_none() {
             let message = self.next().await?;
-            if let Some(message) = self.accept(message)? {
-                return Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op")));
-            }
+            self.accept_unasked(message)?;
         }
         self.checkpoint_asked = false;
         Ok(self.checkpoint.take().expect("checked above"))
