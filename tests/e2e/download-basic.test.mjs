@@ -103,6 +103,9 @@ test('a new pack installed while a generation runs replaces the old one only aft
   const installedAt = evs.findIndex((e) => e.type === 'packInstalled');
   assert.ok(resultAt >= 0 && resultAt < installedAt, `the job ended at event ${resultAt}, the pack was replaced at ${installedAt}`);
   assert.equal(evs[resultAt].type, 'result', JSON.stringify(evs[resultAt], h.shorten));
+  // Meanwhile the popup said why the install waited.
+  const installing = evs.findIndex((e) => e.type === 'packProgress' && e.state === 'installing');
+  assert.ok(installing >= 0 && installing < resultAt, `installing reported at event ${installing}`);
   assert.equal((await h.packStatus(b.page)).commit, fresh);
   await h.generateOk(b.page, { prompt: 'a lighthouse', width: 256, height: 256, steps: 1, seed: '7' });
 });

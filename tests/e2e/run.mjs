@@ -115,7 +115,7 @@ try {
     console.log(`run: pack already installed from ${status.source.endpoint} ${status.source.repo}@${status.commit} (${mb(status.bytes)} MB)`);
   } else {
     const backend = o.backend === 'wasm' ? 'wasm' : undefined;
-    if (status.download && sameSource(status.download.source) && status.download.state !== 'downloading') {
+    if (status.download && sameSource(status.download.source) && !['downloading', 'installing'].includes(status.download.state)) {
       console.log(`run: a ${status.download.state} download of ${status.download.source.repo} exists: resuming it`);
       const r = await h.api(b.page, { type: 'resumePack' });
       if (r?.type !== 'installStarted') throw new Error(`resumePack: ${JSON.stringify(r)}`);

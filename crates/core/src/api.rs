@@ -181,9 +181,18 @@ pub enum DownloadState {
     /// Resolving the revision, listing files, checking storage and the device.
     Checking,
     Downloading,
+    /// Every file is verified; the pack replaces the installed one as soon as no image is being made.
+    Installing,
     Paused,
     /// Stopped by an error; `resumePack` continues from what was kept.
     Failed,
+}
+
+impl DownloadState {
+    /// Whether the download's worker is at work (not paused, not stopped by an error).
+    pub fn is_active(self) -> bool {
+        matches!(self, DownloadState::Checking | DownloadState::Downloading | DownloadState::Installing)
+    }
 }
 
 /// Progress of one file of a download.

@@ -113,6 +113,8 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
     download.store.slots = None;
     // A generation may be reading the installed pack: the offscreen document lets the new one replace
     // it only once no job runs, and holds the next jobs until it has.
+    download.report.state = DownloadState::Installing;
+    download.report.record(&download.record);
     let (allow, allowed) = oneshot::channel();
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
     post(&Obj::new().set("kind", "swapReady").build(), None);

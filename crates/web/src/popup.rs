@@ -135,13 +135,14 @@ async fn show_plan() {
 fn show_download(progress: Option<&DownloadProgress>) {
     set_visible("download", progress.is_some());
     let Some(p) = progress else { return };
-    let running = matches!(p.state, DownloadState::Checking | DownloadState::Downloading);
+    let running = p.state.is_active();
     set_visible("pause", running);
     set_visible("resume", !running);
     set_visible("install-form", false);
     let state = match p.state {
         DownloadState::Checking => "Checking the model, storage and GPU\u{2026}",
         DownloadState::Downloading => "Downloading",
+        DownloadState::Installing => "Verified; installing once no image is being made",
         DownloadState::Paused => "Paused",
         DownloadState::Failed => "Stopped",
     };

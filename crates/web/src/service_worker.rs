@@ -48,7 +48,7 @@ struct Download {
 
 impl Download {
     fn active(&self) -> bool {
-        matches!(self.state, DownloadState::Checking | DownloadState::Downloading)
+        self.state.is_active()
     }
 }
 
@@ -283,7 +283,7 @@ async fn pack_status() -> PackStatus {
                 seconds_left: None,
                 error: None,
             });
-            let moving = matches!(d.state, DownloadState::Checking | DownloadState::Downloading);
+            let moving = d.state.is_active();
             DownloadProgress {
                 state: d.state,
                 error: d.error,
@@ -385,8 +385,10 @@ async fn record(event: Event) {
         Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
         Event::PackProgress(progress) => {
             update_download(|d| {
-                if d.state == DownloadState::Checking && progress.state == DownloadState::Downloading {
-                    d.state = DownloadState::Downloading;
+                // The worker moves a running download on (checking, downloading, installing); pausing
+                // and failing are recorded by whoever saw them.
+                if d.state.is_active() && progress.state.is_active() {
+                    d.state = progress.state;
                 }
                 d.progress = Some(progress);
             })
