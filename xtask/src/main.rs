@@ -29,7 +29,7 @@ commands:
         --profile DIR | --fresh  browser profile (default: target/imagine-profile)
   bench generate [--runs N] [--size S] [--steps N]
                          build, then time generations on the f32 fixture pack
-  bench download [--size-mb 2000] [--shards 4]
+  bench download [--size-mb 2000] [--shards 4] [--link-mbps N]
                          build, then install a generated ~2 GB pack from a fake Hub on loopback:
                          ingest throughput vs raw fetch, peak memory above idle
   help                   this text
