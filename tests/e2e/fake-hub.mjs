@@ -292,10 +292,6 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     setTreePageSize(n) {
       state.treePageSize = n;
     },
-    /** Throttles every body to `bps` bytes/s (null: full speed). */
-    setThrottle(bps) {
-      state.throttle = bps;
-    },
     /**
      * { requests, resolveRequests, cdnRequests, bodyBytes, ranges, statuses, commits } of a path;
      * requests counts resolve and CDN requests (a redirected download is 2); bodyBytes counts what
@@ -431,13 +427,11 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     res.on('close', () => (closed = true));
     const t0 = Date.now();
     let sent = 0;
-    const chunkSize = () => {
-      const bps = Math.min(slow?.bytesPerSecond ?? Infinity, state.throttle ?? Infinity);
-      return bps === Infinity ? 256 << 10 : Math.max(1024, Math.min(256 << 10, Math.floor(bps / 20)));
-    };
+    const bps = Math.min(slow?.bytesPerSecond ?? Infinity, state.throttle ?? Infinity);
+    const chunkSize = bps === Infinity ? 256 << 10 : Math.max(1024, Math.min(256 << 10, Math.floor(bps / 20)));
     let o = start;
     while (o < limit && !closed) {
-      const n = Math.min(chunkSize(), limit - o);
+      const n = Math.min(chunkSize, limit - o);
       let [chunk] = file.content.read(o, o + n, n);
       if (corruptAt >= o && corruptAt < o + n) {
         chunk = Buffer.from(chunk);
@@ -459,7 +453,6 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
           res.on('close', done);
         });
       }
-      const bps = Math.min(slow?.bytesPerSecond ?? Infinity, state.throttle ?? Infinity);
       if (bps !== Infinity) {
         const due = t0 + (sent / bps) * 1000;
         const wait = due - Date.now();

@@ -14,7 +14,6 @@
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -324,104 +323,6 @@ export function writeResult(name, result) {
   const { png: _png, ...rest } = result;
   fs.writeFileSync(json, JSON.stringify(rest, null, 1));
   return { png, json };
-}
-
-// ---------------------------------------------------------------------------------------------
-// Static servers
-
-const TYPES = {
-  '.json': 'application/json',
-  '.onnx': 'application/octet-stream',
-  '.data': 'application/octet-stream',
-  '.html': 'text/html',
-  '.js': 'text/javascript',
-  '.mjs': 'text/javascript',
-  '.png': 'image/png',
-  '.txt': 'text/plain',
-};
-
-/**
- * Serves `dir` on 127.0.0.1 (a free port) with CORS and Range support. Returns the server with
- * `url` (base URL ending in /), `requests` ([{method, url, status, bytes, range}]) and `close()`.
- * `prefix` mounts the directory under a path (e.g. 'resolve/main/').
- */
-export async function serveDir(dir, { prefix = '' } = {}) {
-  const requests = [];
-  const sockets = new Set();
-  const server = http.createServer((req, res) => {
-    const rec = { method: req.method, url: req.url, status: 0, bytes: 0, range: req.headers.range ?? null };
-    requests.push(rec);
-    const send = (status, headers = {}, body = null) => {
-      rec.status = status;
-      res.writeHead(status, {
-        'Access-Control-Allow-Origin': '*',
-        'Access-Control-Allow-Headers': '*',
-        'Access-Control-Expose-Headers': 'Content-Length, Content-Range, Accept-Ranges, ETag',
-        ...headers,
-      });
-      if (body && req.method !== 'HEAD') {
-        rec.bytes += body.length;
-        res.end(body);
-      } else res.end();
-    };
-    if (req.method === 'OPTIONS') return send(204);
-    if (req.method !== 'GET' && req.method !== 'HEAD') return send(405);
-    let rel = decodeURIComponent(new URL(req.url, 'http://x').pathname).replace(/^\/+/, '');
-    if (prefix) {
-      if (!rel.startsWith(prefix)) return send(404);
-      rel = rel.slice(prefix.length);
-    }
-    const file = path.resolve(dir, rel);
-    if (!file.startsWith(path.resolve(dir) + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
-      return send(404, { 'Content-Type': 'text/plain' }, Buffer.from('not found'));
-    }
-    const size = fs.statSync(file).size;
-    const headers = {
-      'Content-Type': TYPES[path.extname(file)] ?? 'application/octet-stream',
-      'Accept-Ranges': 'bytes',
-      ETag: `"${size}-${Math.floor(fs.statSync(file).mtimeMs)}"`,
-    };
-    const m = /^bytes=(\d*)-(\d*)$/.exec(req.headers.range ?? '');
-    if (m && (m[1] !== '' || m[2] !== '')) {
-      let start = m[1] === '' ? size - Number(m[2]) : Number(m[1]);
-      let end = m[1] === '' || m[2] === '' ? size - 1 : Math.min(Number(m[2]), size - 1);
-      if (start >= size || start > end) return send(416, { 'Content-Range': `bytes */${size}` });
-      start = Math.max(0, start);
-      const body = readRange(file, start, end);
-      return send(206, { ...headers, 'Content-Range': `bytes ${start}-${end}/${size}`, 'Content-Length': body.length }, body);
-    }
-    const body = req.method === 'HEAD' ? null : fs.readFileSync(file);
-    return send(200, { ...headers, 'Content-Length': size }, body);
-  });
-  server.on('connection', (s) => {
-    sockets.add(s);
-    s.on('close', () => sockets.delete(s));
-  });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
-  return {
-    server,
-    port,
-    url: `http://127.0.0.1:${port}/${prefix}`,
-    requests,
-    bytes: () => requests.reduce((n, r) => n + r.bytes, 0),
-    close: () =>
-      new Promise((resolve) => {
-        for (const s of sockets) s.destroy();
-        server.close(() => resolve());
-      }),
-  };
-}
-
-function readRange(file, start, end) {
-  const fd = fs.openSync(file, 'r');
-  try {
-    const buf = Buffer.alloc(end - start + 1);
-    fs.readSync(fd, buf, 0, buf.length, start);
-    return buf;
-  } finally {
-    fs.closeSync(fd);
-  }
 }
 
 /**
@@ -800,15 +701,15 @@ export function sleep(ms) {
 }
 
 /**
- * For a node:test test: starts a fake Hub serving the fixture packs (unless `pack` is null and `hub`
- * is false), launches a fresh browser profile and installs `fixtures/<pack>` (with `backend`; f16
- * defaults to 'wasm', whose graphs SwiftShader cannot run on WebGPU). Closes everything when the test
- * ends. Returns launch()'s object plus `hub` (also as `server`) and `repo`.
+ * For a node:test test: starts a fake Hub serving the fixture packs (unless `pack` is null and
+ * `hubOptions.repos` is not given), launches a fresh browser profile and installs `fixtures/<pack>`
+ * (with `backend`; f16 defaults to 'wasm', whose graphs SwiftShader cannot run on WebGPU). Closes
+ * everything when the test ends. Returns launch()'s object plus `hub` and `repo`.
  */
 export async function setup(t, { pack = 'f32', install = true, backend, hubOptions = {}, ...launchOpts } = {}) {
   const hub = pack || hubOptions.repos ? await startHub(hubOptions) : null;
-  let b = await launch(launchOpts);
-  const ctx = { ...b, hub, server: hub, repo: pack ? `fixtures/${pack}` : null };
+  const b = await launch(launchOpts);
+  const ctx = { ...b, hub, repo: pack ? `fixtures/${pack}` : null };
   t.after(async () => {
     await ctx.close();
     await hub?.close();

@@ -16,7 +16,7 @@ usage: cargo xtask <command> [options]
 
 commands:
   build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
-  test [--no-fmt]        everything CI runs: fmt, native tests, fixture check, build, e2e tests
+  test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, build, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
   run [options]          build, then launch Chromium with the extension loaded
         --pack URL       the pack's repo address, e.g. https://huggingface.co/OWNER/NAME[/tree/REV]
@@ -82,25 +82,17 @@ fn dispatch(args: &[String]) -> Result {
             let Some((what, rest)) = rest.split_first() else {
                 return Err(format!("bench needs a benchmark name (generate, download)\n{USAGE}"));
             };
-            match what.as_str() {
-                "generate" => {
-                    let (no_build, rest) = split_flag(rest, "--no-build");
-                    if !no_build {
-                        build(&root, false)?;
-                    }
-                    step("bench: node tests/e2e/bench-generate.mjs");
-                    node_script(&root, "tests/e2e/bench-generate.mjs", &rest)
-                }
-                "download" => {
-                    let (no_build, rest) = split_flag(rest, "--no-build");
-                    if !no_build {
-                        build(&root, false)?;
-                    }
-                    step("bench: node tests/e2e/bench-download.mjs");
-                    node_script(&root, "tests/e2e/bench-download.mjs", &rest)
-                }
-                other => Err(format!("unknown benchmark `{other}` (known: generate, download)")),
+            let script = match what.as_str() {
+                "generate" => "tests/e2e/bench-generate.mjs",
+                "download" => "tests/e2e/bench-download.mjs",
+                other => return Err(format!("unknown benchmark `{other}` (known: generate, download)")),
+            };
+            let (no_build, rest) = split_flag(rest, "--no-build");
+            if !no_build {
+                build(&root, false)?;
             }
+            step(&format!("bench: node {script}"));
+            node_script(&root, script, &rest)
         }
         "help" | "-h" | "--help" => {
             println!("{USAGE}");

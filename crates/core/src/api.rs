@@ -134,8 +134,9 @@ impl Default for PackSource {
 pub struct PackFile {
     pub path: String,
     pub size: u64,
-    /// Lowercase hex SHA-256 (LFS files), or the git blob id (SHA-1, small files stored in git).
+    /// Lowercase hex SHA-256 (LFS files).
     pub sha256: Option<String>,
+    /// The git blob id (lowercase hex SHA-1; files stored in git).
     pub git_oid: Option<String>,
 }
 

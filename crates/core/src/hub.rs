@@ -284,9 +284,8 @@ pub fn revision_url(src: &PackSource) -> String {
 }
 
 /// `GET` this to list every file at `commit` ([`parse_tree`]). `src` must come from
-/// [`PackSource::validate`]. The Hub paginates long listings (a `Link: <…>; rel="next"` header);
-/// a pack has a few dozen files, far below a page, but the caller should follow it if present and
-/// concatenate the pages.
+/// [`PackSource::validate`]. The Hub pages long listings: the caller follows [`next_page`] and reads
+/// the pages with [`parse_tree_pages`].
 pub fn tree_url(src: &PackSource, commit: &str) -> String {
     format!("{}/api/models/{}/tree/{}?recursive=true", src.endpoint, src.repo, percent_encode(commit, false))
 }
@@ -754,10 +753,9 @@ pub struct FileRecord {
 }
 
 impl FileRecord {
-    /// Records a checkpoint of the file's hasher (after the bytes it has seen are flushed to
-    /// disk): `done` becomes the checkpoint's offset, the last 64-byte boundary.
-    pub fn save(&mut self, hasher: &ResumableSha256) {
-        let checkpoint = hasher.aligned_checkpoint();
+    /// Records a checkpoint of the file's hasher ([`ResumableSha256::aligned_checkpoint`], taken after
+    /// the bytes it has seen are flushed to disk): `done` becomes the checkpoint's offset.
+    pub fn save(&mut self, checkpoint: HashCheckpoint) {
         self.done = checkpoint.offset;
         self.hash = Some(checkpoint);
     }
@@ -1023,6 +1021,7 @@ pub fn format_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn next_page_follows_rel_next_on_the_endpoint_only() {
@@ -1053,7 +1052,6 @@ mod tests {
         let error = parse_tree_pages(&[one.as_bytes(), one.as_bytes()]).unwrap_err().to_string();
         assert!(error.contains("listed twice"), "{error}");
     }
-    use super::*;
 
     /// xorshift64*, enough for test data and split points.
     struct Rng(u64);
@@ -1371,7 +1369,7 @@ mod tests {
         r.files[0].verified = true;
         let mut h = ResumableSha256::new();
         h.update(&[7; 300]);
-        r.files[1].save(&h);
+        r.files[1].save(h.aligned_checkpoint());
         assert_eq!(r.files[1].done, 256);
         assert_eq!(r.files[1].resume().offset(), 256);
         assert_eq!(r.done_bytes(), 356);

@@ -66,8 +66,8 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
 
     // Everything is checked before the first byte is written.
     let usage = opfs::storage_use().await?;
-    let remaining = record.total_bytes() - record.done_bytes();
-    hub::check_space(remaining, usage.usage_bytes, usage.quota_bytes).map_err(|e| e.to_string())?;
+    hub::check_space(record.remaining_bytes(), usage.usage_bytes, usage.quota_bytes)
+        .map_err(|e| e.to_string())?;
     if request.backend.as_deref() != Some("wasm") {
         let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
         gpu::check_device(needs_f16, largest).await?;
@@ -332,8 +332,7 @@ impl Download {
     async fn save_checkpoint(&mut self, index: usize, checkpoint: HashCheckpoint) -> Result<(), String> {
         let entry = &mut self.record.files[index];
         let done = entry.done;
-        entry.done = checkpoint.offset;
-        entry.hash = Some(checkpoint);
+        entry.save(checkpoint);
         let saved = self.save().await;
         self.record.files[index].done = done;
         saved

@@ -15,6 +15,7 @@ use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
     PackStatus, Reply, Request,
 };
+use imagine_core::Backend;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
@@ -44,12 +45,6 @@ struct Download {
     state: DownloadState,
     progress: Option<DownloadProgress>,
     error: Option<String>,
-}
-
-impl Download {
-    fn active(&self) -> bool {
-        self.state.is_active()
-    }
 }
 
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
@@ -126,7 +121,7 @@ async fn handle(request: Request) -> Reply {
         Request::PlanPack(source) => plan(source).await,
         Request::PausePack => pause().await,
         Request::ResumePack => match load_local::<Download>(DOWNLOAD_KEY).await {
-            Some(download) if !download.active() => install(download.request).await,
+            Some(download) if !download.state.is_active() => install(download.request).await,
             Some(_) => Reply::InstallStarted,
             None => Reply::Error { error: "there is no download to resume".into() },
         },
@@ -154,7 +149,7 @@ async fn install(mut request: InstallRequest) -> Reply {
         Err(e) => return Reply::Error { error: e.to_string() },
     };
     if let Some(backend) = &request.backend {
-        if !matches!(backend.as_str(), "webgpu" | "wasm") {
+        if Backend::from_name(backend).is_none() {
             return Reply::Error {
                 error: format!("backend {backend:?} is not allowed: use \"webgpu\" or \"wasm\""),
             };
@@ -245,7 +240,7 @@ async fn resume_if_stalled() {
         clear_alarm().await;
         return;
     };
-    if !download.active() {
+    if !download.state.is_active() {
         return;
     }
     let running = match offscreen_exists().await {
