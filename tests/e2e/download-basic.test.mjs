@@ -67,9 +67,12 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
   assert.ok(st.storage.quotaBytes > 0);
 
   const tree = await h.opfsTree(b.page);
-  for (const f of files) assert.equal(tree[`pack/${f.path}`], f.size, `pack/${f.path} in OPFS: ${JSON.stringify(tree)}`);
-  assert.ok('pack/pack.json' in tree, 'no pack/pack.json');
-  assert.ok(!('pack-staging/' in tree), `pack-staging left behind: ${JSON.stringify(tree)}`);
+  const dir = await h.installedDir(b.page);
+  assert.ok(dir, `packs/state.json names no installed pack: ${JSON.stringify(await h.packState(b.page))}`);
+  for (const f of files) assert.equal(tree[`${dir}/${f.path}`], f.size, `${dir}/${f.path} in OPFS: ${JSON.stringify(tree)}`);
+  // The pack's files and the state, nothing else: no download record, nothing staged.
+  const expected = ['packs/', 'packs/state.json', `${dir}/`, ...files.map((f) => `${dir}/${f.path}`)].sort();
+  assert.deepEqual(Object.keys(tree).sort(), expected);
 
   const { result } = await h.generateOk(b.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
   assert.ok(result.png.length > 0);
@@ -79,7 +82,8 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
   const after = await h.packStatus(b.page);
   assert.equal(after.installed, false);
   assert.ok(after.storage.usageBytes < st.storage.usageBytes - sum(files) / 2, `storage not freed: ${JSON.stringify([st.storage, after.storage])}`);
-  assert.ok(!(await h.opfsEntries(b.page)).includes('pack'), 'pack/ still in OPFS after deletePack');
+  const left = Object.keys(await h.opfsTree(b.page));
+  assert.deepEqual(left.sort(), ['packs/', 'packs/state.json'], 'pack files left in OPFS after deletePack');
   const g = await h.generate(b.page, { prompt: 'x', width: 256, height: 256, steps: 1, seed: '1' });
   assert.ok(!g.result, 'generated without a pack');
 });

@@ -83,7 +83,8 @@ test('pause keeps the bytes and stops the transfer; resume continues from there'
   const done = h.fileDone(paused, SHARD);
   assert.ok(done >= MID, `paused at ${done}`);
   const tree = await h.opfsTree(b.page);
-  assert.ok(tree[`pack-staging/${SHARD}`] > 0 || Object.keys(tree).some((k) => k.startsWith('pack-staging/') && tree[k] > 0), `no partial kept: ${JSON.stringify(tree)}`);
+  const staging = await h.stagingDir(b.page);
+  assert.ok(tree[`${staging}/${SHARD}`] > 0, `no partial kept: ${JSON.stringify(tree)}`);
   // Still paused after a status request (a pause is not an interruption to repair).
   await h.sleep(1000);
   assert.equal((await h.packStatus(b.page)).download?.state, 'paused');
@@ -102,7 +103,8 @@ test('cancel removes the partial files and stops the transfer', { timeout: 180_0
   await h.waitForDownload(b.page, (s) => !s.download, 10_000);
   await h.sleep(500);
   assert.equal(await flowing(b.hub), 0, 'bytes still flowing after cancelPack');
-  assert.ok(!(await h.opfsEntries(b.page)).includes('pack-staging'), 'pack-staging/ still in OPFS');
+  const staging = await h.stagingDir(b.page);
+  assert.ok(!Object.keys(await h.opfsTree(b.page)).some((k) => k.startsWith(`${staging}/`)), `${staging}/ still in OPFS`);
   const st = await h.packStatus(b.page);
   assert.equal(st.installed, false);
   assert.equal(st.download ?? null, null);
@@ -129,7 +131,8 @@ test('quota exhausted part way: clear error, partial kept, resumes once space is
   assert.ok(st.download.doneBytes > 0, `nothing kept: ${JSON.stringify(st.download)}`);
   const kept = st.download.doneBytes;
   const tree = await h.opfsTree(b.page);
-  assert.ok(Object.keys(tree).some((k) => k.startsWith('pack-staging/') && tree[k] > 0), `partial not kept: ${JSON.stringify(tree)}`);
+  const staging = await h.stagingDir(b.page);
+  assert.ok(Object.keys(tree).some((k) => k.startsWith(`${staging}/`) && tree[k] > 0), `partial not kept: ${JSON.stringify(tree)}`);
 
   await h.setQuota(b.context, b.page, null);
   b.hub.clearFaults();
@@ -161,5 +164,5 @@ test('main moves to a new commit while paused: the result is entirely the new co
   assert.ok(b.hub.stats(SHARD).ranges.every((r) => !r || r.startsWith('bytes=0-')), JSON.stringify(b.hub.stats(SHARD).ranges));
   assert.ok(b.hub.log.every((r) => !r.commit || r.commit === newCommit), 'a request at the old commit after the move');
   const tree = await h.opfsTree(b.page);
-  assert.equal(tree[`pack/${SHARD}`], NEW_SIZE);
+  assert.equal(tree[`${await h.installedDir(b.page)}/${SHARD}`], NEW_SIZE);
 });

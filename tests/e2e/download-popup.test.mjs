@@ -39,3 +39,20 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   await page.click('#delete-pack');
   await h.waitForDownload(page, (s) => !s.installed, 10_000);
 });
+
+test('the popup contacts no Hub until asked; "Check the download size" shows the plan', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  await b.page.reload();
+  await b.page.waitForSelector('#install-form', { state: 'visible', timeout: 10_000 });
+  // Opening the popup asked the service worker for the status only, which contacts nothing.
+  await h.sleep(1500);
+  assert.match(await b.page.textContent('#pack-size'), /Nothing is fetched until you ask/);
+  assert.equal(b.hub.log.length, 0, JSON.stringify(b.hub.log));
+
+  await b.page.click('summary:has-text("Source")');
+  await b.page.fill('#hub-endpoint', b.hub.url);
+  await b.page.fill('#hub-repo', b.repo);
+  await b.page.click('#check-size');
+  await b.page.waitForFunction(() => /files, downloaded once/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
+  assert.ok(b.hub.log.length > 0);
+});

@@ -274,6 +274,8 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
      *   { type: 'corrupt', at? }               one byte flipped (absolute offset `at`, default the middle,
      *                                          or the first byte sent if the response does not cover it)
      *   { type: 'slow', bytesPerSecond }       throttled (default times: Infinity)
+     *   { type: 'resize', by }                 serves the file as if it were `by` bytes longer (zeros
+     *                                          appended) or shorter, headers included
      */
     inject(p, fault) {
       const f = { times: fault.type === 'slow' ? Infinity : 1, ...fault, applied: 0 };
@@ -384,13 +386,14 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
   async function serveBody(req, res, rec, file, p, extraHeaders) {
     const st = statsOf(p);
     st.ranges.push(req.headers.range ?? null);
-    const size = file.size;
     const headers = {
       'Content-Type': 'application/octet-stream',
       'Accept-Ranges': 'bytes',
       ETag: `"${file.lfs ? file.sha256 : file.gitOid}"`,
       ...extraHeaders,
     };
+    const resize = takeFault(p, ['resize']);
+    const size = file.size + (resize?.by ?? 0);
     let start = 0;
     let end = size; // exclusive
     let status = 200;
@@ -432,7 +435,10 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     let o = start;
     while (o < limit && !closed) {
       const n = Math.min(chunkSize, limit - o);
-      let [chunk] = file.content.read(o, o + n, n);
+      // Past the real end (a `resize` fault), zeros.
+      const real = Math.max(0, Math.min(o + n, file.size) - o);
+      let [chunk] = real > 0 ? file.content.read(o, o + real, real) : [Buffer.alloc(0)];
+      if (real < n) chunk = Buffer.concat([chunk, Buffer.alloc(n - real)]);
       if (corruptAt >= o && corruptAt < o + n) {
         chunk = Buffer.from(chunk);
         chunk[corruptAt - o] ^= 0xff;

@@ -420,7 +420,7 @@ export function assertServed(hub, repo, { interruptions = 0, extra = {}, commit 
 // ---------------------------------------------------------------------------------------------
 // OPFS, quota, offscreen document
 
-/** The OPFS of the extension, from an extension page: { 'pack/x.onnx': size, 'pack-staging/': 0, … } (dirs end in /). */
+/** The OPFS of the extension, from an extension page: { 'packs/a/x.onnx': size, 'packs/b/': 0, … } (dirs end in /). */
 export async function opfsTree(page) {
   return page.evaluate(async () => {
     const out = {};
@@ -439,13 +439,94 @@ export async function opfsTree(page) {
   });
 }
 
-/** The names in the OPFS root (`pack`, `pack-staging`, …). */
+/** The names in the OPFS root (`packs`, …). */
 export async function opfsEntries(page) {
   return page.evaluate(async () => {
     const names = [];
     for await (const name of (await navigator.storage.getDirectory()).keys()) names.push(name);
     return names.sort();
   });
+}
+
+/** `packs/state.json` (crates/core/src/storage.rs): { staging: 'a' | 'b', installed: record | null }, or null. */
+export async function packState(page) {
+  return page.evaluate(async () => {
+    try {
+      const packs = await (await navigator.storage.getDirectory()).getDirectoryHandle('packs');
+      return JSON.parse(await (await (await packs.getFileHandle('state.json')).getFile()).text());
+    } catch {
+      return null;
+    }
+  });
+}
+
+/** The OPFS directory of the installed pack (`packs/a` or `packs/b`), or null. */
+export async function installedDir(page) {
+  const state = await packState(page);
+  return state?.installed ? `packs/${state.staging === 'a' ? 'b' : 'a'}` : null;
+}
+
+/** The OPFS directory downloads are staged in (`packs/a` when nothing was ever installed). */
+export async function stagingDir(page) {
+  return `packs/${(await packState(page))?.staging ?? 'a'}`;
+}
+
+/** Lowercase hex SHA-256 of an OPFS file (`dir/name` from the root), read in the page; null if absent. */
+export async function opfsSha256(page, filePath) {
+  return page.evaluate(async (p) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    try {
+      for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+      const file = await (await dir.getFileHandle(parts.at(-1))).getFile();
+      const digest = await crypto.subtle.digest('SHA-256', await file.arrayBuffer());
+      return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, '0')).join('');
+    } catch {
+      return null;
+    }
+  }, filePath);
+}
+
+/** Writes `bytes` (a Buffer or string) to an OPFS file `dir/name`, creating directories. */
+export async function opfsWrite(page, filePath, bytes) {
+  const data = [...Buffer.from(bytes)];
+  return page.evaluate(async ({ p, data }) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part, { create: true });
+    const w = await (await dir.getFileHandle(parts.at(-1), { create: true })).createWritable();
+    await w.write(new Uint8Array(data));
+    await w.close();
+  }, { p: filePath, data });
+}
+
+/** Cuts an OPFS file to `length` bytes (no worker may hold it open). */
+export async function opfsTruncate(page, filePath, length) {
+  return page.evaluate(async ({ p, length }) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+    const w = await (await dir.getFileHandle(parts.at(-1))).createWritable({ keepExistingData: true });
+    await w.truncate(length);
+    await w.close();
+  }, { p: filePath, length });
+}
+
+/**
+ * Arms the failpoint `name` (crates/web/src/opfs.rs `failpoint`): the extension holds for ever when it
+ * reaches it, and removes the OPFS file `failpoint`, which tells the test it got there.
+ */
+export async function armFailpoint(page, name) {
+  await opfsWrite(page, 'failpoint', name);
+}
+
+/** Waits until an armed failpoint was reached. */
+export async function waitForFailpoint(page, timeoutMs = INSTALL_TIMEOUT_MS) {
+  const deadline = Date.now() + timeoutMs;
+  while ((await opfsEntries(page)).includes('failpoint')) {
+    if (Date.now() > deadline) throw new Error(`failpoint not reached within ${timeoutMs} ms`);
+    await sleep(100);
+  }
 }
 
 /** `navigator.storage.estimate()` in an extension page. */

@@ -32,10 +32,11 @@ pub const MAX_FILE_SIZE: u64 = 64 << 30;
 /// Longest revision accepted (git allows longer ref names, the Hub's users do not write them).
 pub const MAX_REVISION_LEN: usize = 256;
 
-/// Retries of one file in a row without a single new byte before the download fails (each one
-/// after [`backoff_ms`]). Any progress resets the count, so a long download over a flaky link goes
-/// on as long as it moves.
-pub const MAX_ATTEMPTS_WITHOUT_PROGRESS: u32 = 8;
+/// Attempts at one file in a row that save no new checkpoint before the download fails, waiting
+/// [`backoff_ms`] between them (15.5 s in all). A saved checkpoint resets the count, so a long
+/// download over a flaky link goes on as long as it moves, and a server that always cuts a response
+/// short of the next checkpoint is given up on.
+pub const MAX_ATTEMPTS_WITHOUT_PROGRESS: u32 = 6;
 
 /// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
 /// value, file, commit) and, where the user can act, what to do.
@@ -750,9 +751,21 @@ pub struct FileRecord {
     pub hash: Option<HashCheckpoint>,
     /// Size and hash checked; the file is complete.
     pub verified: bool,
+    /// The file was started over after some of it had been recorded (a server ignored a range, or the
+    /// file on disk was shorter than its checkpoint): before it counts as verified, what is on disk is
+    /// hashed again, so no record can vouch for bytes the file does not hold.
+    #[serde(default)]
+    pub restarted: bool,
 }
 
 impl FileRecord {
+    /// Starts the file over from byte 0, remembering that it was ([`restarted`](Self::restarted)).
+    pub fn restart(&mut self) {
+        self.done = 0;
+        self.hash = None;
+        self.restarted = true;
+    }
+
     /// Records a checkpoint of the file's hasher ([`ResumableSha256::aligned_checkpoint`], taken after
     /// the bytes it has seen are flushed to disk): `done` becomes the checkpoint's offset.
     pub fn save(&mut self, checkpoint: HashCheckpoint) {
@@ -795,7 +808,13 @@ impl DownloadRecord {
             files: plan
                 .files
                 .iter()
-                .map(|f| FileRecord { file: f.clone(), done: 0, hash: None, verified: false })
+                .map(|f| FileRecord {
+                    file: f.clone(),
+                    done: 0,
+                    hash: None,
+                    verified: false,
+                    restarted: false,
+                })
                 .collect(),
         }
     }
@@ -1474,7 +1493,9 @@ mod tests {
         assert_eq!(backoff_ms(1, 7.0), 800);
         assert_eq!(backoff_ms(1, -1.0), 1000);
         assert_eq!(backoff_ms(1, f64::NAN), 1000);
-        assert_eq!(MAX_ATTEMPTS_WITHOUT_PROGRESS, 8);
+        // The bound the docs state: the waits before giving up add up to about 15 s.
+        let waits: u64 = (0..MAX_ATTEMPTS_WITHOUT_PROGRESS - 1).map(|a| backoff_ms(a, 0.0)).sum();
+        assert_eq!(waits, 15_500);
     }
 
     #[test]

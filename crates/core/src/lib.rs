@@ -18,7 +18,8 @@
 //! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
 //! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
-//! message API types.
+//! message API types, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
+//! installed one.
 //!
 //! Numerics follow the upstream diffusers pipeline (`shared/docs/reference-pipeline.md`); each
 //! module says where and why it departs from it.
@@ -36,6 +37,7 @@ pub mod pack;
 pub mod params;
 pub mod prompt;
 pub mod schedule;
+pub mod storage;
 
 pub use image::{encode_png, to_rgba8, ImageError, PngMeta};
 pub use latents::{

@@ -21,7 +21,7 @@ use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
 use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, RateMeter};
-use js_sys::{ArrayBuffer, Reflect, Uint8Array};
+use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -31,7 +31,7 @@ use crate::gpu;
 use crate::hasher::HashWorker;
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
 use crate::js::{error_text, from_js, get, now_ms, random_u64, sleep_ms, to_js, Obj};
-use crate::opfs::{self, PackRecord, SyncError, SyncFile, PACK_DIR, PACK_RECORD, STAGING_DIR};
+use crate::opfs::{self, PackRecord, Slot, SyncError, SyncFile};
 use crate::stage_worker::post;
 
 /// Bytes between two checkpoints (flush, then the hash state asked for and saved in the record).
@@ -40,7 +40,7 @@ pub const CHECKPOINT_BYTES: u64 = 4 << 20;
 /// block boundaries).
 const WRITE_BYTES: usize = 1 << 20;
 /// The two slots of the download record.
-const RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
+const RECORD_SLOTS: [&str; 2] = imagine_core::storage::DOWNLOAD_RECORD_SLOTS;
 /// Progress reports are posted at most this often.
 const REPORT_EVERY_MS: f64 = 250.0;
 
@@ -56,9 +56,18 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
     let source = request.source.validate().map_err(|e| e.to_string())?;
     let mut report = Reporter::new();
 
-    let mut store = RecordStore::load().await;
-    let verified_small_files = store.kept_small_files().await;
+    let staging = opfs::pack_state().await?.staging;
+    let mut store = RecordStore::load(staging).await;
+    let verified_small_files = store.kept_small_files(staging).await;
     let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await.map_err(String::from)?;
+    if let Some(installed) = opfs::pack_state().await?.installed.filter(|installed| installed.matches(&plan))
+    {
+        // This very pack is installed (a swap was interrupted after the state was written, or the same
+        // commit was asked for again): nothing to download, and what is staged is not needed.
+        drop(store);
+        opfs::clear_slot(staging).await?;
+        return Ok((to_js(&installed), None));
+    }
     let resumable = store.record.take().filter(|record| record.matches(&plan));
     let fresh = resumable.as_ref().is_none_or(|record| record.done_bytes() == 0);
     let mut record = resumable.unwrap_or_else(|| DownloadRecord::new(&plan));
@@ -75,10 +84,10 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
 
     if fresh {
         // A pack is never a mix of two revisions: nothing of another commit is kept.
-        opfs::remove(&opfs::root().await?, STAGING_DIR).await?;
+        opfs::clear_slot(staging).await?;
         store.sequence = 0;
     }
-    let dir = opfs::dir(STAGING_DIR, true).await?;
+    let dir = opfs::slot_dir(staging, true).await?;
     // The graphs and manifests were fetched and verified while planning; store them now.
     let small: HashMap<String, &[u8]> = graphs
         .iter()
@@ -109,7 +118,7 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
             download.file(index).await?;
         }
     }
-    // Closes the record files, which `move_into_place` removes with the staging directory.
+    // Closes the record files, which the swap removes.
     download.store.slots = None;
     // A generation may be reading the installed pack: the offscreen document lets the new one replace
     // it only once no job runs, and holds the next jobs until it has.
@@ -119,7 +128,7 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
     post(&Obj::new().set("kind", "swapReady").build(), None);
     allowed.await.map_err(|_| "internal: the pack swap was never allowed".to_string())?;
-    let installed = move_into_place(&download.dir, &download.record).await?;
+    let installed = swap(staging, &download.record).await?;
     Ok((to_js(&installed), None))
 }
 
@@ -183,9 +192,17 @@ impl Download {
         let mut failures = 0;
         loop {
             let file = SyncFile::open(&self.dir, &planned.path).await?;
-            // Bytes past the last checkpoint are never trusted: the file is cut back to it.
-            let checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
+            // Bytes past the last checkpoint are never trusted: the file is cut back to it. A file shorter
+            // than its checkpoint lost bytes the record counts, so it starts over.
+            let mut checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
+            let on_disk = file.size().map_err(String::from)?;
+            if checkpoint.as_ref().is_some_and(|c| c.offset > on_disk) {
+                self.record.files[index].restart();
+                self.save().await?;
+                checkpoint = None;
+            }
             let start = checkpoint.as_ref().map_or(0, |c| c.offset);
+            let saved_before = saved_offset(&self.record.files[index]);
             self.hasher.reset(checkpoint.as_ref()).await?;
             self.record.files[index].done = start;
             file.truncate(start).map_err(String::from)?;
@@ -193,11 +210,14 @@ impl Download {
                 Ok(()) => {}
                 Err(StreamError::Fatal(message)) => return Err(message),
                 Err(StreamError::Transient(message)) => {
-                    let progressed = self.record.files[index].done > start;
+                    // Progress is a checkpoint saved further on: a server that always cuts the response
+                    // before the next checkpoint makes none, however many bytes it sends.
+                    let progressed = saved_offset(&self.record.files[index]) > saved_before;
                     failures = if progressed { 1 } else { failures + 1 };
-                    if failures > hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
+                    if failures >= hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
                         return Err(format!(
-                            "{message} (gave up after {failures} attempts; resume to try again)"
+                            "{message}; gave up after {failures} attempts in a row that saved nothing new \
+                             (resume to try again)"
                         ));
                     }
                     drop(file);
@@ -205,21 +225,24 @@ impl Download {
                     continue;
                 }
             }
-            let digest = self.hasher.finish().await?;
-            let entry = &mut self.record.files[index];
+            let mut digest = self.hasher.finish().await?;
+            if self.record.files[index].restarted {
+                digest = sha256_on_disk(&file, planned.size)?;
+            }
             if let Err(mismatch) = hub::verify_sha256(&planned, &digest) {
-                // A corrupt file is downloaded again once, from the start.
+                // A corrupt file is downloaded again once, from the start. The record says so before the
+                // file is cut.
                 mismatches += 1;
-                entry.done = 0;
-                entry.hash = None;
+                self.record.files[index].restart();
+                self.save().await?;
                 file.truncate(0).map_err(String::from)?;
                 drop(file);
-                self.save().await?;
                 if mismatches > 1 {
                     return Err(format!("{mismatch}; it failed verification twice, so the download stopped"));
                 }
                 continue;
             }
+            let entry = &mut self.record.files[index];
             entry.verified = true;
             entry.done = planned.size;
             entry.hash = None;
@@ -246,6 +269,7 @@ impl Download {
         }
         let response = hub_client::fetch(url, (start > 0).then_some(start)).await?;
         check_status(&response, url)?;
+        check_length(&response, url, &path, size)?;
         let mut offset = start;
         if start > 0 {
             let range = response.headers().get("content-range").ok().flatten();
@@ -255,11 +279,13 @@ impl Download {
                 )));
             }
             if response.status() != 206 {
+                // The whole file again: the record says so before the file is cut, so it never describes
+                // bytes the file does not hold.
                 offset = 0;
+                self.record.files[index].restart();
+                self.save().await.map_err(StreamError::Fatal)?;
                 self.hasher.reset(None).await.map_err(StreamError::Fatal)?;
                 file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
-                self.record.files[index].done = 0;
-                self.record.files[index].hash = None;
             }
         }
         let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
@@ -278,8 +304,9 @@ impl Download {
             };
             if length > 0 {
                 if offset + u64::from(length) > size {
-                    break Err(StreamError::Transient(format!(
-                        "{url} sent more than the {size} bytes the Hub lists"
+                    break Err(StreamError::Fatal(format!(
+                        "{url} sent more than the {size} bytes the Hub lists for {path}: the server's \
+                         copy differs from the listing, so the download stopped"
                     )));
                 }
                 let block = Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length);
@@ -308,10 +335,14 @@ impl Download {
             }
             self.report.maybe(&self.record);
             if !more {
+                // A body that ends cleanly is the server's whole answer: asking again gets the same.
                 break if offset == size {
                     Ok(())
                 } else {
-                    Err(StreamError::Transient(format!("{url} ended after {offset} of {size} bytes")))
+                    Err(StreamError::Fatal(format!(
+                        "{url} ended {path} after {offset} of the {size} bytes the Hub lists: the server's \
+                         copy differs from the listing, so the download stopped"
+                    )))
                 };
             }
         };
@@ -337,6 +368,48 @@ impl Download {
         self.record.files[index].done = done;
         saved
     }
+}
+
+/// The offset of the last checkpoint saved for a file.
+fn saved_offset(entry: &hub::FileRecord) -> u64 {
+    entry.hash.as_ref().map_or(0, |c| c.offset)
+}
+
+/// Refuses a response whose headers announce another length for the file than the listing's `size`
+/// (the total of a `Content-Range`, or the `Content-Length` of a whole, unencoded body): retrying does
+/// not change what a server stores.
+fn check_length(response: &web_sys::Response, url: &str, path: &str, size: u64) -> Result<(), StreamError> {
+    let headers = response.headers();
+    let header = |name: &str| headers.get(name).ok().flatten();
+    let announced = match (response.status(), header("content-range"), header("content-encoding")) {
+        (206, Some(range), _) => hub::parse_content_range(&range).ok().and_then(|(_, _, total)| total),
+        (200, _, None) => header("content-length").and_then(|n| n.trim().parse::<u64>().ok()),
+        _ => None,
+    };
+    match announced {
+        Some(total) if total != size => Err(StreamError::Fatal(format!(
+            "{url} serves {path} as {total} bytes, the Hub lists {size}: the server's copy differs from the \
+             listing, so the download stopped"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// SHA-256 of the first `size` bytes of `file` as they are on disk (a restarted file's final check).
+fn sha256_on_disk(file: &SyncFile, size: u64) -> Result<[u8; 32], String> {
+    let mut hasher = hub::ResumableSha256::new();
+    let mut buffer = vec![0; WRITE_BYTES];
+    let mut offset = 0;
+    while offset < size {
+        let want = (size - offset).min(WRITE_BYTES as u64) as usize;
+        let read = file.read_at(&mut buffer[..want], offset).map_err(String::from)?;
+        if read == 0 {
+            break;
+        }
+        hasher.update(&buffer[..read]);
+        offset += read as u64;
+    }
+    Ok(hasher.finalize())
 }
 
 /// Reads a response body into the buffers it is given, a block at a time. Where the body is a byte
@@ -416,9 +489,9 @@ struct RecordStore {
 }
 
 impl RecordStore {
-    async fn load() -> RecordStore {
+    async fn load(staging: Slot) -> RecordStore {
         let mut best: Option<StoredRecord> = None;
-        if let Ok(dir) = opfs::dir(STAGING_DIR, false).await {
+        if let Ok(dir) = opfs::slot_dir(staging, false).await {
             for slot in RECORD_SLOTS {
                 let stored = opfs::read(&dir, slot)
                     .await
@@ -436,9 +509,9 @@ impl RecordStore {
     }
 
     /// The graphs and manifests an earlier attempt already verified.
-    async fn kept_small_files(&self) -> KeptFiles {
+    async fn kept_small_files(&self, staging: Slot) -> KeptFiles {
         let mut kept = KeptFiles::default();
-        let (Some(record), Ok(dir)) = (&self.record, opfs::dir(STAGING_DIR, false).await) else {
+        let (Some(record), Ok(dir)) = (&self.record, opfs::slot_dir(staging, false).await) else {
             return kept;
         };
         kept.commit = record.commit.clone();
@@ -467,35 +540,26 @@ impl RecordStore {
     }
 }
 
-/// Moves the verified files into `pack/`, replacing the installed pack, and writes its record last.
-async fn move_into_place(
-    staging: &FileSystemDirectoryHandle,
-    record: &DownloadRecord,
-) -> Result<PackRecord, String> {
-    let root = opfs::root().await?;
-    opfs::remove(&root, PACK_DIR).await?;
-    let pack_dir = opfs::dir(PACK_DIR, true).await?;
-    for entry in &record.files {
-        let handle = opfs::file_handle(staging, &entry.file.path, false).await?;
-        // `FileSystemHandle.move` renames within OPFS without copying the bytes.
-        let mover: js_sys::Function =
-            Reflect::get(&handle, &"move".into()).map_err(|e| error_text(&e))?.unchecked_into();
-        let promise = mover.call1(&handle, &pack_dir).map_err(|e| error_text(&e))?;
-        JsFuture::from(js_sys::Promise::from(promise))
-            .await
-            .map_err(|e| format!("moving {} into place: {}", entry.file.path, error_text(&e)))?;
+/// Installs the verified pack of the `staging` slot in one write of the pack state, then empties the
+/// previous pack's slot for the next download (see [`imagine_core::storage`]). Every step may be
+/// interrupted and repeated: until the state is written the old pack is installed and this download
+/// resumes to here; after it, the new pack is installed and a resumed download finds it so.
+async fn swap(staging: Slot, record: &DownloadRecord) -> Result<PackRecord, String> {
+    let state = opfs::pack_state().await?;
+    if state.staging != staging {
+        return Err("the model storage changed during the download: resume to download again".into());
     }
-    let installed = PackRecord {
-        source: record.source.clone(),
-        commit: record.commit.clone(),
-        files: record.files.iter().map(|f| f.file.clone()).collect(),
-        bytes: record.total_bytes(),
-    };
-    let text = serde_json::to_vec(&installed).map_err(|e| e.to_string())?;
-    let file = SyncFile::create(&pack_dir, PACK_RECORD).await?;
-    file.write_at(&text, 0).map_err(quota_message)?;
-    file.close().map_err(String::from)?;
-    opfs::remove(&root, STAGING_DIR).await?;
+    let files = record.files.iter().map(|f| f.file.clone()).collect();
+    let installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
+    opfs::failpoint("swap:before-state").await;
+    let swapped = state.swapped(installed.clone());
+    opfs::write_pack_state(&swapped).await?;
+    opfs::failpoint("swap:after-state").await;
+    opfs::clear_slot(swapped.staging).await?;
+    let dir = opfs::slot_dir(staging, false).await?;
+    for name in RECORD_SLOTS {
+        opfs::remove(&dir, name).await?;
+    }
     Ok(installed)
 }
 

@@ -55,22 +55,51 @@ pub async fn fetch(url: &str, from: Option<u64>) -> Result<Response, FetchError>
     Ok(response.unchecked_into())
 }
 
-/// The whole body of a successful `GET url`.
-pub async fn fetch_bytes(url: &str) -> Result<Vec<u8>, FetchError> {
-    fetch_page(url).await.map(|(bytes, _)| bytes)
+/// The most a Hub API answer (a revision, a page of a file list) may hold. A pack's repo lists a few
+/// dozen files in a few kB; a larger answer is refused rather than held in memory.
+pub const MAX_API_BYTES: u64 = 16 << 20;
+
+/// The whole body of a successful `GET url`, refused past `cap` bytes.
+pub async fn fetch_bytes(url: &str, cap: u64) -> Result<Vec<u8>, FetchError> {
+    fetch_page(url, cap).await.map(|(bytes, _)| bytes)
 }
 
-/// The whole body of a successful `GET url`, and its `Link` header (how paginated lists go on).
-async fn fetch_page(url: &str) -> Result<(Vec<u8>, Option<String>), FetchError> {
+/// The whole body of a successful `GET url` (at most `cap` bytes), and its `Link` header (how paginated
+/// lists go on).
+async fn fetch_page(url: &str, cap: u64) -> Result<(Vec<u8>, Option<String>), FetchError> {
     let response = fetch(url, None).await?;
     check_status(&response, url)?;
     let link = response.headers().get("link").ok().flatten();
-    let buffer = JsFuture::from(response.array_buffer().map_err(|e| FetchError::Fatal(error_text(&e)))?)
-        .await
-        .map_err(|e| {
-            FetchError::Transient(format!("downloading {url} was interrupted: {}", error_text(&e)))
-        })?;
-    Ok((Uint8Array::new(&buffer).to_vec(), link))
+    Ok((read_capped(&response, url, cap).await?, link))
+}
+
+/// Reads a body, refusing it as soon as it goes past `cap` bytes (before reading it, when its
+/// `Content-Length` says so).
+async fn read_capped(response: &Response, url: &str, cap: u64) -> Result<Vec<u8>, FetchError> {
+    let too_large = || FetchError::Fatal(format!("{url} sent more than the {cap} bytes allowed for it"));
+    let announced = response.headers().get("content-length").ok().flatten();
+    if announced.and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > cap) {
+        return Err(too_large());
+    }
+    let Some(body) = response.body() else { return Ok(Vec::new()) };
+    let reader: web_sys::ReadableStreamDefaultReader = body.get_reader().unchecked_into();
+    let interrupted =
+        |e: JsValue| FetchError::Transient(format!("downloading {url} was interrupted: {}", error_text(&e)));
+    let mut bytes = Vec::new();
+    loop {
+        let chunk = JsFuture::from(reader.read()).await.map_err(interrupted)?;
+        if get(&chunk, "done").as_bool().unwrap_or(true) {
+            return Ok(bytes);
+        }
+        let value: Uint8Array = get(&chunk, "value").unchecked_into();
+        if bytes.len() as u64 + u64::from(value.length()) > cap {
+            let _ = reader.cancel();
+            return Err(too_large());
+        }
+        let start = bytes.len();
+        bytes.resize(start + value.length() as usize, 0);
+        value.copy_to(&mut bytes[start..]);
+    }
 }
 
 /// Classifies a response status: success, worth a retry, or fatal.
@@ -87,7 +116,7 @@ pub fn check_status(response: &Response, url: &str) -> Result<(), FetchError> {
 
 /// The commit a revision points at, and every file listed at that commit.
 pub async fn resolve(source: &PackSource) -> Result<(String, Vec<PackFile>), FetchError> {
-    let revision = fetch_bytes(&hub::revision_url(source)).await?;
+    let revision = fetch_bytes(&hub::revision_url(source), MAX_API_BYTES).await?;
     let commit = hub::parse_revision(&revision).map_err(|e| FetchError::Fatal(e.to_string()))?;
     // The Hub pages long lists; every page is read before anything is planned.
     let fatal = |e: hub::HubError| FetchError::Fatal(e.to_string());
@@ -101,7 +130,7 @@ pub async fn resolve(source: &PackSource) -> Result<(String, Vec<PackFile>), Fet
                 hub::MAX_TREE_PAGES
             )));
         }
-        let (page, link) = fetch_page(&url).await?;
+        let (page, link) = fetch_page(&url, MAX_API_BYTES).await?;
         pages.push(page);
         next = link.map(|link| hub::next_page(&link, &source.endpoint)).transpose().map_err(fatal)?.flatten();
     }
@@ -116,7 +145,7 @@ pub async fn fetch_verified(
     commit: &str,
     file: &PackFile,
 ) -> Result<Vec<u8>, FetchError> {
-    let bytes = fetch_bytes(&hub::resolve_url(source, commit, &file.path)).await?;
+    let bytes = fetch_bytes(&hub::resolve_url(source, commit, &file.path), file.size).await?;
     hub::verify_small(file, &bytes).map_err(|e| FetchError::Fatal(e.to_string()))?;
     Ok(bytes)
 }

@@ -358,10 +358,10 @@ fn stop_install() -> Option<DownloadProgress> {
 
 /// Removes a download's partial files. The terminated worker's file locks go away shortly after it.
 async fn remove_staging() -> Result<(), String> {
-    let root = crate::opfs::root().await?;
+    let staging = crate::opfs::pack_state().await?.staging;
     let mut attempt = 0;
     loop {
-        match crate::opfs::remove(&root, crate::opfs::STAGING_DIR).await {
+        match crate::opfs::clear_slot(staging).await {
             Ok(()) => return Ok(()),
             Err(_) if attempt < 20 => {
                 attempt += 1;

@@ -1,38 +1,18 @@
-//! The extension's storage in OPFS (origin private file system).
-//!
-//! ```text
-//! pack/            the installed pack: graphs, manifests and external-data files under their Hub names
-//! pack/pack.json   the pack record, written last: a pack without it is not installed
-//! pack-staging/    a download in progress: its files and its download record (see `download.rs`)
-//! ```
+//! The extension's storage in OPFS (origin private file system). The layout of the packs and the rule
+//! that keeps an installed pack usable through interruptions are in [`imagine_core::storage`].
 
-use imagine_core::api::{PackFile, PackSource, StorageUse};
-use serde::{Deserialize, Serialize};
+use imagine_core::api::StorageUse;
+pub use imagine_core::storage::{PackRecord, PackState, Slot};
+use imagine_core::storage::{PACKS_DIR, STATE_FILE};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
     FileSystemDirectoryHandle, FileSystemFileHandle, FileSystemGetDirectoryOptions, FileSystemGetFileOptions,
-    FileSystemReadWriteOptions, FileSystemRemoveOptions, FileSystemSyncAccessHandle, StorageManager,
+    FileSystemReadWriteOptions, FileSystemRemoveOptions, FileSystemSyncAccessHandle,
+    FileSystemWritableFileStream, StorageManager,
 };
 
 use crate::js::{error_text, get};
-
-/// The directory of the installed pack.
-pub const PACK_DIR: &str = "pack";
-/// The pack record's file name inside [`PACK_DIR`].
-pub const PACK_RECORD: &str = "pack.json";
-/// The directory of a download in progress.
-pub const STAGING_DIR: &str = "pack-staging";
-
-/// What is installed: written after every file is in place and verified.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PackRecord {
-    pub source: PackSource,
-    pub commit: String,
-    pub files: Vec<PackFile>,
-    pub bytes: u64,
-}
 
 /// A failed OPFS operation, as text for the user.
 pub type OpfsResult<T> = Result<T, String>;
@@ -89,16 +69,122 @@ pub async fn remove(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<(
     options.set_recursive(true);
     match JsFuture::from(dir.remove_entry_with_options(name, &options)).await {
         Ok(_) => Ok(()),
-        Err(e) if get(&e, "name").as_string().as_deref() == Some("NotFoundError") => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(format!("removing {name}: {}", error_text(&e))),
     }
 }
 
-/// The installed pack's record, or `None` when no pack is installed.
-pub async fn pack_record() -> Option<PackRecord> {
-    let dir = dir(PACK_DIR, false).await.ok()?;
-    let bytes = read(&dir, PACK_RECORD).await.ok()?;
-    serde_json::from_slice(&bytes).ok()
+fn is_not_found(e: &JsValue) -> bool {
+    get(e, "name").as_string().as_deref() == Some("NotFoundError")
+}
+
+/// The pack state (`packs/state.json`), or the empty state when there is none yet.
+pub async fn pack_state() -> OpfsResult<PackState> {
+    let root = root().await?;
+    let options = FileSystemGetDirectoryOptions::new();
+    let packs = match JsFuture::from(root.get_directory_handle_with_options(PACKS_DIR, &options)).await {
+        Ok(dir) => dir.unchecked_into::<FileSystemDirectoryHandle>(),
+        Err(e) if is_not_found(&e) => return Ok(PackState::default()),
+        Err(e) => return Err(format!("opening {PACKS_DIR}/: {}", error_text(&e))),
+    };
+    let file = match JsFuture::from(packs.get_file_handle(STATE_FILE)).await {
+        Ok(handle) => handle.unchecked_into::<FileSystemFileHandle>(),
+        Err(e) if is_not_found(&e) => return Ok(PackState::default()),
+        Err(e) => return Err(format!("opening {PACKS_DIR}/{STATE_FILE}: {}", error_text(&e))),
+    };
+    let file: web_sys::File = await_js(file.get_file(), "reading the pack state").await?.unchecked_into();
+    let buffer = await_js(file.array_buffer(), "reading the pack state").await?;
+    serde_json::from_slice(&js_sys::Uint8Array::new(&buffer).to_vec()).map_err(|e| {
+        format!("{PACKS_DIR}/{STATE_FILE} is unreadable ({e}): delete the model and install it again")
+    })
+}
+
+/// Replaces `packs/state.json` whole (see [`write_whole`]), so an interruption leaves either the old
+/// state or the new one.
+pub async fn write_pack_state(state: &PackState) -> OpfsResult<()> {
+    let text = serde_json::to_vec(state).map_err(|e| e.to_string())?;
+    write_whole(&dir(PACKS_DIR, true).await?, STATE_FILE, &text).await
+}
+
+/// Writes `name` in `dir` whole, from any context: a writable stream writes to a swap file that takes
+/// the file's place on `close()`, so readers see the old contents or the new, never a mix.
+pub async fn write_whole(dir: &FileSystemDirectoryHandle, name: &str, bytes: &[u8]) -> OpfsResult<()> {
+    let what = format!("writing {name}");
+    let handle = file_handle(dir, name, true).await?;
+    let stream: FileSystemWritableFileStream =
+        await_js(handle.create_writable(), &what).await?.unchecked_into();
+    let written = stream.write_with_u8_array(bytes).map_err(|e| format!("{what}: {}", error_text(&e)))?;
+    if let Err(e) = await_js(written, &what).await {
+        let _ = JsFuture::from(stream.abort()).await;
+        return Err(e);
+    }
+    await_js(stream.close(), &what).await?;
+    Ok(())
+}
+
+/// The directory of `slot`, created if `create`.
+pub async fn slot_dir(slot: Slot, create: bool) -> OpfsResult<FileSystemDirectoryHandle> {
+    let packs = dir(PACKS_DIR, create).await?;
+    let options = FileSystemGetDirectoryOptions::new();
+    options.set_create(create);
+    let name = slot.dir_name();
+    Ok(await_js(
+        packs.get_directory_handle_with_options(name, &options),
+        &format!("opening {PACKS_DIR}/{name}/"),
+    )
+    .await?
+    .unchecked_into())
+}
+
+/// Empties `slot`: the download record first, so that an interrupted removal never leaves a record that
+/// describes files no longer there, then everything else.
+pub async fn clear_slot(slot: Slot) -> OpfsResult<()> {
+    let Ok(files) = slot_dir(slot, false).await else { return Ok(()) };
+    for name in imagine_core::storage::DOWNLOAD_RECORD_SLOTS {
+        remove(&files, name).await?;
+    }
+    remove(&dir(PACKS_DIR, false).await?, slot.dir_name()).await
+}
+
+/// The installed pack's record and directory, or `None` when no pack is installed.
+pub async fn installed_pack() -> Option<(PackRecord, FileSystemDirectoryHandle)> {
+    let state = pack_state().await.ok()?;
+    let slot = state.installed_slot()?;
+    Some((state.installed?, slot_dir(slot, false).await.ok()?))
+}
+
+/// Removes what belongs to no pack: the slot that neither holds the installed pack nor stages a download,
+/// the staging slot too unless a download is kept (`keep_staging`), and the layout of earlier versions.
+pub async fn remove_stray(keep_staging: bool) -> OpfsResult<()> {
+    let root = root().await?;
+    for legacy in imagine_core::storage::LEGACY_DIRS {
+        remove(&root, legacy).await?;
+    }
+    let state = pack_state().await?;
+    if let Some(unused) = state.unused_slot() {
+        clear_slot(unused).await?;
+    }
+    if !keep_staging {
+        clear_slot(state.staging).await?;
+    }
+    Ok(())
+}
+
+/// The file that arms a [`failpoint`].
+const FAILPOINT_FILE: &str = "failpoint";
+
+/// A test hook for the steps that must survive the browser stopping anywhere: when the OPFS root holds a
+/// file `failpoint` whose text is `name`, the file is removed and the caller waits for ever, so a test
+/// can stop the browser exactly here. Only the extension can write its OPFS; otherwise this costs one
+/// failed lookup.
+pub async fn failpoint(name: &str) {
+    let Ok(root) = root().await else { return };
+    if read(&root, FAILPOINT_FILE).await.ok().as_deref() != Some(name.as_bytes()) {
+        return;
+    }
+    let _ = remove(&root, FAILPOINT_FILE).await;
+    web_sys::console::log_1(&format!("imagine: failpoint {name} reached, holding").into());
+    futures_util::future::pending::<()>().await;
 }
 
 /// Bytes the extension's origin uses and may use.
@@ -177,6 +263,22 @@ impl SyncFile {
             )));
         }
         Ok(())
+    }
+
+    /// The file's length.
+    pub fn size(&self) -> Result<u64, SyncError> {
+        Ok(self.handle.get_size().map_err(|e| self.error("reading the size of", &e))? as u64)
+    }
+
+    /// Reads into all of `buffer` from `offset`; the number of bytes read (fewer at the end of the file).
+    pub fn read_at(&self, buffer: &mut [u8], offset: u64) -> Result<usize, SyncError> {
+        let options = FileSystemReadWriteOptions::new();
+        options.set_at(offset as f64);
+        let read = self
+            .handle
+            .read_with_u8_array_and_options(buffer, &options)
+            .map_err(|e| self.error("reading", &e))?;
+        Ok(read as usize)
     }
 
     /// Makes what was written durable.

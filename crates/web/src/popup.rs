@@ -29,6 +29,8 @@ pub fn popup_main() {
     on_click("generate", || spawn_local(generate()));
     on_click("cancel", || spawn_local(cancel()));
     on_click("install", install_clicked);
+    // The Hub is contacted only when the user asks: for the size, or for the download.
+    on_click("check-size", || spawn_local(show_plan()));
     on_click("pause", || spawn_local(pack_action(Request::PausePack)));
     on_click("resume", || spawn_local(pack_action(Request::ResumePack)));
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack)));
@@ -114,9 +116,6 @@ async fn refresh_pack() {
     let idle = !status.installed && status.download.is_none();
     set_visible("install-form", idle);
     show_download(status.download.as_ref());
-    if idle {
-        spawn_local(show_plan());
-    }
 }
 
 /// Shows the size of the download before anything is written.

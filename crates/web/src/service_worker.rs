@@ -26,6 +26,7 @@ use crate::js::{error_text, from_js, get, random_u64, to_js, Obj};
 use crate::messaging::{send, OFFSCREEN_TARGET};
 use crate::opfs;
 use crate::stage_worker::JobSpec;
+use imagine_core::storage::RESULTS_DIR;
 
 /// The context-menu item on selected text.
 pub const MENU_ID: &str = "imagine-selection";
@@ -80,6 +81,12 @@ pub fn service_worker_installed() -> js_sys::Promise {
             .set("contexts", js_sys::Array::of1(&"selection".into()))
             .build();
         chrome::context_menus_create(&item)?;
+        // After an update: files of an earlier storage layout, or of nothing, are removed.
+        let _guard = lock_download().await;
+        let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
+        if let Err(e) = opfs::remove_stray(keep_download).await {
+            web_sys::console::error_1(&e.into());
+        }
         Ok(JsValue::UNDEFINED)
     })
 }
@@ -209,8 +216,8 @@ async fn cancel_download() -> Reply {
     // The offscreen document stops the worker before removing the files it has open.
     let removed = match offscreen_exists().await {
         Ok(true) => command(Obj::new().set("command", "cancelPack")).await.map(|_| ()),
-        _ => match opfs::root().await {
-            Ok(root) => opfs::remove(&root, opfs::STAGING_DIR).await,
+        _ => match opfs::pack_state().await {
+            Ok(state) => opfs::clear_slot(state.staging).await,
             Err(e) => Err(e),
         },
     };
@@ -220,9 +227,18 @@ async fn cancel_download() -> Reply {
     }
 }
 
+/// Deletes the installed pack; a download in progress is kept. Refused while a new pack is being put in
+/// place, which would race with it.
 async fn delete_pack() -> Result<(), String> {
-    let root = opfs::root().await?;
-    opfs::remove(&root, opfs::PACK_DIR).await
+    let _guard = lock_download().await;
+    let download = load_local::<Download>(DOWNLOAD_KEY).await;
+    if download.as_ref().is_some_and(|d| d.state == DownloadState::Installing) {
+        return Err("a new model pack is being installed right now: delete it once it is installed".into());
+    }
+    // An unreadable state is replaced: deleting is how the user starts over.
+    let state = opfs::pack_state().await.unwrap_or_default();
+    opfs::write_pack_state(&state.deleted()).await?;
+    opfs::remove_stray(download.is_some()).await
 }
 
 async fn clear_alarm() {
@@ -259,7 +275,7 @@ async fn resume_if_stalled() {
 async fn pack_status() -> PackStatus {
     resume_if_stalled().await;
     let download = load_local::<Download>(DOWNLOAD_KEY).await;
-    let record = opfs::pack_record().await;
+    let record = opfs::installed_pack().await.map(|(record, _)| record);
     PackStatus {
         installed: record.is_some(),
         bytes: record.as_ref().map_or(0, |r| r.bytes),
@@ -295,7 +311,7 @@ async fn start_job(request: GenerateRequest) -> Reply {
         Ok(params) => params,
         Err(e) => return Reply::Error { error: e.to_string() },
     };
-    if opfs::pack_record().await.is_none() {
+    if opfs::installed_pack().await.is_none() {
         return Reply::Error {
             error: "no model pack is installed yet: install one (installPack) before generating".into(),
         };
@@ -371,10 +387,22 @@ async fn record(event: Event) {
             set_job(&job, &JobState::Running { progress: Some(progress) }).await
         }
         Event::Result(mut result) => {
-            // The trace is for the caller that asked for it, not worth keeping.
+            // The trace is for the caller that asked for it, not worth keeping; the image is kept in
+            // OPFS, since a large PNG does not fit `storage.session`.
             result.trace = None;
             let job = result.job.clone();
-            set_job(&job, &JobState::Done { result }).await;
+            let png = std::mem::take(&mut result.png);
+            let state = match keep_image(&job, &png).await {
+                Ok(()) => JobState::Done { result },
+                Err(e) => JobState::Failed {
+                    error: format!(
+                        "the image was made but could not be kept ({e}); free some disk space and generate \
+                         it again with seed {}",
+                        result.seed
+                    ),
+                },
+            };
+            set_job(&job, &state).await;
         }
         Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
         Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
@@ -433,17 +461,54 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
+/// A job's state; a finished job's image is read back from OPFS.
 async fn job_state(job: &str) -> JobState {
-    load(&job_key(job)).await.unwrap_or(JobState::Unknown)
+    match load(&job_key(job)).await {
+        Some(JobState::Done { mut result }) => match kept_image(job).await {
+            Ok(png) => {
+                use base64::Engine;
+                result.png = base64::engine::general_purpose::STANDARD.encode(png);
+                JobState::Done { result }
+            }
+            Err(e) => JobState::Failed { error: format!("the image of this job is no longer kept ({e})") },
+        },
+        Some(state) => state,
+        None => JobState::Unknown,
+    }
 }
 
 fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
+fn image_name(job: &str) -> String {
+    format!("{job}.png")
+}
+
+/// Stores a job's PNG (base64, as the result event carries it) in `results/`.
+async fn keep_image(job: &str, png: &str) -> Result<(), String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(png).map_err(|e| e.to_string())?;
+    let dir = opfs::dir(RESULTS_DIR, true).await?;
+    opfs::write_whole(&dir, &image_name(job), &bytes).await
+}
+
+async fn kept_image(job: &str) -> Result<Vec<u8>, String> {
+    opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job)).await
+}
+
+/// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
+/// (`storage.session` is full), a short failure is written in its place.
 async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
-    save(&key, state).await;
+    if let Err(e) = save(&key, state).await {
+        let error = format!("the job's outcome could not be recorded: {e}");
+        if !matches!(state, JobState::Running { .. })
+            && save(&key, &JobState::Failed { error }).await.is_err()
+        {
+            web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
+        }
+    }
     let mut jobs: Vec<String> = load(JOBS_KEY).await.unwrap_or_default();
     if !jobs.iter().any(|j| j == job) {
         jobs.push(job.to_owned());
@@ -452,13 +517,20 @@ async fn set_job(job: &str, state: &JobState) {
             if let Ok(promise) = chrome::session_remove(&job_key(&old).into()) {
                 let _ = JsFuture::from(promise).await;
             }
+            if let Ok(dir) = opfs::dir(RESULTS_DIR, false).await {
+                let _ = opfs::remove(&dir, &image_name(&old)).await;
+            }
         }
-        save(JOBS_KEY, &jobs).await;
+        if let Err(e) = save(JOBS_KEY, &jobs).await {
+            web_sys::console::error_1(&format!("imagine: the job list: {e}").into());
+        }
     }
 }
 
-async fn save<T: Serialize>(key: &str, value: &T) {
-    store(chrome::session_set, key, value).await
+async fn save<T: Serialize>(key: &str, value: &T) -> Result<(), String> {
+    let items = Obj::new().set(key, to_js(value)).build();
+    let promise = chrome::session_set(&items).map_err(|e| error_text(&e))?;
+    JsFuture::from(promise).await.map(|_| ()).map_err(|e| error_text(&e))
 }
 
 async fn load<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {

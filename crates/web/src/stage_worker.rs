@@ -162,9 +162,9 @@ impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
     /// reads itself: we never hold a copy of the weights.
     async fn open(graph: Graph, backend: &str) -> Result<Stage, String> {
-        let dir = opfs::dir(opfs::PACK_DIR, false)
+        let (_, dir) = opfs::installed_pack()
             .await
-            .map_err(|_| "no model pack is installed: install one first".to_string())?;
+            .ok_or_else(|| "no model pack is installed: install one first".to_string())?;
         let name = graph.file_name();
         let bytes = opfs::read(&dir, &name).await?;
         let mut external = Vec::new();

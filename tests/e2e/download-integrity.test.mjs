@@ -1,0 +1,163 @@
+// What the download promises about stored data, under the interruptions that used to break it: a file is
+// marked verified only when the bytes on disk are the listed ones; the installed pack stays usable through
+// every step of replacing it; retries end; a server whose copy differs from the listing is refused.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE } = h;
+
+/** Polls `predicate` (sync or async) every 50 ms until it holds; throws after `timeoutMs`. */
+async function until(predicate, what, timeoutMs = 60_000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await predicate())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await h.sleep(50);
+  }
+}
+
+/** Asserts that the installed copy of every pack file holds exactly the listed bytes. */
+async function assertInstalledBytes(b, commit) {
+  const dir = await h.installedDir(b.page);
+  assert.ok(dir, 'no pack installed');
+  for (const f of h.packFiles(b.hub, b.repo, commit).filter((f) => f.sha256)) {
+    assert.equal(await h.opfsSha256(b.page, `${dir}/${f.path}`), f.sha256, `${dir}/${f.path} on disk is not the listed file`);
+  }
+}
+
+test('a 200 to a range, stopped before its first checkpoint: the resumed file is the listed bytes', { timeout: 240_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 2 << 20 });
+  b.hub.inject(SHARD, { type: 'cut', afterBytes: 9 << 20 });
+  b.hub.inject(SHARD, { type: 'ignoreRange', times: 1 });
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  // The retry asks for a range, gets the whole file from 0; stop it 1 MiB in, before the 4 MiB checkpoint.
+  const restart = () => b.hub.log.find((r) => r.server === 'cdn' && r.range && r.status === 200);
+  await until(() => restart()?.bytes >= 1 << 20, 'the restarted response');
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  assert.ok(restart().bytes < 4 << 20, `the restart got ${restart().bytes} bytes before the pause`);
+
+  b.hub.clearFaults();
+  assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+  await h.waitForInstall(b.page);
+  await assertInstalledBytes(b);
+});
+
+test('a staged file shorter than its checkpoint starts over and verifies', { timeout: 240_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 3 << 20 });
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  await h.waitForDownload(b.page, (s) => h.fileDone(s, SHARD) >= 14 << 20, 60_000);
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  // Something else cut the file (a disk tool, a crash of the file system) below its checkpoint.
+  const staged = `${await h.stagingDir(b.page)}/${SHARD}`;
+  await until(async () => h.opfsTruncate(b.page, staged, 1 << 20).then(() => true, () => false), 'the file lock');
+
+  b.hub.clearFaults();
+  b.hub.reset();
+  assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+  await h.waitForInstall(b.page);
+  await assertInstalledBytes(b);
+  // It started over from 0 rather than from the checkpoint it no longer holds.
+  assert.deepEqual(b.hub.stats(SHARD).ranges.filter((r) => r && !r.startsWith('bytes=0-')), []);
+  assert.equal(h.servedBytes(b.hub, SHARD), SIZE);
+});
+
+// Replacing the installed pack, stopped by a browser exit at each step: a pack is installed at every
+// moment (the old one or the new one, whole), and the new one ends up installed.
+for (const point of ['swap:before-state', 'swap:after-state']) {
+  test(`browser killed at ${point}: a whole pack is installed throughout, then the new one`, { timeout: 300_000 }, async (t) => {
+    const b = await h.setup(t);
+    const oldCommit = b.hub.commit(b.repo);
+    const newCommit = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), salt: 'v2' });
+    await h.armFailpoint(b.page, point);
+    assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+    await h.waitForFailpoint(b.page);
+    const before = await h.packStatus(b.page);
+    assert.equal(before.installed, true);
+
+    const nb = await b.relaunch();
+    b.close = nb.close;
+    const after = await h.packStatus(nb.page);
+    assert.equal(after.installed, true, `nothing installed after the restart: ${JSON.stringify(after, h.shorten)}`);
+    assert.ok([oldCommit, newCommit].includes(after.commit), after.commit);
+    await h.waitForInstall(nb.page);
+    const st = await h.packStatus(nb.page);
+    assert.equal(st.commit, newCommit);
+    await assertInstalledBytes({ ...b, page: nb.page }, newCommit);
+    // Nothing left of the old pack or the download.
+    const dir = await h.installedDir(nb.page);
+    const stray = Object.keys(await h.opfsTree(nb.page)).filter((k) => k.startsWith('packs/') && !k.startsWith(`${dir}/`) && k !== 'packs/' && k !== 'packs/state.json');
+    assert.deepEqual(stray, []);
+    const { result } = await h.generateOk(nb.page, { prompt: 'a lighthouse', width: 256, height: 256, steps: 1, seed: '3' });
+    assert.ok(result.png.length > 0);
+  });
+}
+
+test('pause, delete and cancel while the new pack waits to be put in place: the old pack stays usable', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t);
+  const oldCommit = b.hub.commit(b.repo);
+  const newCommit = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), salt: 'v2' });
+  await h.armFailpoint(b.page, 'swap:before-state');
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  await h.waitForFailpoint(b.page);
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'installing', 10_000);
+
+  const del = await h.api(b.page, { type: 'deletePack' });
+  assert.equal(del.type, 'error', JSON.stringify(del));
+  assert.match(del.error, /being installed/);
+
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  assert.equal((await h.packStatus(b.page)).commit, oldCommit);
+  // Resumed, it is put in place without downloading anything again.
+  b.hub.reset();
+  assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+  assert.equal((await h.waitForInstall(b.page)).commit, newCommit);
+  for (const f of h.packFiles(b.hub, b.repo).filter((f) => f.path.endsWith('.data'))) {
+    assert.equal(b.hub.stats(f.path).requests, 0, `${f.path} fetched again`);
+  }
+
+  // Once more, cancelled this time: the installed pack is untouched.
+  const third = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), salt: 'v3' });
+  assert.notEqual(third, newCommit);
+  await h.armFailpoint(b.page, 'swap:before-state');
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  await h.waitForFailpoint(b.page);
+  assert.equal((await h.api(b.page, { type: 'cancelPack' })).type, 'done');
+  const st = await h.packStatus(b.page);
+  assert.equal(st.installed, true);
+  assert.equal(st.commit, newCommit);
+  assert.equal(st.download ?? null, null);
+  const { result } = await h.generateOk(b.page, { prompt: 'a lighthouse', width: 256, height: 256, steps: 1, seed: '3' });
+  assert.ok(result.png.length > 0);
+});
+
+test('a server that always cuts the file short: gives up after the stated attempts, naming the file', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(SHARD, { type: 'cut', afterBytes: 300_000, times: Infinity });
+  const t0 = Date.now();
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  const error = await h.waitForInstallFailure(b.page, 120_000);
+  assert.ok(error.includes(SHARD), error);
+  assert.match(error, /gave up after 6 attempts/);
+  // Six attempts, 15.5 s of backoff (jitter takes up to a fifth off).
+  const bodies = b.hub.stats(SHARD).ranges.length;
+  assert.equal(bodies, 6, JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.ok(Date.now() - t0 >= 12_000, `gave up after ${Date.now() - t0} ms`);
+  assert.equal((await h.packStatus(b.page)).download?.state, 'failed');
+});
+
+for (const [by, what] of [[4096, 'longer'], [-4096, 'shorter']]) {
+  test(`a server whose copy is ${what} than listed: refused at once, naming the file`, { timeout: 120_000 }, async (t) => {
+    const b = await h.setupPadded(t);
+    b.hub.inject(SHARD, { type: 'resize', by, times: Infinity });
+    assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+    const error = await h.waitForInstallFailure(b.page, 60_000);
+    assert.ok(error.includes(SHARD), error);
+    assert.match(error, new RegExp(`${SIZE + by} bytes, the Hub lists ${SIZE}`));
+    assert.equal(b.hub.stats(SHARD).ranges.length, 1, 'retried a body of the wrong length');
+  });
+}
