@@ -1,0 +1,134 @@
+//! Why a pack cannot be planned, downloaded or verified: [`HubError`].
+
+use thiserror::Error;
+
+use super::format_bytes;
+use crate::pack::PackError;
+
+/// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
+/// value, file, commit) and, where the user can act, what to do.
+#[derive(Debug, Error)]
+pub enum HubError {
+    /// A field of [`PackSource`](crate::api::PackSource) that cannot be used.
+    #[error("the {field} {value:?} is not allowed: {reason}")]
+    Source {
+        /// `endpoint`, `repo` or `revision`.
+        field: &'static str,
+        /// The value as given.
+        value: String,
+        /// What is wrong and what is allowed.
+        reason: &'static str,
+    },
+    /// A Hub API response that is not of the expected shape.
+    #[error("the Hub's {what} is not what Imagine expects: {reason}")]
+    Response {
+        /// Which response (`revision`, `file list`).
+        what: &'static str,
+        /// The parse error, or what was wrong.
+        reason: String,
+    },
+    /// One entry of a file listing that is refused (unsafe path, impossible size, malformed hash).
+    #[error("the Hub lists {path:?}, which is refused: {reason}")]
+    Entry {
+        /// The path as listed.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// One of the three graphs is not in the repo at that commit.
+    #[error("{repo} has no {file} at commit {commit}: is it a FLUX.2 klein ONNX pack?")]
+    MissingGraph {
+        /// `owner/name`.
+        repo: String,
+        /// The graph's file name.
+        file: String,
+        /// The commit listed.
+        commit: String,
+    },
+    /// A file the graphs need (a shard, a manifest's file) is not in the repo at that commit.
+    #[error("{repo} at commit {commit} has no {file}, which {needed_by} needs; the pack is incomplete")]
+    MissingFile {
+        /// `owner/name`.
+        repo: String,
+        /// The missing file.
+        file: String,
+        /// The graph or manifest that names it.
+        needed_by: String,
+        /// The commit listed.
+        commit: String,
+    },
+    /// [`plan`](fn@super::plan) was not given the bytes it needs (a bug in the caller, not in the pack).
+    #[error("cannot plan the pack: {file}: {reason}")]
+    GraphBytes {
+        /// The graph or manifest file.
+        file: String,
+        /// What is missing.
+        reason: &'static str,
+    },
+    /// A pack file (graph or manifest) that breaks the pack contract.
+    #[error("{file}: {error}")]
+    PackFile {
+        /// The file that was read.
+        file: String,
+        /// What was wrong with it.
+        #[source]
+        error: PackError,
+    },
+    /// A pack contract error without a file name.
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    /// A downloaded file of the wrong size.
+    #[error("{path} is {actual} bytes, but the Hub lists {expected} bytes for it")]
+    Size {
+        /// The file.
+        path: String,
+        /// Size from the listing.
+        expected: u64,
+        /// Size downloaded.
+        actual: u64,
+    },
+    /// A downloaded file whose content does not match the listing's hash.
+    #[error("{path} is corrupt: its {algorithm} is {actual}, but the Hub lists {expected}")]
+    Hash {
+        /// The file.
+        path: String,
+        /// `SHA-256` or `git blob SHA-1`.
+        algorithm: &'static str,
+        /// Hash from the listing.
+        expected: String,
+        /// Hash of what was downloaded.
+        actual: String,
+    },
+    /// A hash checkpoint that cannot be resumed from (a damaged download record).
+    #[error("the saved hash state at offset {offset} cannot be resumed: {reason}")]
+    Checkpoint {
+        /// The checkpoint's offset.
+        offset: u64,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A `Content-Range` response header that is not `bytes N-M/T` or `bytes N-M/*`.
+    #[error("the server sent Content-Range {header:?}, which is not usable: {reason}")]
+    ContentRange {
+        /// The header as received.
+        header: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The download would not fit in the extension's storage.
+    #[error(
+        "not enough storage: the pack needs {} more, {} is free (quota {}). Free space on the disk, \
+         then install again.",
+        format_bytes(*needed),
+        format_bytes(*free),
+        format_bytes(*quota)
+    )]
+    Space {
+        /// Bytes still to write.
+        needed: u64,
+        /// `quota - usage`.
+        free: u64,
+        /// The origin's quota.
+        quota: u64,
+    },
+}

@@ -1,0 +1,111 @@
+//! Planning: which files of the listing an install downloads, derived from the graphs and manifests.
+
+use super::{verify_small, HubError};
+use crate::api::{PackFile, PackPlan, PackSource};
+use crate::pack::{external_data_locations, parse_manifest, validate_relative_path, Graph};
+
+/// The already-downloaded small files of one graph, from which [`plan`] reads the data files it
+/// needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphFiles {
+    /// Which graph.
+    pub graph: Graph,
+    /// `<stem>.onnx`.
+    pub onnx: Vec<u8>,
+    /// `<stem>.manifest.json`, exactly when the listing has one.
+    pub manifest: Option<Vec<u8>>,
+}
+
+/// The listing entries of each graph in pipeline order: `(graph, <stem>.onnx, <stem>.manifest.json
+/// if listed)`. These are what the worker downloads (and checks with [`verify_small`]) before
+/// [`plan`]. Every graph must be listed. `source` and `commit` only name the repo in the error.
+pub fn graph_files(
+    source: &PackSource,
+    commit: &str,
+    listing: &[PackFile],
+) -> Result<Vec<(Graph, PackFile, Option<PackFile>)>, HubError> {
+    let find = |name: &str| listing.iter().find(|f| f.path == name).cloned();
+    Graph::ALL
+        .iter()
+        .map(|&graph| {
+            let onnx = find(&graph.file_name()).ok_or_else(|| HubError::MissingGraph {
+                repo: source.repo.clone(),
+                file: graph.file_name(),
+                commit: commit.to_owned(),
+            })?;
+            Ok((graph, onnx, find(&graph.manifest_name())))
+        })
+        .collect()
+}
+
+/// What an install downloads: for each graph in pipeline order, its `<stem>.onnx`, its
+/// `<stem>.manifest.json` if listed, then every data file its manifest lists and its initializers
+/// name ([`external_data_locations`]), manifest order first, each file once. Files of the repo the
+/// graphs do not need (README, samples, other variants) are left out. Every needed file must be in
+/// `listing`. The graph and manifest bytes in `graphs` are checked against the listing
+/// ([`verify_small`]) so the plan never derives from other bytes than the commit's.
+pub fn plan(
+    source: &PackSource,
+    commit: &str,
+    listing: &[PackFile],
+    graphs: &[GraphFiles],
+) -> Result<PackPlan, HubError> {
+    let mut files: Vec<PackFile> = Vec::new();
+    let push = |files: &mut Vec<PackFile>, file: PackFile| {
+        if !files.iter().any(|f| f.path == file.path) {
+            files.push(file);
+        }
+    };
+    for (graph, onnx_entry, manifest_entry) in graph_files(source, commit, listing)? {
+        let given = graphs.iter().find(|g| g.graph == graph).ok_or_else(|| HubError::GraphBytes {
+            file: graph.file_name(),
+            reason: "its bytes were not given",
+        })?;
+        verify_small(&onnx_entry, &given.onnx)?;
+        let pack_err = |file: &str| {
+            let file = file.to_owned();
+            move |error| HubError::PackFile { file, error }
+        };
+        let mut needed: Vec<(String, String)> = Vec::new(); // (data file, who names it)
+        match (&manifest_entry, &given.manifest) {
+            (Some(entry), Some(bytes)) => {
+                verify_small(entry, bytes)?;
+                for shard in parse_manifest(bytes).map_err(pack_err(&entry.path))? {
+                    needed.push((shard, entry.path.clone()));
+                }
+            }
+            (Some(entry), None) => {
+                return Err(HubError::GraphBytes {
+                    file: entry.path.clone(),
+                    reason: "the listing has this manifest, but its bytes were not given",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(HubError::GraphBytes {
+                    file: graph.manifest_name(),
+                    reason: "manifest bytes were given, but the listing has no such file",
+                });
+            }
+            (None, None) => {}
+        }
+        for location in external_data_locations(&given.onnx).map_err(pack_err(&onnx_entry.path))? {
+            let normalized = validate_relative_path(&location)?.to_owned();
+            needed.push((normalized, onnx_entry.path.clone()));
+        }
+        push(&mut files, onnx_entry);
+        if let Some(entry) = manifest_entry {
+            push(&mut files, entry);
+        }
+        for (name, needed_by) in needed {
+            let entry = listing.iter().find(|f| f.path == name).ok_or_else(|| HubError::MissingFile {
+                repo: source.repo.clone(),
+                file: name.clone(),
+                needed_by,
+                commit: commit.to_owned(),
+            })?;
+            push(&mut files, entry.clone());
+        }
+    }
+    let total_bytes = files.iter().map(|f| f.size).sum();
+    Ok(PackPlan { source: source.clone(), commit: commit.to_owned(), files, total_bytes })
+}

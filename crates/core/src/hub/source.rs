@@ -1,0 +1,225 @@
+//! Source validation and URLs: a [`PackSource`] checked and normalized, and the Hub URLs built from it.
+
+use super::HubError;
+use crate::api::PackSource;
+
+/// Longest revision accepted (git allows longer ref names, the Hub's users do not write them).
+pub const MAX_REVISION_LEN: usize = 256;
+
+impl PackSource {
+    /// The source with its fields checked and normalized: surrounding whitespace trimmed, the
+    /// endpoint's scheme lowercased and trailing `/` removed. Only `http://` and `https://`
+    /// endpoints without query, fragment or credentials; a repo `owner/name` with each part
+    /// `[A-Za-z0-9][A-Za-z0-9._-]*`; a revision (branch, tag or commit; branches may contain `/`)
+    /// without whitespace, `..` or a leading `/`, at most [`MAX_REVISION_LEN`] characters.
+    pub fn validate(&self) -> Result<PackSource, HubError> {
+        Ok(PackSource {
+            endpoint: validate_endpoint(&self.endpoint)?,
+            repo: validate_repo(&self.repo)?,
+            revision: validate_revision(&self.revision)?,
+        })
+    }
+}
+
+fn validate_endpoint(value: &str) -> Result<String, HubError> {
+    let refuse = |reason| Err(HubError::Source { field: "endpoint", value: value.to_owned(), reason });
+    let v = value.trim();
+    let lower = v.to_ascii_lowercase();
+    let (scheme, rest) = if lower.starts_with("https://") {
+        ("https://", &v[8..])
+    } else if lower.starts_with("http://") {
+        ("http://", &v[7..])
+    } else {
+        return refuse("it must start with https:// or http://");
+    };
+    if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return refuse("it must not contain whitespace or control characters");
+    }
+    if v.contains('?') || v.contains('#') {
+        return refuse("it must not have a query (?) or a fragment (#)");
+    }
+    let rest = rest.trim_end_matches('/');
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    if authority.contains('@') {
+        return refuse("it must not contain credentials (user@host)");
+    }
+    if authority.is_empty() {
+        return refuse("it has no host");
+    }
+    if !authority.chars().all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c)) {
+        return refuse("its host may only contain letters, digits, '.', '-', '_', ':' and IPv6 brackets");
+    }
+    if path.split('/').any(|s| s == ".." || s == ".") {
+        return refuse("its path must not contain '.' or '..' segments");
+    }
+    Ok(format!("{scheme}{rest}"))
+}
+
+fn validate_repo(value: &str) -> Result<String, HubError> {
+    let refuse = |reason| Err(HubError::Source { field: "repo", value: value.to_owned(), reason });
+    let v = value.trim();
+    let Some((owner, name)) = v.split_once('/') else {
+        return refuse("it must be owner/name");
+    };
+    for part in [owner, name] {
+        let mut chars = part.chars();
+        match chars.next() {
+            None => return refuse("it must be owner/name, both non-empty"),
+            Some(c) if !c.is_ascii_alphanumeric() => {
+                return refuse("owner and name must each start with a letter or digit");
+            }
+            Some(_) => {}
+        }
+        if !chars.all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+            return refuse("it must be owner/name, each of letters, digits, '.', '_' and '-'");
+        }
+    }
+    if v.contains("..") {
+        return refuse("it must not contain '..'");
+    }
+    Ok(v.to_owned())
+}
+
+fn validate_revision(value: &str) -> Result<String, HubError> {
+    let refuse = |reason| Err(HubError::Source { field: "revision", value: value.to_owned(), reason });
+    let v = value.trim();
+    if v.is_empty() {
+        return refuse("it must be a branch, tag or commit, not empty");
+    }
+    if v.chars().count() > MAX_REVISION_LEN {
+        return refuse("it must be at most 256 characters");
+    }
+    if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return refuse("it must not contain whitespace or control characters");
+    }
+    if v.contains("..") {
+        return refuse("it must not contain '..'");
+    }
+    if v.starts_with('/') {
+        return refuse("it must not start with '/'");
+    }
+    Ok(v.to_owned())
+}
+
+/// Percent-encodes everything but the URL-unreserved characters (`A-Z a-z 0-9 - . _ ~`), and `/`
+/// when `keep_slash` (what Python's `urllib.parse.quote` does, as `huggingface_hub` uses it).
+fn percent_encode(s: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || (keep_slash && b == b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `GET` this to resolve the revision to a commit ([`parse_revision`](super::parse_revision)). `src`
+/// must come from [`PackSource::validate`]. The revision is one URL segment, its `/` percent-encoded.
+pub fn revision_url(src: &PackSource) -> String {
+    format!("{}/api/models/{}/revision/{}", src.endpoint, src.repo, percent_encode(&src.revision, false))
+}
+
+/// `GET` this to list every file at `commit` ([`parse_tree`](super::parse_tree)). `src` must come
+/// from [`PackSource::validate`]. The Hub pages long listings: the caller follows
+/// [`next_page`](super::next_page) and reads the pages with [`parse_tree_pages`](super::parse_tree_pages).
+pub fn tree_url(src: &PackSource, commit: &str) -> String {
+    format!("{}/api/models/{}/tree/{}?recursive=true", src.endpoint, src.repo, percent_encode(commit, false))
+}
+
+/// Where to download `path` at `commit` (the Hub redirects LFS files to its CDN). `src` must come
+/// from [`PackSource::validate`]; each segment of `path` is percent-encoded, `/` kept between them.
+pub fn resolve_url(src: &PackSource, commit: &str, path: &str) -> String {
+    format!(
+        "{}/{}/resolve/{}/{}",
+        src.endpoint,
+        src.repo,
+        percent_encode(commit, false),
+        percent_encode(path, true)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src(endpoint: &str, repo: &str, revision: &str) -> PackSource {
+        PackSource { endpoint: endpoint.into(), repo: repo.into(), revision: revision.into() }
+    }
+
+    #[test]
+    fn default_source_is_valid_and_urls() {
+        let s = PackSource::default().validate().unwrap();
+        assert_eq!(s, PackSource::default());
+        assert_eq!(
+            revision_url(&s),
+            "https://huggingface.co/api/models/cgb/flux2-klein-4b-onnx-webgpu/revision/main"
+        );
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(
+            tree_url(&s, c),
+            format!(
+                "https://huggingface.co/api/models/cgb/flux2-klein-4b-onnx-webgpu/tree/{c}?recursive=true"
+            )
+        );
+        assert_eq!(
+            resolve_url(&s, c, "dir/a b+c%.onnx"),
+            format!(
+                "https://huggingface.co/cgb/flux2-klein-4b-onnx-webgpu/resolve/{c}/dir/a%20b%2Bc%25.onnx"
+            )
+        );
+    }
+
+    #[test]
+    fn source_normalization() {
+        let s = src(" HTTPS://Mirror.example:8080/hf/// ", " a/b.c-d_e ", " refs/pr/1 ").validate().unwrap();
+        assert_eq!(s.endpoint, "https://Mirror.example:8080/hf");
+        assert_eq!(s.repo, "a/b.c-d_e");
+        assert_eq!(s.revision, "refs/pr/1");
+        assert_eq!(
+            revision_url(&s),
+            "https://Mirror.example:8080/hf/api/models/a/b.c-d_e/revision/refs%2Fpr%2F1"
+        );
+        assert_eq!(
+            src("http://127.0.0.1:9000/", "a/b", "v1").validate().unwrap().endpoint,
+            "http://127.0.0.1:9000"
+        );
+        assert_eq!(src("http://[::1]:9000", "a/b", "v1").validate().unwrap().endpoint, "http://[::1]:9000");
+    }
+
+    #[test]
+    fn source_refusals_name_field_and_value() {
+        let ok = PackSource::default();
+        for endpoint in [
+            "",
+            "ftp://x",
+            "huggingface.co",
+            "https://",
+            "https:///path",
+            "https://u:p@host",
+            "https://host?x=1",
+            "https://host/#f",
+            "https://ho st",
+            "https://host/../x",
+            "javascript:alert(1)",
+        ] {
+            let e = PackSource { endpoint: endpoint.into(), ..ok.clone() }.validate().unwrap_err();
+            assert!(matches!(e, HubError::Source { field: "endpoint", .. }), "{endpoint:?}: {e}");
+        }
+        for repo in ["", "a", "a/", "/b", "a/b/c", "-a/b", "a/.b", "a/b..c", "a b/c", "a/b%2f", "a/ü"] {
+            let e = PackSource { repo: repo.into(), ..ok.clone() }.validate().unwrap_err();
+            assert!(matches!(e, HubError::Source { field: "repo", .. }), "{repo:?}: {e}");
+        }
+        let long = "x".repeat(257);
+        for revision in ["", "  ", "a b", "a\tb", "../main", "a..b", "/main", long.as_str()] {
+            let e = PackSource { revision: revision.into(), ..ok.clone() }.validate().unwrap_err();
+            assert!(matches!(e, HubError::Source { field: "revision", .. }), "{revision:?}: {e}");
+        }
+        assert!(PackSource { revision: "x".repeat(256), ..ok.clone() }.validate().is_ok());
+        assert_eq!(
+            PackSource { endpoint: "ftp://x".into(), ..ok }.validate().unwrap_err().to_string(),
+            r#"the endpoint "ftp://x" is not allowed: it must start with https:// or http://"#
+        );
+    }
+}
