@@ -2,6 +2,9 @@
 // marked verified only when the bytes on disk are the listed ones; the installed pack stays usable through
 // every step of replacing it; retries end; a server whose copy differs from the listing is refused.
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { test } from 'node:test';
 import * as h from './harness.mjs';
 
@@ -161,3 +164,39 @@ for (const [by, what] of [[4096, 'longer'], [-4096, 'shorter']]) {
     assert.equal(b.hub.stats(SHARD).ranges.length, 1, 'retried a body of the wrong length');
   });
 }
+
+test('a data file stored in git is verified by its blob id: a corrupted copy is fetched again', { timeout: 180_000 }, async (t) => {
+  const DATA = 'vae_decoder.onnx.data';
+  const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/f32': { dir: h.fixtureDir('fixtures/f32'), git: [DATA] } } } });
+  const listed = b.hub.file(b.repo, DATA);
+  assert.equal(listed.lfs, false);
+  b.hub.inject(DATA, { type: 'corrupt', times: 1 });
+  await h.installPack(b.page, b.hub, b.repo);
+  assert.equal(h.servedBytes(b.hub, DATA), 2 * listed.size, 'the corrupted copy was not fetched again');
+  assert.equal(await h.opfsSha256(b.page, `${await h.installedDir(b.page)}/${DATA}`), listed.sha256);
+});
+
+test('a graph that names its data file ./name installs and runs', { timeout: 240_000 }, async (t) => {
+  // The f32 pack with the decoder's initializers pointing at "./vae_decoder.onnx.data".
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-dotslash-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  fs.cpSync(h.fixtureDir('fixtures/f32'), dir, { recursive: true });
+  const rewrite = `
+import onnx, sys
+path = sys.argv[1]
+m = onnx.load(path, load_external_data=False)
+for t in m.graph.initializer:
+    for e in t.external_data:
+        if e.key == "location":
+            e.value = "./" + e.value
+onnx.save(m, path)
+`;
+  const r = await h.run('python3', ['-c', rewrite, path.join(dir, 'vae_decoder.onnx')]);
+  assert.equal(r.code, 0, r.stderr);
+  const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/dotslash': { dir } } } });
+  await h.installPack(b.page, b.hub, 'fixtures/dotslash');
+  const tree = await h.opfsTree(b.page);
+  assert.ok(`${await h.installedDir(b.page)}/vae_decoder.onnx.data` in tree, JSON.stringify(tree));
+  const { result } = await h.generateOk(b.page, { prompt: 'a kite', width: 256, height: 256, steps: 1, seed: '8' });
+  assert.ok(result.png.length > 0);
+});

@@ -129,6 +129,7 @@ class Content {
  *   remove    [path]: drop files
  *   mutateTree (entries) => entries: edit the tree listing as served (sizes that make no sense, …)
  *   salt      a string mixed into the filler, so that a new commit's padded files differ from the old
+ *   git       [path]: files stored in git (listed with their blob id, no LFS SHA-256) whatever their name
  */
 function buildCommit(repo, spec) {
   const contents = new Map();
@@ -154,7 +155,7 @@ function buildCommit(repo, spec) {
     const base = isObj ? (v.base ?? null) : toBuf(v);
     const size = isObj ? v.size : Math.max(base.length, pad[p] ?? 0);
     const c = new Content(`${repo}/${p}${spec.salt ?? ''}`, base, size);
-    const lfs = LFS_PATTERN.test(p);
+    const lfs = LFS_PATTERN.test(p) && !(spec.git ?? []).includes(p);
     files.set(p, {
       path: p,
       size: c.size,

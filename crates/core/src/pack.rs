@@ -84,11 +84,19 @@ struct Shard {
     path: String,
 }
 
-/// The shard file names of a `<stem>.manifest.json`, in order. Each passes
+/// The shard file names of a `<stem>.manifest.json`, in order, each once. Each passes
 /// [`validate_relative_path`] and is returned normalized.
 pub fn parse_manifest(bytes: &[u8]) -> Result<Vec<String>, PackError> {
     let manifest: Manifest = serde_json::from_slice(bytes)?;
-    manifest.shards.iter().map(|s| validate_relative_path(&s.path).map(str::to_owned)).collect()
+    let mut seen = std::collections::HashSet::new();
+    let mut shards = Vec::new();
+    for shard in &manifest.shards {
+        let path = validate_relative_path(&shard.path)?;
+        if seen.insert(path) {
+            shards.push(path.to_owned());
+        }
+    }
+    Ok(shards)
 }
 
 /// Checks a file name from the pack and returns it without leading `./`. Refuses the empty name,
@@ -136,23 +144,34 @@ const TYPE_TENSOR: u64 = 1;
 const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
 const ELEM_TYPE_FLOAT16: u64 = 10;
 
-/// The external-data file names (`location`) that the initializers of an ONNX model record, unique,
-/// in first-seen order, exactly as written in the graph (the name ONNX Runtime Web matches against
-/// `externalData[].path`). Each one is checked with [`validate_relative_path`]. A model with all its
-/// weights inside gives an empty list.
-pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<String>, PackError> {
-    let mut locations: Vec<String> = Vec::new();
+/// One external-data file a graph's initializers name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalFile {
+    /// The `location` exactly as the graph records it: what ONNX Runtime Web matches
+    /// `externalData[].path` against.
+    pub location: String,
+    /// The file it names in the pack ([`validate_relative_path`]: `./w.data` is `w.data`). The planner
+    /// downloads it under this name and the stage workers open it by this name.
+    pub file: String,
+}
+
+/// The external-data files the initializers of an ONNX model name, unique by location, in first-seen
+/// order. Each location is checked with [`validate_relative_path`]. A model with all its weights inside
+/// gives an empty list. Linear in the size of the model.
+pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<ExternalFile>, PackError> {
+    let mut files: Vec<ExternalFile> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
         for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
             if let Some(location) = tensor_location(tensor?)? {
-                validate_relative_path(location)?;
-                if !locations.iter().any(|l| l == location) {
-                    locations.push(location.to_owned());
+                let file = validate_relative_path(location)?;
+                if seen.insert(location) {
+                    files.push(ExternalFile { location: location.to_owned(), file: file.to_owned() });
                 }
             }
         }
     }
-    Ok(locations)
+    Ok(files)
 }
 
 /// Whether any declared input or output of the model's graph is float16. Read from the graph itself,
@@ -332,6 +351,11 @@ impl<'a> Iterator for Fields<'a> {
 mod tests {
     use super::*;
 
+    /// The locations, as the graph records them.
+    fn locations(bytes: &[u8]) -> Result<Vec<String>, PackError> {
+        Ok(external_data_locations(bytes)?.into_iter().map(|f| f.location).collect())
+    }
+
     // A minimal protobuf writer for building test models by hand.
     fn varint(mut v: u64, out: &mut Vec<u8>) {
         while v >= 0x80 {
@@ -434,19 +458,16 @@ mod tests {
             tensor("b", Some("w-00000.data"), true),
             tensor("c", Some("w-00001.data"), false),
         ]);
-        assert_eq!(external_data_locations(&m).unwrap(), vec!["w-00001.data", "w-00000.data"]);
-        assert_eq!(
-            external_data_locations(&model(&[tensor("x", None, false)])).unwrap(),
-            Vec::<String>::new()
-        );
-        assert_eq!(external_data_locations(&[]).unwrap(), Vec::<String>::new());
+        assert_eq!(locations(&m).unwrap(), vec!["w-00001.data", "w-00000.data"]);
+        assert_eq!(locations(&model(&[tensor("x", None, false)])).unwrap(), Vec::<String>::new());
+        assert_eq!(locations(&[]).unwrap(), Vec::<String>::new());
     }
 
     #[test]
     fn location_without_external_flag_is_ignored() {
         let mut t = tensor("a", None, false);
         bytes_field(13, &entry("location", "ignored.data"), &mut t);
-        assert_eq!(external_data_locations(&model(&[t])).unwrap(), Vec::<String>::new());
+        assert_eq!(locations(&model(&[t])).unwrap(), Vec::<String>::new());
     }
 
     #[test]
@@ -454,19 +475,32 @@ mod tests {
         let m = model(&[tensor("a", Some("w.data"), false)]);
         for cut in [1, m.len() / 2, m.len() - 3] {
             // Cutting inside the graph field leaves a length past the end.
-            let r = external_data_locations(&m[..cut]);
+            let r = locations(&m[..cut]);
             assert!(r.is_err() || r.as_ref().is_ok_and(|v| v.is_empty()), "cut {cut}: {r:?}");
         }
-        assert!(matches!(external_data_locations(&[0x3a, 0x05, 1]), Err(PackError::Protobuf { .. })));
-        assert!(matches!(external_data_locations(&[0x0b]), Err(PackError::Protobuf { .. }))); // group
-        assert!(matches!(external_data_locations(&[0x80; 11]), Err(PackError::Protobuf { .. })));
-        assert!(matches!(external_data_locations(&[0x38, 0x01]), Err(PackError::Protobuf { .. })));
+        assert!(matches!(locations(&[0x3a, 0x05, 1]), Err(PackError::Protobuf { .. })));
+        assert!(matches!(locations(&[0x0b]), Err(PackError::Protobuf { .. }))); // group
+        assert!(matches!(locations(&[0x80; 11]), Err(PackError::Protobuf { .. })));
+        assert!(matches!(locations(&[0x38, 0x01]), Err(PackError::Protobuf { .. })));
+    }
+
+    #[test]
+    fn a_dot_slash_location_names_the_plain_file() {
+        let m = model(&[tensor("a", Some("./w.data"), false), tensor("b", Some("w.data"), true)]);
+        let files = external_data_locations(&m).unwrap();
+        assert_eq!(
+            files,
+            [
+                ExternalFile { location: "./w.data".into(), file: "w.data".into() },
+                ExternalFile { location: "w.data".into(), file: "w.data".into() },
+            ]
+        );
     }
 
     #[test]
     fn unsafe_location_is_refused() {
         let m = model(&[tensor("a", Some("../../etc/passwd"), false)]);
-        assert!(matches!(external_data_locations(&m), Err(PackError::Path { .. })));
+        assert!(matches!(locations(&m), Err(PackError::Path { .. })));
     }
 
     /// A model written by Python `onnx` (`tests/data/make_external_data.py`): two external-data
@@ -474,6 +508,6 @@ mod tests {
     #[test]
     fn real_onnx_file() {
         let bytes = include_bytes!("../tests/data/external_data.onnx");
-        assert_eq!(external_data_locations(bytes).unwrap(), vec!["weights_a.data", "weights_b.data"]);
+        assert_eq!(locations(bytes).unwrap(), vec!["weights_a.data", "weights_b.data"]);
     }
 }

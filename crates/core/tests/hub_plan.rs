@@ -195,3 +195,49 @@ fn pack_files_hash_the_same_streamed_and_resumed() {
     assert_eq!(resumed.offset(), file.size);
     hub::verify_sha256(file, &resumed.finalize()).unwrap();
 }
+
+#[test]
+fn a_needed_file_without_any_hash_is_refused() {
+    let listing: Vec<PackFile> = hub::parse_tree(tree_json("f32").as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|f| {
+            if f.path == "transformer_q8-00001.data" {
+                PackFile { sha256: None, git_oid: None, ..f }
+            } else {
+                f
+            }
+        })
+        .collect();
+    let e = hub::plan(&source(), COMMIT, &listing, &download_graphs("f32", &listing)).unwrap_err();
+    assert!(matches!(&e, HubError::Unverifiable { file } if file == "transformer_q8-00001.data"), "{e:?}");
+    assert!(e.to_string().contains("cannot be verified"), "{e}");
+}
+
+#[test]
+fn a_pack_file_named_like_the_download_record_is_refused() {
+    // A manifest that names one of the download record's slots as a shard.
+    let manifest =
+        br#"{"shards":[{"path":"transformer_q8-00000.data"},{"path":"download-a.json"}]}"#.to_vec();
+    let mut graphs = download_graphs("f32", &hub::parse_tree(tree_json("f32").as_bytes()).unwrap());
+    graphs[1].manifest = Some(manifest.clone());
+    let mut listing: Vec<PackFile> = hub::parse_tree(tree_json("f32").as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|f| {
+            if f.path == "transformer_q8.manifest.json" {
+                PackFile { size: manifest.len() as u64, git_oid: Some(hub::git_blob_oid(&manifest)), ..f }
+            } else {
+                f
+            }
+        })
+        .collect();
+    listing.push(PackFile {
+        path: "download-a.json".into(),
+        size: 2,
+        sha256: None,
+        git_oid: Some(hub::git_blob_oid(b"{}")),
+    });
+    let e = hub::plan(&source(), COMMIT, &listing, &graphs).unwrap_err();
+    assert!(e.to_string().contains("download-a.json") && e.to_string().contains("reserved"), "{e}");
+}

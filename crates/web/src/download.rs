@@ -227,9 +227,18 @@ impl Download {
             }
             let mut digest = self.hasher.finish().await?;
             if self.record.files[index].restarted {
-                digest = sha256_on_disk(&file, planned.size)?;
+                let mut hasher = hub::ResumableSha256::new();
+                read_on_disk(&file, planned.size, |bytes| hasher.update(bytes))?;
+                digest = hasher.finalize();
             }
-            if let Err(mismatch) = hub::verify_sha256(&planned, &digest) {
+            let mut verified = hub::verify_sha256(&planned, &digest);
+            if planned.sha256.is_none() {
+                // A file stored in git (no LFS SHA-256) is checked by its git blob id, read back from disk.
+                let mut hasher = hub::GitBlobHasher::new(planned.size);
+                read_on_disk(&file, planned.size, |bytes| hasher.update(bytes))?;
+                verified = hub::verify_git_oid(&planned, &hasher.finalize());
+            }
+            if let Err(mismatch) = verified {
                 // A corrupt file is downloaded again once, from the start. The record says so before the
                 // file is cut.
                 mismatches += 1;
@@ -395,9 +404,8 @@ fn check_length(response: &web_sys::Response, url: &str, path: &str, size: u64) 
     }
 }
 
-/// SHA-256 of the first `size` bytes of `file` as they are on disk (a restarted file's final check).
-fn sha256_on_disk(file: &SyncFile, size: u64) -> Result<[u8; 32], String> {
-    let mut hasher = hub::ResumableSha256::new();
+/// Feeds the first `size` bytes of `file`, as they are on disk, to `consume`, a block at a time.
+fn read_on_disk(file: &SyncFile, size: u64, mut consume: impl FnMut(&[u8])) -> Result<(), String> {
     let mut buffer = vec![0; WRITE_BYTES];
     let mut offset = 0;
     while offset < size {
@@ -406,10 +414,10 @@ fn sha256_on_disk(file: &SyncFile, size: u64) -> Result<[u8; 32], String> {
         if read == 0 {
             break;
         }
-        hasher.update(&buffer[..read]);
+        consume(&buffer[..read]);
         offset += read as u64;
     }
-    Ok(hasher.finalize())
+    Ok(())
 }
 
 /// Reads a response body into the buffers it is given, a block at a time. Where the body is a byte

@@ -168,10 +168,11 @@ impl Stage {
         let name = graph.file_name();
         let bytes = opfs::read(&dir, &name).await?;
         let mut external = Vec::new();
-        for location in pack::external_data_locations(&bytes).map_err(|e| format!("{name}: {e}"))? {
-            let file =
-                opfs::file(&dir, &location).await.map_err(|e| format!("{name} needs {location}: {e}"))?;
-            external.push(ExternalData { path: location, data: file.into() });
+        for external_file in pack::external_data_locations(&bytes).map_err(|e| format!("{name}: {e}"))? {
+            // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
+            let pack::ExternalFile { location, file } = external_file;
+            let data = opfs::file(&dir, &file).await.map_err(|e| format!("{name} needs {file}: {e}"))?;
+            external.push(ExternalData { path: location, data: data.into() });
         }
         let (provider, device) = match backend {
             "wasm" => (Provider::Wasm, None),

@@ -57,6 +57,15 @@ pub enum HubError {
         /// The commit listed.
         commit: String,
     },
+    /// The listing gives neither a SHA-256 nor a git blob id for a file the pack needs, so it could not
+    /// be verified.
+    #[error(
+        "the Hub lists no SHA-256 or git blob id for {file}, so it cannot be verified; the download stopped"
+    )]
+    Unverifiable {
+        /// The file.
+        file: String,
+    },
     /// [`plan`](fn@super::plan) was not given the bytes it needs (a bug in the caller, not in the pack).
     #[error("cannot plan the pack: {file}: {reason}")]
     GraphBytes {

@@ -110,6 +110,7 @@ pub fn parse_tree_pages(pages: &[&[u8]]) -> Result<Vec<PackFile>, HubError> {
         entries.extend(page);
     }
     let mut files: Vec<PackFile> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for e in entries {
         if e.kind != "file" {
             continue;
@@ -143,7 +144,7 @@ pub fn parse_tree_pages(pages: &[&[u8]]) -> Result<Vec<PackFile>, HubError> {
             }
             PackFile { path, size, sha256: None, git_oid: e.oid.clone() }
         };
-        if files.iter().any(|f| f.path == file.path) {
+        if !seen.insert(file.path.clone()) {
             return refuse("it is listed twice".into());
         }
         files.push(file);

@@ -35,4 +35,4 @@ pub use source::{resolve_url, revision_url, tree_url, MAX_REVISION_LEN};
 pub use transfer::{
     backoff_ms, check_space, format_bytes, parse_content_range, range_matches, MAX_ATTEMPTS_WITHOUT_PROGRESS,
 };
-pub use verify::{git_blob_oid, hex, verify_sha256, verify_small};
+pub use verify::{git_blob_oid, hex, verify_git_oid, verify_sha256, verify_small, GitBlobHasher};

@@ -1,8 +1,11 @@
 //! Planning: which files of the listing an install downloads, derived from the graphs and manifests.
 
+use std::collections::{HashMap, HashSet};
+
 use super::{verify_small, HubError};
 use crate::api::{PackFile, PackPlan, PackSource};
-use crate::pack::{external_data_locations, parse_manifest, validate_relative_path, Graph};
+use crate::pack::{external_data_locations, parse_manifest, Graph, PackError};
+use crate::storage::is_reserved_name;
 
 /// The already-downloaded small files of one graph, from which [`plan`] reads the data files it
 /// needs.
@@ -42,7 +45,8 @@ pub fn graph_files(
 /// `<stem>.manifest.json` if listed, then every data file its manifest lists and its initializers
 /// name ([`external_data_locations`]), manifest order first, each file once. Files of the repo the
 /// graphs do not need (README, samples, other variants) are left out. Every needed file must be in
-/// `listing`. The graph and manifest bytes in `graphs` are checked against the listing
+/// `listing` with a SHA-256 or a git blob id to verify it by, and none may take a name the download's
+/// own records use. The graph and manifest bytes in `graphs` are checked against the listing
 /// ([`verify_small`]) so the plan never derives from other bytes than the commit's.
 pub fn plan(
     source: &PackSource,
@@ -50,11 +54,27 @@ pub fn plan(
     listing: &[PackFile],
     graphs: &[GraphFiles],
 ) -> Result<PackPlan, HubError> {
+    // Indexed once: a listing or a manifest can be long, and planning stays linear in their size.
+    let by_path: HashMap<&str, &PackFile> = listing.iter().map(|f| (f.path.as_str(), f)).collect();
     let mut files: Vec<PackFile> = Vec::new();
-    let push = |files: &mut Vec<PackFile>, file: PackFile| {
-        if !files.iter().any(|f| f.path == file.path) {
+    let mut planned: HashSet<String> = HashSet::new();
+    let mut push = |file: PackFile| -> Result<(), HubError> {
+        if is_reserved_name(&file.path) {
+            return Err(HubError::PackFile {
+                file: file.path.clone(),
+                error: PackError::Path {
+                    path: file.path,
+                    reason: "the name is reserved for the download's own records",
+                },
+            });
+        }
+        if file.sha256.is_none() && file.git_oid.is_none() {
+            return Err(HubError::Unverifiable { file: file.path });
+        }
+        if planned.insert(file.path.clone()) {
             files.push(file);
         }
+        Ok(())
     };
     for (graph, onnx_entry, manifest_entry) in graph_files(source, commit, listing)? {
         let given = graphs.iter().find(|g| g.graph == graph).ok_or_else(|| HubError::GraphBytes {
@@ -88,22 +108,21 @@ pub fn plan(
             }
             (None, None) => {}
         }
-        for location in external_data_locations(&given.onnx).map_err(pack_err(&onnx_entry.path))? {
-            let normalized = validate_relative_path(&location)?.to_owned();
-            needed.push((normalized, onnx_entry.path.clone()));
+        for external in external_data_locations(&given.onnx).map_err(pack_err(&onnx_entry.path))? {
+            needed.push((external.file, onnx_entry.path.clone()));
         }
-        push(&mut files, onnx_entry);
+        push(onnx_entry)?;
         if let Some(entry) = manifest_entry {
-            push(&mut files, entry);
+            push(entry)?;
         }
         for (name, needed_by) in needed {
-            let entry = listing.iter().find(|f| f.path == name).ok_or_else(|| HubError::MissingFile {
+            let entry = by_path.get(name.as_str()).ok_or_else(|| HubError::MissingFile {
                 repo: source.repo.clone(),
                 file: name.clone(),
                 needed_by,
                 commit: commit.to_owned(),
             })?;
-            push(&mut files, entry.clone());
+            push((*entry).clone())?;
         }
     }
     let total_bytes = files.iter().map(|f| f.size).sum();

@@ -8,8 +8,8 @@ pub const MAX_REVISION_LEN: usize = 256;
 
 impl PackSource {
     /// The source with its fields checked and normalized: surrounding whitespace trimmed, the
-    /// endpoint's scheme lowercased and trailing `/` removed. Only `http://` and `https://`
-    /// endpoints without query, fragment or credentials; a repo `owner/name` with each part
+    /// endpoint's scheme lowercased and trailing `/` removed. Only `https://` endpoints, or `http://`
+    /// ones on this machine (loopback), without query, fragment or credentials; a repo `owner/name` with each part
     /// `[A-Za-z0-9][A-Za-z0-9._-]*`; a revision (branch, tag or commit; branches may contain `/`)
     /// without whitespace, `..` or a leading `/`, at most [`MAX_REVISION_LEN`] characters.
     pub fn validate(&self) -> Result<PackSource, HubError> {
@@ -52,7 +52,28 @@ fn validate_endpoint(value: &str) -> Result<String, HubError> {
     if path.split('/').any(|s| s == ".." || s == ".") {
         return refuse("its path must not contain '.' or '..' segments");
     }
+    if scheme == "http://" && !is_loopback(authority) {
+        return refuse(
+            "http:// is allowed only for a Hub on this machine (localhost, 127.0.0.1, [::1]): use https://",
+        );
+    }
     Ok(format!("{scheme}{rest}"))
+}
+
+/// Whether `authority` (host and optional port) names this machine: only there does plain HTTP not
+/// expose the download to the network.
+fn is_loopback(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']').map_or("", |(host, _)| host),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    let host = host.to_ascii_lowercase();
+    host == "localhost"
+        || host == "::1"
+        || host.strip_prefix("127.").is_some_and(|rest| {
+            let parts: Vec<&str> = rest.split('.').collect();
+            parts.len() == 3 && parts.iter().all(|p| p.parse::<u8>().is_ok())
+        })
 }
 
 fn validate_repo(value: &str) -> Result<String, HubError> {
@@ -186,6 +207,27 @@ mod tests {
             "http://127.0.0.1:9000"
         );
         assert_eq!(src("http://[::1]:9000", "a/b", "v1").validate().unwrap().endpoint, "http://[::1]:9000");
+        for loopback in ["http://localhost", "http://LOCALHOST:80/hub", "http://127.1.2.3:8"] {
+            assert!(src(loopback, "a/b", "v1").validate().is_ok(), "{loopback}");
+        }
+    }
+
+    #[test]
+    fn plain_http_only_on_this_machine() {
+        for remote in [
+            "http://huggingface.co",
+            "http://mirror.example:8080",
+            "http://127.0.0.1.evil.example",
+            "http://localhost.evil.example",
+            "http://[::2]",
+            "http://10.0.0.1",
+        ] {
+            let e = src(remote, "a/b", "v1").validate().unwrap_err();
+            assert!(
+                e.to_string().contains("http:// is allowed only for a Hub on this machine"),
+                "{remote}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -17,10 +17,45 @@ fn hex_of(bytes: &[u8]) -> String {
 
 /// The git blob id of `bytes`: SHA-1 of `"blob {len}\0"` followed by the bytes, lowercase hex.
 pub fn git_blob_oid(bytes: &[u8]) -> String {
-    let mut h = Sha1::new();
-    h.update(format!("blob {}\0", bytes.len()).as_bytes());
-    h.update(bytes);
-    hex_of(&h.finalize())
+    let mut hasher = GitBlobHasher::new(bytes.len() as u64);
+    hasher.update(bytes);
+    hasher.finalize()
+}
+
+/// The git blob id of a file of known size fed in pieces (a streamed file read back from disk).
+pub struct GitBlobHasher(Sha1);
+
+impl GitBlobHasher {
+    /// For a file of `size` bytes (the size is part of what git hashes).
+    pub fn new(size: u64) -> Self {
+        let mut sha1 = Sha1::new();
+        sha1.update(format!("blob {size}\0").as_bytes());
+        GitBlobHasher(sha1)
+    }
+
+    /// Hashes the next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The blob id, lowercase hex.
+    pub fn finalize(self) -> String {
+        hex_of(&self.0.finalize())
+    }
+}
+
+/// Checks a file's git blob id (computed with [`GitBlobHasher`]) against the listing's `oid`. A file
+/// without a listed git blob id passes.
+pub fn verify_git_oid(file: &PackFile, actual: &str) -> Result<(), HubError> {
+    match &file.git_oid {
+        Some(expected) if expected != actual => Err(HubError::Hash {
+            path: file.path.clone(),
+            algorithm: "git blob SHA-1",
+            expected: expected.clone(),
+            actual: actual.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Checks a small file downloaded whole: its size, then its SHA-256 if listed, else its git blob
@@ -38,18 +73,7 @@ pub fn verify_small(file: &PackFile, bytes: &[u8]) -> Result<(), HubError> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         return verify_sha256(file, &digest);
     }
-    if let Some(expected) = &file.git_oid {
-        let actual = git_blob_oid(bytes);
-        if &actual != expected {
-            return Err(HubError::Hash {
-                path: file.path.clone(),
-                algorithm: "git blob SHA-1",
-                expected: expected.clone(),
-                actual,
-            });
-        }
-    }
-    Ok(())
+    verify_git_oid(file, &git_blob_oid(bytes))
 }
 
 /// Checks the SHA-256 of a streamed file
