@@ -18,6 +18,8 @@ commands:
   build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
   test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, build, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
+  fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
+                         byte for byte with tests/fixtures/packs, load and run the committed ones
   run [options]          build, then launch Chromium with the extension loaded
         --pack URL       the pack's repo address, e.g. https://huggingface.co/OWNER/NAME[/tree/REV]
         --hub ENDPOINT   install from this Hub (or mirror) (default: https://huggingface.co)
@@ -63,6 +65,13 @@ fn dispatch(args: &[String]) -> Result {
             build(&root, debug)
         }
         "test" => test(&root, rest),
+        "fixtures" => {
+            if let Some(extra) = rest.first() {
+                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+            }
+            step("fixtures: fixture packs up to date");
+            check_fixtures(&root)
+        }
         "e2e" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
             if !no_build {
@@ -418,36 +427,38 @@ fn test(root: &Path, args: &[String]) -> Result {
     Ok(())
 }
 
-/// `make_packs.py --check` if the generator has it; otherwise regenerate into a temp dir and
-/// compare bytes with the committed packs.
+/// The committed fixture packs are what the generator makes: generate a fresh copy into a temp
+/// dir and compare it byte for byte with tests/fixtures/packs (naming every file that differs),
+/// then load and run the committed packs with onnxruntime (`make_packs.py --verify`, which writes
+/// nothing).
 fn check_fixtures(root: &Path) -> Result {
     let script = root.join("tests/fixtures/make_packs.py");
     if !script.exists() {
         return Err("tests/fixtures/make_packs.py is missing".into());
     }
-    let source = fs::read_to_string(&script).map_err(|e| format!("{}: {e}", script.display()))?;
-    if source.contains("--check") {
-        return run_cmd("make_packs.py --check", Command::new("python3").arg(&script).arg("--check"));
-    }
+    let committed = root.join("tests/fixtures/packs");
     let tmp = env::temp_dir().join(format!("imagine-packs-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
-    let result = (|| {
+    let compared = (|| {
         run_cmd("make_packs.py --out TMP", Command::new("python3").arg(&script).arg("--out").arg(&tmp))?;
-        let committed = root.join("tests/fixtures/packs");
         let diffs = compare_dirs(&tmp, &committed);
         if diffs.is_empty() {
             Ok(())
         } else {
             Err(format!(
-                "committed fixture packs differ from the generator's output (rerun \
+                "committed fixture packs (tests/fixtures/packs) differ from the generator's output (rerun \
                  `python3 tests/fixtures/make_packs.py`):\n  {}",
                 diffs.join("\n  ")
             ))
         }
     })();
     let _ = fs::remove_dir_all(&tmp);
-    result
+    compared?;
+    run_cmd(
+        "make_packs.py --verify tests/fixtures/packs",
+        Command::new("python3").arg(&script).arg("--verify").arg(&committed),
+    )
 }
 
 fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
@@ -465,11 +476,21 @@ fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
     let (mut fa, mut fb) = (Vec::new(), Vec::new());
     files(a, a, &mut fa);
     files(b, b, &mut fb);
+    fa.sort();
+    fb.sort();
     let mut diffs = Vec::new();
     for f in &fa {
         match (fs::read(a.join(f)), fs::read(b.join(f))) {
             (Ok(x), Ok(y)) if x == y => {}
-            (Ok(_), Ok(_)) => diffs.push(format!("{} differs", f.display())),
+            (Ok(x), Ok(y)) => {
+                let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
+                diffs.push(format!(
+                    "{} differs (first at byte {at}; {} bytes generated, {} committed)",
+                    f.display(),
+                    x.len(),
+                    y.len()
+                ))
+            }
             _ => diffs.push(format!("{} is not committed", f.display())),
         }
     }
@@ -536,3 +557,35 @@ LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
 OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
 SOFTWARE.
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_dirs_names_every_difference() {
+        let base = env::temp_dir().join(format!("imagine-compare-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let (a, b) = (base.join("generated"), base.join("committed"));
+        for d in [&a, &b] {
+            fs::create_dir_all(d.join("f32")).unwrap();
+            fs::write(d.join("f32/same.onnx"), b"same").unwrap();
+        }
+        assert_eq!(compare_dirs(&a, &b), Vec::<String>::new());
+        fs::write(a.join("f32/x.data"), b"abcd").unwrap();
+        fs::write(b.join("f32/x.data"), b"abXd").unwrap();
+        fs::write(a.join("f32/new.onnx"), b"n").unwrap();
+        fs::write(b.join("f32/old.onnx"), b"o").unwrap();
+        fs::write(b.join("README.md"), b"docs are not generated").unwrap();
+        let sep = std::path::MAIN_SEPARATOR;
+        assert_eq!(
+            compare_dirs(&a, &b),
+            vec![
+                format!("f32{sep}new.onnx is not committed"),
+                format!("f32{sep}x.data differs (first at byte 2; 4 bytes generated, 4 committed)"),
+                format!("f32{sep}old.onnx is no longer generated"),
+            ]
+        );
+        fs::remove_dir_all(&base).unwrap();
+    }
+}
