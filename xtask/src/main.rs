@@ -1,7 +1,10 @@
 //! `cargo xtask build | run | test | bench | e2e`: the project's build, run and test entry points.
 //!
-//! Plain std, no dependencies. Every step prints one line (`xtask: ...`) before it runs, and a
-//! failing step stops everything with its name.
+//! Every command first checks what it needs on the machine and installs what is missing
+//! (`setup.rs`). Every step prints one line (`xtask: ...`) before it runs, and a failing step stops
+//! everything with its name.
+
+mod setup;
 
 use std::env;
 use std::ffi::OsStr;
@@ -37,9 +40,15 @@ commands:
   help                   this text
 
 options for run/bench/e2e:
-  --no-build             use the existing dist/ as it is";
+  --no-build             use the existing dist/ as it is
 
-type Result<T = ()> = std::result::Result<T, String>;
+Every command first installs what it lacks, one line each (`xtask: installing X (reason)`):
+the wasm32-unknown-unknown target (rustup), wasm-bindgen-cli at the version Cargo.toml pins
+(cargo install), node_modules as package-lock.json locks it (npm ci); for run, bench, e2e and test
+also Debian's Chromium (apt-get, as root; otherwise it prints the command); for e2e and test also
+the Python packages of tests/reference/requirements.txt (pip). Nothing is fetched when all is there.";
+
+pub(crate) type Result<T = ()> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -62,27 +71,31 @@ fn dispatch(args: &[String]) -> Result {
     match cmd {
         "build" => {
             let debug = take_flag(rest, "--debug")?;
-            build(&root, debug)
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
+            build(&root, debug, &tools)
         }
         "test" => test(&root, rest),
         "fixtures" => {
             if let Some(extra) = rest.first() {
                 return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
             }
+            setup::ensure_python_packages(&root)?;
             step("fixtures: fixture packs up to date");
             check_fixtures(&root)
         }
         "e2e" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::ALL)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             e2e(&root, &rest)
         }
         "run" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             step("run: node tests/e2e/run.mjs");
             node_script(&root, "tests/e2e/run.mjs", &rest)
@@ -97,8 +110,9 @@ fn dispatch(args: &[String]) -> Result {
                 other => return Err(format!("unknown benchmark `{other}` (known: generate, download)")),
             };
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             step(&format!("bench: node {script}"));
             node_script(&root, script, &rest)
@@ -137,7 +151,7 @@ fn split_flag(args: &[String], flag: &str) -> (bool, Vec<String>) {
 }
 
 /// Runs a command, inheriting stdio; an error names the step.
-fn run_cmd(name: &str, cmd: &mut Command) -> Result {
+pub(crate) fn run_cmd(name: &str, cmd: &mut Command) -> Result {
     let status = cmd
         .status()
         .map_err(|e| format!("{name}: could not start `{}`: {e}", cmd.get_program().to_string_lossy()))?;
@@ -159,13 +173,11 @@ fn node_script(root: &Path, script: &str, args: &[String]) -> Result {
 // ---------------------------------------------------------------------------------------------
 // build
 
-fn build(root: &Path, debug: bool) -> Result {
+fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
     let started = Instant::now();
     let profile = if debug { "debug" } else { "release" };
     let dist = root.join("dist");
-
-    step("build: checking wasm-bindgen");
-    let bindgen = check_wasm_bindgen(root)?;
+    let bindgen = &tools.wasm_bindgen;
 
     step(&format!("build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"));
     let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
@@ -183,7 +195,7 @@ fn build(root: &Path, debug: bool) -> Result {
 
     let wasm = root.join(format!("target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
     step(&format!("build: wasm-bindgen --target web -> dist/pkg ({})", rel(root, &wasm)));
-    let mut wb = Command::new(&bindgen);
+    let mut wb = Command::new(bindgen);
     wb.args(["--target", "web", "--out-dir"]).arg(dist.join("pkg")).arg("--no-typescript");
     if debug {
         wb.arg("--debug").arg("--keep-debug");
@@ -238,74 +250,6 @@ fn build(root: &Path, debug: bool) -> Result {
         dir_size(&dist)
     );
     Ok(())
-}
-
-/// Finds wasm-bindgen (PATH, then ~/.cargo/bin) and checks it matches the pinned crate version.
-fn check_wasm_bindgen(root: &Path) -> Result<PathBuf> {
-    let want = pinned_wasm_bindgen(root)?;
-    let install = format!("cargo install wasm-bindgen-cli --version {want}");
-    let mut candidates = vec![PathBuf::from("wasm-bindgen")];
-    if let Some(home) = env::var_os("CARGO_HOME").or_else(|| {
-        env::var_os("HOME").map(|h| {
-            let mut p = PathBuf::from(h);
-            p.push(".cargo");
-            p.into_os_string()
-        })
-    }) {
-        candidates.push(PathBuf::from(home).join("bin/wasm-bindgen"));
-    }
-    for bin in candidates {
-        let Ok(out) = Command::new(&bin).arg("--version").output() else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let got = text.split_whitespace().nth(1).unwrap_or("").to_string();
-        if got == want {
-            return Ok(bin);
-        }
-        return Err(format!(
-            "wasm-bindgen {got} found ({}), but Cargo.toml pins wasm-bindgen ={want}; the CLI must \
-             match exactly. Run: {install}",
-            bin.display()
-        ));
-    }
-    Err(format!("wasm-bindgen not found. Run: {install}"))
-}
-
-/// `wasm-bindgen = "=X"` under `[workspace.dependencies]` of the root Cargo.toml.
-fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
-    let text = fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
-    let mut section = String::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            section = line.to_string();
-            continue;
-        }
-        if section != "[workspace.dependencies]" {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        if key.trim() != "wasm-bindgen" {
-            continue;
-        }
-        // `"=0.2.130"` or `{ version = "=0.2.130", ... }`
-        let value = value.trim();
-        let version = if value.starts_with('{') {
-            value.split("version").nth(1).and_then(|v| v.split('"').nth(1))
-        } else {
-            value.split('"').nth(1)
-        };
-        if let Some(v) = version {
-            if let Some(exact) = v.strip_prefix('=') {
-                return Ok(exact.trim().to_string());
-            }
-            return Err(format!("wasm-bindgen must be pinned with `=` in Cargo.toml, found \"{v}\""));
-        }
-    }
-    Err("no `wasm-bindgen = \"=X\"` in [workspace.dependencies] of Cargo.toml".into())
 }
 
 fn copy_file(from: &Path, to: &Path) -> Result {
@@ -364,6 +308,7 @@ fn test(root: &Path, args: &[String]) -> Result {
     if let Some(extra) = rest.first() {
         return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
     }
+    let tools = setup::ensure_prerequisites(root, setup::Needs::ALL)?;
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut done: Vec<(String, f64)> = Vec::new();
     let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
@@ -414,7 +359,7 @@ fn test(root: &Path, args: &[String]) -> Result {
         )
     })?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;
-    timed("cargo xtask build", &mut || build(root, false))?;
+    timed("cargo xtask build", &mut || build(root, false, &tools))?;
     timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
     println!("xtask: test: summary");
