@@ -1,9 +1,11 @@
-//! `cargo xtask build | run | test | bench | e2e`: the project's build, run and test entry points.
+//! `cargo xtask build | dist | run | test | bench | e2e`: the project's build, package, run and test
+//! entry points.
 //!
 //! Every command first checks what it needs on the machine and installs what is missing
 //! (`setup.rs`). Every step prints one line (`xtask: ...`) before it runs, and a failing step stops
 //! everything with its name.
 
+mod dist;
 mod setup;
 
 use std::env;
@@ -19,7 +21,8 @@ usage: cargo xtask <command> [options]
 
 commands:
   build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
-  test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, build, e2e tests
+  dist                   release build, then the store zip target/imagine-<version>.zip (contents checked)
+  test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, dist, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
   fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
                          byte for byte with tests/fixtures/packs, load and run the committed ones
@@ -73,6 +76,13 @@ fn dispatch(args: &[String]) -> Result {
             let debug = take_flag(rest, "--debug")?;
             let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
             build(&root, debug, &tools)
+        }
+        "dist" => {
+            if let Some(extra) = rest.first() {
+                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+            }
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
+            package(&root, &tools)
         }
         "test" => test(&root, rest),
         "fixtures" => {
@@ -252,6 +262,20 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
     Ok(())
 }
 
+/// `build` (release), then the store zip; prints its path and size.
+fn package(root: &Path, tools: &setup::Tools) -> Result {
+    build(root, false, tools)?;
+    step("dist: dist/ -> target/imagine-<version>.zip");
+    let zip = dist::write_dist_zip(root, &root.join("dist"))?;
+    let size = fs::metadata(&zip).map_err(|e| format!("{}: {e}", zip.display()))?.len();
+    println!(
+        "xtask: dist: {} ({size} bytes, {:.1} MiB; contents checked)",
+        rel(root, &zip),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
 fn copy_file(from: &Path, to: &Path) -> Result {
     if let Some(parent) = to.parent() {
         fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
@@ -359,7 +383,7 @@ fn test(root: &Path, args: &[String]) -> Result {
         )
     })?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;
-    timed("cargo xtask build", &mut || build(root, false, &tools))?;
+    timed("cargo xtask dist (release build, store zip checked)", &mut || package(root, &tools))?;
     timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
     println!("xtask: test: summary");
