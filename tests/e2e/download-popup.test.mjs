@@ -21,7 +21,7 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   await page.waitForFunction(() => /\d/.test(document.querySelector('#download-rate')?.textContent ?? ''), null, { timeout: 10_000 });
   // Done and total bytes.
   assert.match(await text('#download-done'), /\d[\s\S]*\d/);
-  assert.match(await text('#download-eta'), /\d|s|min/);
+  assert.match(await text('#download-eta'), /^about \d+(\.\d)? (s|min|h) left$/);
   assert.ok((await text('#download-files')).includes(SHARD), `#download-files: ${await text('#download-files')}`);
   for (const id of ['#pause', '#cancel-download']) assert.ok(await page.isVisible(id), `${id} not visible`);
 
@@ -33,7 +33,10 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   await h.waitForInstall(page);
 
   await page.waitForFunction(() => /\d/.test(document.querySelector('#storage-used')?.textContent ?? ''), null, { timeout: 10_000 });
-  assert.ok((await text('#pack-status')).length > 0);
+  // #pack-status starts as "Checking the model…"; once installed it names the pack's commit.
+  await page.waitForFunction(() => document.querySelector('#pack-status')?.textContent.startsWith('Model installed'), null, { timeout: 10_000 });
+  const { commit } = await h.packStatus(page);
+  assert.ok((await text('#pack-status')).includes(`commit ${commit.slice(0, 7)}`), await text('#pack-status'));
   await page.waitForSelector('#delete-pack', { state: 'visible', timeout: 10_000 });
   page.once('dialog', (d) => d.accept()); // in case delete asks for confirmation
   await page.click('#delete-pack');

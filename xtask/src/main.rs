@@ -1,7 +1,12 @@
-//! `cargo xtask build | run | test | bench | e2e`: the project's build, run and test entry points.
+//! `cargo xtask build | dist | run | test | bench | e2e`: the project's build, package, run and test
+//! entry points.
 //!
-//! Plain std, no dependencies. Every step prints one line (`xtask: ...`) before it runs, and a
-//! failing step stops everything with its name.
+//! Every command first checks what it needs on the machine and installs what is missing
+//! (`setup.rs`). Every step prints one line (`xtask: ...`) before it runs, and a failing step stops
+//! everything with its name.
+
+mod dist;
+mod setup;
 
 use std::env;
 use std::ffi::OsStr;
@@ -16,8 +21,11 @@ usage: cargo xtask <command> [options]
 
 commands:
   build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
-  test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, build, e2e tests
+  dist                   release build, then the store zip target/imagine-<version>.zip (contents checked)
+  test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, dist, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs)
+  fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
+                         byte for byte with tests/fixtures/packs, load and run the committed ones
   run [options]          build, then launch Chromium with the extension loaded
         --pack URL       the pack's repo address, e.g. https://huggingface.co/OWNER/NAME[/tree/REV]
         --hub ENDPOINT   install from this Hub (or mirror) (default: https://huggingface.co)
@@ -35,9 +43,15 @@ commands:
   help                   this text
 
 options for run/bench/e2e:
-  --no-build             use the existing dist/ as it is";
+  --no-build             use the existing dist/ as it is
 
-type Result<T = ()> = std::result::Result<T, String>;
+Every command first installs what it lacks, one line each (`xtask: installing X (reason)`):
+the wasm32-unknown-unknown target (rustup), wasm-bindgen-cli at the version Cargo.toml pins
+(cargo install), node_modules as package-lock.json locks it (npm ci); for run, bench, e2e and test
+also Debian's Chromium (apt-get, as root; otherwise it prints the command); for e2e and test also
+the Python packages of tests/reference/requirements.txt (pip). Nothing is fetched when all is there.";
+
+pub(crate) type Result<T = ()> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -60,20 +74,38 @@ fn dispatch(args: &[String]) -> Result {
     match cmd {
         "build" => {
             let debug = take_flag(rest, "--debug")?;
-            build(&root, debug)
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
+            build(&root, debug, &tools)
+        }
+        "dist" => {
+            if let Some(extra) = rest.first() {
+                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+            }
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
+            package(&root, &tools)
         }
         "test" => test(&root, rest),
+        "fixtures" => {
+            if let Some(extra) = rest.first() {
+                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+            }
+            setup::ensure_python_packages(&root)?;
+            step("fixtures: fixture packs up to date");
+            check_fixtures(&root)
+        }
         "e2e" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::ALL)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             e2e(&root, &rest)
         }
         "run" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             step("run: node tests/e2e/run.mjs");
             node_script(&root, "tests/e2e/run.mjs", &rest)
@@ -88,8 +120,9 @@ fn dispatch(args: &[String]) -> Result {
                 other => return Err(format!("unknown benchmark `{other}` (known: generate, download)")),
             };
             let (no_build, rest) = split_flag(rest, "--no-build");
+            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
             if !no_build {
-                build(&root, false)?;
+                build(&root, false, &tools)?;
             }
             step(&format!("bench: node {script}"));
             node_script(&root, script, &rest)
@@ -128,7 +161,7 @@ fn split_flag(args: &[String], flag: &str) -> (bool, Vec<String>) {
 }
 
 /// Runs a command, inheriting stdio; an error names the step.
-fn run_cmd(name: &str, cmd: &mut Command) -> Result {
+pub(crate) fn run_cmd(name: &str, cmd: &mut Command) -> Result {
     let status = cmd
         .status()
         .map_err(|e| format!("{name}: could not start `{}`: {e}", cmd.get_program().to_string_lossy()))?;
@@ -150,13 +183,11 @@ fn node_script(root: &Path, script: &str, args: &[String]) -> Result {
 // ---------------------------------------------------------------------------------------------
 // build
 
-fn build(root: &Path, debug: bool) -> Result {
+fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
     let started = Instant::now();
     let profile = if debug { "debug" } else { "release" };
     let dist = root.join("dist");
-
-    step("build: checking wasm-bindgen");
-    let bindgen = check_wasm_bindgen(root)?;
+    let bindgen = &tools.wasm_bindgen;
 
     step(&format!("build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"));
     let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
@@ -174,7 +205,7 @@ fn build(root: &Path, debug: bool) -> Result {
 
     let wasm = root.join(format!("target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
     step(&format!("build: wasm-bindgen --target web -> dist/pkg ({})", rel(root, &wasm)));
-    let mut wb = Command::new(&bindgen);
+    let mut wb = Command::new(bindgen);
     wb.args(["--target", "web", "--out-dir"]).arg(dist.join("pkg")).arg("--no-typescript");
     if debug {
         wb.arg("--debug").arg("--keep-debug");
@@ -231,72 +262,18 @@ fn build(root: &Path, debug: bool) -> Result {
     Ok(())
 }
 
-/// Finds wasm-bindgen (PATH, then ~/.cargo/bin) and checks it matches the pinned crate version.
-fn check_wasm_bindgen(root: &Path) -> Result<PathBuf> {
-    let want = pinned_wasm_bindgen(root)?;
-    let install = format!("cargo install wasm-bindgen-cli --version {want}");
-    let mut candidates = vec![PathBuf::from("wasm-bindgen")];
-    if let Some(home) = env::var_os("CARGO_HOME").or_else(|| {
-        env::var_os("HOME").map(|h| {
-            let mut p = PathBuf::from(h);
-            p.push(".cargo");
-            p.into_os_string()
-        })
-    }) {
-        candidates.push(PathBuf::from(home).join("bin/wasm-bindgen"));
-    }
-    for bin in candidates {
-        let Ok(out) = Command::new(&bin).arg("--version").output() else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let got = text.split_whitespace().nth(1).unwrap_or("").to_string();
-        if got == want {
-            return Ok(bin);
-        }
-        return Err(format!(
-            "wasm-bindgen {got} found ({}), but Cargo.toml pins wasm-bindgen ={want}; the CLI must \
-             match exactly. Run: {install}",
-            bin.display()
-        ));
-    }
-    Err(format!("wasm-bindgen not found. Run: {install}"))
-}
-
-/// `wasm-bindgen = "=X"` under `[workspace.dependencies]` of the root Cargo.toml.
-fn pinned_wasm_bindgen(root: &Path) -> Result<String> {
-    let text = fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
-    let mut section = String::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            section = line.to_string();
-            continue;
-        }
-        if section != "[workspace.dependencies]" {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        if key.trim() != "wasm-bindgen" {
-            continue;
-        }
-        // `"=0.2.130"` or `{ version = "=0.2.130", ... }`
-        let value = value.trim();
-        let version = if value.starts_with('{') {
-            value.split("version").nth(1).and_then(|v| v.split('"').nth(1))
-        } else {
-            value.split('"').nth(1)
-        };
-        if let Some(v) = version {
-            if let Some(exact) = v.strip_prefix('=') {
-                return Ok(exact.trim().to_string());
-            }
-            return Err(format!("wasm-bindgen must be pinned with `=` in Cargo.toml, found \"{v}\""));
-        }
-    }
-    Err("no `wasm-bindgen = \"=X\"` in [workspace.dependencies] of Cargo.toml".into())
+/// `build` (release), then the store zip; prints its path and size.
+fn package(root: &Path, tools: &setup::Tools) -> Result {
+    build(root, false, tools)?;
+    step("dist: dist/ -> target/imagine-<version>.zip");
+    let zip = dist::write_dist_zip(root, &root.join("dist"))?;
+    let size = fs::metadata(&zip).map_err(|e| format!("{}: {e}", zip.display()))?.len();
+    println!(
+        "xtask: dist: {} ({size} bytes, {:.1} MiB; contents checked)",
+        rel(root, &zip),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
 }
 
 fn copy_file(from: &Path, to: &Path) -> Result {
@@ -355,6 +332,7 @@ fn test(root: &Path, args: &[String]) -> Result {
     if let Some(extra) = rest.first() {
         return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
     }
+    let tools = setup::ensure_prerequisites(root, setup::Needs::ALL)?;
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut done: Vec<(String, f64)> = Vec::new();
     let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
@@ -405,7 +383,7 @@ fn test(root: &Path, args: &[String]) -> Result {
         )
     })?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;
-    timed("cargo xtask build", &mut || build(root, false))?;
+    timed("cargo xtask dist (release build, store zip checked)", &mut || package(root, &tools))?;
     timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
     println!("xtask: test: summary");
@@ -418,36 +396,38 @@ fn test(root: &Path, args: &[String]) -> Result {
     Ok(())
 }
 
-/// `make_packs.py --check` if the generator has it; otherwise regenerate into a temp dir and
-/// compare bytes with the committed packs.
+/// The committed fixture packs are what the generator makes: generate a fresh copy into a temp
+/// dir and compare it byte for byte with tests/fixtures/packs (naming every file that differs),
+/// then load and run the committed packs with onnxruntime (`make_packs.py --verify`, which writes
+/// nothing).
 fn check_fixtures(root: &Path) -> Result {
     let script = root.join("tests/fixtures/make_packs.py");
     if !script.exists() {
         return Err("tests/fixtures/make_packs.py is missing".into());
     }
-    let source = fs::read_to_string(&script).map_err(|e| format!("{}: {e}", script.display()))?;
-    if source.contains("--check") {
-        return run_cmd("make_packs.py --check", Command::new("python3").arg(&script).arg("--check"));
-    }
+    let committed = root.join("tests/fixtures/packs");
     let tmp = env::temp_dir().join(format!("imagine-packs-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
-    let result = (|| {
+    let compared = (|| {
         run_cmd("make_packs.py --out TMP", Command::new("python3").arg(&script).arg("--out").arg(&tmp))?;
-        let committed = root.join("tests/fixtures/packs");
         let diffs = compare_dirs(&tmp, &committed);
         if diffs.is_empty() {
             Ok(())
         } else {
             Err(format!(
-                "committed fixture packs differ from the generator's output (rerun \
+                "committed fixture packs (tests/fixtures/packs) differ from the generator's output (rerun \
                  `python3 tests/fixtures/make_packs.py`):\n  {}",
                 diffs.join("\n  ")
             ))
         }
     })();
     let _ = fs::remove_dir_all(&tmp);
-    result
+    compared?;
+    run_cmd(
+        "make_packs.py --verify tests/fixtures/packs",
+        Command::new("python3").arg(&script).arg("--verify").arg(&committed),
+    )
 }
 
 fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
@@ -465,11 +445,21 @@ fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
     let (mut fa, mut fb) = (Vec::new(), Vec::new());
     files(a, a, &mut fa);
     files(b, b, &mut fb);
+    fa.sort();
+    fb.sort();
     let mut diffs = Vec::new();
     for f in &fa {
         match (fs::read(a.join(f)), fs::read(b.join(f))) {
             (Ok(x), Ok(y)) if x == y => {}
-            (Ok(_), Ok(_)) => diffs.push(format!("{} differs", f.display())),
+            (Ok(x), Ok(y)) => {
+                let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
+                diffs.push(format!(
+                    "{} differs (first at byte {at}; {} bytes generated, {} committed)",
+                    f.display(),
+                    x.len(),
+                    y.len()
+                ))
+            }
             _ => diffs.push(format!("{} is not committed", f.display())),
         }
     }
@@ -536,3 +526,35 @@ LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
 OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
 SOFTWARE.
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_dirs_names_every_difference() {
+        let base = env::temp_dir().join(format!("imagine-compare-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let (a, b) = (base.join("generated"), base.join("committed"));
+        for d in [&a, &b] {
+            fs::create_dir_all(d.join("f32")).unwrap();
+            fs::write(d.join("f32/same.onnx"), b"same").unwrap();
+        }
+        assert_eq!(compare_dirs(&a, &b), Vec::<String>::new());
+        fs::write(a.join("f32/x.data"), b"abcd").unwrap();
+        fs::write(b.join("f32/x.data"), b"abXd").unwrap();
+        fs::write(a.join("f32/new.onnx"), b"n").unwrap();
+        fs::write(b.join("f32/old.onnx"), b"o").unwrap();
+        fs::write(b.join("README.md"), b"docs are not generated").unwrap();
+        let sep = std::path::MAIN_SEPARATOR;
+        assert_eq!(
+            compare_dirs(&a, &b),
+            vec![
+                format!("f32{sep}new.onnx is not committed"),
+                format!("f32{sep}x.data differs (first at byte 2; 4 bytes generated, 4 committed)"),
+                format!("f32{sep}old.onnx is no longer generated"),
+            ]
+        );
+        fs::remove_dir_all(&base).unwrap();
+    }
+}
