@@ -4,8 +4,8 @@ import init, { offscreenCommand } from './pkg/imagine_web.js';
 
 const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
 
-chrome.runtime.onMessage.addListener((message, _sender, reply) => {
+chrome.runtime.onMessage.addListener((message, sender, reply) => {
   if (message?.target !== 'offscreen') return false;
-  ready.then(() => offscreenCommand(message)).then(reply, (e) => reply({ ok: false, error: String(e) }));
+  ready.then(() => offscreenCommand(message, sender)).then(reply, (e) => reply({ ok: false, error: String(e) }));
   return true;
 });

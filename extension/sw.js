@@ -6,8 +6,8 @@ import init, {
 
 const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
 
-chrome.runtime.onMessage.addListener((message, _sender, reply) => {
-  ready.then(() => serviceWorkerMessage(message)).then(reply, (e) => reply({ type: 'error', error: String(e) }));
+chrome.runtime.onMessage.addListener((message, sender, reply) => {
+  ready.then(() => serviceWorkerMessage(message, sender)).then(reply, (e) => reply({ type: 'error', error: String(e) }));
   return true;
 });
 chrome.runtime.onInstalled.addListener(() => { ready.then(() => serviceWorkerInstalled()); });

@@ -23,6 +23,10 @@ test('context menu on a selection opens result.html with the image', { timeout: 
   assert.equal(url.protocol, 'chrome-extension:');
   assert.equal(url.pathname, '/result.html');
   assert.ok(url.searchParams.get('job'), `no job in ${tab.url()}`);
+  // The selection is not in the URL (it would land in the browser's history), yet the page shows it
+  // while the image is made.
+  assert.ok(!tab.url().includes('lighthouse'), tab.url());
+  await tab.waitForFunction((p) => document.querySelector('#prompt-text')?.textContent.trim() === p, prompt, { timeout: 30_000 });
 
   await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, {
     timeout: h.GENERATION_TIMEOUT_MS,

@@ -37,3 +37,32 @@ test('a float16 pack on WebGPU without shader-f16 fails clearly', { timeout: 600
   assert.equal(r.failed?.type, 'failed', JSON.stringify(r.failed));
   assert.match(r.failed.error, /shader-f16/);
 });
+
+test('requests with a field they do not have are refused, naming it', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  for (const [request, field] of [
+    [{ type: 'generate', prompt: 'a cat', widht: 512 }, 'widht'],
+    [{ type: 'installPack', repo: 'a/b', revsion: 'v2' }, 'revsion'],
+    [{ type: 'pausePack', now: true }, 'now'],
+  ]) {
+    const reply = await h.api(b.page, request);
+    assert.equal(reply.type, 'error', JSON.stringify(reply));
+    assert.match(reply.error, new RegExp(`unknown field \`${field}\``));
+  }
+});
+
+test('only the offscreen document reports events, only the service worker commands it', { timeout: 240_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  // A page posing as the offscreen document: its "result" is not recorded.
+  const fake = { type: 'result', job: 'f00f00f00f00f00f', png: '', prompt: 'x', seed: '1', width: 256, height: 256, steps: 1, schedule: 'empirical', tokenCount: 1, truncated: false };
+  await h.api(b.page, fake).catch(() => {});
+  assert.equal((await h.api(b.page, { type: 'job', job: fake.job })).status, 'unknown');
+  // A page posing as the service worker: the offscreen document does not take its command.
+  b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 4 << 20 });
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  await h.waitForDownload(b.page, (s) => h.fileDone(s, h.BIG_SHARD) >= 4 << 20, 60_000);
+  const reply = await b.page.evaluate(() => chrome.runtime.sendMessage({ target: 'offscreen', command: 'cancelPack' }).catch((e) => String(e)));
+  assert.notEqual(reply?.ok, true, JSON.stringify(reply));
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page);
+});

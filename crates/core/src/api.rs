@@ -6,9 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A request to the service worker. Each one gets exactly one [`Reply`].
+/// A request to the service worker. Each one gets exactly one [`Reply`]. A field the request does not
+/// have (a misspelt `widht`) is an error, not silently dropped (which is why the requests without
+/// fields are empty struct variants: serde checks no fields of a unit variant).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
 pub enum Request {
     /// Download and install the pack from a Hugging Face Hub repo (resumable, verified). Joins an
     /// install already running. Missing fields take the defaults of [`PackSource`].
@@ -16,15 +18,15 @@ pub enum Request {
     /// Resolve the revision and list what an install would download, without writing anything.
     PlanPack(PackSource),
     /// Pause the running download, keeping what is downloaded.
-    PausePack,
+    PausePack {},
     /// Resume a paused or failed download.
-    ResumePack,
+    ResumePack {},
     /// Stop the download and remove its partial files.
-    CancelPack,
+    CancelPack {},
     /// Remove the installed pack and free its storage.
-    DeletePack,
+    DeletePack {},
     /// Whether a pack is installed, the storage it uses, and any download in progress.
-    PackStatus,
+    PackStatus {},
     /// Start a generation. Missing fields take their defaults.
     Generate(GenerateRequest),
     /// Cancel a running job.
@@ -35,7 +37,7 @@ pub enum Request {
 
 /// `generate`: what the caller asked for, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct GenerateRequest {
     pub prompt: String,
     pub width: Option<i64>,
@@ -94,21 +96,46 @@ pub enum Reply {
     },
 }
 
-/// `installPack`: the source, and the backend the pack is meant for.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+/// `installPack`: the source (each field defaults to [`PackSource::default`]'s), and the backend the
+/// pack is meant for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct InstallRequest {
-    #[serde(flatten)]
-    pub source: PackSource,
+    pub endpoint: String,
+    pub repo: String,
+    pub revision: String,
     /// `webgpu` (default): the device is checked before anything is downloaded (WebGPU adapter,
     /// `shader-f16` for float16 graphs, buffer size). `wasm`: the pack will run on the CPU backend,
     /// so the GPU checks are skipped.
     pub backend: Option<String>,
 }
 
+impl Default for InstallRequest {
+    fn default() -> Self {
+        InstallRequest::new(PackSource::default(), None)
+    }
+}
+
+impl InstallRequest {
+    /// An install of `source` for `backend`.
+    pub fn new(source: PackSource, backend: Option<String>) -> Self {
+        let PackSource { endpoint, repo, revision } = source;
+        InstallRequest { endpoint, repo, revision, backend }
+    }
+
+    /// Where the pack comes from.
+    pub fn source(&self) -> PackSource {
+        PackSource {
+            endpoint: self.endpoint.clone(),
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+        }
+    }
+}
+
 /// Where a pack comes from: a model repo on a Hugging Face Hub (or a mirror with the same API).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct PackSource {
     /// The Hub's base URL.
     pub endpoint: String,
@@ -229,9 +256,18 @@ pub struct DownloadProgress {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum JobState {
-    Running { progress: Option<Progress> },
-    Done { result: GenerateResult },
-    Failed { error: String },
+    /// `prompt`: what is being drawn, so a page opened on the job can say so.
+    Running {
+        progress: Option<Progress>,
+        #[serde(default)]
+        prompt: String,
+    },
+    Done {
+        result: GenerateResult,
+    },
+    Failed {
+        error: String,
+    },
     Cancelled,
     Unknown,
 }
@@ -321,9 +357,55 @@ pub enum Event {
     },
 }
 
+/// Who sent a message, from Chrome's `runtime.MessageSender`: only the extension's own contexts are
+/// listened to, and each channel only to the context that speaks on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender {
+    /// The service worker (`sw.js`): the offscreen document's commands.
+    ServiceWorker,
+    /// The offscreen document: the events it broadcasts.
+    Offscreen,
+    /// Another page of the extension (popup, result page, tests): requests.
+    Page,
+    /// Anything else: another extension, a content script, a web page.
+    Foreign,
+}
+
+impl Sender {
+    /// Classifies a sender by its extension id and URL, given this extension's id.
+    pub fn classify(own_id: &str, id: Option<&str>, url: Option<&str>) -> Sender {
+        let origin = format!("chrome-extension://{own_id}/");
+        match (id, url.and_then(|url| url.strip_prefix(&origin))) {
+            (Some(id), Some(path)) if id == own_id => match path {
+                "sw.js" => Sender::ServiceWorker,
+                "offscreen.html" => Sender::Offscreen,
+                _ => Sender::Page,
+            },
+            _ => Sender::Foreign,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn senders_are_told_apart_by_extension_and_url() {
+        let own = "abcdefghijklmnopabcdefghijklmnop";
+        let url = |path: &str| format!("chrome-extension://{own}/{path}");
+        assert_eq!(Sender::classify(own, Some(own), Some(&url("sw.js"))), Sender::ServiceWorker);
+        assert_eq!(Sender::classify(own, Some(own), Some(&url("offscreen.html"))), Sender::Offscreen);
+        assert_eq!(Sender::classify(own, Some(own), Some(&url("popup.html"))), Sender::Page);
+        assert_eq!(Sender::classify(own, Some(own), Some(&url("result.html?job=1"))), Sender::Page);
+        // A content script of this extension reports the web page's URL; another extension its own id.
+        assert_eq!(Sender::classify(own, Some(own), Some("https://example.com/")), Sender::Foreign);
+        assert_eq!(Sender::classify(own, Some("zzzz"), Some(&url("sw.js"))), Sender::Foreign);
+        assert_eq!(Sender::classify(own, None, Some(&url("sw.js"))), Sender::Foreign);
+        assert_eq!(Sender::classify(own, Some(own), None), Sender::Foreign);
+        let lookalike = format!("chrome-extension://{own}x/sw.js");
+        assert_eq!(Sender::classify(own, Some(own), Some(&lookalike)), Sender::Foreign);
+    }
 
     #[test]
     fn requests_use_camel_case_tags_and_defaults() {
@@ -331,12 +413,26 @@ mod tests {
         assert_eq!(r, Request::Generate(GenerateRequest { prompt: "a cat".into(), ..Default::default() }));
         let r: Request = serde_json::from_str(r#"{"type":"installPack","repo":"a/b"}"#).unwrap();
         let source = PackSource { repo: "a/b".into(), ..PackSource::default() };
-        assert_eq!(r, Request::InstallPack(InstallRequest { source, backend: None }));
+        assert_eq!(r, Request::InstallPack(InstallRequest::new(source, None)));
         let r: Request =
             serde_json::from_str(r#"{"type":"generate","prompt":"p","seed":"18446744073709551615"}"#)
                 .unwrap();
         let Request::Generate(g) = r else { panic!() };
         assert_eq!(g.seed, Some(Seed::Text("18446744073709551615".into())));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_and_named() {
+        for (text, field) in [
+            (r#"{"type":"generate","prompt":"a cat","widht":512}"#, "widht"),
+            (r#"{"type":"installPack","repo":"a/b","revsion":"v1"}"#, "revsion"),
+            (r#"{"type":"planPack","endpont":"https://x"}"#, "endpont"),
+            (r#"{"type":"job","job":"j","extra":1}"#, "extra"),
+            (r#"{"type":"pausePack","now":true}"#, "now"),
+        ] {
+            let e = serde_json::from_str::<Request>(text).unwrap_err().to_string();
+            assert!(e.contains(&format!("unknown field `{field}`")), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -8,6 +8,9 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "runtime"], js_name = sendMessage)]
     pub fn runtime_send_message(message: &JsValue) -> Result<Promise, JsValue>;
 
+    #[wasm_bindgen(js_namespace = ["chrome", "runtime"], js_name = id, thread_local_v2)]
+    static RUNTIME_ID: String;
+
     #[wasm_bindgen(js_namespace = ["chrome", "runtime"], js_name = getURL)]
     pub fn runtime_get_url(path: &str) -> String;
 
@@ -52,4 +55,9 @@ extern "C" {
 
     #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
     pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
+}
+
+/// `chrome.runtime.id`: this extension's id.
+pub fn runtime_id() -> String {
+    RUNTIME_ID.with(String::clone)
 }

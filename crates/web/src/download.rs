@@ -53,7 +53,7 @@ struct StoredRecord {
 /// Runs (or resumes) an install; replies with the pack record. `hash_port` links to the hash worker.
 pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
     let request: InstallRequest = from_js(params)?;
-    let source = request.source.validate().map_err(|e| e.to_string())?;
+    let source = request.source().validate().map_err(|e| e.to_string())?;
     let mut report = Reporter::new();
 
     let staging = opfs::pack_state().await?.staging;

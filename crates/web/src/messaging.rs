@@ -1,12 +1,12 @@
 //! Messages between contexts: the public API (`imagine_core::api`) and the internal commands the service
 //! worker sends to the offscreen document.
 
-use imagine_core::api::{Event, Reply, Request};
+use imagine_core::api::{Event, Reply, Request, Sender};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use crate::chrome;
-use crate::js::{error_text, from_js, to_js};
+use crate::js::{error_text, from_js, get_string, to_js};
 
 /// The `target` field of internal messages meant for the offscreen document only.
 pub const OFFSCREEN_TARGET: &str = "offscreen";
@@ -28,4 +28,10 @@ pub async fn request(request: &Request) -> Reply {
         Ok(reply) => reply,
         Err(error) => Reply::Error { error },
     }
+}
+
+/// Who sent a message (`runtime.onMessage`'s `sender`).
+pub fn sender(sender: &JsValue) -> Sender {
+    let own_id = crate::chrome::runtime_id();
+    Sender::classify(&own_id, get_string(sender, "id").as_deref(), get_string(sender, "url").as_deref())
 }

@@ -81,8 +81,11 @@ thread_local! {
 /// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here and
 /// replies with what this resolves to.
 #[wasm_bindgen(js_name = offscreenCommand)]
-pub fn offscreen_command(message: JsValue) -> js_sys::Promise {
+pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
+        if crate::messaging::sender(&sender) != imagine_core::api::Sender::ServiceWorker {
+            return Err("offscreen: commands are taken from the service worker only".into());
+        }
         match from_js::<Command>(&message) {
             Ok(Command::RunJob { job, spec }) => {
                 let start_now = STATE.with_borrow_mut(|state| {

@@ -31,10 +31,10 @@ pub fn popup_main() {
     on_click("install", install_clicked);
     // The Hub is contacted only when the user asks: for the size, or for the download.
     on_click("check-size", || spawn_local(show_plan()));
-    on_click("pause", || spawn_local(pack_action(Request::PausePack)));
-    on_click("resume", || spawn_local(pack_action(Request::ResumePack)));
-    on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack)));
-    on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack)));
+    on_click("pause", || spawn_local(pack_action(Request::PausePack {})));
+    on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
+    on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
+    on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
     spawn_local(async {
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
@@ -87,7 +87,7 @@ fn set_running(running: bool) {
 }
 
 async fn refresh_pack() {
-    let status = match request(&Request::PackStatus).await {
+    let status = match request(&Request::PackStatus {}).await {
         Reply::PackStatus(status) => status,
         _ => PackStatus::default(),
     };
@@ -209,7 +209,7 @@ fn install_clicked() {
             // Refused or failed: the download may still work if the mirror allows CORS.
             let _ = wasm_bindgen_futures::JsFuture::from(permission).await;
         }
-        let install = InstallRequest { source, backend: None };
+        let install = InstallRequest::new(source, None);
         match request(&Request::InstallPack(install)).await {
             Reply::Error { error } => set_text("pack-status", &error),
             _ => refresh_pack().await,

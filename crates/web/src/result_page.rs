@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use imagine_core::api::{Event, Reply, Request};
+use imagine_core::api::{Event, JobState, Reply, Request};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 
@@ -28,12 +28,13 @@ pub fn result_page_main() {
         JobView { job: String::new() }.show_error("No image was asked for.");
         return;
     };
-    set_text("prompt-text", &param("prompt").unwrap_or_default());
     VIEW.with_borrow_mut(|view| *view = Some(JobView { job: job.clone() }));
     spawn_local(async move {
         if let Reply::Job(state) = request(&Request::Job { job }).await {
-            if let imagine_core::api::JobState::Done { result } = &state {
-                set_text("prompt-text", &result.prompt);
+            match &state {
+                JobState::Running { prompt, .. } => set_text("prompt-text", prompt),
+                JobState::Done { result } => set_text("prompt-text", &result.prompt),
+                _ => {}
             }
             VIEW.with_borrow(|view| view.as_ref().map(|v| v.show_state(&state)));
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
-    PackStatus, Reply, Request,
+    PackStatus, Reply, Request, Sender,
 };
 use imagine_core::Backend;
 use serde::{Deserialize, Serialize};
@@ -23,7 +23,7 @@ use wasm_bindgen_futures::{future_to_promise, JsFuture};
 use crate::chrome;
 use crate::hub_client;
 use crate::js::{error_text, from_js, get, random_u64, to_js, Obj};
-use crate::messaging::{send, OFFSCREEN_TARGET};
+use crate::messaging::{self, send, OFFSCREEN_TARGET};
 use crate::opfs;
 use crate::stage_worker::JobSpec;
 use imagine_core::storage::RESULTS_DIR;
@@ -51,21 +51,35 @@ struct Download {
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
 /// `undefined` for messages that are not requests.
 #[wasm_bindgen(js_name = serviceWorkerMessage)]
-pub fn service_worker_message(message: JsValue) -> js_sys::Promise {
+pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Promise {
     future_to_promise(async move {
         if get(&message, "target").as_string().as_deref() == Some(OFFSCREEN_TARGET) {
             return Ok(JsValue::UNDEFINED);
         }
-        if let Ok(event) = from_js::<Event>(&message) {
-            record(event).await;
-            return Ok(JsValue::UNDEFINED);
-        }
-        let reply = match from_js::<Request>(&message) {
-            Ok(request) => handle(request).await,
-            Err(e) => Reply::Error { error: format!("not a request of the Imagine message API: {e}") },
+        let reply = match messaging::sender(&sender) {
+            Sender::Foreign => Reply::Error { error: "Imagine answers only its own pages".into() },
+            // Events are what the offscreen document reports; nobody else's are recorded.
+            Sender::Offscreen => {
+                if let Ok(event) = from_js::<Event>(&message) {
+                    record(event).await;
+                }
+                return Ok(JsValue::UNDEFINED);
+            }
+            Sender::Page | Sender::ServiceWorker => request_reply(&message).await,
         };
         Ok(to_js(&reply))
     })
+}
+
+async fn request_reply(message: &JsValue) -> Reply {
+    // Broadcast events reach every context; the ones pages send are not requests and get no reply.
+    if from_js::<Event>(message).is_ok() {
+        return Reply::Error { error: "events are reported by Imagine itself, not sent to it".into() };
+    }
+    match from_js::<Request>(message) {
+        Ok(request) => handle(request).await,
+        Err(e) => Reply::Error { error: format!("not a request of the Imagine message API: {e}") },
+    }
 }
 
 /// `chrome.runtime.onInstalled`: (re)creates the context menu.
@@ -108,9 +122,10 @@ pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
             return Ok(JsValue::UNDEFINED);
         }
         let prompt = get(&info, "selectionText").as_string().unwrap_or_default();
-        let shown = String::from(js_sys::encode_uri_component(&prompt));
+        // The prompt stays out of the URL (it would land in the browser's history): the page asks
+        // for the job, which carries it.
         let page = match start_job(GenerateRequest { prompt, ..Default::default() }).await {
-            Reply::JobStarted { job, .. } => format!("result.html?job={job}&prompt={shown}"),
+            Reply::JobStarted { job, .. } => format!("result.html?job={job}"),
             Reply::Error { error } => {
                 format!("result.html?error={}", String::from(js_sys::encode_uri_component(&error)))
             }
@@ -126,18 +141,18 @@ async fn handle(request: Request) -> Reply {
     match request {
         Request::InstallPack(request) => install(request).await,
         Request::PlanPack(source) => plan(source).await,
-        Request::PausePack => pause().await,
-        Request::ResumePack => match load_local::<Download>(DOWNLOAD_KEY).await {
+        Request::PausePack {} => pause().await,
+        Request::ResumePack {} => match load_local::<Download>(DOWNLOAD_KEY).await {
             Some(download) if !download.state.is_active() => install(download.request).await,
             Some(_) => Reply::InstallStarted,
             None => Reply::Error { error: "there is no download to resume".into() },
         },
-        Request::CancelPack => cancel_download().await,
-        Request::DeletePack => match delete_pack().await {
+        Request::CancelPack {} => cancel_download().await,
+        Request::DeletePack {} => match delete_pack().await {
             Ok(()) => Reply::Done,
             Err(error) => Reply::Error { error },
         },
-        Request::PackStatus => Reply::PackStatus(pack_status().await),
+        Request::PackStatus {} => Reply::PackStatus(pack_status().await),
         Request::Generate(request) => start_job(request).await,
         Request::Cancel { job } => {
             match command(Obj::new().set("command", "cancelJob").set("job", job.as_str())).await {
@@ -150,9 +165,9 @@ async fn handle(request: Request) -> Reply {
 }
 
 /// Starts (or joins, or resumes) a download. The source is checked here so a bad one is refused at once.
-async fn install(mut request: InstallRequest) -> Reply {
-    request.source = match request.source.validate() {
-        Ok(source) => source,
+async fn install(request: InstallRequest) -> Reply {
+    let request = match request.source().validate() {
+        Ok(source) => InstallRequest::new(source, request.backend),
         Err(e) => return Reply::Error { error: e.to_string() },
     };
     if let Some(backend) = &request.backend {
@@ -166,7 +181,7 @@ async fn install(mut request: InstallRequest) -> Reply {
     // Resuming the same download keeps showing what is already done until the worker reports.
     let progress = load_local::<Download>(DOWNLOAD_KEY)
         .await
-        .filter(|d| d.request.source == request.source)
+        .filter(|d| d.request.source() == request.source())
         .and_then(|d| d.progress)
         .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, ..p });
     let download =
@@ -285,7 +300,7 @@ async fn pack_status() -> PackStatus {
         download: download.map(|d| {
             let progress = d.progress.unwrap_or_else(|| DownloadProgress {
                 state: d.state,
-                source: d.request.source.clone(),
+                source: d.request.source(),
                 commit: None,
                 total_bytes: 0,
                 done_bytes: 0,
@@ -327,7 +342,7 @@ async fn start_job(request: GenerateRequest) -> Reply {
         trace: params.trace,
         backend: params.backend.name().to_owned(),
     };
-    set_job(&job, &JobState::Running { progress: None }).await;
+    set_job(&job, &JobState::Running { progress: None, prompt: spec.prompt.clone() }).await;
     let seed = spec.seed.clone();
     let message = Obj::new().set("command", "runJob").set("job", job.as_str()).set("spec", to_js(&spec));
     match command(message).await {
@@ -384,7 +399,11 @@ async fn ensure_offscreen() -> Result<(), String> {
 async fn record(event: Event) {
     match event {
         Event::Progress { job, progress } => {
-            set_job(&job, &JobState::Running { progress: Some(progress) }).await
+            let prompt = match load(&job_key(&job)).await {
+                Some(JobState::Running { prompt, .. }) => prompt,
+                _ => String::new(),
+            };
+            set_job(&job, &JobState::Running { progress: Some(progress), prompt }).await
         }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping; the image is kept in

@@ -67,7 +67,7 @@ impl JobView {
     /// Shows a stored job state (for pages opened after the job started); true when the job has ended.
     pub fn show_state(&self, state: &JobState) -> bool {
         match state {
-            JobState::Running { progress } => {
+            JobState::Running { progress, .. } => {
                 set_text("progress", &progress.as_ref().map_or("Starting\u{2026}".to_owned(), describe));
                 false
             }
