@@ -107,6 +107,11 @@ test('pause, delete and cancel while the new pack waits to be put in place: the 
   assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
   await h.waitForFailpoint(b.page);
   await h.waitForDownload(b.page, (s) => s.download?.state === 'installing', 10_000);
+  // The popup offers no pause while the new pack is put in place.
+  await b.page.reload();
+  await b.page.waitForFunction(() => /installing/i.test(document.querySelector('#download-done')?.textContent ?? ''), null, { timeout: 10_000 });
+  assert.equal(await b.page.isVisible('#pause'), false, 'pause offered while installing');
+  assert.equal(await b.page.isVisible('#cancel-download'), true);
 
   const del = await h.api(b.page, { type: 'deletePack' });
   assert.equal(del.type, 'error', JSON.stringify(del));

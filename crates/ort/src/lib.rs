@@ -5,8 +5,14 @@
 //! the contexts that don't run models (the service worker, pages) never load ORT at all.
 //!
 //! What is covered is what the pipeline needs: creating a session from graph bytes with its external
-//! data given as URLs or `File`s from OPFS (ORT reads them itself, we never hold a second copy), input and
-//! output metadata, float32 / float16 / int64 tensors, `run` and `release`.
+//! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors,
+//! `run` and `release`.
+//!
+//! What loading costs in memory: the build we ship (`ort.webgpu.bundle.min.mjs` with the asyncify wasm)
+//! reads every external-data `File` whole into JS memory (`blob.arrayBuffer()`), all of a session's files
+//! at once, before the session is created, so a stage holds its weights in the worker on top of the GPU
+//! copy until the session exists. Only ORT's JSPI build reads a `File` one initializer at a time
+//! (`shared/docs/scale.md`, section 1).
 
 use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
 use wasm_bindgen::prelude::*;

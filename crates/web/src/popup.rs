@@ -135,7 +135,8 @@ fn show_download(progress: Option<&DownloadProgress>) {
     set_visible("download", progress.is_some());
     let Some(p) = progress else { return };
     let running = p.state.is_active();
-    set_visible("pause", running);
+    // While the new pack is put in place there is nothing left to pause.
+    set_visible("pause", running && p.state != DownloadState::Installing);
     set_visible("resume", !running);
     set_visible("install-form", false);
     let state = match p.state {
