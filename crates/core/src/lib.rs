@@ -15,6 +15,11 @@
 //!    unpatchified to `[32, 2h, 2w]`, whichever the decoder graph asks for.
 //! 6. **Image** ([`image`]): the decoder's sample to RGBA8, then a PNG carrying the parameters.
 //!
+//! [`stages`] runs these in order around the three graphs: [`encode_prompt`] (text encoder),
+//! [`denoise`] (the transformer, one call per step) and [`decode`] (VAE decoder), each checking the
+//! graph's declared inputs and outputs first. They reach a graph only through the [`Session`] trait
+//! ([`session`]), which the web crate implements on ONNX Runtime Web and the tests with a fake.
+//!
 //! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
 //! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
@@ -37,6 +42,8 @@ pub mod pack;
 pub mod params;
 pub mod prompt;
 pub mod schedule;
+pub mod session;
+pub mod stages;
 pub mod storage;
 
 pub use image::{encode_png, to_rgba8, ImageError, PngMeta};
@@ -47,3 +54,5 @@ pub use pack::{external_data_locations, parse_manifest, validate_relative_path, 
 pub use params::{Backend, GenerateParams, ParamError};
 pub use prompt::{EncodedPrompt, PromptEncoder, PromptError};
 pub use schedule::Schedule;
+pub use session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorData, TensorInfo};
+pub use stages::{decode, denoise, encode_image, encode_prompt, DenoiseParams, Denoised, StageError};

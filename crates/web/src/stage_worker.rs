@@ -11,12 +11,15 @@
 //! Each stage releases its session and destroys its GPU device before it reports `done`; the offscreen
 //! document then terminates the worker, which also returns the wasm heap.
 
-use imagine_core::image::{encode_png, to_rgba8, PngMeta};
-use imagine_core::latents::{euler_step, image_ids, initial_noise, text_ids, unpack_tokens, unpatchify};
+use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
+use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph};
 use imagine_core::prompt::PromptEncoder;
 use imagine_core::schedule::Schedule;
-use imagine_ort::{DType, Dim, ExternalData, Provider, Session, Tensor, ValueInfo};
+use imagine_core::stages::{self, DenoiseParams};
+use imagine_core::{DType, Dim, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_ort::{self as ort, ExternalData, Provider, Session};
 use js_sys::{Array, Float32Array, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -27,11 +30,6 @@ use crate::download;
 use crate::gpu::Device;
 use crate::js::{error_text, from_js, get, get_string, now_ms, to_js, Obj};
 use crate::opfs;
-
-/// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
-const EMBED_WIDTH: i64 = 7680;
-/// Channels of one packed latent token.
-const LATENT_CHANNELS: usize = 128;
 
 /// What every stage of a job needs to know.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,14 +50,6 @@ pub struct JobSpec {
 impl JobSpec {
     fn seed(&self) -> Result<u64, String> {
         self.seed.parse().map_err(|_| format!("bad seed {}", self.seed))
-    }
-
-    fn tokens_high(&self) -> usize {
-        (self.height / 16) as usize
-    }
-
-    fn tokens_wide(&self) -> usize {
-        (self.width / 16) as usize
     }
 }
 
@@ -150,11 +140,13 @@ fn post_done(output: JsValue, data: Option<JsValue>) {
 
 type StageResult = Result<(JsValue, Option<JsValue>), String>;
 
-/// A session on the chosen backend, with the device it owns.
+/// A session on the chosen backend, with the device it owns; the pipeline runs it through
+/// [`imagine_core::Session`].
 struct Stage {
     session: Session,
     device: Option<Device>,
-    graph: Graph,
+    inputs: Vec<TensorInfo>,
+    outputs: Vec<TensorInfo>,
     timing: StageTiming,
 }
 
@@ -194,33 +186,9 @@ impl Stage {
             }
         };
         let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
-        Ok(Stage { session, device, graph, timing })
-    }
-
-    /// The declared input `name`, or a clear error naming the graph.
-    fn input(&self, name: &str) -> Result<ValueInfo, String> {
-        find(&self.session.inputs(), name).ok_or_else(|| self.contract_error("input", name))
-    }
-
-    fn output(&self, name: &str) -> Result<ValueInfo, String> {
-        find(&self.session.outputs(), name).ok_or_else(|| self.contract_error("output", name))
-    }
-
-    fn contract_error(&self, kind: &str, name: &str) -> String {
-        let names: Vec<String> =
-            self.session.inputs().into_iter().chain(self.session.outputs()).map(|v| v.name).collect();
-        format!("{} has no {kind} named `{name}` (it declares: {})", self.graph.file_name(), names.join(", "))
-    }
-
-    async fn run(&mut self, feeds: &[(&str, &Tensor)], wanted: &[&str]) -> Result<Vec<Tensor>, String> {
-        let started = now_ms();
-        let outputs = self
-            .session
-            .run(feeds, wanted)
-            .await
-            .map_err(|e| format!("running {} failed: {e}", self.graph.file_name()))?;
-        self.timing.run_ms += now_ms() - started;
-        Ok(outputs)
+        let inputs = session.inputs().iter().map(tensor_info).collect();
+        let outputs = session.outputs().iter().map(tensor_info).collect();
+        Ok(Stage { session, device, inputs, outputs, timing })
     }
 
     /// Releases the session and destroys the device; the worker is terminated next.
@@ -233,29 +201,74 @@ impl Stage {
     }
 }
 
-fn find(values: &[ValueInfo], name: &str) -> Option<ValueInfo> {
-    values.iter().find(|v| v.name == name).cloned()
-}
+impl imagine_core::Session for Stage {
+    fn inputs(&self) -> &[TensorInfo] {
+        &self.inputs
+    }
 
-/// The float type of a declared value: float32 or float16, anything else is a contract error.
-fn float_type(graph: Graph, value: &ValueInfo) -> Result<DType, String> {
-    match value.dtype {
-        DType::Float32 | DType::Float16 => Ok(value.dtype.clone()),
-        ref other => Err(format!(
-            "{}: `{}` is {}, expected float32 or float16",
-            graph.file_name(),
-            value.name,
-            other.name()
-        )),
+    fn outputs(&self) -> &[TensorInfo] {
+        &self.outputs
+    }
+
+    async fn run(
+        &mut self,
+        feeds: &[(&str, &Tensor)],
+        fetches: &[&str],
+    ) -> Result<Vec<Tensor>, SessionError> {
+        let tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
+        let named: Vec<(&str, &ort::Tensor)> =
+            feeds.iter().zip(&tensors).map(|((name, _), t)| (*name, t)).collect();
+        let started = now_ms();
+        let outputs = self.session.run(&named, fetches).await;
+        self.timing.run_ms += now_ms() - started;
+        // Free the inputs' copies now rather than at garbage collection: one per step adds up.
+        tensors.into_iter().for_each(ort::Tensor::dispose);
+        outputs.map_err(session_error)?.iter().map(from_ort).collect()
     }
 }
 
-fn require_int64(graph: Graph, value: &ValueInfo) -> Result<(), String> {
-    if value.dtype == DType::Int64 {
-        Ok(())
-    } else {
-        Err(format!("{}: `{}` is {}, expected int64", graph.file_name(), value.name, value.dtype.name()))
+fn session_error(e: ort::OrtError) -> SessionError {
+    SessionError(e.to_string())
+}
+
+fn tensor_info(value: &ort::ValueInfo) -> TensorInfo {
+    let dtype = match &value.dtype {
+        ort::DType::Float32 => DType::Float32,
+        ort::DType::Float16 => DType::Float16,
+        ort::DType::Int64 => DType::Int64,
+        ort::DType::Other(name) => DType::Other(name.clone()),
+    };
+    let shape = value
+        .shape
+        .iter()
+        .map(|dim| match dim {
+            ort::Dim::Fixed(n) => Dim::Fixed(*n),
+            ort::Dim::Symbolic(name) => Dim::Symbolic(name.clone()),
+        })
+        .collect();
+    TensorInfo { name: value.name.clone(), dtype, shape }
+}
+
+fn to_ort(tensor: &Tensor) -> Result<ort::Tensor, SessionError> {
+    match &tensor.data {
+        TensorData::Float32(values) => ort::Tensor::from_f32(values, &tensor.dims),
+        TensorData::Float16(values) => ort::Tensor::from_f16_bits(values.reinterpret_cast(), &tensor.dims),
+        TensorData::Int64(values) => ort::Tensor::from_i64(values, &tensor.dims),
     }
+    .map_err(session_error)
+}
+
+fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
+    let data = match tensor.dtype() {
+        ort::DType::Float32 => TensorData::Float32(tensor.to_f32().map_err(session_error)?),
+        ort::DType::Float16 => {
+            TensorData::Float16(tensor.f16_bits().map_err(session_error)?.reinterpret_into())
+        }
+        other => {
+            return Err(SessionError(format!("an output is {}, which Imagine does not read", other.name())))
+        }
+    };
+    Ok(Tensor { dims: tensor.dims(), data })
 }
 
 async fn fetch_bytes(path: &str) -> Result<Vec<u8>, String> {
@@ -293,25 +306,7 @@ async fn text_encoder(params: &JsValue) -> StageResult {
     let encoded = encoder.encode(&spec.prompt).map_err(|e| format!("encoding the prompt failed: {e}"))?;
 
     let mut stage = Stage::open(Graph::TextEncoder, &spec.backend).await?;
-    let graph = stage.graph;
-    for name in ["input_ids", "attention_mask"] {
-        require_int64(graph, &stage.input(name)?)?;
-    }
-    let output = stage.output("prompt_embeds")?;
-    float_type(graph, &output)?;
-    let length = encoded.input_ids.len() as i64;
-    let ids = Tensor::from_i64(&encoded.input_ids, &[1, length]).map_err(|e| e.to_string())?;
-    let mask = Tensor::from_i64(&encoded.attention_mask, &[1, length]).map_err(|e| e.to_string())?;
-    let outputs = stage.run(&[("input_ids", &ids), ("attention_mask", &mask)], &["prompt_embeds"]).await?;
-    let embeds = &outputs[0];
-    let dims = embeds.dims();
-    if dims != [1, length, EMBED_WIDTH] {
-        return Err(format!(
-            "{}: prompt_embeds has shape {dims:?}, expected [1, {length}, {EMBED_WIDTH}]",
-            graph.file_name()
-        ));
-    }
-    let values = embeds.to_f32().map_err(|e| e.to_string())?;
+    let embeddings = stages::encode_prompt(&mut stage, &encoded).await.map_err(|e| e.to_string())?;
     let timing = stage.close().await;
     let output = EncoderOutput {
         input_ids: encoded.input_ids,
@@ -320,74 +315,33 @@ async fn text_encoder(params: &JsValue) -> StageResult {
         truncated: encoded.truncated,
         timing,
     };
-    Ok((to_js(&output), Some(f32_buffer(&values))))
+    Ok((to_js(&output), Some(f32_buffer(&embeddings))))
 }
 
 /// Stage 2: the denoising loop, one progress report per step.
 async fn transformer(params: &JsValue, data: &JsValue) -> StageResult {
     let spec: JobSpec = from_js(params)?;
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
-    let (h, w) = (spec.tokens_high(), spec.tokens_wide());
-    let tokens = h * w;
     let schedule =
         Schedule::from_name(&spec.schedule).ok_or_else(|| format!("unknown schedule {:?}", spec.schedule))?;
-    let sigmas = schedule.sigmas(tokens as u32, spec.steps);
-    let noise = initial_noise(spec.seed()?, spec.width, spec.height);
-    let text_tokens = (embeddings.len() as i64) / EMBED_WIDTH;
+    let denoise = DenoiseParams {
+        width: spec.width,
+        height: spec.height,
+        steps: spec.steps,
+        seed: spec.seed()?,
+        schedule,
+    };
 
     let mut stage = Stage::open(Graph::Transformer, &spec.backend).await?;
-    let graph = stage.graph;
-    let float = float_type(graph, &stage.input("hidden_states")?)?;
-    let text_float = float_type(graph, &stage.input("encoder_hidden_states")?)?;
-    let time_float = float_type(graph, &stage.input("timestep")?)?;
-    require_int64(graph, &stage.input("img_ids")?)?;
-    require_int64(graph, &stage.input("txt_ids")?)?;
-    stage.output("noise_pred")?;
-
-    let tensor = |dtype: &DType, values: &[f32], dims: &[i64]| {
-        Tensor::from_f32_in(dtype, values, dims).map_err(|e| e.to_string())
+    let report = |step: u32| {
+        post(&Obj::new().set("kind", "progress").set("step", step).set("steps", spec.steps).build(), None)
     };
-    let context = tensor(&text_float, &embeddings, &[1, text_tokens, EMBED_WIDTH])?;
-    drop(embeddings);
-    let img_ids = Tensor::from_i64(&image_ids(spec.height, spec.width), &[1, tokens as i64, 4])
-        .map_err(|e| e.to_string())?;
-    let txt_ids = Tensor::from_i64(&text_ids(), &[1, text_tokens, 4]).map_err(|e| e.to_string())?;
-
-    let mut latents = noise.clone();
-    for step in 0..spec.steps as usize {
-        let x = tensor(&float, &latents, &[1, tokens as i64, LATENT_CHANNELS as i64])?;
-        let t = tensor(&time_float, &[sigmas[step]], &[1])?;
-        let outputs = stage
-            .run(
-                &[
-                    ("hidden_states", &x),
-                    ("encoder_hidden_states", &context),
-                    ("timestep", &t),
-                    ("img_ids", &img_ids),
-                    ("txt_ids", &txt_ids),
-                ],
-                &["noise_pred"],
-            )
-            .await?;
-        let velocity = outputs[0].to_f32().map_err(|e| e.to_string())?;
-        if velocity.len() != latents.len() {
-            return Err(format!(
-                "{}: noise_pred has shape {:?}, expected [1, {tokens}, {LATENT_CHANNELS}]",
-                graph.file_name(),
-                outputs[0].dims()
-            ));
-        }
-        euler_step(&mut latents, &velocity, sigmas[step], sigmas[step + 1]).map_err(|e| e.to_string())?;
-        x.dispose();
-        post(
-            &Obj::new().set("kind", "progress").set("step", step as u32 + 1).set("steps", spec.steps).build(),
-            None,
-        );
-    }
+    let denoised =
+        stages::denoise(&mut stage, embeddings, &denoise, report).await.map_err(|e| e.to_string())?;
     let timing = stage.close().await;
-    let noise = spec.trace.then(|| base64_f32(&noise));
-    let output = TransformerOutput { sigmas, noise, timing };
-    Ok((to_js(&output), Some(f32_buffer(&latents))))
+    let noise = spec.trace.then(|| base64_f32(&denoised.noise));
+    let output = TransformerOutput { sigmas: denoised.sigmas, noise, timing };
+    Ok((to_js(&output), Some(f32_buffer(&denoised.latents))))
 }
 
 /// Float32 values as little-endian bytes in base64 (the trace format).
@@ -401,58 +355,6 @@ pub fn base64_f32(values: &[f32]) -> String {
 async fn decoder(params: &JsValue, data: &JsValue) -> StageResult {
     let spec: JobSpec = from_js(params)?;
     let latents = f32_from_buffer(data, "latents")?;
-    let (h, w) = (spec.tokens_high(), spec.tokens_wide());
-
-    let mut stage = Stage::open(Graph::Decoder, &spec.backend).await?;
-    let graph = stage.graph;
-    let inputs = stage.session.inputs();
-    let [input] = inputs.as_slice() else {
-        return Err(format!(
-            "{} declares {} inputs, expected one latent input",
-            graph.file_name(),
-            inputs.len()
-        ));
-    };
-    let float = float_type(graph, input)?;
-    let outputs = stage.session.outputs();
-    let [output] = outputs.as_slice() else {
-        return Err(format!(
-            "{} declares {} outputs, expected one image output",
-            graph.file_name(),
-            outputs.len()
-        ));
-    };
-    let (values, dims) = match input.shape.as_slice() {
-        [_, Dim::Fixed(128), _, _] => {
-            (unpack_tokens(&latents, h, w).map_err(|e| e.to_string())?, [1, 128, h as i64, w as i64])
-        }
-        [_, Dim::Fixed(32), _, _] => {
-            let packed = unpack_tokens(&latents, h, w).map_err(|e| e.to_string())?;
-            (unpatchify(&packed, h, w).map_err(|e| e.to_string())?, [1, 32, 2 * h as i64, 2 * w as i64])
-        }
-        shape => {
-            return Err(format!(
-                "{}: input `{}` has shape {shape:?}; the decoder must take [batch, 128, height, width] \
-                 (packed latents) or [batch, 32, height, width] (unpatchified latents)",
-                graph.file_name(),
-                input.name
-            ))
-        }
-    };
-    let latent = Tensor::from_f32_in(&float, &values, &dims).map_err(|e| e.to_string())?;
-    let results = stage.run(&[(input.name.as_str(), &latent)], &[output.name.as_str()]).await?;
-    let sample_dims = results[0].dims();
-    let expected = [1, 3, spec.height as i64, spec.width as i64];
-    if sample_dims != expected {
-        return Err(format!(
-            "{}: `{}` has shape {sample_dims:?}, expected {expected:?}",
-            graph.file_name(),
-            output.name
-        ));
-    }
-    let sample = results[0].to_f32().map_err(|e| e.to_string())?;
-    let timing = stage.close().await;
-    let rgba = to_rgba8(&sample, spec.width, spec.height).map_err(|e| e.to_string())?;
     let meta = PngMeta {
         prompt: spec.prompt.clone(),
         seed: spec.seed()?,
@@ -461,8 +363,12 @@ async fn decoder(params: &JsValue, data: &JsValue) -> StageResult {
         steps: spec.steps,
         schedule: spec.schedule.clone(),
     };
-    let png = encode_png(&rgba, spec.width, spec.height, &meta)
-        .map_err(|e| format!("encoding the PNG failed: {e}"))?;
+
+    let mut stage = Stage::open(Graph::Decoder, &spec.backend).await?;
+    let sample =
+        stages::decode(&mut stage, &latents, spec.width, spec.height).await.map_err(|e| e.to_string())?;
+    let timing = stage.close().await;
+    let png = stages::encode_image(&sample, &meta).map_err(|e| e.to_string())?;
     let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
     Ok((to_js(&timing), Some(buffer)))
 }
