@@ -6,6 +6,6 @@ const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import
 
 chrome.runtime.onMessage.addListener((message, sender, reply) => {
   if (message?.target !== 'offscreen') return false;
-  ready.then(() => offscreenCommand(message, sender)).then(reply, (e) => reply({ ok: false, error: String(e) }));
+  ready.then(() => offscreenCommand(message, sender)).then(reply, (e) => reply({ reply: 'refused', error: String(e) }));
   return true;
 });

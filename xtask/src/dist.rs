@@ -26,6 +26,7 @@ const LOADED_BY_NAME: &[&str] = &[
     "result.html",
     "popup.html",
     "stage-worker.js",
+    "download-worker.js",
     "hash-worker.js",
     "pkg/imagine_web.js",
     "pkg/imagine_web_bg.wasm",

@@ -7,9 +7,11 @@
 //! The prompt is taken as it is: the empty prompt is valid (upstream encodes `""` fine) and a long
 //! prompt is truncated to 512 tokens by the prompt encoder, which reports it.
 
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
 use crate::api::{GenerateRequest, Seed};
 use crate::schedule::Schedule;
-use thiserror::Error;
 
 /// Smallest width or height, in pixels.
 pub const MIN_SIZE: u32 = 256;
@@ -26,13 +28,15 @@ pub const DEFAULT_STEPS: u32 = 4;
 /// Largest seed that a JSON number carries exactly (2^53); larger seeds come as strings.
 pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
 
-/// The ONNX Runtime Web execution provider that runs the graphs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Backend {
     /// WebGPU; the default.
     #[default]
+    #[serde(rename = "webgpu")]
     WebGpu,
     /// The CPU (wasm) backend. Only ever used when asked for.
+    #[serde(rename = "wasm")]
     Wasm,
 }
 
@@ -54,8 +58,10 @@ impl Backend {
     }
 }
 
-/// The validated parameters of one generation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The validated parameters of one generation, as the service worker hands them to the workers. The seed
+/// is serialized as a decimal string, so the whole u64 survives JavaScript's numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GenerateParams {
     /// The user's prompt, unchanged.
     pub prompt: String,
@@ -66,6 +72,7 @@ pub struct GenerateParams {
     /// Denoising steps, `1..=50`.
     pub steps: u32,
     /// The noise seed.
+    #[serde(with = "decimal")]
     pub seed: u64,
     /// How sigmas are spaced.
     pub schedule: Schedule,
@@ -73,6 +80,19 @@ pub struct GenerateParams {
     pub trace: bool,
     /// Where the graphs run.
     pub backend: Backend,
+}
+
+/// A u64 as a decimal string.
+mod decimal {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl GenerateParams {
@@ -211,6 +231,31 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_cross_json_with_the_whole_seed_and_the_api_names() {
+        let request = GenerateRequest {
+            prompt: "a cat".into(),
+            seed: Some(Seed::Text(u64::MAX.to_string())),
+            schedule: Some("linear-shift".into()),
+            backend: Some("wasm".into()),
+            ..Default::default()
+        };
+        let params = request.validate(0).unwrap();
+        let text = serde_json::to_string(&params).unwrap();
+        assert!(text.contains(r#""seed":"18446744073709551615""#), "{text}");
+        assert!(
+            text.contains(r#""schedule":"linear-shift""#) && text.contains(r#""backend":"wasm""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<GenerateParams>(&text).unwrap(), params);
+        for schedule in Schedule::ALL {
+            assert_eq!(serde_json::to_string(&schedule).unwrap(), format!("\"{}\"", schedule.name()));
+        }
+        for backend in Backend::ALL {
+            assert_eq!(serde_json::to_string(&backend).unwrap(), format!("\"{}\"", backend.name()));
+        }
+    }
 
     fn req(json: &str) -> GenerateRequest {
         serde_json::from_str(json).expect("test request is valid JSON")

@@ -15,8 +15,9 @@
 //! The arithmetic mirrors diffusers: mu in f64 (Python floats), `linspace` in f64 then cast to f32,
 //! and the shift in f32 (numpy applies a Python float to a float32 array in float32).
 
-/// A named rule for the sigma schedule. See the module docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// A named rule for the sigma schedule. See the module docs. Serialized by its API name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Schedule {
     /// Upstream klein's `compute_empirical_mu`; the default.
     #[default]

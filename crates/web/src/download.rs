@@ -24,15 +24,18 @@ use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, RateMeter};
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::JsFuture;
-use web_sys::{FileSystemDirectoryHandle, ReadableStreamByobReader, ReadableStreamDefaultReader};
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+use web_sys::{
+    DedicatedWorkerGlobalScope, FileSystemDirectoryHandle, MessageEvent, ReadableStreamByobReader,
+    ReadableStreamDefaultReader,
+};
 
 use crate::gpu;
 use crate::hasher::HashWorker;
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
-use crate::js::{error_text, from_js, get, now_ms, random_u64, sleep_ms, to_js, Obj};
+use crate::js::{error_text, get, now_ms, random_u64, sleep_ms};
 use crate::opfs::{self, PackRecord, Slot, SyncError, SyncFile};
-use crate::stage_worker::post;
+use crate::protocol::{self, DownloadCommand, DownloadReport};
 
 /// Bytes between two checkpoints (flush, then the hash state asked for and saved in the record).
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
@@ -50,9 +53,42 @@ struct StoredRecord {
     record: DownloadRecord,
 }
 
-/// Runs (or resumes) an install; replies with the pack record. `hash_port` links to the hash worker.
-pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, Option<JsValue>), String> {
-    let request: InstallRequest = from_js(params)?;
+/// Entry point of `download-worker.js`: takes [`DownloadCommand`]s, reports [`DownloadReport`]s.
+#[wasm_bindgen(js_name = downloadWorkerMain)]
+pub fn download_worker_main() {
+    let on_message =
+        Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
+            match protocol::read::<DownloadCommand>(&event.data()) {
+                Ok((DownloadCommand::Install { request }, Some(hash_port))) => spawn_local(async move {
+                    let report = match install(request, hash_port.unchecked_into()).await {
+                        Ok(pack) => DownloadReport::Installed { pack },
+                        Err(message) => DownloadReport::Error { message },
+                    };
+                    send(&report);
+                }),
+                Ok((DownloadCommand::Swap, _)) => allow_swap(),
+                Ok((DownloadCommand::Install { .. }, None)) => {
+                    send(&DownloadReport::Error { message: "internal: no port to the hash worker".into() })
+                }
+                Err(message) => send(&DownloadReport::Error { message }),
+            }
+        });
+    let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
+    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    // The worker lives exactly as long as this handler.
+    on_message.forget();
+}
+
+/// Reports to the offscreen document.
+fn send(report: &DownloadReport) {
+    let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
+    if let Err(e) = protocol::post(&scope, report, None) {
+        web_sys::console::error_1(&e.into());
+    }
+}
+
+/// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
+async fn install(request: InstallRequest, hash_port: web_sys::MessagePort) -> Result<PackRecord, String> {
     let source = request.source().validate().map_err(|e| e.to_string())?;
     let mut report = Reporter::new();
 
@@ -66,7 +102,7 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
         // commit was asked for again): nothing to download, and what is staged is not needed.
         drop(store);
         opfs::clear_slot(staging).await?;
-        return Ok((to_js(&installed), None));
+        return Ok(installed);
     }
     let resumable = store.record.take().filter(|record| record.matches(&plan));
     let fresh = resumable.as_ref().is_none_or(|record| record.done_bytes() == 0);
@@ -107,9 +143,7 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
         }
     }
     report.state = DownloadState::Downloading;
-    let hash_port =
-        hash_port.dyn_ref::<web_sys::MessagePort>().ok_or("internal: no port to the hash worker")?;
-    let hasher = HashWorker::connect(hash_port.clone(), WRITE_BYTES as u32);
+    let hasher = HashWorker::connect(hash_port, WRITE_BYTES as u32);
     let mut download = Download { dir, source, record, store, report, hasher };
     download.save().await?;
     download.report.record(&download.record);
@@ -126,19 +160,18 @@ pub async fn install(params: &JsValue, hash_port: &JsValue) -> Result<(JsValue, 
     download.report.record(&download.record);
     let (allow, allowed) = oneshot::channel();
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
-    post(&Obj::new().set("kind", "swapReady").build(), None);
+    send(&DownloadReport::SwapReady);
     allowed.await.map_err(|_| "internal: the pack swap was never allowed".to_string())?;
-    let installed = swap(staging, &download.record).await?;
-    Ok((to_js(&installed), None))
+    swap(staging, &download.record).await
 }
 
 thread_local! {
-    /// Answered when the offscreen document allows the swap (`{ op: "swap" }`).
+    /// Answered when the offscreen document allows the swap ([`DownloadCommand::Swap`]).
     static SWAP_ALLOWED: RefCell<Option<oneshot::Sender<()>>> = const { RefCell::new(None) };
 }
 
-/// The offscreen document's `{ op: "swap" }`: no job runs, the verified pack may replace the installed one.
-pub fn allow_swap() {
+/// No job runs: the verified pack may replace the installed one.
+fn allow_swap() {
     if let Some(allow) = SWAP_ALLOWED.with_borrow_mut(Option::take) {
         let _ = allow.send(());
     }
@@ -583,15 +616,15 @@ impl Reporter {
         Reporter { state: DownloadState::Checking, rate: RateMeter::new(), last_ms: f64::NEG_INFINITY }
     }
 
-    fn post(progress: &DownloadProgress) {
-        post(&Obj::new().set("kind", "packProgress").set("progress", to_js(progress)).build(), None);
+    fn post(progress: DownloadProgress) {
+        send(&DownloadReport::Progress { progress });
     }
 
     /// Reports now.
     fn record(&mut self, record: &DownloadRecord) {
         self.last_ms = now_ms();
         self.rate.push(self.last_ms, record.done_bytes());
-        Self::post(&record.to_progress(self.state, &self.rate, None));
+        Self::post(record.to_progress(self.state, &self.rate, None));
     }
 
     /// Reports if the last report is old enough.

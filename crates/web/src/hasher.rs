@@ -1,26 +1,24 @@
 //! SHA-256 of a download in a worker of its own, so hashing overlaps the network and the disk.
 //!
 //! The offscreen document starts this worker beside the download worker and links the two with a
-//! `MessageChannel` (`{ op: "port", port }`); it terminates both when the download ends. (A worker
+//! `MessageChannel` ([`HashSetup`]); it terminates both when the download ends. (A worker
 //! nested in the download worker sometimes outlived the download worker's termination in Chromium.)
 //! The download worker reads each block of a response into a buffer, writes it to OPFS, then transfers
 //! the buffer here; this worker hashes it and transfers it back for the next read. Messages keep their
 //! order, so a `checkpoint` answered here is the hash state exactly after the blocks sent before it.
 //!
-//! Protocol: in `{ op: "reset", checkpoint? }`, `{ op: "data", buffer, length }`, `{ op: "checkpoint" }`,
-//! `{ op: "finish" }`; out `{ op: "buffer", buffer }`, `{ op: "checkpoint", checkpoint }`,
-//! `{ op: "digest", digest }` (32 bytes), `{ op: "error", message }`.
+//! Messages: [`HashSetup`], [`HashCommand`] and [`HashReport`] (`crate::protocol`).
 
 use std::cell::RefCell;
 
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, ResumableSha256};
-use js_sys::{Array, ArrayBuffer, Uint8Array};
+use js_sys::{ArrayBuffer, Uint8Array};
 use wasm_bindgen::prelude::*;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
-use crate::js::{error_text, from_js, get, get_f64, get_string, to_js, Obj};
+use crate::protocol::{self, HashCommand, HashReport, HashSetup};
 
 /// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
 pub const MAX_LENT: usize = 2;
@@ -34,22 +32,21 @@ thread_local! {
 pub fn hash_worker_main() {
     let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
     let on_port = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-        let port: MessagePort = get(&event.data(), "port").unchecked_into();
+        let port: MessagePort = match protocol::read::<HashSetup>(&event.data()) {
+            Ok((HashSetup::Port, Some(port))) => port.unchecked_into(),
+            _ => return web_sys::console::error_1(&"hash worker: no port to the download worker".into()),
+        };
         let reply_port = port.clone();
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-            let message = event.data();
-            let reply = HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, &message));
+            let reply = protocol::read::<HashCommand>(&event.data()).and_then(|(command, data)| {
+                HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, command, data))
+            });
             let sent = match reply {
-                Ok((reply, Some(buffer))) => {
-                    reply_port.post_message_with_transferable(&reply, &Array::of1(&buffer))
-                }
-                Ok((reply, None)) => reply_port.post_message(&reply),
-                Err(message) => {
-                    reply_port.post_message(&Obj::new().set("op", "error").set("message", message).build())
-                }
+                Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
+                Err(message) => protocol::post(&reply_port, &HashReport::Error { message }, None),
             };
             if let Err(e) = sent {
-                web_sys::console::error_1(&e);
+                web_sys::console::error_1(&e.into());
             }
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -63,35 +60,30 @@ pub fn hash_worker_main() {
 fn handle(
     hasher: &mut ResumableSha256,
     scratch: &mut Vec<u8>,
-    message: &JsValue,
-) -> Result<(JsValue, Option<ArrayBuffer>), String> {
-    match get_string(message, "op").as_deref() {
-        Some("reset") => {
-            let checkpoint = get(message, "checkpoint");
-            *hasher = if checkpoint.is_undefined() || checkpoint.is_null() {
-                ResumableSha256::new()
-            } else {
-                ResumableSha256::from_checkpoint(&from_js(&checkpoint)?).map_err(|e| e.to_string())?
+    command: HashCommand,
+    data: Option<JsValue>,
+) -> Result<(HashReport, Option<JsValue>), String> {
+    match command {
+        HashCommand::Reset { checkpoint } => {
+            *hasher = match checkpoint {
+                Some(checkpoint) => {
+                    ResumableSha256::from_checkpoint(&checkpoint).map_err(|e| e.to_string())?
+                }
+                None => ResumableSha256::new(),
             };
-            Ok((Obj::new().set("op", "reset").build(), None))
+            Ok((HashReport::Reset, None))
         }
-        Some("data") => {
-            let buffer: ArrayBuffer = get(message, "buffer").unchecked_into();
-            let length = get_f64(message, "length").unwrap_or(0.0) as u32;
+        HashCommand::Data { length } => {
+            let buffer: ArrayBuffer = data.ok_or("hash worker: data without a buffer")?.unchecked_into();
             scratch.resize(length as usize, 0);
             Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length).copy_to(scratch);
             hasher.update(scratch);
-            Ok((Obj::new().set("op", "buffer").set("buffer", buffer.clone()).build(), Some(buffer)))
+            Ok((HashReport::Buffer, Some(buffer.into())))
         }
-        Some("checkpoint") => {
-            let checkpoint = hasher.aligned_checkpoint();
-            Ok((Obj::new().set("op", "checkpoint").set("checkpoint", to_js(&checkpoint)).build(), None))
+        HashCommand::Checkpoint => {
+            Ok((HashReport::Checkpoint { checkpoint: hasher.aligned_checkpoint() }, None))
         }
-        Some("finish") => {
-            let digest = Uint8Array::from(hasher.clone().finalize().as_slice());
-            Ok((Obj::new().set("op", "digest").set("digest", digest).build(), None))
-        }
-        other => Err(format!("hash worker: unknown op {other:?}")),
+        HashCommand::Finish => Ok((HashReport::Digest { digest: hasher.clone().finalize() }, None)),
     }
 }
 
@@ -130,38 +122,33 @@ impl HashWorker {
         }
     }
 
-    fn send(&self, message: &JsValue, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
-        match buffer {
-            Some(buffer) => self.port.post_message_with_transferable(message, &Array::of1(buffer)),
-            None => self.port.post_message(message),
-        }
-        .map_err(|e| error_text(&e))
+    fn send(&self, command: &HashCommand, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
+        protocol::post(&self.port, command, buffer.map(|b| b.as_ref()))
     }
 
     /// Takes in one message: a returned buffer goes back to the pool, a checkpoint is kept until
-    /// taken; anything else is handed back.
-    fn accept(&mut self, message: JsValue) -> Result<Option<JsValue>, String> {
-        match get_string(&message, "op").as_deref() {
-            Some("buffer") => {
-                self.spare.push(get(&message, "buffer").unchecked_into());
+    /// taken; a reply is handed back.
+    fn accept(&mut self, message: JsValue) -> Result<Option<HashReport>, String> {
+        match protocol::read::<HashReport>(&message)? {
+            (HashReport::Buffer, Some(buffer)) => {
+                self.spare.push(buffer.unchecked_into());
                 self.lent -= 1;
                 Ok(None)
             }
-            Some("checkpoint") => {
-                self.checkpoint = Some(from_js(&get(&message, "checkpoint"))?);
+            (HashReport::Buffer, None) => Err("the hash worker returned no buffer".into()),
+            (HashReport::Checkpoint { checkpoint }, _) => {
+                self.checkpoint = Some(checkpoint);
                 Ok(None)
             }
-            Some("error") | None => {
-                Err(get_string(&message, "message").unwrap_or_else(|| "the hash worker failed".into()))
-            }
-            Some(_) => Ok(Some(message)),
+            (HashReport::Error { message }, _) => Err(message),
+            (reply, _) => Ok(Some(reply)),
         }
     }
 
     /// Takes in a message that must not be a reply.
     fn accept_unasked(&mut self, message: JsValue) -> Result<(), String> {
         match self.accept(message)? {
-            Some(message) => Err(format!("the hash worker sent {:?} unasked", get_string(&message, "op"))),
+            Some(reply) => Err(format!("the hash worker sent {reply:?} unasked")),
             None => Ok(()),
         }
     }
@@ -170,30 +157,23 @@ impl HashWorker {
         self.inbox.next().await.ok_or_else(|| "the hash worker stopped".to_string())
     }
 
-    /// Waits for the reply `op`, taking in the messages before it.
-    async fn reply(&mut self, op: &str) -> Result<JsValue, String> {
+    /// Waits for the next reply, taking in the messages before it.
+    async fn reply(&mut self) -> Result<HashReport, String> {
         loop {
             let message = self.next().await?;
-            if let Some(message) = self.accept(message)? {
-                if get_string(&message, "op").as_deref() == Some(op) {
-                    return Ok(message);
-                }
-                return Err(format!(
-                    "the hash worker answered {:?} where {op} was due",
-                    get_string(&message, "op")
-                ));
+            if let Some(reply) = self.accept(message)? {
+                return Ok(reply);
             }
         }
     }
 
     /// Starts over from a checkpoint (or from the first byte).
     pub async fn reset(&mut self, checkpoint: Option<&HashCheckpoint>) -> Result<(), String> {
-        let mut message = Obj::new().set("op", "reset");
-        if let Some(checkpoint) = checkpoint {
-            message = message.set("checkpoint", to_js(checkpoint));
+        self.send(&HashCommand::Reset { checkpoint: checkpoint.copied() }, None)?;
+        match self.reply().await? {
+            HashReport::Reset => {}
+            other => return Err(format!("the hash worker answered {other:?} to a reset")),
         }
-        self.send(&message.build(), None)?;
-        self.reply("reset").await?;
         // A checkpoint asked for before the reset belongs to the bytes before it.
         self.checkpoint_asked = false;
         self.checkpoint = None;
@@ -224,9 +204,7 @@ impl HashWorker {
 
     /// Hashes the first `length` bytes of `buffer`, which is transferred (it comes back to the pool).
     pub fn hash(&mut self, buffer: ArrayBuffer, length: u32) -> Result<(), String> {
-        let message =
-            Obj::new().set("op", "data").set("buffer", buffer.clone()).set("length", length).build();
-        self.send(&message, Some(&buffer))?;
+        self.send(&HashCommand::Data { length }, Some(&buffer))?;
         self.lent += 1;
         Ok(())
     }
@@ -234,7 +212,7 @@ impl HashWorker {
     /// Asks for the hash state after every block sent so far. The download goes on meanwhile;
     /// [`HashWorker::take_checkpoint`] has the answer once it came.
     pub fn ask_checkpoint(&mut self) -> Result<(), String> {
-        self.send(&Obj::new().set("op", "checkpoint").build(), None)?;
+        self.send(&HashCommand::Checkpoint, None)?;
         self.checkpoint_asked = true;
         Ok(())
     }
@@ -269,9 +247,11 @@ impl HashWorker {
 
     /// The SHA-256 of everything sent since the last reset.
     pub async fn finish(&mut self) -> Result<[u8; 32], String> {
-        self.send(&Obj::new().set("op", "finish").build(), None)?;
-        let digest: Uint8Array = get(&self.reply("digest").await?, "digest").unchecked_into();
-        digest.to_vec().try_into().map_err(|_| "the hash worker sent a malformed digest".to_string())
+        self.send(&HashCommand::Finish, None)?;
+        match self.reply().await? {
+            HashReport::Digest { digest } => Ok(digest),
+            other => Err(format!("the hash worker answered {other:?} where a digest was due")),
+        }
     }
 }
 

@@ -7,12 +7,14 @@
 //! |---|---|---|---|
 //! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerWake`, `serviceWorkerMenuClick` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
-//! | stage and download workers | `stage-worker.js` | [`stage_worker`], [`download`] | `stageWorkerMain` |
+//! | stage worker | `stage-worker.js` | [`stage_worker`] | `stageWorkerMain` |
+//! | download worker | `download-worker.js` | [`download`] | `downloadWorkerMain` |
 //! | hash worker (beside the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
 //!
-//! The pipeline itself lives in `imagine-core` (no web dependency) and ORT in `imagine-ort`.
+//! The internal channels between them are typed in [`protocol`]. The pipeline itself lives in
+//! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
 pub mod chrome;
 pub mod download;
@@ -24,6 +26,7 @@ pub mod messaging;
 pub mod offscreen;
 pub mod opfs;
 pub mod popup;
+pub mod protocol;
 pub mod result_page;
 pub mod service_worker;
 pub mod stage_worker;

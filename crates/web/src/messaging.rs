@@ -1,5 +1,5 @@
-//! Messages between contexts: the public API (`imagine_core::api`) and the internal commands the service
-//! worker sends to the offscreen document.
+//! Sending the public API's messages (`imagine_core::api`) between contexts, and telling senders apart.
+//! The internal channels are typed in `crate::protocol`.
 
 use imagine_core::api::{Event, Reply, Request, Sender};
 use wasm_bindgen::prelude::*;
@@ -7,9 +7,6 @@ use wasm_bindgen_futures::JsFuture;
 
 use crate::chrome;
 use crate::js::{error_text, from_js, get_string, to_js};
-
-/// The `target` field of internal messages meant for the offscreen document only.
-pub const OFFSCREEN_TARGET: &str = "offscreen";
 
 /// Sends a message to every other extension context and waits for the first reply.
 pub async fn send(message: &JsValue) -> Result<JsValue, String> {

@@ -1,7 +1,6 @@
 //! The offscreen document: runs jobs stage by stage, one dedicated worker per stage, and pack installs.
 //!
-//! It takes internal commands from the service worker (`{ target: "offscreen", command, ... }`) and
-//! broadcasts public [`Event`]s. Jobs run one at a time, in order. A stage's worker is terminated as
+//! It takes [`OffscreenCommand`]s from the service worker and broadcasts public [`Event`]s. Jobs run one at a time, in order. A stage's worker is terminated as
 //! soon as the stage ends (or the job is cancelled), which is what frees its GPU memory and wasm heap.
 
 use std::cell::RefCell;
@@ -10,42 +9,42 @@ use std::collections::VecDeque;
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Stage, Timings, Trace,
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage, Timings,
+    Trace,
 };
-use js_sys::{Array, Uint8Array};
-use serde::Deserialize;
+use imagine_core::GenerateParams;
+use js_sys::Uint8Array;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
-use crate::js::{from_js, get, get_f64, get_string, now_ms, Obj};
+use crate::js::{error_text, from_js, now_ms, to_js};
 use crate::messaging::broadcast;
-use crate::stage_worker::{EncoderOutput, JobSpec, StageTiming, TransformerOutput};
+use crate::protocol::{
+    self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, StageOutput,
+    StageReport, StageTask,
+};
 
-/// A command from the service worker.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "command", rename_all = "camelCase")]
-enum Command {
-    RunJob { job: String, spec: JobSpec },
-    CancelJob { job: String },
-    InstallPack { request: InstallRequest },
-    PausePack,
-    CancelPack,
-    InstallStatus,
+/// What reaches the offscreen document about a worker: what it posted, or what happened to it.
+enum Incoming {
+    Posted(JsValue),
+    Crashed(String),
+    /// Terminated here (a cancel, a pause).
+    Stopped,
 }
 
 /// The worker of the stage that is running now, so that a cancel can terminate it.
 struct Current {
     job: String,
     worker: Worker,
-    inbox: mpsc::UnboundedSender<JsValue>,
+    inbox: mpsc::UnboundedSender<Incoming>,
 }
 
 /// The workers of the running pack download: the download worker and its hash worker.
 struct Install {
     worker: Worker,
     hasher: Worker,
-    inbox: mpsc::UnboundedSender<JsValue>,
+    inbox: mpsc::UnboundedSender<Incoming>,
     last: Option<DownloadProgress>,
     /// The worker ended and its outcome is being broadcast. The install stays registered until the
     /// service worker has recorded the outcome, so it never restarts an install that just failed.
@@ -63,7 +62,7 @@ impl Install {
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<(String, JobSpec)>,
+    queue: VecDeque<(String, GenerateParams)>,
     running: Option<String>,
     /// The running job was cancelled.
     cancel_running: bool,
@@ -79,50 +78,56 @@ thread_local! {
 }
 
 /// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here and
-/// replies with what this resolves to.
+/// replies with the [`OffscreenReply`] this resolves to.
 #[wasm_bindgen(js_name = offscreenCommand)]
 pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
-        if crate::messaging::sender(&sender) != imagine_core::api::Sender::ServiceWorker {
-            return Err("offscreen: commands are taken from the service worker only".into());
-        }
-        match from_js::<Command>(&message) {
-            Ok(Command::RunJob { job, spec }) => {
-                let start_now = STATE.with_borrow_mut(|state| {
-                    state.queue.push_back((job, spec));
-                    // The first job of an idle queue starts the loop; until the loop has popped it, a
-                    // job queued right after must not start a second one.
-                    state.running.is_none() && state.queue.len() == 1
-                });
-                if start_now {
-                    spawn_local(run_queue());
-                }
-            }
-            Ok(Command::CancelJob { job }) => cancel(&job),
-            Ok(Command::InstallPack { request }) => start_install(request)?,
-            Ok(Command::PausePack) => {
-                if let Some(progress) = stop_install() {
-                    let progress = DownloadProgress {
-                        state: DownloadState::Paused,
-                        bytes_per_second: 0.0,
-                        seconds_left: None,
-                        ..progress
-                    };
-                    // Not awaited: the service worker answers events only after the request that
-                    // paused has its reply.
-                    spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
-                }
-            }
-            Ok(Command::CancelPack) => {
-                stop_install();
-                remove_staging().await?;
-            }
-            Ok(Command::InstallStatus) => {}
-            Err(e) => return Err(format!("offscreen: bad command: {e}").into()),
-        }
-        let installing = STATE.with_borrow(|state| state.install.is_some());
-        Ok(Obj::new().set("ok", true).set("installing", installing).build())
+        let reply = match command(message, sender).await {
+            Ok(()) => OffscreenReply::Done { installing: STATE.with_borrow(|state| state.install.is_some()) },
+            Err(error) => OffscreenReply::Refused { error },
+        };
+        Ok(to_js(&reply))
     })
+}
+
+async fn command(message: JsValue, sender: JsValue) -> Result<(), String> {
+    if crate::messaging::sender(&sender) != Sender::ServiceWorker {
+        return Err("offscreen: commands are taken from the service worker only".into());
+    }
+    match from_js::<OffscreenCommand>(&message).map_err(|e| format!("offscreen: bad command: {e}"))? {
+        OffscreenCommand::RunJob { job, params } => {
+            let start_now = STATE.with_borrow_mut(|state| {
+                state.queue.push_back((job, params));
+                // The first job of an idle queue starts the loop; until the loop has popped it, a job
+                // queued right after must not start a second one.
+                state.running.is_none() && state.queue.len() == 1
+            });
+            if start_now {
+                spawn_local(run_queue());
+            }
+        }
+        OffscreenCommand::CancelJob { job } => cancel(&job),
+        OffscreenCommand::InstallPack { request } => start_install(request)?,
+        OffscreenCommand::PausePack => {
+            if let Some(progress) = stop_install() {
+                let progress = DownloadProgress {
+                    state: DownloadState::Paused,
+                    bytes_per_second: 0.0,
+                    seconds_left: None,
+                    ..progress
+                };
+                // Not awaited: the service worker answers events only after the request that paused
+                // has its reply.
+                spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
+            }
+        }
+        OffscreenCommand::CancelPack => {
+            stop_install();
+            remove_staging().await?;
+        }
+        OffscreenCommand::InstallStatus => {}
+    }
+    Ok(())
 }
 
 async fn run_queue() {
@@ -133,8 +138,8 @@ async fn run_queue() {
             state.cancel_running = false;
             next
         });
-        let Some((job, spec)) = next else { return };
-        let event = match run_job(&job, &spec).await {
+        let Some((job, params)) = next else { return };
+        let event = match run_job(&job, &params).await {
             Ok(result) => Event::Result(result),
             Err(StageFailure::Cancelled) => Event::Cancelled { job },
             Err(StageFailure::Error(error)) => Event::Failed { job, error },
@@ -153,7 +158,7 @@ fn cancel(job: &str) {
         }
         if let Some(current) = state.current.take_if(|current| current.job == job) {
             current.worker.terminate();
-            let _ = current.inbox.unbounded_send(Obj::new().set("kind", "cancelled").build());
+            let _ = current.inbox.unbounded_send(Incoming::Stopped);
         }
         state.queue.len() != before
     });
@@ -178,22 +183,26 @@ async fn progress(job: &str, stage: Stage, step: u32, steps: u32) {
     broadcast(&Event::Progress { job: job.to_owned(), progress: Progress { stage, step, steps } }).await;
 }
 
-async fn run_job(job: &str, spec: &JobSpec) -> Result<GenerateResult, StageFailure> {
+async fn run_job(job: &str, params: &GenerateParams) -> Result<GenerateResult, StageFailure> {
     let started = now_ms();
-    let params = crate::js::to_js(spec);
 
     progress(job, Stage::TextEncoder, 1, 1).await;
-    let (output, embeddings) = run_stage(job, "textEncoder", &params, None).await?;
-    let encoded: EncoderOutput = from_js(&output)?;
+    let task = StageTask::TextEncoder { params: params.clone() };
+    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, &task, None).await? else {
+        return Err(unexpected("text encoder"));
+    };
 
-    progress(job, Stage::Transformer, 0, spec.steps).await;
-    let (output, latents) = run_stage(job, "transformer", &params, embeddings).await?;
-    let denoised: TransformerOutput = from_js(&output)?;
+    progress(job, Stage::Transformer, 0, params.steps).await;
+    let task = StageTask::Transformer { params: params.clone() };
+    let (StageOutput::Transformer(denoised), latents) = run_stage(job, &task, Some(embeddings)).await? else {
+        return Err(unexpected("transformer"));
+    };
 
     progress(job, Stage::Decoder, 1, 1).await;
-    let (output, png) = run_stage(job, "decoder", &params, latents).await?;
-    let decoded: StageTiming = from_js(&output)?;
-    let png = png.ok_or_else(|| "the decoder returned no image".to_string())?;
+    let task = StageTask::Decoder { params: params.clone() };
+    let (StageOutput::Decoder { timing: decoded }, png) = run_stage(job, &task, Some(latents)).await? else {
+        return Err(unexpected("decoder"));
+    };
 
     let stages = [encoded.timing, denoised.timing, decoded];
     let timings = Timings {
@@ -201,7 +210,7 @@ async fn run_job(job: &str, spec: &JobSpec) -> Result<GenerateResult, StageFailu
         run_ms: stages.iter().map(|t| t.run_ms).sum(),
         total_ms: now_ms() - started,
     };
-    let trace = spec.trace.then(|| Trace {
+    let trace = params.trace.then(|| Trace {
         input_ids: encoded.input_ids,
         attention_mask: encoded.attention_mask,
         sigmas: denoised.sigmas,
@@ -211,12 +220,12 @@ async fn run_job(job: &str, spec: &JobSpec) -> Result<GenerateResult, StageFailu
     Ok(GenerateResult {
         job: job.to_owned(),
         png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
-        prompt: spec.prompt.clone(),
-        seed: spec.seed.clone(),
-        width: spec.width,
-        height: spec.height,
-        steps: spec.steps,
-        schedule: spec.schedule.clone(),
+        prompt: params.prompt.clone(),
+        seed: params.seed.to_string(),
+        width: params.width,
+        height: params.height,
+        steps: params.steps,
+        schedule: params.schedule.name().to_owned(),
         token_count: encoded.token_count,
         truncated: encoded.truncated,
         trace,
@@ -224,30 +233,27 @@ async fn run_job(job: &str, spec: &JobSpec) -> Result<GenerateResult, StageFailu
     })
 }
 
-/// Spawns a stage worker for `task`, relays its progress, and terminates it when the stage ends.
+fn unexpected(stage: &str) -> StageFailure {
+    StageFailure::Error(format!("internal: the {stage} worker handed on another stage's output"))
+}
+
+/// Spawns a stage worker for `task`, relays its progress, and terminates it when the stage ends: its
+/// output and the buffer it hands on.
 async fn run_stage(
     job: &str,
-    task: &str,
-    params: &JsValue,
+    task: &StageTask,
     data: Option<JsValue>,
-) -> Result<(JsValue, Option<JsValue>), StageFailure> {
+) -> Result<(StageOutput, JsValue), StageFailure> {
     if STATE.with_borrow(|state| state.cancel_running) {
         return Err(StageFailure::Cancelled);
     }
-    let (worker, mut inbox, sender) = spawn_worker()?;
+    let (worker, mut inbox, sender) = spawn_worker("stage-worker.js")?;
     STATE.with_borrow_mut(|state| {
         state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
     });
-    let message = Obj::new().set("task", task).set("params", params.clone());
-    let posted = match &data {
-        Some(data) => {
-            worker.post_message_with_transfer(&message.set("data", data.clone()).build(), &Array::of1(data))
-        }
-        None => worker.post_message(&message.build()),
-    };
-    let outcome = match posted {
+    let outcome = match protocol::post(&worker, task, data.as_ref()) {
         Ok(()) => relay(job, &mut inbox).await,
-        Err(e) => Err(StageFailure::Error(crate::js::error_text(&e))),
+        Err(error) => Err(StageFailure::Error(error)),
     };
     worker.terminate();
     STATE.with_borrow_mut(|state| {
@@ -258,57 +264,57 @@ async fn run_stage(
 
 async fn relay(
     job: &str,
-    inbox: &mut mpsc::UnboundedReceiver<JsValue>,
-) -> Result<(JsValue, Option<JsValue>), StageFailure> {
-    while let Some(message) = inbox.next().await {
-        match get_string(&message, "kind").as_deref() {
-            Some("progress") => {
-                let step = get_f64(&message, "step").unwrap_or(0.0) as u32;
-                let steps = get_f64(&message, "steps").unwrap_or(0.0) as u32;
-                progress(job, Stage::Transformer, step, steps).await;
+    inbox: &mut mpsc::UnboundedReceiver<Incoming>,
+) -> Result<(StageOutput, JsValue), StageFailure> {
+    while let Some(incoming) = inbox.next().await {
+        let posted = match incoming {
+            Incoming::Posted(posted) => posted,
+            Incoming::Crashed(error) => return Err(StageFailure::Error(error)),
+            Incoming::Stopped => return Err(StageFailure::Cancelled),
+        };
+        match protocol::read::<StageReport>(&posted)? {
+            (StageReport::Progress { step, steps }, _) => {
+                progress(job, Stage::Transformer, step, steps).await
             }
-            Some("done") => {
-                let data = get(&message, "data");
-                return Ok((get(&message, "output"), (!data.is_undefined()).then_some(data)));
+            (StageReport::Done { output }, Some(data)) => return Ok((output, data)),
+            (StageReport::Done { .. }, None) => {
+                return Err(StageFailure::Error("internal: a stage handed on nothing".into()))
             }
-            Some("cancelled") => return Err(StageFailure::Cancelled),
-            _ => {
-                let error =
-                    get_string(&message, "message").unwrap_or_else(|| "the stage worker failed".into());
-                return Err(StageFailure::Error(error));
-            }
+            (StageReport::Error { message }, _) => return Err(StageFailure::Error(message)),
         }
     }
     Err(StageFailure::Error("the stage worker stopped unexpectedly".into()))
 }
 
-type Spawned = (Worker, mpsc::UnboundedReceiver<JsValue>, mpsc::UnboundedSender<JsValue>);
+type Spawned = (Worker, mpsc::UnboundedReceiver<Incoming>, mpsc::UnboundedSender<Incoming>);
 
 fn new_worker(script: &str) -> Result<Worker, String> {
     let options = WorkerOptions::new();
     options.set_type(WorkerType::Module);
-    Worker::new_with_options(script, &options).map_err(|e| crate::js::error_text(&e))
+    Worker::new_with_options(script, &options).map_err(|e| error_text(&e))
 }
 
-fn spawn_worker() -> Result<Spawned, String> {
-    let worker = new_worker("stage-worker.js")?;
+/// Starts the worker `script`, whose messages and crash arrive in the returned inbox.
+fn spawn_worker(script: &str) -> Result<Spawned, String> {
+    let worker = new_worker(script)?;
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
         let sender = sender.clone();
         Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-            let _ = sender.unbounded_send(event.data());
+            let _ = sender.unbounded_send(Incoming::Posted(event.data()));
         })
     };
     let on_error = {
         let sender = sender.clone();
+        let script = script.to_owned();
         Closure::<dyn FnMut(web_sys::ErrorEvent)>::new(move |event: web_sys::ErrorEvent| {
-            let message = format!("the stage worker crashed: {}", event.message());
-            let _ = sender.unbounded_send(Obj::new().set("kind", "error").set("message", message).build());
+            let _ =
+                sender.unbounded_send(Incoming::Crashed(format!("{script} crashed: {}", event.message())));
         })
     };
     worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-    // The closures must live as long as the worker; a worker lives for one stage.
+    // The closures must live as long as the worker; a worker lives for one stage or one download.
     on_message.forget();
     on_error.forget();
     Ok((worker, inbox, sender))
@@ -327,24 +333,12 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
     if busy {
         return Ok(());
     }
-    let (worker, inbox, sender) = spawn_worker()?;
+    let (worker, inbox, sender) = spawn_worker("download-worker.js")?;
     let hasher = new_worker("hash-worker.js")?;
-    let channel = MessageChannel::new().map_err(|e| crate::js::error_text(&e))?;
+    let channel = MessageChannel::new().map_err(|e| error_text(&e))?;
     let (download_end, hash_end) = (channel.port1(), channel.port2());
-    hasher
-        .post_message_with_transfer(
-            &Obj::new().set("op", "port").set("port", hash_end.clone()).build(),
-            &Array::of1(&hash_end),
-        )
-        .map_err(|e| crate::js::error_text(&e))?;
-    let task = Obj::new()
-        .set("task", "installPack")
-        .set("params", crate::js::to_js(&request))
-        .set("data", download_end.clone())
-        .build();
-    worker
-        .post_message_with_transfer(&task, &Array::of1(&download_end))
-        .map_err(|e| crate::js::error_text(&e))?;
+    protocol::post(&hasher, &HashSetup::Port, Some(&hash_end))?;
+    protocol::post(&worker, &DownloadCommand::Install { request }, Some(&download_end))?;
     let install = Install { worker, hasher, inbox: sender, last: None, ended: false, next: None };
     STATE.with_borrow_mut(|state| state.install = Some(install));
     spawn_local(relay_install(inbox));
@@ -355,7 +349,7 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
 fn stop_install() -> Option<DownloadProgress> {
     let install = STATE.with_borrow_mut(|state| state.install.take())?;
     install.terminate();
-    let _ = install.inbox.unbounded_send(Obj::new().set("kind", "stopped").build());
+    let _ = install.inbox.unbounded_send(Incoming::Stopped);
     install.last
 }
 
@@ -385,21 +379,28 @@ fn end_swap() {
     }
 }
 
-async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
+async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
     let event = loop {
-        let Some(message) = inbox.next().await else { return };
-        match get_string(&message, "kind").as_deref() {
-            Some("packProgress") => {
-                if let Ok(progress) = from_js::<DownloadProgress>(&get(&message, "progress")) {
-                    STATE.with_borrow_mut(|state| {
-                        if let Some(install) = &mut state.install {
-                            install.last = Some(progress.clone());
-                        }
-                    });
-                    broadcast(&Event::PackProgress(progress)).await;
-                }
+        let posted = match inbox.next().await {
+            None => return,
+            Some(Incoming::Posted(posted)) => posted,
+            Some(Incoming::Crashed(error)) => break Event::PackFailed { error },
+            // Paused or cancelled: whoever stopped it reports.
+            Some(Incoming::Stopped) => {
+                end_swap();
+                return;
             }
-            Some("swapReady") => {
+        };
+        match protocol::read::<DownloadReport>(&posted).map(|(report, _)| report) {
+            Ok(DownloadReport::Progress { progress }) => {
+                STATE.with_borrow_mut(|state| {
+                    if let Some(install) = &mut state.install {
+                        install.last = Some(progress.clone());
+                    }
+                });
+                broadcast(&Event::PackProgress(progress)).await;
+            }
+            Ok(DownloadReport::SwapReady) => {
                 STATE.with_borrow_mut(|state| state.swap_pending = true);
                 // The job that is running finishes on the installed pack.
                 while STATE.with_borrow(|state| state.running.is_some()) {
@@ -407,24 +408,14 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<JsValue>) {
                 }
                 let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
                 if let Some(worker) = worker {
-                    let _ = worker.post_message(&Obj::new().set("op", "swap").build());
+                    let _ = protocol::post(&worker, &DownloadCommand::Swap, None);
                 }
             }
-            Some("done") => {
-                let output = get(&message, "output");
-                let bytes = get_f64(&output, "bytes").unwrap_or(0.0) as u64;
-                let commit = get_string(&output, "commit").unwrap_or_default();
-                break Event::PackInstalled { bytes, commit };
+            Ok(DownloadReport::Installed { pack }) => {
+                break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
-            // Paused or cancelled: whoever stopped it reports.
-            Some("stopped") => {
-                end_swap();
-                return;
-            }
-            _ => {
-                let error = get_string(&message, "message").unwrap_or_else(|| "the download failed".into());
-                break Event::PackFailed { error };
-            }
+            Ok(DownloadReport::Error { message }) => break Event::PackFailed { error: message },
+            Err(error) => break Event::PackFailed { error },
         }
     };
     STATE.with_borrow_mut(|state| {

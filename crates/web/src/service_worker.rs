@@ -23,9 +23,9 @@ use wasm_bindgen_futures::{future_to_promise, JsFuture};
 use crate::chrome;
 use crate::hub_client;
 use crate::js::{error_text, from_js, get, random_u64, to_js, Obj};
-use crate::messaging::{self, send, OFFSCREEN_TARGET};
+use crate::messaging::{self, send};
 use crate::opfs;
-use crate::stage_worker::JobSpec;
+use crate::protocol::{self, OffscreenCommand, OffscreenReply, OFFSCREEN_TARGET};
 use imagine_core::storage::RESULTS_DIR;
 
 /// The context-menu item on selected text.
@@ -154,12 +154,10 @@ async fn handle(request: Request) -> Reply {
         },
         Request::PackStatus {} => Reply::PackStatus(pack_status().await),
         Request::Generate(request) => start_job(request).await,
-        Request::Cancel { job } => {
-            match command(Obj::new().set("command", "cancelJob").set("job", job.as_str())).await {
-                Ok(_) => Reply::Cancelled { job },
-                Err(error) => Reply::Error { error },
-            }
-        }
+        Request::Cancel { job } => match command(&OffscreenCommand::CancelJob { job: job.clone() }).await {
+            Ok(_) => Reply::Cancelled { job },
+            Err(error) => Reply::Error { error },
+        },
         Request::Job { job } => Reply::Job(job_state(&job).await),
     }
 }
@@ -191,7 +189,7 @@ async fn install(request: InstallRequest) -> Reply {
     if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {
         let _ = JsFuture::from(promise).await;
     }
-    match command(Obj::new().set("command", "installPack").set("request", to_js(&request))).await {
+    match command(&OffscreenCommand::InstallPack { request }).await {
         Ok(_) => Reply::InstallStarted,
         Err(error) => Reply::Error { error },
     }
@@ -217,7 +215,7 @@ async fn pause() -> Reply {
     save_local(DOWNLOAD_KEY, &download).await;
     clear_alarm().await;
     match offscreen_exists().await {
-        Ok(true) => command(Obj::new().set("command", "pausePack"))
+        Ok(true) => command(&OffscreenCommand::PausePack)
             .await
             .map_or_else(|error| Reply::Error { error }, |_| Reply::Done),
         _ => Reply::Done,
@@ -230,7 +228,7 @@ async fn cancel_download() -> Reply {
     clear_alarm().await;
     // The offscreen document stops the worker before removing the files it has open.
     let removed = match offscreen_exists().await {
-        Ok(true) => command(Obj::new().set("command", "cancelPack")).await.map(|_| ()),
+        Ok(true) => command(&OffscreenCommand::CancelPack).await.map(|_| ()),
         _ => match opfs::pack_state().await {
             Ok(state) => opfs::clear_slot(state.staging).await,
             Err(e) => Err(e),
@@ -275,15 +273,11 @@ async fn resume_if_stalled() {
         return;
     }
     let running = match offscreen_exists().await {
-        Ok(true) => match command(Obj::new().set("command", "installStatus")).await {
-            Ok(reply) => get(&reply, "installing").as_bool().unwrap_or(false),
-            Err(_) => false,
-        },
+        Ok(true) => command(&OffscreenCommand::InstallStatus).await.unwrap_or(false),
         _ => false,
     };
     if !running {
-        let _ =
-            command(Obj::new().set("command", "installPack").set("request", to_js(&download.request))).await;
+        let _ = command(&OffscreenCommand::InstallPack { request: download.request }).await;
     }
 }
 
@@ -332,20 +326,9 @@ async fn start_job(request: GenerateRequest) -> Reply {
         };
     }
     let job = format!("{:016x}", random_u64());
-    let spec = JobSpec {
-        prompt: params.prompt,
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        seed: params.seed.to_string(),
-        schedule: params.schedule.name().to_owned(),
-        trace: params.trace,
-        backend: params.backend.name().to_owned(),
-    };
-    set_job(&job, &JobState::Running { progress: None, prompt: spec.prompt.clone() }).await;
-    let seed = spec.seed.clone();
-    let message = Obj::new().set("command", "runJob").set("job", job.as_str()).set("spec", to_js(&spec));
-    match command(message).await {
+    set_job(&job, &JobState::Running { progress: None, prompt: params.prompt.clone() }).await;
+    let seed = params.seed.to_string();
+    match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
         Ok(_) => Reply::JobStarted { job, seed },
         Err(error) => {
             set_job(&job, &JobState::Failed { error: error.clone() }).await;
@@ -354,15 +337,15 @@ async fn start_job(request: GenerateRequest) -> Reply {
     }
 }
 
-/// Sends an internal command to the offscreen document, creating it first if needed; its reply.
-async fn command(message: Obj) -> Result<JsValue, String> {
+/// Sends a command to the offscreen document, creating it first if needed; whether a download worker
+/// runs after it.
+async fn command(command: &OffscreenCommand) -> Result<bool, String> {
     ensure_offscreen().await?;
-    let reply = send(&message.set("target", OFFSCREEN_TARGET).build()).await?;
-    match get(&reply, "ok").as_bool() {
-        Some(true) => Ok(reply),
-        _ => Err(get(&reply, "error")
-            .as_string()
-            .unwrap_or_else(|| "the offscreen document did not answer".into())),
+    let reply = send(&protocol::to_offscreen(command)).await?;
+    match from_js::<OffscreenReply>(&reply) {
+        Ok(OffscreenReply::Done { installing }) => Ok(installing),
+        Ok(OffscreenReply::Refused { error }) => Err(error),
+        Err(_) => Err("the offscreen document did not answer".into()),
     }
 }
 

@@ -1,12 +1,7 @@
 //! A dedicated worker of the offscreen document that runs one stage, then is terminated.
 //!
-//! Protocol (internal to the offscreen document):
-//! * in: `{ task, params, data? }`: `task` is `textEncoder`, `transformer`, `decoder` or `installPack`,
-//!   `params` a JSON object, `data` an `ArrayBuffer` or the hash worker's port (transferred); then, for
-//!   `installPack` only, `{ op: "swap" }` once the new pack may replace the installed one.
-//! * out: `{ kind: "progress", step, steps }`, `{ kind: "packProgress", ... }`, `{ kind: "swapReady" }`
-//!   (every file verified, waiting for `swap`), `{ kind: "done", output, data? }` or
-//!   `{ kind: "error", message }`.
+//! Messages: [`StageTask`] in (with the previous stage's output buffer), [`StageReport`] out (with this
+//! stage's output buffer), see `crate::protocol`.
 //!
 //! Each stage releases its session and destroys its GPU device before it reports `done`; the offscreen
 //! document then terminates the worker, which also returns the wasm heap.
@@ -16,101 +11,41 @@ use half::vec::HalfBitsVecExt;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph};
 use imagine_core::prompt::PromptEncoder;
-use imagine_core::schedule::Schedule;
 use imagine_core::stages::{self, DenoiseParams};
-use imagine_core::{DType, Dim, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{Backend, DType, Dim, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
 use imagine_ort::{self as ort, ExternalData, Provider, Session};
-use js_sys::{Array, Float32Array, Uint8Array};
-use serde::{Deserialize, Serialize};
+use js_sys::{Float32Array, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-use crate::download;
 use crate::gpu::Device;
-use crate::js::{error_text, from_js, get, get_string, now_ms, to_js, Obj};
+use crate::js::{error_text, now_ms};
 use crate::opfs;
-
-/// What every stage of a job needs to know.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct JobSpec {
-    pub prompt: String,
-    pub width: u32,
-    pub height: u32,
-    pub steps: u32,
-    /// Decimal, so the full u64 survives JSON.
-    pub seed: String,
-    pub schedule: String,
-    pub trace: bool,
-    /// `webgpu` or `wasm`.
-    pub backend: String,
-}
-
-impl JobSpec {
-    fn seed(&self) -> Result<u64, String> {
-        self.seed.parse().map_err(|_| format!("bad seed {}", self.seed))
-    }
-}
-
-/// What the text encoder hands on.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EncoderOutput {
-    pub input_ids: Vec<i64>,
-    pub attention_mask: Vec<i64>,
-    pub token_count: u32,
-    pub truncated: bool,
-    pub timing: StageTiming,
-}
-
-/// What the transformer hands on.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TransformerOutput {
-    pub sigmas: Vec<f32>,
-    /// Initial noise, float32 LE base64, when tracing.
-    pub noise: Option<String>,
-    pub timing: StageTiming,
-}
-
-/// Time spent inside ORT during one stage.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StageTiming {
-    pub session_create_ms: f64,
-    pub run_ms: f64,
-}
+use crate::protocol::{
+    self, EncoderOutput, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
+};
 
 /// Entry point of `stage-worker.js`.
 #[wasm_bindgen(js_name = stageWorkerMain)]
 pub fn stage_worker_main() {
     imagine_ort::configure(1);
-    let scope = worker_scope();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
         let message = event.data();
-        if get_string(&message, "op").as_deref() == Some("swap") {
-            download::allow_swap();
-            return;
-        }
         spawn_local(async move {
-            let task = get_string(&message, "task").unwrap_or_default();
-            let params = get(&message, "params");
-            let data = get(&message, "data");
-            let outcome = match task.as_str() {
-                "textEncoder" => text_encoder(&params).await,
-                "transformer" => transformer(&params, &data).await,
-                "decoder" => decoder(&params, &data).await,
-                "installPack" => download::install(&params, &data).await,
-                other => Err(format!("unknown stage task {other:?}")),
+            let outcome = match protocol::read::<StageTask>(&message) {
+                Ok((StageTask::TextEncoder { params }, _)) => text_encoder(&params).await,
+                Ok((StageTask::Transformer { params }, data)) => transformer(&params, data).await,
+                Ok((StageTask::Decoder { params }, data)) => decoder(&params, data).await,
+                Err(e) => Err(format!("not a stage task: {e}")),
             };
             match outcome {
-                Ok((output, data)) => post_done(output, data),
-                Err(message) => post(&Obj::new().set("kind", "error").set("message", message).build(), None),
+                Ok((output, data)) => report(&StageReport::Done { output }, Some(&data)),
+                Err(message) => report(&StageReport::Error { message }, None),
             }
         });
     });
-    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    worker_scope().set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     // The worker lives exactly as long as this handler.
     on_message.forget();
 }
@@ -119,26 +54,15 @@ fn worker_scope() -> DedicatedWorkerGlobalScope {
     js_sys::global().unchecked_into()
 }
 
-/// Posts a message to the offscreen document, transferring `buffer` if given.
-pub fn post(message: &JsValue, buffer: Option<&JsValue>) {
-    let result = match buffer {
-        Some(buffer) => worker_scope().post_message_with_transfer(message, &Array::of1(buffer)),
-        None => worker_scope().post_message(message),
-    };
-    if let Err(e) = result {
-        web_sys::console::error_1(&e);
+/// Reports to the offscreen document, transferring `data` if given.
+fn report(report: &StageReport, data: Option<&JsValue>) {
+    if let Err(e) = protocol::post(&worker_scope(), report, data) {
+        web_sys::console::error_1(&e.into());
     }
 }
 
-fn post_done(output: JsValue, data: Option<JsValue>) {
-    let mut message = Obj::new().set("kind", "done").set("output", output);
-    if let Some(data) = &data {
-        message = message.set("data", data.clone());
-    }
-    post(&message.build(), data.as_ref());
-}
-
-type StageResult = Result<(JsValue, Option<JsValue>), String>;
+/// A stage's output, and the buffer it hands on.
+type StageResult = Result<(StageOutput, JsValue), String>;
 
 /// A session on the chosen backend, with the device it owns; the pipeline runs it through
 /// [`imagine_core::Session`].
@@ -153,7 +77,7 @@ struct Stage {
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
     /// reads itself, one initializer at a time (see `imagine_ort`).
-    async fn open(graph: Graph, backend: &str) -> Result<Stage, String> {
+    async fn open(graph: Graph, backend: Backend) -> Result<Stage, String> {
         let (_, dir) = opfs::installed_pack()
             .await
             .ok_or_else(|| "no model pack is installed: install one first".to_string())?;
@@ -167,8 +91,8 @@ impl Stage {
             external.push(ExternalData { path: location, data: data.into() });
         }
         let (provider, device) = match backend {
-            "wasm" => (Provider::Wasm, None),
-            _ => {
+            Backend::Wasm => (Provider::Wasm, None),
+            Backend::WebGpu => {
                 let needs_f16 = pack::declares_float16(&bytes).map_err(|e| format!("{name}: {e}"))?;
                 let device = Device::open(needs_f16, &name).await?;
                 (Provider::WebGpu(device.js().clone()), Some(device))
@@ -289,23 +213,24 @@ fn f32_buffer(values: &[f32]) -> JsValue {
     Float32Array::from(values).buffer().into()
 }
 
-fn f32_from_buffer(data: &JsValue, what: &str) -> Result<Vec<f32>, String> {
-    if !data.is_instance_of::<js_sys::ArrayBuffer>() {
-        return Err(format!("internal: missing {what}"));
+fn f32_from_buffer(data: Option<JsValue>, what: &str) -> Result<Vec<f32>, String> {
+    match data {
+        Some(buffer) if buffer.is_instance_of::<js_sys::ArrayBuffer>() => {
+            Ok(Float32Array::new(&buffer).to_vec())
+        }
+        _ => Err(format!("internal: missing {what}")),
     }
-    Ok(Float32Array::new(data).to_vec())
 }
 
 /// Stage 1: chat template, tokens, `prompt_embeds`.
-async fn text_encoder(params: &JsValue) -> StageResult {
-    let spec: JobSpec = from_js(params)?;
+async fn text_encoder(params: &GenerateParams) -> StageResult {
     let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
     let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
     let encoder =
         PromptEncoder::new(&tokenizer, &config).map_err(|e| format!("loading the tokenizer failed: {e}"))?;
-    let encoded = encoder.encode(&spec.prompt).map_err(|e| format!("encoding the prompt failed: {e}"))?;
+    let encoded = encoder.encode(&params.prompt).map_err(|e| format!("encoding the prompt failed: {e}"))?;
 
-    let mut stage = Stage::open(Graph::TextEncoder, &spec.backend).await?;
+    let mut stage = Stage::open(Graph::TextEncoder, params.backend).await?;
     let embeddings = stages::encode_prompt(&mut stage, &encoded).await.map_err(|e| e.to_string())?;
     let timing = stage.close().await;
     let output = EncoderOutput {
@@ -315,33 +240,29 @@ async fn text_encoder(params: &JsValue) -> StageResult {
         truncated: encoded.truncated,
         timing,
     };
-    Ok((to_js(&output), Some(f32_buffer(&embeddings))))
+    Ok((StageOutput::TextEncoder(output), f32_buffer(&embeddings)))
 }
 
 /// Stage 2: the denoising loop, one progress report per step.
-async fn transformer(params: &JsValue, data: &JsValue) -> StageResult {
-    let spec: JobSpec = from_js(params)?;
+async fn transformer(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
-    let schedule =
-        Schedule::from_name(&spec.schedule).ok_or_else(|| format!("unknown schedule {:?}", spec.schedule))?;
     let denoise = DenoiseParams {
-        width: spec.width,
-        height: spec.height,
-        steps: spec.steps,
-        seed: spec.seed()?,
-        schedule,
+        width: params.width,
+        height: params.height,
+        steps: params.steps,
+        seed: params.seed,
+        schedule: params.schedule,
     };
 
-    let mut stage = Stage::open(Graph::Transformer, &spec.backend).await?;
-    let report = |step: u32| {
-        post(&Obj::new().set("kind", "progress").set("step", step).set("steps", spec.steps).build(), None)
-    };
+    let mut stage = Stage::open(Graph::Transformer, params.backend).await?;
+    let steps = params.steps;
+    let progress = |step: u32| report(&StageReport::Progress { step, steps }, None);
     let denoised =
-        stages::denoise(&mut stage, embeddings, &denoise, report).await.map_err(|e| e.to_string())?;
+        stages::denoise(&mut stage, embeddings, &denoise, progress).await.map_err(|e| e.to_string())?;
     let timing = stage.close().await;
-    let noise = spec.trace.then(|| base64_f32(&denoised.noise));
+    let noise = params.trace.then(|| base64_f32(&denoised.noise));
     let output = TransformerOutput { sigmas: denoised.sigmas, noise, timing };
-    Ok((to_js(&output), Some(f32_buffer(&denoised.latents))))
+    Ok((StageOutput::Transformer(output), f32_buffer(&denoised.latents)))
 }
 
 /// Float32 values as little-endian bytes in base64 (the trace format).
@@ -352,23 +273,22 @@ pub fn base64_f32(values: &[f32]) -> String {
 }
 
 /// Stage 3: unpack the latents into the layout the decoder declares, decode, and encode the PNG.
-async fn decoder(params: &JsValue, data: &JsValue) -> StageResult {
-    let spec: JobSpec = from_js(params)?;
+async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let latents = f32_from_buffer(data, "latents")?;
     let meta = PngMeta {
-        prompt: spec.prompt.clone(),
-        seed: spec.seed()?,
-        width: spec.width,
-        height: spec.height,
-        steps: spec.steps,
-        schedule: spec.schedule.clone(),
+        prompt: params.prompt.clone(),
+        seed: params.seed,
+        width: params.width,
+        height: params.height,
+        steps: params.steps,
+        schedule: params.schedule.name().to_owned(),
     };
 
-    let mut stage = Stage::open(Graph::Decoder, &spec.backend).await?;
+    let mut stage = Stage::open(Graph::Decoder, params.backend).await?;
     let sample =
-        stages::decode(&mut stage, &latents, spec.width, spec.height).await.map_err(|e| e.to_string())?;
+        stages::decode(&mut stage, &latents, params.width, params.height).await.map_err(|e| e.to_string())?;
     let timing = stage.close().await;
     let png = stages::encode_image(&sample, &meta).map_err(|e| e.to_string())?;
     let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
-    Ok((to_js(&timing), Some(buffer)))
+    Ok((StageOutput::Decoder { timing }, buffer))
 }

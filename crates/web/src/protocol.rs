@@ -1,0 +1,265 @@
+//! Every internal channel between the extension's contexts, typed: one serde enum per direction. A
+//! message is its enum serialized to a plain object plus, in its `data` field, at most one transferable
+//! (an `ArrayBuffer` or a `MessagePort`), which the typed part never carries.
+//!
+//! | channel | there | back |
+//! |---|---|---|
+//! | service worker → offscreen document (`runtime.sendMessage`, `target: "offscreen"`) | [`OffscreenCommand`] | [`OffscreenReply`] |
+//! | offscreen document → stage worker | [`StageTask`] + the previous stage's output | [`StageReport`] + this stage's output |
+//! | offscreen document → download worker | [`DownloadCommand`] + the port to the hash worker | [`DownloadReport`] |
+//! | offscreen document → hash worker | [`HashSetup`] + the port to the download worker | |
+//! | download worker → hash worker (that port) | [`HashCommand`] + a buffer | [`HashReport`] + the buffer, back |
+//!
+//! The public message API (pages ↔ service worker) is `imagine_core::api`.
+
+use imagine_core::api::{DownloadProgress, InstallRequest};
+use imagine_core::hub::HashCheckpoint;
+use imagine_core::storage::PackRecord;
+use imagine_core::GenerateParams;
+use js_sys::Array;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+
+use crate::js::{error_text, from_js, get, to_js};
+
+/// The `target` of the service worker's messages for the offscreen document (pages ignore them).
+pub const OFFSCREEN_TARGET: &str = "offscreen";
+
+/// Service worker → offscreen document.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "camelCase")]
+pub enum OffscreenCommand {
+    /// Queue a job; its stages run one after the other in workers.
+    RunJob { job: String, params: GenerateParams },
+    /// Stop a queued or running job.
+    CancelJob { job: String },
+    /// Start the download worker (or let a running one go on).
+    InstallPack { request: InstallRequest },
+    /// Stop the download worker, keeping what it saved.
+    PausePack,
+    /// Stop the download worker and empty the staging slot.
+    CancelPack,
+    /// Whether a download worker runs.
+    InstallStatus,
+}
+
+/// Offscreen document → service worker: the answer to an [`OffscreenCommand`].
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "camelCase")]
+pub enum OffscreenReply {
+    /// Done; whether a download worker runs now.
+    Done { installing: bool },
+    /// Not done, and why.
+    Refused { error: String },
+}
+
+/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "task", rename_all = "camelCase")]
+pub enum StageTask {
+    /// The prompt to `prompt_embeds`.
+    TextEncoder { params: GenerateParams },
+    /// The denoising loop (`data`: the prompt embeddings, float32).
+    Transformer { params: GenerateParams },
+    /// The latents to a PNG (`data`: the final latents, float32).
+    Decoder { params: GenerateParams },
+}
+
+/// Stage worker → offscreen document.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum StageReport {
+    /// Transformer step `step` of `steps` is done.
+    Progress { step: u32, steps: u32 },
+    /// The stage is done and its session released (`data`: its output buffer).
+    Done { output: StageOutput },
+    /// The stage failed.
+    Error { message: String },
+}
+
+/// What a stage hands on beside its output buffer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "stage", rename_all = "camelCase")]
+pub enum StageOutput {
+    TextEncoder(EncoderOutput),
+    Transformer(TransformerOutput),
+    Decoder { timing: StageTiming },
+}
+
+/// What the text encoder hands on (`data`: the prompt embeddings).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EncoderOutput {
+    pub input_ids: Vec<i64>,
+    pub attention_mask: Vec<i64>,
+    pub token_count: u32,
+    pub truncated: bool,
+    pub timing: StageTiming,
+}
+
+/// What the transformer hands on (`data`: the final latents).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransformerOutput {
+    pub sigmas: Vec<f32>,
+    /// Initial noise, float32 LE base64, when tracing.
+    pub noise: Option<String>,
+    pub timing: StageTiming,
+}
+
+/// Time spent inside ORT during one stage.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTiming {
+    pub session_create_ms: f64,
+    pub run_ms: f64,
+}
+
+/// Offscreen document → download worker.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum DownloadCommand {
+    /// Download (or resume) and install `request` (`data`: the port to the hash worker).
+    Install { request: InstallRequest },
+    /// No job runs: the verified pack may replace the installed one.
+    Swap,
+}
+
+/// Download worker → offscreen document.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum DownloadReport {
+    Progress {
+        progress: DownloadProgress,
+    },
+    /// Every file is verified; waiting for [`DownloadCommand::Swap`].
+    SwapReady,
+    /// The pack is installed.
+    Installed {
+        pack: PackRecord,
+    },
+    /// The download stopped.
+    Error {
+        message: String,
+    },
+}
+
+/// Offscreen document → hash worker, once (`data`: its port to the download worker).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum HashSetup {
+    Port,
+}
+
+/// Download worker → hash worker.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum HashCommand {
+    /// Start over, from a checkpoint or from the first byte.
+    Reset { checkpoint: Option<HashCheckpoint> },
+    /// Hash the first `length` bytes of the buffer in `data`, then send it back.
+    Data { length: u32 },
+    /// The state after every block sent so far.
+    Checkpoint,
+    /// The digest of everything since the last reset.
+    Finish,
+}
+
+/// Hash worker → download worker.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum HashReport {
+    Reset,
+    /// A buffer handed back (`data`).
+    Buffer,
+    Checkpoint {
+        checkpoint: HashCheckpoint,
+    },
+    Digest {
+        digest: [u8; 32],
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// Where messages can be posted: a worker, a worker's own scope, a message port.
+pub trait Endpoint {
+    fn post_message_with_transfer(&self, message: &JsValue, transfer: &JsValue) -> Result<(), JsValue>;
+    fn post_message(&self, message: &JsValue) -> Result<(), JsValue>;
+}
+
+impl Endpoint for web_sys::Worker {
+    fn post_message_with_transfer(&self, message: &JsValue, transfer: &JsValue) -> Result<(), JsValue> {
+        web_sys::Worker::post_message_with_transfer(self, message, transfer)
+    }
+    fn post_message(&self, message: &JsValue) -> Result<(), JsValue> {
+        web_sys::Worker::post_message(self, message)
+    }
+}
+
+impl Endpoint for web_sys::DedicatedWorkerGlobalScope {
+    fn post_message_with_transfer(&self, message: &JsValue, transfer: &JsValue) -> Result<(), JsValue> {
+        web_sys::DedicatedWorkerGlobalScope::post_message_with_transfer(self, message, transfer)
+    }
+    fn post_message(&self, message: &JsValue) -> Result<(), JsValue> {
+        web_sys::DedicatedWorkerGlobalScope::post_message(self, message)
+    }
+}
+
+impl Endpoint for web_sys::MessagePort {
+    fn post_message_with_transfer(&self, message: &JsValue, transfer: &JsValue) -> Result<(), JsValue> {
+        self.post_message_with_transferable(message, transfer)
+    }
+    fn post_message(&self, message: &JsValue) -> Result<(), JsValue> {
+        web_sys::MessagePort::post_message(self, message)
+    }
+}
+
+/// Posts `message`, with `data` (transferred) beside it.
+pub fn post<T: Serialize>(to: &impl Endpoint, message: &T, data: Option<&JsValue>) -> Result<(), String> {
+    let object = to_js(message);
+    let posted = match data {
+        Some(data) => {
+            let _ = js_sys::Reflect::set(&object, &"data".into(), data);
+            to.post_message_with_transfer(&object, &Array::of1(data))
+        }
+        None => to.post_message(&object),
+    };
+    posted.map_err(|e| error_text(&e))
+}
+
+/// Reads a posted message: its typed part, and its `data` if it has one.
+pub fn read<T: DeserializeOwned>(message: &JsValue) -> Result<(T, Option<JsValue>), String> {
+    let typed = from_js(message)?;
+    let data = get(message, "data");
+    Ok((typed, (!data.is_undefined() && !data.is_null()).then_some(data)))
+}
+
+/// The service worker's message for the offscreen document.
+pub fn to_offscreen(command: &OffscreenCommand) -> JsValue {
+    let object = to_js(command);
+    let _ = js_sys::Reflect::set(&object, &"target".into(), &OFFSCREEN_TARGET.into());
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json<T: Serialize>(value: &T) -> String {
+        serde_json::to_string(value).unwrap()
+    }
+
+    /// The fields the JS shims look at (`command`, `op`, `reply`) keep their names.
+    #[test]
+    fn tags_are_the_ones_the_shims_read() {
+        assert_eq!(json(&OffscreenCommand::PausePack), r#"{"command":"pausePack"}"#);
+        assert_eq!(json(&DownloadCommand::Swap), r#"{"op":"swap"}"#);
+        assert_eq!(json(&HashCommand::Data { length: 3 }), r#"{"op":"data","length":3}"#);
+        assert_eq!(
+            json(&OffscreenReply::Refused { error: "x".into() }),
+            r#"{"reply":"refused","error":"x"}"#
+        );
+    }
+}
