@@ -97,34 +97,35 @@ def test_a_float32_rope_runs_on_ort_web(tiny_packs, which, tmp_path):
 def _layernorm_graph(compute):
     """[1, 4, 64] float16 -> float16 LayerNorm (no affine, eps 1e-6), computed in `compute` precision.
 
-    Written out as the ONNX LayerNormalization function body (mean, x - mean, mean of squares,
-    sqrt, divide), so the arithmetic happens in the dtype given: a float16 kernel that accumulates in
-    float16 does the same. ORT's CPU LayerNormalization kernel accumulates float16 in float32
-    internally, so the fused op cannot show the overflow on this machine.
+    Written out as the ONNX LayerNormalization function body (mean, x - mean, mean of squares, sqrt,
+    divide). For float16 every intermediate is stored as float16, as a float16 kernel or an unfused
+    float16 graph stores it: ORT's CPU EP has no float16 kernels for these ops and runs them in
+    float32 (its own LayerNormalization kernel accumulates float16 in float32 too), so the graph
+    computes each op in float32 and rounds its result to float16 with an explicit Cast pair.
     """
-    nodes, inits = [], []
-    x = "x"
-    if compute == TensorProto.FLOAT:
-        nodes.append(helper.make_node("Cast", ["x"], ["xc"], to=TensorProto.FLOAT))
-        x = "xc"
-    npdt = np.float32 if compute == TensorProto.FLOAT else np.float16
-    inits.append(numpy_helper.from_array(np.array(1e-6, npdt), "eps"))
-    inits.append(numpy_helper.from_array(np.array([-1], np.int64), "axes"))
-    nodes += [
-        helper.make_node("ReduceMean", [x, "axes"], ["mean"], keepdims=1),
-        helper.make_node("Sub", [x, "mean"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["d2"]),
-        helper.make_node("ReduceMean", ["d2", "axes"], ["var"], keepdims=1),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["std"]),
-        helper.make_node("Div", ["d", "std"], ["yn"]),
+    F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    nodes = [helper.make_node("Cast", ["x"], ["x32"], to=F32)]
+    inits = [numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    body = [
+        ("ReduceMean", ["x32", "axes"], "mean", {"keepdims": 1}),
+        ("Sub", ["x32", "mean"], "d", {}),
+        ("Mul", ["d", "d"], "d2", {}),
+        ("ReduceMean", ["d2", "axes"], "var", {"keepdims": 1}),
+        ("Add", ["var", "eps"], "ve", {}),
+        ("Sqrt", ["ve"], "std", {}),
+        ("Div", ["d", "std"], "yn", {}),
     ]
-    if compute == TensorProto.FLOAT:
-        nodes.append(helper.make_node("Cast", ["yn"], ["y"], to=TensorProto.FLOAT16))
-    else:
-        nodes.append(helper.make_node("Identity", ["yn"], ["y"]))
-    g = helper.make_graph(nodes, "layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4, 64])], initializer=inits)
+    for op, ins, out, attrs in body:
+        if compute == F16:
+            nodes.append(helper.make_node(op, ins, [out + "_f32"], **attrs))
+            nodes.append(helper.make_node("Cast", [out + "_f32"], [out + "_f16"], to=F16))
+            nodes.append(helper.make_node("Cast", [out + "_f16"], [out], to=F32))
+        else:
+            nodes.append(helper.make_node(op, ins, [out], **attrs))
+    nodes.append(helper.make_node("Cast", ["yn"], ["y"], to=F16))
+    g = helper.make_graph(nodes, "layernorm", [helper.make_tensor_value_info("x", F16, [1, 4, 64])],
+                          [helper.make_tensor_value_info("y", F16, [1, 4, 64])], initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 9
     onnx.checker.check_model(m)
@@ -139,7 +140,10 @@ def test_b_float16_layernorm_on_a_saturated_residual_gives_nan():
     # row 3 stays a normal residual
     out = {}
     for name, dt in (("float16", TensorProto.FLOAT16), ("float32", TensorProto.FLOAT)):
-        sess = ort.InferenceSession(_layernorm_graph(dt), providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        # no graph optimisation: ORT would drop the Cast pairs and fuse the pattern into its kernel
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(_layernorm_graph(dt), so, providers=["CPUExecutionProvider"])
         out[name] = sess.run(None, {"x": x})[0].astype(np.float32)
     bad16 = ~np.isfinite(out["float16"])
     # row 1 (mean far from 0): x - mean overflows to -inf, (x - mean)^2 to inf, -inf/inf = NaN
