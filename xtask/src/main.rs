@@ -381,6 +381,15 @@ fn test(root: &Path, args: &[String]) -> Result {
                 "--exclude",
                 "imagine-ort",
             ]),
+        )?;
+        // The web crate's unit tests need no browser (its browser code runs in the e2e tests).
+        run_cmd("cargo test (web, lib)", Command::new(&cargo).args(["test", "-p", "imagine-web", "--lib"]))
+    })?;
+    timed("exporter tests (tools/export, tiny configuration, against PyTorch)", &mut || {
+        let python = setup::ensure_export_venv(root)?;
+        run_cmd(
+            "pytest tools/export/tests",
+            Command::new(python).args(["-m", "pytest", "tools/export/tests", "-q"]).current_dir(root),
         )
     })?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;

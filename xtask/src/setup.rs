@@ -10,6 +10,7 @@
 //! | node_modules/ as package-lock.json locks it | always | `npm ci` |
 //! | Debian's Chromium | browser tests, `run`, `bench` | `apt-get` (as root; otherwise it says the command) |
 //! | tests/reference/requirements.txt | browser tests, fixture check | `pip install -r` |
+//! | tools/export/requirements.txt (torch, diffusers, …) in `target/export-venv` | `test` (the exporter's tests) | `python3 -m venv`, `pip install -r` |
 //!
 //! Each install prints one line, `xtask: installing X (reason)`. When everything is there the checks
 //! start no network traffic and take a fraction of a second, so every command runs them.
@@ -26,6 +27,10 @@ use crate::{run_cmd, Result};
 const CHROMIUM: &str = "/usr/lib/chromium/chromium";
 const WASM_TARGET: &str = "wasm32-unknown-unknown";
 const REQUIREMENTS: &str = "tests/reference/requirements.txt";
+const EXPORT_REQUIREMENTS: &str = "tools/export/requirements.txt";
+/// The exporter's virtual environment (torch and its CUDA libraries from PyPI: about 6 GB), kept out of
+/// the system Python.
+const EXPORT_VENV: &str = "target/export-venv";
 
 /// What a command needs beyond the build tools (wasm32 target, wasm-bindgen, node_modules), which
 /// every command needs.
@@ -531,4 +536,34 @@ mod tests {
         let m = chromium_not_root_message();
         assert!(m.contains("sudo apt-get install -y chromium"), "{m}");
     }
+}
+
+/// The exporter's virtual environment with tools/export/requirements.txt installed; its python. A stamp
+/// file holds the requirements it was made from, so a changed pin reinstalls and nothing else does.
+pub fn ensure_export_venv(root: &Path) -> Result<PathBuf> {
+    let venv = root.join(EXPORT_VENV);
+    let python = venv.join("bin/python");
+    let requirements = root.join(EXPORT_REQUIREMENTS);
+    let wanted = fs::read_to_string(&requirements).map_err(|e| format!("{}: {e}", requirements.display()))?;
+    let stamp = venv.join(".requirements");
+    if python.exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(python);
+    }
+    if !python.exists() {
+        installing(&format!("a virtual environment in {EXPORT_VENV}"), "the exporter's tests need torch");
+        run_cmd("python3 -m venv", Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .map_err(|e| format!("{e}: on Debian, `apt-get install -y python3-venv` provides it"))?;
+    }
+    installing(
+        &format!("Python packages from {EXPORT_REQUIREMENTS} into {EXPORT_VENV}"),
+        "torch is about 6 GB",
+    );
+    run_cmd(
+        "pip install (exporter)",
+        Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"])
+            .arg(&requirements),
+    )?;
+    fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(python)
 }
