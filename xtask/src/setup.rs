@@ -476,6 +476,36 @@ fn apt_install(packages: &[&str]) -> Result {
     )
 }
 
+/// The exporter's virtual environment with tools/export/requirements.txt installed; its python. A stamp
+/// file holds the requirements it was made from, so a changed pin reinstalls and nothing else does.
+pub fn ensure_export_venv(root: &Path) -> Result<PathBuf> {
+    let venv = root.join(EXPORT_VENV);
+    let python = venv.join("bin/python");
+    let requirements = root.join(EXPORT_REQUIREMENTS);
+    let wanted = fs::read_to_string(&requirements).map_err(|e| format!("{}: {e}", requirements.display()))?;
+    let stamp = venv.join(".requirements");
+    if python.exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(python);
+    }
+    if !python.exists() {
+        installing(&format!("a virtual environment in {EXPORT_VENV}"), "the exporter's tests need torch");
+        run_cmd("python3 -m venv", Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .map_err(|e| format!("{e}: on Debian, `apt-get install -y python3-venv` provides it"))?;
+    }
+    installing(
+        &format!("Python packages from {EXPORT_REQUIREMENTS} into {EXPORT_VENV}"),
+        "torch is about 6 GB",
+    );
+    run_cmd(
+        "pip install (exporter)",
+        Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"])
+            .arg(&requirements),
+    )?;
+    fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(python)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,34 +566,4 @@ mod tests {
         let m = chromium_not_root_message();
         assert!(m.contains("sudo apt-get install -y chromium"), "{m}");
     }
-}
-
-/// The exporter's virtual environment with tools/export/requirements.txt installed; its python. A stamp
-/// file holds the requirements it was made from, so a changed pin reinstalls and nothing else does.
-pub fn ensure_export_venv(root: &Path) -> Result<PathBuf> {
-    let venv = root.join(EXPORT_VENV);
-    let python = venv.join("bin/python");
-    let requirements = root.join(EXPORT_REQUIREMENTS);
-    let wanted = fs::read_to_string(&requirements).map_err(|e| format!("{}: {e}", requirements.display()))?;
-    let stamp = venv.join(".requirements");
-    if python.exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        return Ok(python);
-    }
-    if !python.exists() {
-        installing(&format!("a virtual environment in {EXPORT_VENV}"), "the exporter's tests need torch");
-        run_cmd("python3 -m venv", Command::new("python3").args(["-m", "venv"]).arg(&venv))
-            .map_err(|e| format!("{e}: on Debian, `apt-get install -y python3-venv` provides it"))?;
-    }
-    installing(
-        &format!("Python packages from {EXPORT_REQUIREMENTS} into {EXPORT_VENV}"),
-        "torch is about 6 GB",
-    );
-    run_cmd(
-        "pip install (exporter)",
-        Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"])
-            .arg(&requirements),
-    )?;
-    fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
-    Ok(python)
 }
