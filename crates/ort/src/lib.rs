@@ -8,10 +8,11 @@
 //! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors,
 //! `run` and `release`.
 //!
-//! What loading costs in memory: we ship ORT's JSPI build (`ort.jspi.bundle.min.mjs`, Chrome 137+), which
-//! mounts an external-data `File` as it is and reads it one initializer at a time while it uploads the
-//! weights, so a stage never holds all its weights in the worker. (The asyncify build reads every `File`
-//! whole into JS memory before creating the session; `shared/docs/scale.md`, section 1.)
+//! What loading costs in memory: the build we ship (`ort.webgpu.bundle.min.mjs` with the asyncify wasm)
+//! reads every external-data `File` whole into JS memory (`blob.arrayBuffer()`), all of a session's files
+//! at once, before the session is created, so a stage holds its weights in the worker on top of the GPU
+//! copy until the session exists. Only ORT's JSPI build reads a `File` one initializer at a time
+//! (`shared/docs/scale.md`, section 1).
 
 use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
 use wasm_bindgen::prelude::*;

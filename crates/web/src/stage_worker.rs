@@ -76,7 +76,7 @@ struct Stage {
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
-    /// reads itself, one initializer at a time (see `imagine_ort`).
+    /// reads itself (the asyncify build reads each whole into memory first; see `imagine_ort`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, String> {
         let (_, dir) = opfs::installed_pack()
             .await
