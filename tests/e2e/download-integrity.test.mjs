@@ -205,3 +205,29 @@ onnx.save(m, path)
   const { result } = await h.generateOk(b.page, { prompt: 'a kite', width: 256, height: 256, steps: 1, seed: '8' });
   assert.ok(result.png.length > 0);
 });
+
+test('stray pack files are found and removed: an earlier layout, a slot that holds no pack', { timeout: 180_000 }, async (t) => {
+  const b = await h.setup(t);
+  const installed = await h.installedDir(b.page);
+  const unused = installed === 'packs/a' ? 'packs/b' : 'packs/a';
+  // What an earlier version left (a pack/ without its record, a staging directory), and files in the
+  // slot that stages downloads while none is kept.
+  await h.opfsWrite(b.page, 'pack/transformer_q8-00000.data', 'x'.repeat(1000));
+  await h.opfsWrite(b.page, 'pack-staging/download-a.json', '{}');
+  await h.opfsWrite(b.page, `${unused}/transformer_q8-00000.data`, 'y'.repeat(1000));
+  const del = await h.api(b.page, { type: 'deletePack' });
+  assert.equal(del.type, 'done', JSON.stringify(del));
+  const left = Object.keys(await h.opfsTree(b.page)).filter((k) => !k.startsWith('results/'));
+  assert.deepEqual(left.sort(), ['packs/', 'packs/state.json']);
+});
+
+test('a graph served longer than listed is cut off at its listed size, naming it', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const graph = 'text_encoder_q4.onnx';
+  const size = b.hub.file(b.repo, graph).size;
+  b.hub.inject(graph, { type: 'resize', by: 1 << 20, times: Infinity });
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  const error = reply.type === 'error' ? reply.error : await h.waitForInstallFailure(b.page, 60_000);
+  assert.ok(error.includes(graph), error);
+  assert.match(error, new RegExp(`more than the ${size} bytes allowed`));
+});
