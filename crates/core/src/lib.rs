@@ -30,6 +30,7 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
+pub mod f32_rewrite;
 pub mod hub;
 pub mod image;
 pub mod latents;
