@@ -371,7 +371,7 @@ pub struct Piece {
 /// subnormals, infinities and NaNs included, has one float32 value). `dst` must be twice as long as
 /// `src`, and `src` of even length.
 pub fn f16_to_f32(src: &[u8], dst: &mut [u8]) -> Result<(), RewriteError> {
-    if src.len() % 2 != 0 || dst.len() != src.len() * 2 {
+    if !src.len().is_multiple_of(2) || dst.len() != src.len() * 2 {
         return Err(RewriteError::Length { float16: src.len(), float32: dst.len() });
     }
     for (h, f) in src.chunks_exact(2).zip(dst.chunks_exact_mut(4)) {
@@ -435,3 +435,6 @@ pub enum RewriteError {
     #[error("the rewrite left float16 in the graph (a bug): {0}")]
     Leftover(String),
 }
+
+#[cfg(test)]
+mod tests;

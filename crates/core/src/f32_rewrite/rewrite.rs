@@ -126,18 +126,18 @@ fn entry(key: &str, value: &str) -> Vec<u8> {
 }
 
 /// An initializer (or attribute tensor) as far as the rewrite needs it.
-struct Tensor {
-    name: String,
-    data_type: u64,
-    dims: Vec<u64>,
-    external: Option<External>,
-    segmented: bool,
+pub(super) struct Tensor {
+    pub(super) name: String,
+    pub(super) data_type: u64,
+    pub(super) dims: Vec<u64>,
+    pub(super) external: Option<External>,
+    pub(super) segmented: bool,
 }
 
-struct External {
-    file: String,
-    offset: u64,
-    length: Option<u64>,
+pub(super) struct External {
+    pub(super) file: String,
+    pub(super) offset: u64,
+    pub(super) length: Option<u64>,
 }
 
 impl Tensor {
@@ -167,7 +167,7 @@ impl Tensor {
     }
 }
 
-fn read_tensor(bytes: &[u8]) -> Result<Tensor, RewriteError> {
+pub(super) fn read_tensor(bytes: &[u8]) -> Result<Tensor, RewriteError> {
     const WHAT: &str = "TensorProto";
     let mut t =
         Tensor { name: String::new(), data_type: 0, dims: Vec::new(), external: None, segmented: false };
@@ -284,20 +284,20 @@ fn convert_tensor(bytes: &[u8], target: Option<&Range>) -> Result<Vec<u8>, Rewri
 }
 
 /// One node, read.
-struct Node<'a> {
-    index: usize,
-    bytes: &'a [u8],
-    name: &'a str,
-    op_type: &'a str,
-    domain: &'a str,
-    inputs: Vec<&'a str>,
-    outputs: Vec<&'a str>,
-    attributes: Vec<Attribute<'a>>,
+pub(super) struct Node<'a> {
+    pub(super) index: usize,
+    pub(super) bytes: &'a [u8],
+    pub(super) name: &'a str,
+    pub(super) op_type: &'a str,
+    pub(super) domain: &'a str,
+    pub(super) inputs: Vec<&'a str>,
+    pub(super) outputs: Vec<&'a str>,
+    pub(super) attributes: Vec<Attribute<'a>>,
 }
 
-struct Attribute<'a> {
-    name: &'a str,
-    fields: Vec<Field<'a>>,
+pub(super) struct Attribute<'a> {
+    pub(super) name: &'a str,
+    pub(super) fields: Vec<Field<'a>>,
 }
 
 impl Node<'_> {
@@ -320,7 +320,7 @@ impl Node<'_> {
     }
 }
 
-fn read_node(bytes: &[u8], index: usize) -> Result<Node<'_>, RewriteError> {
+pub(super) fn read_node(bytes: &[u8], index: usize) -> Result<Node<'_>, RewriteError> {
     const WHAT: &str = "NodeProto";
     let mut node = Node {
         index,
@@ -357,6 +357,22 @@ fn read_node(bytes: &[u8], index: usize) -> Result<Node<'_>, RewriteError> {
 
 /// The operator's rule, or the refusal that names it.
 fn check_node(node: &Node) -> Result<Kind, RewriteError> {
+    // Subgraphs first: `If`, `Loop` and `Scan` are refused for them, not as unknown operators.
+    for a in &node.attributes {
+        for f in &a.fields {
+            let subgraph = match f.number {
+                ATTR_G | ATTR_GRAPHS => true,
+                ATTR_TYPE => matches!(f.value, Value::Varint(ATTR_TYPE_GRAPH | ATTR_TYPE_GRAPHS)),
+                _ => false,
+            };
+            if subgraph {
+                return Err(node.error(format!(
+                    "attribute `{}` is a subgraph; graphs inside nodes are not rewritten",
+                    a.name
+                )));
+            }
+        }
+    }
     let kind = ops::kind(node.domain, node.op_type).ok_or_else(|| {
         node.error(
             "the operator is not in the list of operators known to compute the same function in float32",
@@ -364,51 +380,36 @@ fn check_node(node: &Node) -> Result<Kind, RewriteError> {
     })?;
     for a in &node.attributes {
         for f in &a.fields {
-            let refuse = |what: String| Err(node.error(format!("attribute `{}` {what}", a.name)));
-            match f.number {
-                ATTR_G | ATTR_GRAPHS => {
-                    return refuse("is a subgraph; graphs inside nodes are not rewritten".into())
-                }
-                ATTR_TYPE if matches!(f.value, Value::Varint(ATTR_TYPE_GRAPH | ATTR_TYPE_GRAPHS)) => {
-                    return refuse("is a subgraph; graphs inside nodes are not rewritten".into())
-                }
-                ATTR_TP | ATTR_TYPE_PROTOS => {
-                    return refuse("is a type, which the rewrite does not read".into())
-                }
+            let float16 =
+                |bytes: &[u8]| -> Result<bool, RewriteError> { Ok(read_tensor(bytes)?.data_type == FLOAT16) };
+            let reason = match f.number {
+                ATTR_TP | ATTR_TYPE_PROTOS => Some("is a type, which the rewrite does not read"),
                 ATTR_T => {
                     let t = read_tensor(f.bytes("AttributeProto")?)?;
-                    if t.data_type == FLOAT16 {
-                        if !(kind == Kind::TensorAttr && a.name == "value") {
-                            return refuse(
-                                "holds a float16 tensor, which this operator's rewrite does not convert"
-                                    .into(),
-                            );
-                        }
-                        if t.external.is_some() {
-                            return refuse("holds a float16 tensor stored as external data".into());
-                        }
+                    if t.data_type != FLOAT16 {
+                        None
+                    } else if !(kind == Kind::TensorAttr && a.name == "value") {
+                        Some("holds a float16 tensor, which this operator's rewrite does not convert")
+                    } else if t.external.is_some() {
+                        Some("holds a float16 tensor stored as external data")
+                    } else {
+                        None
                     }
                 }
-                ATTR_TENSORS => {
-                    if read_tensor(f.bytes("AttributeProto")?)?.data_type == FLOAT16 {
-                        return refuse("holds float16 tensors, which the rewrite does not convert".into());
-                    }
-                }
+                ATTR_TENSORS => float16(f.bytes("AttributeProto")?)?
+                    .then_some("holds float16 tensors, which the rewrite does not convert"),
                 ATTR_SPARSE_TENSOR | ATTR_SPARSE_TENSORS => {
-                    if sparse_values(f.bytes("AttributeProto")?)?.data_type == FLOAT16 {
-                        return refuse(
-                            "holds a float16 sparse tensor, which the rewrite does not convert".into(),
-                        );
-                    }
+                    (sparse_values(f.bytes("AttributeProto")?)?.data_type == FLOAT16)
+                        .then_some("holds a float16 sparse tensor, which the rewrite does not convert")
                 }
-                ATTR_I if DTYPE_ATTRIBUTE_NAMES.contains(&a.name) && f.value == Value::Varint(FLOAT16) => {
-                    if !matches!(kind, Kind::DtypeAttrs(names) if names.contains(&a.name)) {
-                        return refuse(
-                            "names float16, and this operator's rewrite does not handle it".into(),
-                        );
-                    }
-                }
-                _ => {}
+                ATTR_I => (DTYPE_ATTRIBUTE_NAMES.contains(&a.name)
+                    && f.value == Value::Varint(FLOAT16)
+                    && !matches!(kind, Kind::DtypeAttrs(names) if names.contains(&a.name)))
+                .then_some("names float16, and this operator's rewrite does not handle it"),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                return Err(node.error(format!("attribute `{}` {reason}", a.name)));
             }
         }
     }
@@ -454,7 +455,7 @@ fn sparse_values(bytes: &[u8]) -> Result<Tensor, RewriteError> {
     Ok(Tensor { name: String::new(), data_type: 0, dims: Vec::new(), external: None, segmented: false })
 }
 
-fn value_info_name(bytes: &[u8]) -> Result<&str, RewriteError> {
+pub(super) fn value_info_name(bytes: &[u8]) -> Result<&str, RewriteError> {
     for f in wire::parse(bytes, "ValueInfoProto")? {
         if f.number == VALUE_INFO_NAME {
             return f.string("ValueInfoProto");
@@ -505,7 +506,7 @@ fn rewrite_value_info(bytes: &[u8]) -> Result<Option<Vec<u8>>, RewriteError> {
 }
 
 /// The dims (raw Dimension fields) of a tensor-typed ValueInfoProto, if it has a shape.
-fn shape_dims<'a>(value_info: &'a [u8]) -> Result<Option<Vec<&'a [u8]>>, RewriteError> {
+pub(super) fn shape_dims(value_info: &[u8]) -> Result<Option<Vec<&[u8]>>, RewriteError> {
     for f in wire::parse(value_info, "ValueInfoProto")? {
         if f.number != VALUE_INFO_TYPE {
             continue;
@@ -875,10 +876,8 @@ pub fn remaining_float16(model: &[u8]) -> Result<Vec<String>, RewriteError> {
                 _ => continue,
             };
             match g.number {
-                GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => {
-                    if rewrite_value_info(bytes)?.is_some() {
-                        found.push(format!("the type of {:?}", value_info_name(bytes)?));
-                    }
+                GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO if rewrite_value_info(bytes)?.is_some() => {
+                    found.push(format!("the type of {:?}", value_info_name(bytes)?));
                 }
                 GRAPH_INITIALIZER => {
                     let t = read_tensor(bytes)?;
