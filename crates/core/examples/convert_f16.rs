@@ -75,13 +75,14 @@ fn run() -> Result<(), String> {
         let json = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
         fs::write(output.join(format!("{stem}.plan.json")), json).map_err(|e| e.to_string())?;
         println!(
-            "{stem}: {} external tensors ({} pieces) into {} new files, {} inline, {} lookups; extra disk {} B, extra GPU {} B; float32 I/O {:?}",
+            "{stem}: {} external tensors ({} pieces) into {} new files, {} inline, {} lookups; extra disk {} B (stale {} B), extra GPU {} B; float32 I/O {:?}",
             plan.copies.len(),
             plan.pieces(piece).len(),
             plan.new_files.len(),
             plan.inline_converted,
             plan.lookups.len(),
             plan.extra_disk_bytes,
+            plan.stale_bytes,
             plan.extra_gpu_bytes,
             plan.float32_io
         );

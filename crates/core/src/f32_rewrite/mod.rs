@@ -41,6 +41,19 @@
 //! sparse initializers, model-local functions and training info, and a tensor that would not fit
 //! one GPU buffer (below).
 //!
+//! The list covers every operator of the fixture packs (Add, Sub, Mul, Div, Sin, Tanh, Sigmoid,
+//! MatMul, Conv, Cast, Gather, Reshape, Transpose, Unsqueeze, Slice, Shape, Concat, ReduceSum), what a
+//! Qwen3 or FLUX.2 export through ONNX Runtime's optimizer and `MatMulNBitsQuantizer` uses
+//! (`com.microsoft`: MatMulNBits, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
+//! SkipLayerNormalization, RotaryEmbedding, GroupQueryAttention, MultiHeadAttention, Attention, Gelu,
+//! FastGelu, BiasGelu, QuickGelu, BiasAdd, FusedMatMul; ONNX: LayerNormalization,
+//! RMSNormalization, Softmax, Gelu, Where, Expand, Range, Pow, Sqrt, Erf, ...) and the rest of the
+//! ONNX operators whose dtype follows their inputs. `tests/reference/check_converted.py` runs Gather,
+//! SimplifiedLayerNormalization, MatMulNBits (uint8 and float16 zero points), RotaryEmbedding,
+//! SkipSimplifiedLayerNormalization, Softmax attention, LayerNormalization between Casts,
+//! Constant and ConstantOfShape; the attention contrib operators are listed by their type
+//! constraints but not run there (their CPU kernels' float16 support varies).
+//!
 //! # Limits (issue 10, point 2)
 //!
 //! ONNX Runtime puts each initializer in one GPU buffer, which must fit the adapter's
@@ -67,7 +80,21 @@
 //! [`f16_to_f32`] and writes it at its target offset, reporting progress; targets are in increasing
 //! order within each file, so a resumed conversion skips the pieces below the file's checkpointed
 //! length. The plan is a pure function of the graph bytes and [`Options`], so it is recomputed, not
-//! stored, on resume.
+//! stored, on resume. It needs only the graph, so it can be made before the weights are downloaded
+//! (the quota check can then include [`Plan::extra_disk_bytes`]).
+//!
+//! # What the web side does with it
+//!
+//! 1. For a graph that declares float16 ([`crate::pack::declares_float16`]) on an adapter without
+//!    `shader-f16`: [`rewrite`] with the adapter's limits; store `graph` beside the pack (e.g.
+//!    `<stem>.f32.onnx`).
+//! 2. Create each of [`Plan::new_files`], convert [`Plan::pieces`] into them (checkpointing each
+//!    file's length), then set each file to its final size.
+//! 3. Load the new graph with `externalData` = [`Plan::graph_files`]; feed float32 for the inputs in
+//!    [`Plan::float32_io`] and read float32 outputs.
+//! 4. For each [`EmbeddingLookup`], gather the rows of the ids it is about to feed
+//!    ([`EmbeddingLookup::row_range`] or [`EmbeddingLookup::gather`]) from the float16 table in its
+//!    original file, and feed them as `input` (float32, the ids' shape plus `row_elements`).
 //!
 //! # Why a hand-written protobuf reader and writer
 //!
@@ -312,6 +339,9 @@ pub struct Plan {
     /// Bytes of the new files (padding included): what converting adds on disk while the original
     /// files are kept.
     pub extra_disk_bytes: u64,
+    /// Float16 bytes of converted tensors that lie in original files the new graph still references
+    /// (shards that mix them with uint8 weights): dead weight on disk while those files are kept.
+    pub stale_bytes: u64,
     /// Estimated extra GPU memory for weights: each converted tensor's float16 size (it doubles),
     /// less the float16 size of the tables that left the graph. Activations that were float16 also
     /// double; their size depends on the inputs' shapes and is not included.

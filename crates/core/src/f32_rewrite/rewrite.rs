@@ -850,6 +850,11 @@ fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), Rew
     let unused_files = original_files.into_iter().filter(|f| !graph_files.contains(f)).collect();
     let plan = Plan {
         extra_disk_bytes: new_files.iter().map(|f| f.size).sum(),
+        stale_bytes: copies
+            .iter()
+            .filter(|c| graph_files.contains(&c.source.file))
+            .map(|c| c.source.length)
+            .sum(),
         copies,
         new_files,
         graph_files,

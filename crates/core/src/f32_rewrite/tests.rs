@@ -356,6 +356,7 @@ fn rewrites_types_casts_constants_and_initializers() {
     assert_eq!(plan.unused_files, ["v.data"]);
     assert_eq!(plan.inline_converted, 2);
     assert_eq!(plan.extra_disk_bytes, 84);
+    assert_eq!(plan.stale_bytes, 12, "scales stay in w.data beside B; v.data is unused");
     assert_eq!(plan.extra_gpu_bytes, 6 + 4 + 12 + 10);
     assert_eq!(plan.manifest_json(), r#"{"shards":[{"path":"w.data"},{"path":"m.f32-00000.data"}]}"#);
 
@@ -534,6 +535,7 @@ fn a_table_too_large_for_one_buffer_is_looked_up_outside() {
     );
     assert_eq!(plan.extra_gpu_bytes, -30);
     assert_eq!(plan.extra_disk_bytes, 0);
+    assert_eq!(plan.stale_bytes, 0);
     assert_eq!(plan.unused_files, ["te.data"], "the graph no longer reads it (the lookup does)");
 
     // The web side's part.
