@@ -734,3 +734,47 @@ fn wire_values_read_by_the_tests_match() {
     assert_eq!((read.name.as_str(), read.data_type, read.dims.as_slice()), ("t", FLOAT16, &[2u64][..]));
     assert!(wire::parse(&t, "t").unwrap().iter().any(|f| f.value == Value::Varint(42)));
 }
+
+#[test]
+fn the_qwen3_embedding_table_at_full_size() {
+    // 151936 x 2560 float16: 778 MB; float32: 1.56 GB. Only the graph is read, so no data is needed.
+    let bytes = 151_936 * 2560 * 2;
+    let qwen = |extra: &[(u64, Vec<u8>)]| {
+        let mut fields = vec![
+            (INPUT, value_info("input_ids", INT64, &[Dim::Param("batch"), Dim::Param("sequence")])),
+            (OUTPUT, value_info("h", FLOAT16, &[])),
+            (NODE, node("/model/embed_tokens/Gather", "", "Gather", &["embed", "input_ids"], &["emb"], &[])),
+            (NODE, node("n", "", "SimplifiedLayerNormalization", &["emb", "ln"], &["h"], &[])),
+            (
+                INIT,
+                external_tensor("embed", &[151_936, 2560], FLOAT16, "text_encoder_q4-00000.data", 0, bytes),
+            ),
+            (INIT, external_tensor("ln", &[2560], FLOAT16, "text_encoder_q4-00001.data", 0, 5120)),
+        ];
+        fields.extend_from_slice(extra);
+        model(&fields)
+    };
+    let swiftshader = Limits { max_storage_buffer_binding_size: 1 << 30, max_buffer_size: 1 << 30 };
+    let h200 = Limits { max_storage_buffer_binding_size: 2 << 30, max_buffer_size: 1 << 40 };
+    let plan = rewrite(&qwen(&[]), &Options::new("text_encoder_q4", swiftshader)).unwrap().plan;
+    assert_eq!(plan.lookups.len(), 1);
+    assert_eq!(plan.lookups[0].source.length, 777_912_320);
+    assert_eq!(plan.lookups[0].row_range(151_935).unwrap().offset, 151_935 * 5120);
+    assert_eq!(plan.copies.len(), 1, "only the norm weight is converted");
+    assert_eq!(plan.extra_gpu_bytes, 5120 - 777_912_320);
+    let plan = rewrite(&qwen(&[]), &Options::new("text_encoder_q4", h200)).unwrap().plan;
+    assert!(plan.lookups.is_empty(), "2 GiB bindings hold the float32 table");
+    assert_eq!(
+        plan.new_files,
+        [NewFile { name: "text_encoder_q4.f32-00000.data".into(), size: 1_555_824_640 + 10240 }]
+    );
+    assert_eq!(plan.extra_gpu_bytes, 777_912_320 + 5120);
+    // Tied embeddings read by an lm_head too cannot leave the graph.
+    let lm_head = node("lm_head", "", "MatMul", &["h", "embed"], &["logits"], &[]);
+    assert_eq!(
+        rewrite(&qwen(&[(NODE, lm_head)]), &Options::new("text_encoder_q4", swiftshader))
+            .unwrap_err()
+            .to_string(),
+        r#"cannot rewrite tensor "embed" to float32: its float32 form (1555824640 bytes) does not fit one GPU buffer (1073741824 bytes), and it cannot be looked up outside the graph: node 2 "lm_head" (ai.onnx::MatMul) reads it, and only Gathers of its rows can be looked up"#
+    );
+}
