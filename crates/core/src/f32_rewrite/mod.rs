@@ -1,0 +1,470 @@
+//! Float16 activations to float32: rewrites an ONNX graph so that it runs on WebGPU adapters without
+//! `shader-f16` (issue 10, points 1 and 2).
+//!
+//! # Why
+//!
+//! The published pack's text encoder and transformer take, return and compute float16 activations.
+//! ONNX Runtime's WebGPU kernels compile every program that reads or writes a float16 tensor with
+//! `enable f16;` and refuse to run it on a device without `shader-f16` ("Program X requires f16 but
+//! the device does not support it", `core/providers/webgpu/shader_helper.cc`, `GenerateSourceCode`).
+//! That holds for *any* kernel, a Gather or a Cast included. Many adapters lack the feature
+//! (`shared/docs/scale.md` section 2), and ONNX Runtime has no switch to compute float16 graphs in
+//! float32. So the extension rewrites the graph once, after the download, into one whose
+//! activations are float32, and converts the float16 weights beside it.
+//!
+//! # What changes
+//!
+//! * Declared types: every float16 graph input, output and `value_info` becomes float32 (also inside
+//!   sequence, map, optional and sparse types).
+//! * Nodes: `Cast(to=FLOAT16)` becomes `Cast(to=FLOAT)`, and so does every other dtype attribute of a
+//!   listed operator (`EyeLike.dtype`, `RandomNormal.dtype`, `LayerNormalization.stash_type`, ...);
+//!   float16 `Constant.value` and `ConstantOfShape.value` tensors become float32. Nothing else in a
+//!   node changes, and a `Cast` that became float32 to float32 is left for ONNX Runtime to drop.
+//! * Initializers: float16 ones become float32: inline ones in the graph (raw_data, or the
+//!   `int32_data` encoding), external ones in new files `<stem>.f32-00000.data`, ... (at most
+//!   [`Options::max_shard_bytes`] each, tensors 64-byte aligned). This covers norm weights, biases,
+//!   the embedding table and MatMulNBits `scales` and float `zero_points`. Every other tensor (the
+//!   uint8 MatMulNBits `B`, int64 shapes, float32 weights) is left as it is and keeps pointing at its
+//!   original file.
+//! * Everything else (unknown fields included) is copied byte for byte.
+//!
+//! The result is checked before it is returned: [`remaining_float16`] must find nothing.
+//!
+//! # What is refused
+//!
+//! A float32 graph is only correct when every operator computes the same function with float32
+//! inputs. The rewrite accepts the operators of [`supported_operators`] (listed in `ops.rs` with the
+//! rule each one follows) and refuses, naming the node (index and name), the operator
+//! (`domain::op_type`) and the reason: any other operator; a subgraph attribute (`If`, `Loop`,
+//! `Scan` bodies are not rewritten); a float16 tensor attribute other than `Constant` and
+//! `ConstantOfShape` values, or one stored as external data; a type attribute. It also refuses
+//! sparse initializers, model-local functions and training info, and a tensor that would not fit
+//! one GPU buffer (below).
+//!
+//! The list covers every operator of the fixture packs (Add, Sub, Mul, Div, Sin, Tanh, Sigmoid,
+//! MatMul, Conv, Cast, Gather, Reshape, Transpose, Unsqueeze, Slice, Shape, Concat, ReduceSum), what a
+//! Qwen3 or FLUX.2 export through ONNX Runtime's optimizer and `MatMulNBitsQuantizer` uses
+//! (`com.microsoft`: MatMulNBits, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
+//! SkipLayerNormalization, RotaryEmbedding, GroupQueryAttention, MultiHeadAttention, Attention, Gelu,
+//! FastGelu, BiasGelu, QuickGelu, BiasAdd, FusedMatMul; ONNX: LayerNormalization,
+//! RMSNormalization, Softmax, Gelu, Where, Expand, Range, Pow, Sqrt, Erf, ...) and the rest of the
+//! ONNX operators whose dtype follows their inputs. `tests/reference/check_converted.py` runs Gather,
+//! SimplifiedLayerNormalization, MatMulNBits (uint8 and float16 zero points), RotaryEmbedding,
+//! SkipSimplifiedLayerNormalization, Softmax attention, LayerNormalization between Casts,
+//! Constant and ConstantOfShape; the attention contrib operators are listed by their type
+//! constraints but not run there (their CPU kernels' float16 support varies).
+//!
+//! # Limits (issue 10, point 2)
+//!
+//! ONNX Runtime puts each initializer in one GPU buffer, which must fit the adapter's
+//! `maxStorageBufferBindingSize` and `maxBufferSize` ([`Limits`]). Converting doubles a tensor:
+//! Qwen3's embedding table, 151936 x 2560, is 778 MB in float16 and 1.56 GB in float32, above
+//! SwiftShader's 1 GiB. Keeping that table float16 and casting after the Gather does not help: the
+//! Gather then reads float16 and needs `shader-f16` itself (see above). So a table that would not fit
+//! leaves the graph ([`LookupPolicy`]): when all its consumers are `Gather(table, ids, axis=0)` whose
+//! indices are a graph input, the Gather and the table are removed and the Gather's output becomes a
+//! new float32 graph input of the same name. The web side then looks the prompt's rows up in the
+//! float16 table in its original file ([`EmbeddingLookup`]: 512 rows of 5 KB for the text encoder)
+//! and feeds them. It costs no disk and frees the table's GPU memory. Not implemented (designed):
+//! splitting a too-large table into row blocks, each Gathered and selected with `Where` in the graph;
+//! it would keep the graph's inputs but double the table's GPU memory and needs int32 index
+//! arithmetic on the GPU. A tensor that is too large and is not such a table is refused.
+//!
+//! # Streaming, bounded memory
+//!
+//! [`rewrite`] takes only the graph protobuf (small without its weights) and returns the new graph
+//! and a [`Plan`]: for each converted external tensor its source file, offset and length and its
+//! target file, offset and length; the new files and their sizes; which original files the new graph
+//! still needs and which it does not; the extra disk bytes and an estimate of the extra GPU memory.
+//! The web side reads each source range in pieces ([`Plan::pieces`]), converts each with
+//! [`f16_to_f32`] and writes it at its target offset, reporting progress; targets are in increasing
+//! order within each file, so a resumed conversion skips the pieces below the file's checkpointed
+//! length. The plan is a pure function of the graph bytes and [`Options`], so it is recomputed, not
+//! stored, on resume. It needs only the graph, so it can be made before the weights are downloaded
+//! (the quota check can then include [`Plan::extra_disk_bytes`]).
+//!
+//! # What the web side does with it
+//!
+//! 1. For a graph that declares float16 ([`crate::pack::declares_float16`]) on an adapter without
+//!    `shader-f16`: [`rewrite`] with the adapter's limits; store `graph` beside the pack (e.g.
+//!    `<stem>.f32.onnx`).
+//! 2. Create each of [`Plan::new_files`], convert [`Plan::pieces`] into them (checkpointing each
+//!    file's length), then set each file to its final size.
+//! 3. Load the new graph with `externalData` = [`Plan::graph_files`]; feed float32 for the inputs in
+//!    [`Plan::float32_io`] and read float32 outputs.
+//! 4. For each [`EmbeddingLookup`], gather the rows of the ids it is about to feed
+//!    ([`EmbeddingLookup::row_range`] or [`EmbeddingLookup::gather`]) from the float16 table in its
+//!    original file, and feed them as `input` (float32, the ids' shape plus `row_elements`).
+//!
+//! # Why a hand-written protobuf reader and writer
+//!
+//! Unknown fields must survive the rewrite byte for byte (fields from newer ONNX versions, ONNX
+//! Runtime's own annotations, metadata). A message crate such as `prost` drops unknown fields unless
+//! each message carries them by hand, and needs ONNX's schema declared for some 20 message types.
+//! This module reads a message as a list of fields that keep their raw bytes (`wire.rs`), changes the
+//! few fields it understands, and copies every other field as it was: a few hundred lines, no
+//! dependency, and the same wire-format rules as [`crate::pack`]'s reader.
+
+mod ops;
+mod rewrite;
+mod wire;
+
+use serde::Serialize;
+use thiserror::Error;
+
+pub use ops::supported_operators;
+pub use rewrite::{remaining_float16, rewrite};
+
+/// The adapter limits a tensor must fit (`GPUAdapter.limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `maxStorageBufferBindingSize`.
+    pub max_storage_buffer_binding_size: u64,
+    /// `maxBufferSize`.
+    pub max_buffer_size: u64,
+}
+
+impl Limits {
+    /// No limit (for tests and native tools).
+    pub const UNLIMITED: Limits =
+        Limits { max_storage_buffer_binding_size: u64::MAX, max_buffer_size: u64::MAX };
+
+    /// The largest tensor, in bytes, that fits one GPU buffer. ONNX Runtime rounds buffer sizes up to
+    /// a multiple of 16, so that rounding must fit too.
+    pub fn fits(&self, bytes: u64) -> bool {
+        let rounded = bytes.div_ceil(16).saturating_mul(16);
+        rounded <= self.max_storage_buffer_binding_size.min(self.max_buffer_size)
+    }
+
+    /// The smaller of the two limits.
+    pub fn max_tensor_bytes(&self) -> u64 {
+        self.max_storage_buffer_binding_size.min(self.max_buffer_size)
+    }
+}
+
+/// When a float16 table read only by Gathers leaves the graph, to be looked up by the web side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupPolicy {
+    /// Only when its float32 form would not fit one GPU buffer (the default).
+    WhenTooLarge,
+    /// Whenever it can: saves the table's GPU memory on every adapter.
+    Always,
+    /// Never: a table that does not fit is an error.
+    Never,
+}
+
+/// What [`rewrite`] needs besides the graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// The graph's file stem (`text_encoder_q4`); new files are `<stem>.f32-00000.data`, ...
+    pub stem: String,
+    /// The adapter's limits.
+    pub limits: Limits,
+    /// The largest new external-data file. Below 2 GiB: one `ArrayBuffer` cannot reach 2 GiB in
+    /// Chrome, and ONNX Runtime Web reads each file into one.
+    pub max_shard_bytes: u64,
+    /// Which tables leave the graph.
+    pub lookup: LookupPolicy,
+}
+
+impl Options {
+    /// Shards of at most 2,000,000,000 bytes, tables looked up outside only when too large.
+    pub fn new(stem: &str, limits: Limits) -> Self {
+        Options {
+            stem: stem.to_owned(),
+            limits,
+            max_shard_bytes: 2_000_000_000,
+            lookup: LookupPolicy::WhenTooLarge,
+        }
+    }
+
+    /// The name of the `index`-th new external-data file.
+    pub fn shard_name(&self, index: usize) -> String {
+        format!("{}.f32-{index:05}.data", self.stem)
+    }
+}
+
+/// The rewritten graph and what the web side must do to complete it.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    /// The float32 graph (a ModelProto).
+    pub graph: Vec<u8>,
+    /// The external data to convert, and the rest.
+    pub plan: Plan,
+}
+
+/// A byte range in a file of the pack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Range {
+    /// The file's name in the pack (normalized, [`crate::pack::validate_relative_path`]).
+    pub file: String,
+    /// Where the range starts.
+    pub offset: u64,
+    /// How many bytes.
+    pub length: u64,
+}
+
+/// One float16 external tensor to convert.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TensorCopy {
+    /// The initializer's name.
+    pub tensor: String,
+    /// Its float16 bytes in an original file.
+    pub source: Range,
+    /// Its float32 bytes in a new file (twice as long).
+    pub target: Range,
+}
+
+/// A new external-data file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewFile {
+    /// Its name (also the location the new graph records).
+    pub name: String,
+    /// Its final size: the last tensor's end (gaps between tensors are zeros).
+    pub size: u64,
+}
+
+/// A float16 table that left the graph: the web side gathers its rows and feeds them as `input`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EmbeddingLookup {
+    /// The new float32 graph input (the removed Gather's output name), shaped like `ids_input` plus
+    /// the table's trailing dims.
+    pub input: String,
+    /// The graph input holding the indices (it stays an input).
+    pub ids_input: String,
+    /// The removed initializer's name.
+    pub table: String,
+    /// The whole float16 table in its original file, row-major.
+    pub source: Range,
+    /// Rows in the table (its first dim).
+    pub rows: u64,
+    /// Elements per row (the product of its other dims).
+    pub row_elements: u64,
+}
+
+/// A failed lookup.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LookupError {
+    /// An id outside the table (Gather accepts `-rows..rows`).
+    #[error("id {id} is outside the table {table:?} of {rows} rows")]
+    Id {
+        /// The id.
+        id: i64,
+        /// The table's name.
+        table: String,
+        /// Its rows.
+        rows: u64,
+    },
+    /// The reader failed.
+    #[error("reading the table {table:?}: {error}")]
+    Read {
+        /// The table's name.
+        table: String,
+        /// What the reader said.
+        error: String,
+    },
+}
+
+impl EmbeddingLookup {
+    /// Bytes of one float16 row.
+    pub fn row_bytes(&self) -> u64 {
+        self.row_elements * 2
+    }
+
+    /// Where row `id` lies in `source.file`, with Gather's rule for negative ids.
+    pub fn row_range(&self, id: i64) -> Result<Range, LookupError> {
+        let rows = i64::try_from(self.rows).unwrap_or(i64::MAX);
+        let row = if id < 0 { id + rows } else { id };
+        if !(0..rows).contains(&row) {
+            return Err(LookupError::Id { id, table: self.table.clone(), rows: self.rows });
+        }
+        Ok(Range {
+            file: self.source.file.clone(),
+            offset: self.source.offset + row as u64 * self.row_bytes(),
+            length: self.row_bytes(),
+        })
+    }
+
+    /// The graph input's values for `ids` (row-major, `ids.len() * row_elements` floats). `read`
+    /// fills a buffer from `source.file` at an offset; each distinct id is read once.
+    pub fn gather(
+        &self,
+        ids: &[i64],
+        mut read: impl FnMut(u64, &mut [u8]) -> Result<(), String>,
+    ) -> Result<Vec<f32>, LookupError> {
+        let width = self.row_elements as usize;
+        let mut out = vec![0f32; ids.len() * width];
+        let mut raw = vec![0u8; self.row_bytes() as usize];
+        let mut seen: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let range = self.row_range(id)?;
+            if let Some(&first) = seen.get(&range.offset) {
+                out.copy_within(first * width..(first + 1) * width, i * width);
+                continue;
+            }
+            read(range.offset, &mut raw)
+                .map_err(|error| LookupError::Read { table: self.table.clone(), error })?;
+            for (o, h) in out[i * width..(i + 1) * width].iter_mut().zip(raw.chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
+            }
+            seen.insert(range.offset, i);
+        }
+        Ok(out)
+    }
+}
+
+/// What the web side does after [`rewrite`], and what it costs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// The float16 external tensors to convert, ordered by target file and offset.
+    pub copies: Vec<TensorCopy>,
+    /// The new files, in order.
+    pub new_files: Vec<NewFile>,
+    /// Every external file the new graph references (new and original), in first-use order: what
+    /// to pass to ONNX Runtime as `externalData`, and the new graph's manifest.
+    pub graph_files: Vec<String>,
+    /// Original files the new graph no longer references (a lookup may still read one).
+    pub unused_files: Vec<String>,
+    /// Tables that left the graph, to be gathered by the web side.
+    pub lookups: Vec<EmbeddingLookup>,
+    /// Graph inputs and outputs that were float16 and are now float32.
+    pub float32_io: Vec<String>,
+    /// Float16 initializers converted inside the graph protobuf.
+    pub inline_converted: usize,
+    /// Bytes of the new files (padding included): what converting adds on disk while the original
+    /// files are kept.
+    pub extra_disk_bytes: u64,
+    /// Float16 bytes of converted tensors that lie in original files the new graph still references
+    /// (shards that mix them with uint8 weights): dead weight on disk while those files are kept.
+    pub stale_bytes: u64,
+    /// Estimated extra GPU memory for weights: each converted tensor's float16 size (it doubles),
+    /// less the float16 size of the tables that left the graph. Activations that were float16 also
+    /// double; their size depends on the inputs' shapes and is not included.
+    pub extra_gpu_bytes: i64,
+}
+
+impl Plan {
+    /// The copies cut into pieces of at most `max_source_bytes` float16 bytes (rounded down to an
+    /// even number, at least 2), in the order of [`Plan::copies`]. A piece's target is twice as long
+    /// as its source. To resume a file, skip the pieces that end at or below its checkpointed length.
+    pub fn pieces(&self, max_source_bytes: u64) -> Vec<Piece> {
+        let step = (max_source_bytes & !1).max(2);
+        let mut pieces = Vec::new();
+        for (copy, c) in self.copies.iter().enumerate() {
+            let mut done = 0;
+            while done < c.source.length {
+                let len = step.min(c.source.length - done);
+                pieces.push(Piece {
+                    copy,
+                    source: Range {
+                        file: c.source.file.clone(),
+                        offset: c.source.offset + done,
+                        length: len,
+                    },
+                    target: Range {
+                        file: c.target.file.clone(),
+                        offset: c.target.offset + 2 * done,
+                        length: 2 * len,
+                    },
+                });
+                done += len;
+            }
+        }
+        pieces
+    }
+
+    /// `{"shards":[{"path":...},...]}` for the new graph's files, as the pack's manifests are.
+    pub fn manifest_json(&self) -> String {
+        let shards: Vec<_> = self.graph_files.iter().map(|p| serde_json::json!({ "path": p })).collect();
+        serde_json::json!({ "shards": shards }).to_string()
+    }
+}
+
+/// A piece of a [`TensorCopy`]: read `source`, convert with [`f16_to_f32`], write at `target`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Piece {
+    /// The index of its copy in [`Plan::copies`].
+    pub copy: usize,
+    /// The float16 bytes.
+    pub source: Range,
+    /// Where their float32 form goes.
+    pub target: Range,
+}
+
+/// Converts little-endian float16 bytes to little-endian float32 bytes, exactly (every float16 value,
+/// subnormals, infinities and NaNs included, has one float32 value). `dst` must be twice as long as
+/// `src`, and `src` of even length.
+pub fn f16_to_f32(src: &[u8], dst: &mut [u8]) -> Result<(), RewriteError> {
+    if !src.len().is_multiple_of(2) || dst.len() != src.len() * 2 {
+        return Err(RewriteError::Length { float16: src.len(), float32: dst.len() });
+    }
+    for (h, f) in src.chunks_exact(2).zip(dst.chunks_exact_mut(4)) {
+        let value = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
+        f.copy_from_slice(&value.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// [`f16_to_f32`] into a new buffer.
+pub fn f16_to_f32_vec(src: &[u8]) -> Result<Vec<u8>, RewriteError> {
+    let mut dst = vec![0; src.len() * 2];
+    f16_to_f32(src, &mut dst)?;
+    Ok(dst)
+}
+
+/// Why a graph cannot be rewritten.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RewriteError {
+    /// The bytes are not a well-formed ONNX protobuf.
+    #[error("the ONNX model is not a valid protobuf: {what}: {detail}")]
+    Protobuf {
+        /// The message being read.
+        what: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A node the rewrite cannot prove correct in float32.
+    #[error("cannot rewrite node {index} {name:?} ({op}) to float32: {reason}")]
+    Node {
+        /// Its index in the graph's node list.
+        index: usize,
+        /// Its name (may be empty).
+        name: String,
+        /// `domain::op_type` (`ai.onnx` for the default domain).
+        op: String,
+        /// Why.
+        reason: String,
+    },
+    /// A tensor the rewrite cannot convert or place.
+    #[error("cannot rewrite tensor {name:?} to float32: {reason}")]
+    Tensor {
+        /// The tensor's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Something in the model outside the graph's nodes and tensors.
+    #[error("cannot rewrite the model to float32: {0}")]
+    Model(String),
+    /// Buffers of the wrong sizes for [`f16_to_f32`].
+    #[error("cannot convert {float16} float16 bytes into {float32} float32 bytes")]
+    Length {
+        /// Source bytes.
+        float16: usize,
+        /// Target bytes.
+        float32: usize,
+    },
+    /// A bug: float16 left after the rewrite.
+    #[error("the rewrite left float16 in the graph (a bug): {0}")]
+    Leftover(String),
+}
+
+#[cfg(test)]
+mod tests;

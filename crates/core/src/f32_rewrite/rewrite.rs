@@ -1,0 +1,921 @@
+//! The graph rewrite itself: read the graph, refuse what it cannot prove, decide where each float16
+//! tensor goes, and write the graph back with every other field copied as it was.
+
+use std::collections::{HashMap, HashSet};
+
+use super::ops::{self, Kind};
+use super::wire::{self, Field, Value};
+use super::{
+    f16_to_f32_vec, EmbeddingLookup, LookupPolicy, NewFile, Options, Plan, Range, Rewrite, RewriteError,
+    TensorCopy,
+};
+use crate::pack::validate_relative_path;
+
+// Field numbers in onnx.proto.
+const MODEL_GRAPH: u64 = 7;
+const MODEL_TRAINING_INFO: u64 = 20;
+const MODEL_FUNCTIONS: u64 = 25;
+const GRAPH_NODE: u64 = 1;
+const GRAPH_INITIALIZER: u64 = 5;
+const GRAPH_INPUT: u64 = 11;
+const GRAPH_OUTPUT: u64 = 12;
+const GRAPH_VALUE_INFO: u64 = 13;
+const GRAPH_SPARSE_INITIALIZER: u64 = 15;
+const NODE_INPUT: u64 = 1;
+const NODE_OUTPUT: u64 = 2;
+const NODE_NAME: u64 = 3;
+const NODE_OP_TYPE: u64 = 4;
+const NODE_ATTRIBUTE: u64 = 5;
+const NODE_DOMAIN: u64 = 7;
+const ATTR_NAME: u64 = 1;
+const ATTR_I: u64 = 3;
+const ATTR_T: u64 = 5;
+const ATTR_G: u64 = 6;
+const ATTR_TENSORS: u64 = 10;
+const ATTR_GRAPHS: u64 = 11;
+const ATTR_TP: u64 = 14;
+const ATTR_TYPE_PROTOS: u64 = 15;
+const ATTR_TYPE: u64 = 20;
+const ATTR_SPARSE_TENSOR: u64 = 22;
+const ATTR_SPARSE_TENSORS: u64 = 23;
+const ATTR_TYPE_GRAPH: u64 = 5;
+const ATTR_TYPE_GRAPHS: u64 = 10;
+const TENSOR_DIMS: u64 = 1;
+const TENSOR_DATA_TYPE: u64 = 2;
+const TENSOR_SEGMENT: u64 = 3;
+const TENSOR_FLOAT_DATA: u64 = 4;
+const TENSOR_INT32_DATA: u64 = 5;
+const TENSOR_NAME: u64 = 8;
+const TENSOR_RAW_DATA: u64 = 9;
+const TENSOR_EXTERNAL_DATA: u64 = 13;
+const TENSOR_DATA_LOCATION: u64 = 14;
+const SPARSE_VALUES: u64 = 1;
+const ENTRY_KEY: u64 = 1;
+const ENTRY_VALUE: u64 = 2;
+const VALUE_INFO_NAME: u64 = 1;
+const VALUE_INFO_TYPE: u64 = 2;
+const TYPE_TENSOR: u64 = 1;
+const TYPE_SEQUENCE: u64 = 4;
+const TYPE_MAP: u64 = 5;
+const TYPE_SPARSE_TENSOR: u64 = 8;
+const TYPE_OPTIONAL: u64 = 9;
+const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
+const TENSOR_TYPE_SHAPE: u64 = 2;
+const SEQUENCE_ELEM_TYPE: u64 = 1;
+const MAP_VALUE_TYPE: u64 = 2;
+const OPTIONAL_ELEM_TYPE: u64 = 1;
+const SHAPE_DIM: u64 = 1;
+const DIM_VALUE: u64 = 1;
+const DATA_LOCATION_EXTERNAL: u64 = 1;
+
+// TensorProto.DataType.
+const FLOAT: u64 = 1;
+const FLOAT16: u64 = 10;
+
+/// Attribute names that hold a dtype in some operator: one of them naming float16 on an operator
+/// whose table entry does not list it is refused rather than left.
+const DTYPE_ATTRIBUTE_NAMES: &[&str] = &["to", "dtype", "output_dtype", "stash_type"];
+
+/// External-data alignment of the new files.
+const ALIGN: u64 = 64;
+
+/// What to do with one field of a message being copied.
+enum Edit {
+    Keep,
+    Drop,
+    Replace(Vec<u8>),
+}
+
+/// Copies a message, applying `edit` to each field. `None` when nothing changed.
+fn edit_message(
+    bytes: &[u8],
+    what: &'static str,
+    mut edit: impl FnMut(&Field) -> Result<Edit, RewriteError>,
+) -> Result<Option<Vec<u8>>, RewriteError> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut changed = false;
+    for field in wire::parse(bytes, what)? {
+        match edit(&field)? {
+            Edit::Keep => out.extend_from_slice(field.raw),
+            Edit::Drop => changed = true,
+            Edit::Replace(new) => {
+                changed = true;
+                out.extend_from_slice(&new);
+            }
+        }
+    }
+    Ok(changed.then_some(out))
+}
+
+fn bytes_field(number: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 6);
+    wire::put_bytes_field(&mut out, number, payload);
+    out
+}
+
+fn varint_field(number: u64, v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::put_varint_field(&mut out, number, v);
+    out
+}
+
+fn entry(key: &str, value: &str) -> Vec<u8> {
+    let mut e = bytes_field(ENTRY_KEY, key.as_bytes());
+    e.extend(bytes_field(ENTRY_VALUE, value.as_bytes()));
+    e
+}
+
+/// An initializer (or attribute tensor) as far as the rewrite needs it.
+pub(super) struct Tensor {
+    pub(super) name: String,
+    pub(super) data_type: u64,
+    pub(super) dims: Vec<u64>,
+    pub(super) external: Option<External>,
+    pub(super) segmented: bool,
+}
+
+pub(super) struct External {
+    pub(super) file: String,
+    pub(super) offset: u64,
+    pub(super) length: Option<u64>,
+}
+
+impl Tensor {
+    fn error(&self, reason: impl Into<String>) -> RewriteError {
+        RewriteError::Tensor { name: self.name.clone(), reason: reason.into() }
+    }
+
+    fn elements(&self) -> Result<u64, RewriteError> {
+        self.dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| self.error("its dims overflow"))
+    }
+
+    /// Bytes of its float16 data, checked against its external `length` when it has one.
+    fn f16_bytes(&self) -> Result<u64, RewriteError> {
+        let bytes = self.elements()?.checked_mul(2).ok_or_else(|| self.error("its dims overflow"))?;
+        if let Some(External { length: Some(length), .. }) = &self.external {
+            if *length != bytes {
+                return Err(self.error(format!(
+                    "its external data is {length} bytes long, but {} float16 elements take {bytes}",
+                    self.elements()?
+                )));
+            }
+        }
+        Ok(bytes)
+    }
+}
+
+pub(super) fn read_tensor(bytes: &[u8]) -> Result<Tensor, RewriteError> {
+    const WHAT: &str = "TensorProto";
+    let mut t =
+        Tensor { name: String::new(), data_type: 0, dims: Vec::new(), external: None, segmented: false };
+    let (mut external, mut location, mut offset, mut length) = (false, None, None, None);
+    for f in wire::parse(bytes, WHAT)? {
+        match (f.number, f.value) {
+            (TENSOR_DIMS, Value::Varint(d)) => t.dims.push(d),
+            (TENSOR_DIMS, Value::Bytes(b)) => t.dims.extend(wire::packed_varints(b, WHAT)?),
+            (TENSOR_DATA_TYPE, _) => t.data_type = f.varint(WHAT)?,
+            (TENSOR_NAME, _) => t.name = f.string(WHAT)?.to_owned(),
+            (TENSOR_SEGMENT, _) => t.segmented = true,
+            (TENSOR_DATA_LOCATION, _) => external = f.varint(WHAT)? == DATA_LOCATION_EXTERNAL,
+            (TENSOR_EXTERNAL_DATA, _) => {
+                let (key, value) = string_entry(f.bytes(WHAT)?)?;
+                match key {
+                    "location" => location = Some(value),
+                    "offset" => offset = Some(value),
+                    "length" => length = Some(value),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    if external {
+        let number = |v: Option<&str>, what: &str| -> Result<Option<u64>, RewriteError> {
+            v.map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| t.error(format!("its external-data {what} {v:?} is not a number")))
+            })
+            .transpose()
+        };
+        let location = location.ok_or_else(|| t.error("it is external but has no location"))?;
+        let file = validate_relative_path(location).map_err(|e| t.error(e.to_string()))?.to_owned();
+        t.external = Some(External {
+            file,
+            offset: number(offset, "offset")?.unwrap_or(0),
+            length: number(length, "length")?,
+        });
+    }
+    Ok(t)
+}
+
+fn string_entry(bytes: &[u8]) -> Result<(&str, &str), RewriteError> {
+    const WHAT: &str = "StringStringEntryProto";
+    let (mut key, mut value) = ("", "");
+    for f in wire::parse(bytes, WHAT)? {
+        match f.number {
+            ENTRY_KEY => key = f.string(WHAT)?,
+            ENTRY_VALUE => value = f.string(WHAT)?,
+            _ => {}
+        }
+    }
+    Ok((key, value))
+}
+
+/// A float16 TensorProto as float32: inline data converted into `raw_data`, or the external-data
+/// entries replaced by `target`.
+fn convert_tensor(bytes: &[u8], target: Option<&Range>) -> Result<Vec<u8>, RewriteError> {
+    const WHAT: &str = "TensorProto";
+    let t = read_tensor(bytes)?;
+    if t.segmented {
+        return Err(t.error("it is segmented (TensorProto.segment)"));
+    }
+    let mut halves = Vec::new();
+    let mut out = edit_message(bytes, WHAT, |f| {
+        Ok(match f.number {
+            TENSOR_DATA_TYPE => Edit::Replace(varint_field(TENSOR_DATA_TYPE, FLOAT)),
+            TENSOR_RAW_DATA => {
+                halves.extend_from_slice(f.bytes(WHAT)?);
+                Edit::Drop
+            }
+            TENSOR_INT32_DATA => {
+                // float16 in int32_data: one value's bits per element.
+                let values = match f.value {
+                    Value::Bytes(b) => wire::packed_varints(b, WHAT)?,
+                    _ => vec![f.varint(WHAT)?],
+                };
+                halves.extend(values.into_iter().flat_map(|v| (v as u16).to_le_bytes()));
+                Edit::Drop
+            }
+            TENSOR_FLOAT_DATA => return Err(t.error("it is float16 but has float_data")),
+            TENSOR_EXTERNAL_DATA if target.is_some() => Edit::Drop,
+            _ => Edit::Keep,
+        })
+    })?
+    .unwrap_or_else(|| bytes.to_vec());
+    match target {
+        Some(r) => {
+            for (key, value) in [
+                ("location", r.file.clone()),
+                ("offset", r.offset.to_string()),
+                ("length", r.length.to_string()),
+            ] {
+                out.extend(bytes_field(TENSOR_EXTERNAL_DATA, &entry(key, &value)));
+            }
+        }
+        None => {
+            if t.external.is_some() {
+                return Err(t.error("it is stored as external data where only inline data can be converted"));
+            }
+            let expected = t.f16_bytes()?;
+            if halves.len() as u64 != expected {
+                return Err(t.error(format!(
+                    "it holds {} bytes of float16 data for {} elements",
+                    halves.len(),
+                    t.elements()?
+                )));
+            }
+            out.extend(bytes_field(TENSOR_RAW_DATA, &f16_to_f32_vec(&halves)?));
+        }
+    }
+    Ok(out)
+}
+
+/// One node, read.
+pub(super) struct Node<'a> {
+    pub(super) index: usize,
+    pub(super) bytes: &'a [u8],
+    pub(super) name: &'a str,
+    pub(super) op_type: &'a str,
+    pub(super) domain: &'a str,
+    pub(super) inputs: Vec<&'a str>,
+    pub(super) outputs: Vec<&'a str>,
+    pub(super) attributes: Vec<Attribute<'a>>,
+}
+
+pub(super) struct Attribute<'a> {
+    pub(super) name: &'a str,
+    pub(super) fields: Vec<Field<'a>>,
+}
+
+impl Node<'_> {
+    fn error(&self, reason: impl Into<String>) -> RewriteError {
+        RewriteError::Node {
+            index: self.index,
+            name: self.name.to_owned(),
+            op: format!("{}::{}", ops::domain_name(self.domain), self.op_type),
+            reason: reason.into(),
+        }
+    }
+
+    fn is_onnx(&self, op_type: &str) -> bool {
+        matches!(self.domain, "" | "ai.onnx") && self.op_type == op_type
+    }
+
+    fn int_attribute(&self, name: &str) -> Option<u64> {
+        let a = self.attributes.iter().find(|a| a.name == name)?;
+        a.fields.iter().find(|f| f.number == ATTR_I).and_then(|f| f.varint("AttributeProto").ok())
+    }
+}
+
+pub(super) fn read_node(bytes: &[u8], index: usize) -> Result<Node<'_>, RewriteError> {
+    const WHAT: &str = "NodeProto";
+    let mut node = Node {
+        index,
+        bytes,
+        name: "",
+        op_type: "",
+        domain: "",
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        attributes: Vec::new(),
+    };
+    for f in wire::parse(bytes, WHAT)? {
+        match f.number {
+            NODE_INPUT => node.inputs.push(f.string(WHAT)?),
+            NODE_OUTPUT => node.outputs.push(f.string(WHAT)?),
+            NODE_NAME => node.name = f.string(WHAT)?,
+            NODE_OP_TYPE => node.op_type = f.string(WHAT)?,
+            NODE_DOMAIN => node.domain = f.string(WHAT)?,
+            NODE_ATTRIBUTE => {
+                let fields = wire::parse(f.bytes(WHAT)?, "AttributeProto")?;
+                let mut name = "";
+                for a in &fields {
+                    if a.number == ATTR_NAME {
+                        name = a.string("AttributeProto")?;
+                    }
+                }
+                node.attributes.push(Attribute { name, fields });
+            }
+            _ => {}
+        }
+    }
+    Ok(node)
+}
+
+/// The operator's rule, or the refusal that names it.
+fn check_node(node: &Node) -> Result<Kind, RewriteError> {
+    // Subgraphs first: `If`, `Loop` and `Scan` are refused for them, not as unknown operators.
+    for a in &node.attributes {
+        for f in &a.fields {
+            let subgraph = match f.number {
+                ATTR_G | ATTR_GRAPHS => true,
+                ATTR_TYPE => matches!(f.value, Value::Varint(ATTR_TYPE_GRAPH | ATTR_TYPE_GRAPHS)),
+                _ => false,
+            };
+            if subgraph {
+                return Err(node.error(format!(
+                    "attribute `{}` is a subgraph; graphs inside nodes are not rewritten",
+                    a.name
+                )));
+            }
+        }
+    }
+    let kind = ops::kind(node.domain, node.op_type).ok_or_else(|| {
+        node.error(
+            "the operator is not in the list of operators known to compute the same function in float32",
+        )
+    })?;
+    for a in &node.attributes {
+        for f in &a.fields {
+            let float16 =
+                |bytes: &[u8]| -> Result<bool, RewriteError> { Ok(read_tensor(bytes)?.data_type == FLOAT16) };
+            let reason = match f.number {
+                ATTR_TP | ATTR_TYPE_PROTOS => Some("is a type, which the rewrite does not read"),
+                ATTR_T => {
+                    let t = read_tensor(f.bytes("AttributeProto")?)?;
+                    if t.data_type != FLOAT16 {
+                        None
+                    } else if !(kind == Kind::TensorAttr && a.name == "value") {
+                        Some("holds a float16 tensor, which this operator's rewrite does not convert")
+                    } else if t.external.is_some() {
+                        Some("holds a float16 tensor stored as external data")
+                    } else {
+                        None
+                    }
+                }
+                ATTR_TENSORS => float16(f.bytes("AttributeProto")?)?
+                    .then_some("holds float16 tensors, which the rewrite does not convert"),
+                ATTR_SPARSE_TENSOR | ATTR_SPARSE_TENSORS => {
+                    (sparse_values(f.bytes("AttributeProto")?)?.data_type == FLOAT16)
+                        .then_some("holds a float16 sparse tensor, which the rewrite does not convert")
+                }
+                ATTR_I => (DTYPE_ATTRIBUTE_NAMES.contains(&a.name)
+                    && f.value == Value::Varint(FLOAT16)
+                    && !matches!(kind, Kind::DtypeAttrs(names) if names.contains(&a.name)))
+                .then_some("names float16, and this operator's rewrite does not handle it"),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                return Err(node.error(format!("attribute `{}` {reason}", a.name)));
+            }
+        }
+    }
+    Ok(kind)
+}
+
+/// The node with its dtype attributes and float16 value tensors rewritten (`None`: unchanged).
+fn rewrite_node(node: &Node, kind: Kind) -> Result<Option<Vec<u8>>, RewriteError> {
+    let mut attributes = node.attributes.iter();
+    edit_message(node.bytes, "NodeProto", |f| {
+        if f.number != NODE_ATTRIBUTE {
+            return Ok(Edit::Keep);
+        }
+        let a = attributes.next().expect("one Attribute per attribute field");
+        let edited = edit_message(f.bytes("NodeProto")?, "AttributeProto", |af| {
+            Ok(match (kind, af.number) {
+                (Kind::DtypeAttrs(names), ATTR_I)
+                    if names.contains(&a.name) && af.value == Value::Varint(FLOAT16) =>
+                {
+                    Edit::Replace(varint_field(ATTR_I, FLOAT))
+                }
+                (Kind::TensorAttr, ATTR_T) if a.name == "value" => {
+                    let bytes = af.bytes("AttributeProto")?;
+                    if read_tensor(bytes)?.data_type == FLOAT16 {
+                        Edit::Replace(bytes_field(ATTR_T, &convert_tensor(bytes, None)?))
+                    } else {
+                        Edit::Keep
+                    }
+                }
+                _ => Edit::Keep,
+            })
+        })?;
+        Ok(edited.map_or(Edit::Keep, |new| Edit::Replace(bytes_field(NODE_ATTRIBUTE, &new))))
+    })
+}
+
+fn sparse_values(bytes: &[u8]) -> Result<Tensor, RewriteError> {
+    for f in wire::parse(bytes, "SparseTensorProto")? {
+        if f.number == SPARSE_VALUES {
+            return read_tensor(f.bytes("SparseTensorProto")?);
+        }
+    }
+    Ok(Tensor { name: String::new(), data_type: 0, dims: Vec::new(), external: None, segmented: false })
+}
+
+pub(super) fn value_info_name(bytes: &[u8]) -> Result<&str, RewriteError> {
+    for f in wire::parse(bytes, "ValueInfoProto")? {
+        if f.number == VALUE_INFO_NAME {
+            return f.string("ValueInfoProto");
+        }
+    }
+    Ok("")
+}
+
+/// A TypeProto with float16 element types made float32, however deeply nested.
+fn rewrite_type(bytes: &[u8]) -> Result<Option<Vec<u8>>, RewriteError> {
+    const WHAT: &str = "TypeProto";
+    let nested = |bytes: &[u8], inner: u64, what: &'static str| {
+        edit_message(bytes, what, |f| {
+            Ok(if f.number == inner {
+                rewrite_type(f.bytes(what)?)?.map_or(Edit::Keep, |t| Edit::Replace(bytes_field(inner, &t)))
+            } else {
+                Edit::Keep
+            })
+        })
+    };
+    edit_message(bytes, WHAT, |f| {
+        let edited = match f.number {
+            TYPE_TENSOR | TYPE_SPARSE_TENSOR => edit_message(f.bytes(WHAT)?, "TypeProto.Tensor", |t| {
+                Ok(if t.number == TENSOR_TYPE_ELEM_TYPE && t.value == Value::Varint(FLOAT16) {
+                    Edit::Replace(varint_field(TENSOR_TYPE_ELEM_TYPE, FLOAT))
+                } else {
+                    Edit::Keep
+                })
+            })?,
+            TYPE_SEQUENCE => nested(f.bytes(WHAT)?, SEQUENCE_ELEM_TYPE, "TypeProto.Sequence")?,
+            TYPE_MAP => nested(f.bytes(WHAT)?, MAP_VALUE_TYPE, "TypeProto.Map")?,
+            TYPE_OPTIONAL => nested(f.bytes(WHAT)?, OPTIONAL_ELEM_TYPE, "TypeProto.Optional")?,
+            _ => None,
+        };
+        Ok(edited.map_or(Edit::Keep, |new| Edit::Replace(bytes_field(f.number, &new))))
+    })
+}
+
+fn rewrite_value_info(bytes: &[u8]) -> Result<Option<Vec<u8>>, RewriteError> {
+    edit_message(bytes, "ValueInfoProto", |f| {
+        Ok(if f.number == VALUE_INFO_TYPE {
+            rewrite_type(f.bytes("ValueInfoProto")?)?
+                .map_or(Edit::Keep, |t| Edit::Replace(bytes_field(VALUE_INFO_TYPE, &t)))
+        } else {
+            Edit::Keep
+        })
+    })
+}
+
+/// The dims (raw Dimension fields) of a tensor-typed ValueInfoProto, if it has a shape.
+pub(super) fn shape_dims(value_info: &[u8]) -> Result<Option<Vec<&[u8]>>, RewriteError> {
+    for f in wire::parse(value_info, "ValueInfoProto")? {
+        if f.number != VALUE_INFO_TYPE {
+            continue;
+        }
+        for t in wire::parse(f.bytes("ValueInfoProto")?, "TypeProto")? {
+            if t.number != TYPE_TENSOR {
+                continue;
+            }
+            for s in wire::parse(t.bytes("TypeProto")?, "TypeProto.Tensor")? {
+                if s.number == TENSOR_TYPE_SHAPE {
+                    let dims = wire::parse(s.bytes("TypeProto.Tensor")?, "TensorShapeProto")?;
+                    return Ok(Some(dims.iter().filter(|d| d.number == SHAPE_DIM).map(|d| d.raw).collect()));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A float32 graph input `name` shaped like `ids` plus `trailing` dims.
+fn lookup_input(name: &str, ids: &[u8], trailing: &[u64]) -> Result<Vec<u8>, RewriteError> {
+    let mut tensor = varint_field(TENSOR_TYPE_ELEM_TYPE, FLOAT);
+    if let Some(dims) = shape_dims(ids)? {
+        let mut shape: Vec<u8> = dims.concat();
+        for &d in trailing {
+            shape.extend(bytes_field(SHAPE_DIM, &varint_field(DIM_VALUE, d)));
+        }
+        tensor.extend(bytes_field(TENSOR_TYPE_SHAPE, &shape));
+    }
+    let mut info = bytes_field(VALUE_INFO_NAME, name.as_bytes());
+    info.extend(bytes_field(VALUE_INFO_TYPE, &bytes_field(TYPE_TENSOR, &tensor)));
+    Ok(info)
+}
+
+/// The Gathers that read `table` (none else may), or why the table cannot leave the graph.
+fn lookup_gathers<'n>(
+    table: &Tensor,
+    nodes: &'n [Node],
+    inputs: &HashMap<&str, &[u8]>,
+    initializers: &HashSet<&str>,
+    outputs: &HashSet<&str>,
+) -> Result<Vec<&'n Node<'n>>, String> {
+    if table.external.is_none() {
+        return Err("it is stored inside the graph".into());
+    }
+    if table.dims.is_empty() {
+        return Err("it is a scalar".into());
+    }
+    if outputs.contains(table.name.as_str()) {
+        return Err("it is a graph output".into());
+    }
+    let mut gathers = Vec::new();
+    for node in nodes.iter().filter(|n| n.inputs.contains(&table.name.as_str())) {
+        let who = format!(
+            "node {} {:?} ({}::{})",
+            node.index,
+            node.name,
+            ops::domain_name(node.domain),
+            node.op_type
+        );
+        if !node.is_onnx("Gather") || node.inputs.iter().skip(1).any(|i| *i == table.name) {
+            return Err(format!("{who} reads it, and only Gathers of its rows can be looked up"));
+        }
+        if node.int_attribute("axis").unwrap_or(0) != 0 {
+            return Err(format!("{who} gathers along another axis than 0"));
+        }
+        let ids = node.inputs.get(1).copied().unwrap_or("");
+        if !inputs.contains_key(ids) || initializers.contains(ids) {
+            return Err(format!("{who} takes its indices from {ids:?}, which is not a graph input"));
+        }
+        if node.outputs.len() != 1 || outputs.contains(node.outputs[0]) {
+            return Err(format!("{who} has an output that is a graph output"));
+        }
+        gathers.push(node);
+    }
+    if gathers.is_empty() {
+        return Err("no node reads it".into());
+    }
+    Ok(gathers)
+}
+
+/// Rewrites a float16-activation ONNX model (a ModelProto, its weights outside) into a float32 one.
+/// See the module documentation.
+pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError> {
+    let fields = wire::parse(model, "ModelProto")?;
+    let mut graph = None;
+    for f in &fields {
+        match f.number {
+            MODEL_GRAPH if graph.is_some() => return Err(RewriteError::Model("it has two graphs".into())),
+            MODEL_GRAPH => graph = Some(f.bytes("ModelProto")?),
+            MODEL_FUNCTIONS => {
+                return Err(RewriteError::Model(
+                    "it has model-local functions (ModelProto.functions), which are not rewritten; inline them when exporting"
+                        .into(),
+                ))
+            }
+            MODEL_TRAINING_INFO => {
+                return Err(RewriteError::Model("it has training info (ModelProto.training_info), which is not rewritten".into()))
+            }
+            _ => {}
+        }
+    }
+    let graph = graph.ok_or_else(|| RewriteError::Model("it has no graph".into()))?;
+    let (new_graph, plan) = rewrite_graph(graph, options)?;
+    let mut out = Vec::with_capacity(model.len() + new_graph.len().saturating_sub(graph.len()) + 16);
+    for f in &fields {
+        if f.number == MODEL_GRAPH {
+            wire::put_bytes_field(&mut out, MODEL_GRAPH, &new_graph);
+        } else {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    let left = remaining_float16(&out)?;
+    if !left.is_empty() {
+        return Err(RewriteError::Leftover(left.join("; ")));
+    }
+    Ok(Rewrite { graph: out, plan })
+}
+
+fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), RewriteError> {
+    const WHAT: &str = "GraphProto";
+    let fields = wire::parse(graph, WHAT)?;
+
+    // Read.
+    let mut nodes = Vec::new();
+    let mut tensors: HashMap<usize, Tensor> = HashMap::new(); // by field index
+    let mut order = Vec::new(); // initializer field indices, in graph order
+    let mut inputs: HashMap<&str, &[u8]> = HashMap::new();
+    let mut outputs: HashSet<&str> = HashSet::new();
+    for (i, f) in fields.iter().enumerate() {
+        match f.number {
+            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
+            GRAPH_INITIALIZER => {
+                tensors.insert(i, read_tensor(f.bytes(WHAT)?)?);
+                order.push(i);
+            }
+            GRAPH_SPARSE_INITIALIZER => {
+                return Err(RewriteError::Tensor {
+                    name: sparse_values(f.bytes(WHAT)?)?.name,
+                    reason: "it is a sparse initializer, which the rewrite does not convert".into(),
+                })
+            }
+            GRAPH_INPUT => {
+                let b = f.bytes(WHAT)?;
+                inputs.insert(value_info_name(b)?, b);
+            }
+            GRAPH_OUTPUT => {
+                outputs.insert(value_info_name(f.bytes(WHAT)?)?);
+            }
+            _ => {}
+        }
+    }
+    let kinds = nodes.iter().map(check_node).collect::<Result<Vec<_>, _>>()?;
+    let initializer_names: HashSet<&str> = tensors.values().map(|t| t.name.as_str()).collect();
+
+    // Decide: which tables leave the graph, which tensors fit.
+    let limits = options.limits;
+    let mut lookups = Vec::new();
+    let mut removed_tables: HashSet<String> = HashSet::new();
+    let mut removed_nodes: HashSet<usize> = HashSet::new();
+    let mut new_inputs = Vec::new();
+    let mut extra_gpu: i64 = 0;
+    for i in &order {
+        let t = &tensors[i];
+        let converted = t.data_type == FLOAT16;
+        let after = if converted {
+            t.f16_bytes()? * 2
+        } else {
+            match &t.external {
+                Some(External { length: Some(l), .. }) => *l,
+                _ => 0,
+            }
+        };
+        let fits = limits.fits(after);
+        let wanted = match options.lookup {
+            LookupPolicy::Always => true,
+            LookupPolicy::WhenTooLarge => !fits,
+            LookupPolicy::Never => false,
+        };
+        if converted && wanted {
+            match lookup_gathers(t, &nodes, &inputs, &initializer_names, &outputs) {
+                Ok(gathers) => {
+                    let ext = t.external.as_ref().expect("lookup tables are external");
+                    let row_elements = t.dims[1..].iter().product::<u64>();
+                    for g in gathers {
+                        let ids = g.inputs[1];
+                        new_inputs.push(lookup_input(g.outputs[0], inputs[ids], &t.dims[1..])?);
+                        lookups.push(EmbeddingLookup {
+                            input: g.outputs[0].to_owned(),
+                            ids_input: ids.to_owned(),
+                            table: t.name.clone(),
+                            source: Range { file: ext.file.clone(), offset: ext.offset, length: t.f16_bytes()? },
+                            rows: t.dims[0],
+                            row_elements,
+                        });
+                        removed_nodes.insert(g.index);
+                    }
+                    removed_tables.insert(t.name.clone());
+                    extra_gpu -= t.f16_bytes()? as i64;
+                    continue;
+                }
+                Err(why) if !fits => {
+                    return Err(t.error(format!(
+                        "its float32 form ({after} bytes) does not fit one GPU buffer ({} bytes), and it cannot be looked up outside the graph: {why}",
+                        limits.max_tensor_bytes()
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
+        if !fits {
+            return Err(t.error(if converted {
+                format!(
+                    "its float32 form ({after} bytes) does not fit one GPU buffer ({} bytes), and lookups outside the graph are off",
+                    limits.max_tensor_bytes()
+                )
+            } else {
+                format!(
+                    "it is not converted and its {after} bytes already do not fit one GPU buffer ({} bytes)",
+                    limits.max_tensor_bytes()
+                )
+            }));
+        }
+        if converted {
+            extra_gpu += t.f16_bytes()? as i64;
+        }
+    }
+
+    // Place the converted external tensors in new files.
+    let mut copies = Vec::new();
+    let mut new_files: Vec<NewFile> = Vec::new();
+    let mut targets: HashMap<usize, Range> = HashMap::new();
+    for i in &order {
+        let t = &tensors[i];
+        let (Some(ext), FLOAT16) = (&t.external, t.data_type) else { continue };
+        if removed_tables.contains(&t.name) {
+            continue;
+        }
+        let length = t.f16_bytes()? * 2;
+        if length > options.max_shard_bytes {
+            return Err(t.error(format!(
+                "its float32 form ({length} bytes) is larger than a new external-data file may be ({} bytes)",
+                options.max_shard_bytes
+            )));
+        }
+        let mut offset = new_files.last().map_or(0, |f| f.size.div_ceil(ALIGN) * ALIGN);
+        if new_files.is_empty() || offset + length > options.max_shard_bytes {
+            new_files.push(NewFile { name: options.shard_name(new_files.len()), size: 0 });
+            offset = 0;
+        }
+        let file = new_files.last_mut().expect("a file was just pushed");
+        file.size = offset + length;
+        let target = Range { file: file.name.clone(), offset, length };
+        copies.push(TensorCopy {
+            tensor: t.name.clone(),
+            source: Range { file: ext.file.clone(), offset: ext.offset, length: length / 2 },
+            target: target.clone(),
+        });
+        targets.insert(*i, target);
+    }
+
+    // Write.
+    let new_input_names: HashSet<&str> = lookups.iter().map(|l| l.input.as_str()).collect();
+    let mut out = Vec::with_capacity(graph.len() + graph.len() / 4);
+    let mut float32_io = Vec::new();
+    let mut inline_converted = 0;
+    let mut graph_files: Vec<String> = Vec::new();
+    let mut original_files: Vec<String> = Vec::new();
+    let mut node_index = 0;
+    for (i, f) in fields.iter().enumerate() {
+        match f.number {
+            GRAPH_NODE => {
+                let (node, kind) = (&nodes[node_index], kinds[node_index]);
+                node_index += 1;
+                if removed_nodes.contains(&node.index) {
+                    continue;
+                }
+                match rewrite_node(node, kind)? {
+                    Some(new) => wire::put_bytes_field(&mut out, GRAPH_NODE, &new),
+                    None => out.extend_from_slice(f.raw),
+                }
+            }
+            GRAPH_INITIALIZER => {
+                let t = &tensors[&i];
+                if let Some(ext) = &t.external {
+                    if !original_files.contains(&ext.file) {
+                        original_files.push(ext.file.clone());
+                    }
+                }
+                if removed_tables.contains(&t.name) {
+                    continue;
+                }
+                let file = match (&t.external, targets.get(&i)) {
+                    (_, Some(target)) => Some(&target.file),
+                    (Some(ext), None) => Some(&ext.file),
+                    (None, None) => None,
+                };
+                if let Some(file) = file {
+                    if !graph_files.contains(file) {
+                        graph_files.push(file.clone());
+                    }
+                }
+                if t.data_type == FLOAT16 {
+                    if t.external.is_none() {
+                        inline_converted += 1;
+                    }
+                    wire::put_bytes_field(
+                        &mut out,
+                        GRAPH_INITIALIZER,
+                        &convert_tensor(f.bytes(WHAT)?, targets.get(&i))?,
+                    );
+                } else {
+                    out.extend_from_slice(f.raw);
+                }
+            }
+            GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => {
+                let bytes = f.bytes(WHAT)?;
+                let name = value_info_name(bytes)?;
+                if (f.number == GRAPH_INPUT && removed_tables.contains(name))
+                    || (f.number == GRAPH_VALUE_INFO && new_input_names.contains(name))
+                {
+                    continue;
+                }
+                match rewrite_value_info(bytes)? {
+                    Some(new) => {
+                        if f.number != GRAPH_VALUE_INFO {
+                            float32_io.push(name.to_owned());
+                        }
+                        wire::put_bytes_field(&mut out, f.number, &new);
+                    }
+                    None => out.extend_from_slice(f.raw),
+                }
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    for input in &new_inputs {
+        wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
+    }
+
+    let unused_files = original_files.into_iter().filter(|f| !graph_files.contains(f)).collect();
+    let plan = Plan {
+        extra_disk_bytes: new_files.iter().map(|f| f.size).sum(),
+        stale_bytes: copies
+            .iter()
+            .filter(|c| graph_files.contains(&c.source.file))
+            .map(|c| c.source.length)
+            .sum(),
+        copies,
+        new_files,
+        graph_files,
+        unused_files,
+        lookups,
+        float32_io,
+        inline_converted,
+        extra_gpu_bytes: extra_gpu,
+    };
+    Ok((out, plan))
+}
+
+/// Every place where a model still says float16: declared types, initializers, dtype attributes and
+/// tensor attributes of its graph. Empty for a graph [`rewrite`] returned.
+pub fn remaining_float16(model: &[u8]) -> Result<Vec<String>, RewriteError> {
+    let mut found = Vec::new();
+    for f in wire::parse(model, "ModelProto")? {
+        if f.number != MODEL_GRAPH {
+            continue;
+        }
+        for g in wire::parse(f.bytes("ModelProto")?, "GraphProto")? {
+            let bytes = match g.value {
+                Value::Bytes(b) => b,
+                _ => continue,
+            };
+            match g.number {
+                GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO if rewrite_value_info(bytes)?.is_some() => {
+                    found.push(format!("the type of {:?}", value_info_name(bytes)?));
+                }
+                GRAPH_INITIALIZER => {
+                    let t = read_tensor(bytes)?;
+                    if t.data_type == FLOAT16 {
+                        found.push(format!("initializer {:?}", t.name));
+                    }
+                }
+                GRAPH_NODE => {
+                    let node = read_node(bytes, 0)?;
+                    for a in &node.attributes {
+                        for af in &a.fields {
+                            let float16 = match af.number {
+                                ATTR_I => {
+                                    DTYPE_ATTRIBUTE_NAMES.contains(&a.name)
+                                        && af.value == Value::Varint(FLOAT16)
+                                }
+                                ATTR_T | ATTR_TENSORS => {
+                                    read_tensor(af.bytes("AttributeProto")?)?.data_type == FLOAT16
+                                }
+                                _ => false,
+                            };
+                            if float16 {
+                                found.push(format!(
+                                    "attribute `{}` of node {:?} ({})",
+                                    a.name, node.name, node.op_type
+                                ));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(found)
+}
