@@ -392,6 +392,15 @@ fn test(root: &Path, args: &[String]) -> Result {
         )
     })?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;
+    timed(
+        "float16 -> float32 rewrite against onnxruntime (tests/reference/check_converted.py)",
+        &mut || {
+            run_cmd(
+                "check_converted.py",
+                Command::new("python3").arg("tests/reference/check_converted.py").current_dir(root),
+            )
+        },
+    )?;
     timed("cargo xtask dist (release build, store zip checked)", &mut || package(root, &tools))?;
     timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
