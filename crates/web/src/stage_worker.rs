@@ -41,7 +41,7 @@ pub enum StageWorkerError {
     Graph { graph: String, source: PackError },
     /// A file a graph's external data is in.
     #[error("{graph} needs {file}: {source}")]
-    ExternalData { graph: String, file: String, source: OpfsError },
+    ExternalData { graph: String, file: String, source: Box<OpfsError> },
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error("loading {graph} failed: {source}")]
@@ -125,7 +125,9 @@ impl Stage {
             let pack::ExternalFile { location, file } = external_file;
             let data = match opfs::file(&dir, &file).await {
                 Ok(data) => data,
-                Err(source) => return Err(StageWorkerError::ExternalData { graph: name, file, source }),
+                Err(e) => {
+                    return Err(StageWorkerError::ExternalData { graph: name, file, source: Box::new(e) })
+                }
             };
             external.push(ExternalData { path: location, data: data.into() });
         }
