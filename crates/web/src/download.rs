@@ -20,9 +20,10 @@ use std::collections::HashMap;
 use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
-use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, RateMeter};
+use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, HubError, RateMeter};
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{
@@ -30,12 +31,12 @@ use web_sys::{
     ReadableStreamDefaultReader,
 };
 
-use crate::gpu;
-use crate::hasher::HashWorker;
+use crate::gpu::{self, GpuError};
+use crate::hasher::{HashError, HashWorker};
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
-use crate::js::{error_text, get, now_ms, random_u64, sleep_ms};
-use crate::opfs::{self, PackRecord, Slot, SyncError, SyncFile};
-use crate::protocol::{self, DownloadCommand, DownloadReport};
+use crate::js::{get, now_ms, random_u64, sleep_ms, JsError};
+use crate::opfs::{self, OpfsError, PackRecord, Slot, SyncFile};
+use crate::protocol::{self, DownloadCommand, DownloadReport, ProtocolError};
 
 /// Bytes between two checkpoints (flush, then the hash state asked for and saved in the record).
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
@@ -46,6 +47,95 @@ const WRITE_BYTES: usize = 1 << 20;
 const RECORD_SLOTS: [&str; 2] = imagine_core::storage::DOWNLOAD_RECORD_SLOTS;
 /// Progress reports are posted at most this often.
 const REPORT_EVERY_MS: f64 = 250.0;
+
+/// Why a download stopped. [`DownloadError::is_transient`] says whether the same request again may
+/// get further; the download worker retries those itself.
+#[derive(Debug, Error)]
+pub enum DownloadError {
+    /// A bad source, too little space, a file that does not verify.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// An OPFS operation failed (running out of storage is [`DownloadError::NoSpace`]).
+    #[error(transparent)]
+    Opfs(OpfsError),
+    /// The storage quota ran out; the error is [`OpfsError::QuotaExceeded`].
+    #[error(
+        "not enough storage to continue the download ({0}). What is downloaded is kept: free space on the \
+         disk, then resume."
+    )]
+    NoSpace(OpfsError),
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// A resumed request answered from another offset (transient).
+    #[error("{url} answered a range that does not start at {start}")]
+    RangeMismatch { url: String, start: u64 },
+    /// A response without a body (transient).
+    #[error("{url} sent no body")]
+    NoBody { url: String },
+    /// The body of a pack file stopped coming (transient).
+    #[error("downloading {path} was interrupted: {source}")]
+    Interrupted { path: String, source: JsError },
+    /// The server's file is longer than the listing says.
+    #[error(
+        "{url} sent more than the {size} bytes the Hub lists for {path}: the server's copy differs from the \
+         listing, so the download stopped"
+    )]
+    TooLong { url: String, path: String, size: u64 },
+    /// The server's file is shorter than the listing says.
+    #[error(
+        "{url} ended {path} after {offset} of the {size} bytes the Hub lists: the server's copy differs from \
+         the listing, so the download stopped"
+    )]
+    TooShort { url: String, path: String, offset: u64, size: u64 },
+    /// The response's headers announce another length than the listing's.
+    #[error(
+        "{url} serves {path} as {total} bytes, the Hub lists {size}: the server's copy differs from the \
+         listing, so the download stopped"
+    )]
+    OtherLength { url: String, path: String, total: u64, size: u64 },
+    /// Transient failures in a row that saved nothing new; `last` is the last of them.
+    #[error(
+        "{last}; gave up after {attempts} attempts in a row that saved nothing new (resume to try again)"
+    )]
+    GaveUp { last: Box<DownloadError>, attempts: u32 },
+    /// A file downloaded twice that does not match the listing either time.
+    #[error("{0}; it failed verification twice, so the download stopped")]
+    Corrupt(HubError),
+    #[error("the model storage changed during the download: resume to download again")]
+    StorageChanged,
+    /// A step of the protocol with the offscreen document that did not happen.
+    #[error("internal: {0}")]
+    Internal(&'static str),
+}
+
+impl From<OpfsError> for DownloadError {
+    /// Running out of storage says what to do about it.
+    fn from(error: OpfsError) -> Self {
+        match error {
+            OpfsError::QuotaExceeded { .. } => DownloadError::NoSpace(error),
+            error => DownloadError::Opfs(error),
+        }
+    }
+}
+
+impl DownloadError {
+    /// Worth retrying after a pause: the network, a 5xx, a 429, a cut or odd response.
+    fn is_transient(&self) -> bool {
+        match self {
+            DownloadError::Fetch(e) => e.is_transient(),
+            DownloadError::RangeMismatch { .. }
+            | DownloadError::NoBody { .. }
+            | DownloadError::Interrupted { .. } => true,
+            _ => false,
+        }
+    }
+}
 
 #[derive(Serialize, Deserialize)]
 struct StoredRecord {
@@ -60,17 +150,16 @@ pub fn download_worker_main() {
         Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
             match protocol::read::<DownloadCommand>(&event.data()) {
                 Ok((DownloadCommand::Install { request }, Some(hash_port))) => spawn_local(async move {
-                    let report = match install(request, hash_port.unchecked_into()).await {
-                        Ok(pack) => DownloadReport::Installed { pack },
-                        Err(message) => DownloadReport::Error { message },
-                    };
-                    send(&report);
+                    match install(request, hash_port.unchecked_into()).await {
+                        Ok(pack) => send(&DownloadReport::Installed { pack }),
+                        Err(error) => fail(error),
+                    }
                 }),
                 Ok((DownloadCommand::Swap, _)) => allow_swap(),
                 Ok((DownloadCommand::Install { .. }, None)) => {
-                    send(&DownloadReport::Error { message: "internal: no port to the hash worker".into() })
+                    fail(DownloadError::Internal("no port to the hash worker"))
                 }
-                Err(message) => send(&DownloadReport::Error { message }),
+                Err(error) => fail(error.into()),
             }
         });
     let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
@@ -83,19 +172,27 @@ pub fn download_worker_main() {
 fn send(report: &DownloadReport) {
     let scope: DedicatedWorkerGlobalScope = js_sys::global().unchecked_into();
     if let Err(e) = protocol::post(&scope, report, None) {
-        web_sys::console::error_1(&e.into());
+        web_sys::console::error_1(&e.to_string().into());
     }
 }
 
+/// Reports why the download stopped: the one place its error becomes text.
+fn fail(error: DownloadError) {
+    send(&DownloadReport::Error { message: error.to_string() });
+}
+
 /// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
-async fn install(request: InstallRequest, hash_port: web_sys::MessagePort) -> Result<PackRecord, String> {
-    let source = request.source().validate().map_err(|e| e.to_string())?;
+async fn install(
+    request: InstallRequest,
+    hash_port: web_sys::MessagePort,
+) -> Result<PackRecord, DownloadError> {
+    let source = request.source().validate()?;
     let mut report = Reporter::new();
 
     let staging = opfs::pack_state().await?.staging;
     let mut store = RecordStore::load(staging).await;
     let verified_small_files = store.kept_small_files(staging).await;
-    let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await.map_err(String::from)?;
+    let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await?;
     if let Some(installed) = opfs::pack_state().await?.installed.filter(|installed| installed.matches(&plan))
     {
         // This very pack is installed (a swap was interrupted after the state was written, or the same
@@ -111,8 +208,7 @@ async fn install(request: InstallRequest, hash_port: web_sys::MessagePort) -> Re
 
     // Everything is checked before the first byte is written.
     let usage = opfs::storage_use().await?;
-    hub::check_space(record.remaining_bytes(), usage.usage_bytes, usage.quota_bytes)
-        .map_err(|e| e.to_string())?;
+    hub::check_space(record.remaining_bytes(), usage.usage_bytes, usage.quota_bytes)?;
     if request.backend.as_deref() != Some("wasm") {
         let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
         gpu::check_device(needs_f16, largest).await?;
@@ -136,7 +232,7 @@ async fn install(request: InstallRequest, hash_port: web_sys::MessagePort) -> Re
     for file in record.files.iter_mut().filter(|f| !f.verified) {
         if let Some(bytes) = small.get(&file.file.path) {
             let sync = SyncFile::create(&dir, &file.file.path).await?;
-            sync.write_at(bytes, 0).map_err(quota_message)?;
+            sync.write_at(bytes, 0)?;
             sync.close()?;
             file.done = file.file.size;
             file.verified = true;
@@ -161,7 +257,7 @@ async fn install(request: InstallRequest, hash_port: web_sys::MessagePort) -> Re
     let (allow, allowed) = oneshot::channel();
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
     send(&DownloadReport::SwapReady);
-    allowed.await.map_err(|_| "internal: the pack swap was never allowed".to_string())?;
+    allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
     swap(staging, &download.record).await
 }
 
@@ -177,17 +273,6 @@ fn allow_swap() {
     }
 }
 
-/// The user-facing message of a failed write: running out of storage says what to do about it.
-fn quota_message(error: SyncError) -> String {
-    match error {
-        SyncError::QuotaExceeded(detail) => format!(
-            "not enough storage to continue the download ({detail}). What is downloaded is kept: free \
-             space on the disk, then resume."
-        ),
-        SyncError::Other(message) => message,
-    }
-}
-
 /// A download under way: where its files go, its record, and its progress reports.
 struct Download {
     dir: FileSystemDirectoryHandle,
@@ -198,27 +283,13 @@ struct Download {
     hasher: HashWorker,
 }
 
-enum StreamError {
-    Transient(String),
-    Fatal(String),
-}
-
-impl From<FetchError> for StreamError {
-    fn from(error: FetchError) -> Self {
-        match error {
-            FetchError::Transient(message) => StreamError::Transient(message),
-            FetchError::Fatal(message) => StreamError::Fatal(message),
-        }
-    }
-}
-
 impl Download {
-    async fn save(&mut self) -> Result<(), String> {
-        self.store.save(&self.dir, &self.record).await
+    async fn save(&mut self) -> Result<(), DownloadError> {
+        Ok(self.store.save(&self.dir, &self.record).await?)
     }
 
     /// Streams file `index`, resuming from its recorded prefix, until it is verified.
-    async fn file(&mut self, index: usize) -> Result<(), String> {
+    async fn file(&mut self, index: usize) -> Result<(), DownloadError> {
         let planned = self.record.files[index].file.clone();
         let url = hub::resolve_url(&self.source, &self.record.commit, &planned.path);
         let mut mismatches = 0;
@@ -228,7 +299,7 @@ impl Download {
             // Bytes past the last checkpoint are never trusted: the file is cut back to it. A file shorter
             // than its checkpoint lost bytes the record counts, so it starts over.
             let mut checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
-            let on_disk = file.size().map_err(String::from)?;
+            let on_disk = file.size()?;
             if checkpoint.as_ref().is_some_and(|c| c.offset > on_disk) {
                 self.record.files[index].restart();
                 self.save().await?;
@@ -238,20 +309,17 @@ impl Download {
             let saved_before = saved_offset(&self.record.files[index]);
             self.hasher.reset(checkpoint.as_ref()).await?;
             self.record.files[index].done = start;
-            file.truncate(start).map_err(String::from)?;
+            file.truncate(start)?;
             match self.stream(&file, &url, start, index).await {
                 Ok(()) => {}
-                Err(StreamError::Fatal(message)) => return Err(message),
-                Err(StreamError::Transient(message)) => {
+                Err(error) if !error.is_transient() => return Err(error),
+                Err(error) => {
                     // Progress is a checkpoint saved further on: a server that always cuts the response
                     // before the next checkpoint makes none, however many bytes it sends.
                     let progressed = saved_offset(&self.record.files[index]) > saved_before;
                     failures = if progressed { 1 } else { failures + 1 };
                     if failures >= hub::MAX_ATTEMPTS_WITHOUT_PROGRESS {
-                        return Err(format!(
-                            "{message}; gave up after {failures} attempts in a row that saved nothing new \
-                             (resume to try again)"
-                        ));
+                        return Err(DownloadError::GaveUp { last: Box::new(error), attempts: failures });
                     }
                     drop(file);
                     sleep_ms(hub::backoff_ms(failures - 1, random_unit())).await;
@@ -277,10 +345,10 @@ impl Download {
                 mismatches += 1;
                 self.record.files[index].restart();
                 self.save().await?;
-                file.truncate(0).map_err(String::from)?;
+                file.truncate(0)?;
                 drop(file);
                 if mismatches > 1 {
-                    return Err(format!("{mismatch}; it failed verification twice, so the download stopped"));
+                    return Err(DownloadError::Corrupt(mismatch));
                 }
                 continue;
             }
@@ -288,7 +356,7 @@ impl Download {
             entry.verified = true;
             entry.done = planned.size;
             entry.hash = None;
-            file.close().map_err(String::from)?;
+            file.close()?;
             self.save().await?;
             self.report.record(&self.record);
             return Ok(());
@@ -303,7 +371,7 @@ impl Download {
         url: &str,
         start: u64,
         index: usize,
-    ) -> Result<(), StreamError> {
+    ) -> Result<(), DownloadError> {
         let (path, size) = (self.record.files[index].file.path.clone(), self.record.files[index].file.size);
         if start == size {
             // Every byte was saved before an interruption; only the verification is left.
@@ -316,46 +384,36 @@ impl Download {
         if start > 0 {
             let range = response.headers().get("content-range").ok().flatten();
             if response.status() == 206 && !range.as_deref().is_some_and(|r| hub::range_matches(r, start)) {
-                return Err(StreamError::Transient(format!(
-                    "{url} answered a range that does not start at {start}"
-                )));
+                return Err(DownloadError::RangeMismatch { url: url.to_owned(), start });
             }
             if response.status() != 206 {
                 // The whole file again: the record says so before the file is cut, so it never describes
                 // bytes the file does not hold.
                 offset = 0;
                 self.record.files[index].restart();
-                self.save().await.map_err(StreamError::Fatal)?;
-                self.hasher.reset(None).await.map_err(StreamError::Fatal)?;
-                file.truncate(0).map_err(|e| StreamError::Fatal(e.into()))?;
+                self.save().await?;
+                self.hasher.reset(None).await?;
+                file.truncate(0)?;
             }
         }
-        let body = response.body().ok_or_else(|| StreamError::Transient(format!("{url} sent no body")))?;
+        let body = response.body().ok_or_else(|| DownloadError::NoBody { url: url.to_owned() })?;
         let mut reader = BodyReader::new(body);
         let mut asked_at = offset;
         let result = loop {
-            let buffer = self.hasher.buffer().await.map_err(StreamError::Fatal)?;
+            let buffer = self.hasher.buffer().await?;
             let (buffer, length, more) = match reader.fill(buffer).await {
                 Ok(block) => block,
-                Err(e) => {
-                    break Err(StreamError::Transient(format!(
-                        "downloading {path} was interrupted: {}",
-                        error_text(&e)
-                    )))
-                }
+                Err(e) => break Err(DownloadError::Interrupted { path: path.clone(), source: e.into() }),
             };
             if length > 0 {
                 if offset + u64::from(length) > size {
-                    break Err(StreamError::Fatal(format!(
-                        "{url} sent more than the {size} bytes the Hub lists for {path}: the server's \
-                         copy differs from the listing, so the download stopped"
-                    )));
+                    break Err(DownloadError::TooLong { url: url.to_owned(), path: path.clone(), size });
                 }
                 let block = Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length);
                 if let Err(e) = file.write_js_at(&block, offset) {
-                    break Err(StreamError::Fatal(quota_message(e)));
+                    break Err(e.into());
                 }
-                self.hasher.hash(buffer, length).map_err(StreamError::Fatal)?;
+                self.hasher.hash(buffer, length)?;
                 offset += u64::from(length);
                 self.record.files[index].done = offset;
             } else {
@@ -365,14 +423,14 @@ impl Download {
             // while the hash worker catches up, and the record is saved when the answer comes.
             if offset - asked_at >= CHECKPOINT_BYTES && !self.hasher.checkpoint_asked() {
                 if let Err(e) = file.flush() {
-                    break Err(StreamError::Fatal(quota_message(e)));
+                    break Err(e.into());
                 }
-                self.hasher.ask_checkpoint().map_err(StreamError::Fatal)?;
+                self.hasher.ask_checkpoint()?;
                 asked_at = offset;
             }
-            if let Some(checkpoint) = self.hasher.take_checkpoint().map_err(StreamError::Fatal)? {
+            if let Some(checkpoint) = self.hasher.take_checkpoint()? {
                 if let Err(e) = self.save_checkpoint(index, checkpoint).await {
-                    break Err(StreamError::Fatal(e));
+                    break Err(e);
                 }
             }
             self.report.maybe(&self.record);
@@ -381,10 +439,7 @@ impl Download {
                 break if offset == size {
                     Ok(())
                 } else {
-                    Err(StreamError::Fatal(format!(
-                        "{url} ended {path} after {offset} of the {size} bytes the Hub lists: the server's \
-                         copy differs from the listing, so the download stopped"
-                    )))
+                    Err(DownloadError::TooShort { url: url.to_owned(), path: path.clone(), offset, size })
                 };
             }
         };
@@ -402,7 +457,11 @@ impl Download {
     }
 
     /// Saves the record with file `index` done up to `checkpoint`.
-    async fn save_checkpoint(&mut self, index: usize, checkpoint: HashCheckpoint) -> Result<(), String> {
+    async fn save_checkpoint(
+        &mut self,
+        index: usize,
+        checkpoint: HashCheckpoint,
+    ) -> Result<(), DownloadError> {
         let entry = &mut self.record.files[index];
         let done = entry.done;
         entry.save(checkpoint);
@@ -420,7 +479,7 @@ fn saved_offset(entry: &hub::FileRecord) -> u64 {
 /// Refuses a response whose headers announce another length for the file than the listing's `size`
 /// (the total of a `Content-Range`, or the `Content-Length` of a whole, unencoded body): retrying does
 /// not change what a server stores.
-fn check_length(response: &web_sys::Response, url: &str, path: &str, size: u64) -> Result<(), StreamError> {
+fn check_length(response: &web_sys::Response, url: &str, path: &str, size: u64) -> Result<(), DownloadError> {
     let headers = response.headers();
     let header = |name: &str| headers.get(name).ok().flatten();
     let announced = match (response.status(), header("content-range"), header("content-encoding")) {
@@ -429,21 +488,20 @@ fn check_length(response: &web_sys::Response, url: &str, path: &str, size: u64) 
         _ => None,
     };
     match announced {
-        Some(total) if total != size => Err(StreamError::Fatal(format!(
-            "{url} serves {path} as {total} bytes, the Hub lists {size}: the server's copy differs from the \
-             listing, so the download stopped"
-        ))),
+        Some(total) if total != size => {
+            Err(DownloadError::OtherLength { url: url.to_owned(), path: path.to_owned(), total, size })
+        }
         _ => Ok(()),
     }
 }
 
 /// Feeds the first `size` bytes of `file`, as they are on disk, to `consume`, a block at a time.
-fn read_on_disk(file: &SyncFile, size: u64, mut consume: impl FnMut(&[u8])) -> Result<(), String> {
+fn read_on_disk(file: &SyncFile, size: u64, mut consume: impl FnMut(&[u8])) -> Result<(), OpfsError> {
     let mut buffer = vec![0; WRITE_BYTES];
     let mut offset = 0;
     while offset < size {
         let want = (size - offset).min(WRITE_BYTES as u64) as usize;
-        let read = file.read_at(&mut buffer[..want], offset).map_err(String::from)?;
+        let read = file.read_at(&mut buffer[..want], offset)?;
         if read == 0 {
             break;
         }
@@ -564,10 +622,14 @@ impl RecordStore {
         kept
     }
 
-    async fn save(&mut self, dir: &FileSystemDirectoryHandle, record: &DownloadRecord) -> Result<(), String> {
+    async fn save(
+        &mut self,
+        dir: &FileSystemDirectoryHandle,
+        record: &DownloadRecord,
+    ) -> Result<(), OpfsError> {
         self.sequence += 1;
         let stored = StoredRecord { sequence: self.sequence, record: record.clone() };
-        let bytes = serde_json::to_vec(&stored).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec(&stored).expect("the download record always serializes");
         if self.slots.is_none() {
             // Kept open for the whole download: a save is then three synchronous calls.
             let [a, b] = RECORD_SLOTS;
@@ -575,9 +637,9 @@ impl RecordStore {
         }
         let slots = self.slots.as_ref().expect("opened above");
         let file = &slots[(self.sequence % 2) as usize];
-        file.truncate(0).map_err(quota_message)?;
-        file.write_at(&bytes, 0).map_err(quota_message)?;
-        file.flush().map_err(quota_message)
+        file.truncate(0)?;
+        file.write_at(&bytes, 0)?;
+        file.flush()
     }
 }
 
@@ -585,10 +647,10 @@ impl RecordStore {
 /// previous pack's slot for the next download (see [`imagine_core::storage`]). Every step may be
 /// interrupted and repeated: until the state is written the old pack is installed and this download
 /// resumes to here; after it, the new pack is installed and a resumed download finds it so.
-async fn swap(staging: Slot, record: &DownloadRecord) -> Result<PackRecord, String> {
+async fn swap(staging: Slot, record: &DownloadRecord) -> Result<PackRecord, DownloadError> {
     let state = opfs::pack_state().await?;
     if state.staging != staging {
-        return Err("the model storage changed during the download: resume to download again".into());
+        return Err(DownloadError::StorageChanged);
     }
     let files = record.files.iter().map(|f| f.file.clone()).collect();
     let installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
@@ -637,4 +699,65 @@ impl Reporter {
 
 fn random_unit() -> f64 {
     (random_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::opfs::Op;
+
+    fn js(message: &str) -> JsError {
+        JsError { name: None, message: message.into() }
+    }
+
+    #[test]
+    fn running_out_of_storage_says_what_to_do() {
+        let short = OpfsError::QuotaExceeded {
+            op: Op::Write,
+            name: "shard.bin".into(),
+            detail: "only 3 of 5 bytes were written".into(),
+        };
+        assert_eq!(
+            DownloadError::from(short).to_string(),
+            "not enough storage to continue the download (writing shard.bin: only 3 of 5 bytes were written). \
+             What is downloaded is kept: free space on the disk, then resume."
+        );
+        let other = OpfsError::Failed { op: Op::Flush, name: "shard.bin".into(), source: js("gone") };
+        assert_eq!(DownloadError::from(other).to_string(), "flushing shard.bin: gone");
+    }
+
+    #[test]
+    fn retrying_is_for_the_network_and_the_server() {
+        let http = |status| DownloadError::Fetch(FetchError::Http { url: "u".into(), status });
+        assert!(http(503).is_transient());
+        assert!(http(429).is_transient());
+        assert!(!http(403).is_transient());
+        assert!(!DownloadError::Fetch(FetchError::NotFound { url: "u".into() }).is_transient());
+        assert!(DownloadError::NoBody { url: "u".into() }.is_transient());
+        let longer = DownloadError::TooLong { url: "u".into(), path: "p".into(), size: 1 };
+        assert!(!longer.is_transient());
+    }
+
+    #[test]
+    fn giving_up_names_the_last_failure() {
+        let last = DownloadError::Interrupted { path: "x/shard.bin".into(), source: js("network error") };
+        let gave_up = DownloadError::GaveUp { last: Box::new(last), attempts: 6 };
+        assert_eq!(
+            gave_up.to_string(),
+            "downloading x/shard.bin was interrupted: network error; gave up after 6 attempts in a row that \
+             saved nothing new (resume to try again)"
+        );
+        assert!(!gave_up.is_transient());
+    }
+
+    #[test]
+    fn another_length_names_both() {
+        let error =
+            DownloadError::OtherLength { url: "u".into(), path: "shard.bin".into(), total: 12, size: 10 };
+        assert_eq!(
+            error.to_string(),
+            "u serves shard.bin as 12 bytes, the Hub lists 10: the server's copy differs from the listing, so \
+             the download stopped"
+        );
+    }
 }

@@ -4,10 +4,33 @@
 //! back on `release()` alone, and a device cannot be shared across workers anyway.
 
 use js_sys::{Array, Function, Reflect};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::js::{error_text, get, Obj};
+use crate::js::{get, JsError, Obj};
+
+/// What keeps this browser or GPU from running a pack on WebGPU; each message says what to do.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error(
+        "WebGPU is not available in this browser (navigator.gpu is missing). Use a browser with WebGPU, or \
+         choose the wasm backend."
+    )]
+    NoWebGpu,
+    #[error("requesting a WebGPU adapter failed: {0}")]
+    Adapter(JsError),
+    #[error("no WebGPU adapter is available on this device. Choose the wasm backend instead.")]
+    NoAdapter,
+    /// `what` (a graph, or the model) uses float16 and the adapter lacks `shader-f16`.
+    #[error("{what} uses float16, but {NO_F16}")]
+    NoF16 { what: String },
+    /// A tensor larger than a buffer may be on this GPU.
+    #[error("the model has a {largest_tensor}-byte tensor, but this GPU's {limit} is {available} bytes")]
+    Limit { limit: &'static str, largest_tensor: u64, available: u64 },
+    #[error("opening the WebGPU device failed: {0}")]
+    Device(JsError),
+}
 
 /// Limits ORT's WebGPU EP benefits from; we ask for the adapter's maximum of each.
 const LIMITS: &[&str] = &[
@@ -28,11 +51,11 @@ pub struct Device(JsValue);
 impl Device {
     /// Opens a device. `needs_f16` is true when the graph about to load uses float16: without the
     /// adapter's `shader-f16` that would fail (native EP) or silently compute zeros (JSEP), so refuse.
-    pub async fn open(needs_f16: bool, graph: &str) -> Result<Device, String> {
+    pub async fn open(needs_f16: bool, graph: &str) -> Result<Device, GpuError> {
         let adapter = adapter().await?;
         let has_f16 = has_feature(&adapter, "shader-f16");
         if needs_f16 && !has_f16 {
-            return Err(format!("{graph} uses float16, but {NO_F16}"));
+            return Err(GpuError::NoF16 { what: graph.to_owned() });
         }
         let features = Array::new();
         if has_f16 {
@@ -43,9 +66,7 @@ impl Device {
             LIMITS.iter().fold(Obj::new(), |limits, name| limits.set(name, get(&adapter_limits, name)));
         let descriptor =
             Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
-        let device = call_async(&adapter, "requestDevice", &descriptor)
-            .await
-            .map_err(|e| format!("opening the WebGPU device failed: {e}"))?;
+        let device = call_async(&adapter, "requestDevice", &descriptor).await.map_err(GpuError::Device)?;
         Ok(Device(device))
     }
 
@@ -66,37 +87,31 @@ const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16. Use
                        with shader-f16, or choose the wasm backend (much slower).";
 
 /// The WebGPU adapter, or what is missing.
-async fn adapter() -> Result<JsValue, String> {
+async fn adapter() -> Result<JsValue, GpuError> {
     let gpu = get(&get(&js_sys::global(), "navigator"), "gpu");
     if gpu.is_undefined() {
-        return Err("WebGPU is not available in this browser (navigator.gpu is missing). \
-                    Use a browser with WebGPU, or choose the wasm backend."
-            .into());
+        return Err(GpuError::NoWebGpu);
     }
     let options = Obj::new().set("powerPreference", "high-performance").build();
-    let adapter = call_async(&gpu, "requestAdapter", &options)
-        .await
-        .map_err(|e| format!("requesting a WebGPU adapter failed: {e}"))?;
+    let adapter = call_async(&gpu, "requestAdapter", &options).await.map_err(GpuError::Adapter)?;
     if adapter.is_null() || adapter.is_undefined() {
-        return Err("no WebGPU adapter is available on this device. Choose the wasm backend instead.".into());
+        return Err(GpuError::NoAdapter);
     }
     Ok(adapter)
 }
 
 /// Checks, without opening a device, that this GPU can run a pack whose graphs need `shader-f16`
 /// (`needs_f16`) and whose largest tensor is `largest_tensor` bytes. Says what is missing otherwise.
-pub async fn check_device(needs_f16: bool, largest_tensor: u64) -> Result<(), String> {
+pub async fn check_device(needs_f16: bool, largest_tensor: u64) -> Result<(), GpuError> {
     let adapter = adapter().await?;
     if needs_f16 && !has_feature(&adapter, "shader-f16") {
-        return Err(format!("the model uses float16, but {NO_F16}"));
+        return Err(GpuError::NoF16 { what: "the model".into() });
     }
     let limits = get(&adapter, "limits");
     for limit in ["maxBufferSize", "maxStorageBufferBindingSize"] {
         let available = get(&limits, limit).as_f64().unwrap_or(0.0) as u64;
         if available < largest_tensor {
-            return Err(format!(
-                "the model has a {largest_tensor}-byte tensor, but this GPU's {limit} is {available} bytes"
-            ));
+            return Err(GpuError::Limit { limit, largest_tensor, available });
         }
     }
     Ok(())
@@ -111,8 +126,8 @@ fn has_feature(adapter: &JsValue, name: &str) -> bool {
         .unwrap_or(false)
 }
 
-async fn call_async(target: &JsValue, method: &str, argument: &JsValue) -> Result<JsValue, String> {
+async fn call_async(target: &JsValue, method: &str, argument: &JsValue) -> Result<JsValue, JsError> {
     let function: Function = get(target, method).unchecked_into();
-    let promise = function.call1(target, argument).map_err(|e| error_text(&e))?;
-    JsFuture::from(js_sys::Promise::from(promise)).await.map_err(|e| error_text(&e))
+    let promise = function.call1(target, argument)?;
+    Ok(JsFuture::from(js_sys::Promise::from(promise)).await?)
 }

@@ -13,12 +13,38 @@ use std::cell::RefCell;
 
 use futures_channel::mpsc;
 use futures_util::StreamExt;
-use imagine_core::hub::{HashCheckpoint, ResumableSha256};
+use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
 use js_sys::{ArrayBuffer, Uint8Array};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
-use crate::protocol::{self, HashCommand, HashReport, HashSetup};
+use crate::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
+
+/// Why hashing failed, on either side of the link between the download worker and its hash worker.
+#[derive(Debug, Error)]
+pub enum HashError {
+    /// A checkpoint the hash state cannot be restored from.
+    #[error(transparent)]
+    Checkpoint(#[from] HubError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("hash worker: data without a buffer")]
+    NoData,
+    #[error("the hash worker returned no buffer")]
+    NoBuffer,
+    /// What the hash worker reported (its own [`HashError`], as text: it crossed `postMessage`).
+    #[error("{0}")]
+    Reported(String),
+    /// A reply nothing asked for (`reply` as Rust prints it).
+    #[error("the hash worker sent {reply} unasked")]
+    Unasked { reply: String },
+    /// Another reply than the one due (`when`: "to a reset", "where a digest was due").
+    #[error("the hash worker answered {reply} {when}")]
+    Unexpected { reply: String, when: &'static str },
+    #[error("the hash worker stopped")]
+    Stopped,
+}
 
 /// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
 pub const MAX_LENT: usize = 2;
@@ -38,15 +64,19 @@ pub fn hash_worker_main() {
         };
         let reply_port = port.clone();
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-            let reply = protocol::read::<HashCommand>(&event.data()).and_then(|(command, data)| {
-                HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, command, data))
-            });
+            let reply = protocol::read::<HashCommand>(&event.data()).map_err(HashError::from).and_then(
+                |(command, data)| {
+                    HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, command, data))
+                },
+            );
             let sent = match reply {
                 Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
-                Err(message) => protocol::post(&reply_port, &HashReport::Error { message }, None),
+                Err(error) => {
+                    protocol::post(&reply_port, &HashReport::Error { message: error.to_string() }, None)
+                }
             };
             if let Err(e) = sent {
-                web_sys::console::error_1(&e.into());
+                web_sys::console::error_1(&e.to_string().into());
             }
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -62,19 +92,17 @@ fn handle(
     scratch: &mut Vec<u8>,
     command: HashCommand,
     data: Option<JsValue>,
-) -> Result<(HashReport, Option<JsValue>), String> {
+) -> Result<(HashReport, Option<JsValue>), HashError> {
     match command {
         HashCommand::Reset { checkpoint } => {
             *hasher = match checkpoint {
-                Some(checkpoint) => {
-                    ResumableSha256::from_checkpoint(&checkpoint).map_err(|e| e.to_string())?
-                }
+                Some(checkpoint) => ResumableSha256::from_checkpoint(&checkpoint)?,
                 None => ResumableSha256::new(),
             };
             Ok((HashReport::Reset, None))
         }
         HashCommand::Data { length } => {
-            let buffer: ArrayBuffer = data.ok_or("hash worker: data without a buffer")?.unchecked_into();
+            let buffer: ArrayBuffer = data.ok_or(HashError::NoData)?.unchecked_into();
             scratch.resize(length as usize, 0);
             Uint8Array::new_with_byte_offset_and_length(&buffer, 0, length).copy_to(scratch);
             hasher.update(scratch);
@@ -122,43 +150,43 @@ impl HashWorker {
         }
     }
 
-    fn send(&self, command: &HashCommand, buffer: Option<&ArrayBuffer>) -> Result<(), String> {
-        protocol::post(&self.port, command, buffer.map(|b| b.as_ref()))
+    fn send(&self, command: &HashCommand, buffer: Option<&ArrayBuffer>) -> Result<(), HashError> {
+        Ok(protocol::post(&self.port, command, buffer.map(|b| b.as_ref()))?)
     }
 
     /// Takes in one message: a returned buffer goes back to the pool, a checkpoint is kept until
     /// taken; a reply is handed back.
-    fn accept(&mut self, message: JsValue) -> Result<Option<HashReport>, String> {
+    fn accept(&mut self, message: JsValue) -> Result<Option<HashReport>, HashError> {
         match protocol::read::<HashReport>(&message)? {
             (HashReport::Buffer, Some(buffer)) => {
                 self.spare.push(buffer.unchecked_into());
                 self.lent -= 1;
                 Ok(None)
             }
-            (HashReport::Buffer, None) => Err("the hash worker returned no buffer".into()),
+            (HashReport::Buffer, None) => Err(HashError::NoBuffer),
             (HashReport::Checkpoint { checkpoint }, _) => {
                 self.checkpoint = Some(checkpoint);
                 Ok(None)
             }
-            (HashReport::Error { message }, _) => Err(message),
+            (HashReport::Error { message }, _) => Err(HashError::Reported(message)),
             (reply, _) => Ok(Some(reply)),
         }
     }
 
     /// Takes in a message that must not be a reply.
-    fn accept_unasked(&mut self, message: JsValue) -> Result<(), String> {
+    fn accept_unasked(&mut self, message: JsValue) -> Result<(), HashError> {
         match self.accept(message)? {
-            Some(reply) => Err(format!("the hash worker sent {reply:?} unasked")),
+            Some(reply) => Err(HashError::Unasked { reply: format!("{reply:?}") }),
             None => Ok(()),
         }
     }
 
-    async fn next(&mut self) -> Result<JsValue, String> {
-        self.inbox.next().await.ok_or_else(|| "the hash worker stopped".to_string())
+    async fn next(&mut self) -> Result<JsValue, HashError> {
+        self.inbox.next().await.ok_or(HashError::Stopped)
     }
 
     /// Waits for the next reply, taking in the messages before it.
-    async fn reply(&mut self) -> Result<HashReport, String> {
+    async fn reply(&mut self) -> Result<HashReport, HashError> {
         loop {
             let message = self.next().await?;
             if let Some(reply) = self.accept(message)? {
@@ -168,11 +196,11 @@ impl HashWorker {
     }
 
     /// Starts over from a checkpoint (or from the first byte).
-    pub async fn reset(&mut self, checkpoint: Option<&HashCheckpoint>) -> Result<(), String> {
+    pub async fn reset(&mut self, checkpoint: Option<&HashCheckpoint>) -> Result<(), HashError> {
         self.send(&HashCommand::Reset { checkpoint: checkpoint.copied() }, None)?;
         match self.reply().await? {
             HashReport::Reset => {}
-            other => return Err(format!("the hash worker answered {other:?} to a reset")),
+            other => return Err(HashError::Unexpected { reply: format!("{other:?}"), when: "to a reset" }),
         }
         // A checkpoint asked for before the reset belongs to the bytes before it.
         self.checkpoint_asked = false;
@@ -182,7 +210,7 @@ impl HashWorker {
 
     /// A buffer to read the next block into: a returned one, a new one while few are lent, or the
     /// next one returned (which holds the download back while hashing catches up).
-    pub async fn buffer(&mut self) -> Result<ArrayBuffer, String> {
+    pub async fn buffer(&mut self) -> Result<ArrayBuffer, HashError> {
         loop {
             if let Some(buffer) = self.spare.pop() {
                 return Ok(buffer);
@@ -203,7 +231,7 @@ impl HashWorker {
     }
 
     /// Hashes the first `length` bytes of `buffer`, which is transferred (it comes back to the pool).
-    pub fn hash(&mut self, buffer: ArrayBuffer, length: u32) -> Result<(), String> {
+    pub fn hash(&mut self, buffer: ArrayBuffer, length: u32) -> Result<(), HashError> {
         self.send(&HashCommand::Data { length }, Some(&buffer))?;
         self.lent += 1;
         Ok(())
@@ -211,7 +239,7 @@ impl HashWorker {
 
     /// Asks for the hash state after every block sent so far. The download goes on meanwhile;
     /// [`HashWorker::take_checkpoint`] has the answer once it came.
-    pub fn ask_checkpoint(&mut self) -> Result<(), String> {
+    pub fn ask_checkpoint(&mut self) -> Result<(), HashError> {
         self.send(&HashCommand::Checkpoint, None)?;
         self.checkpoint_asked = true;
         Ok(())
@@ -223,7 +251,7 @@ impl HashWorker {
     }
 
     /// The checkpoint asked for, if its answer came (without waiting for it).
-    pub fn take_checkpoint(&mut self) -> Result<Option<HashCheckpoint>, String> {
+    pub fn take_checkpoint(&mut self) -> Result<Option<HashCheckpoint>, HashError> {
         while let Ok(Some(message)) = self.inbox.try_next() {
             self.accept_unasked(message)?;
         }
@@ -236,7 +264,7 @@ impl HashWorker {
 
     /// The checkpoint asked for, waiting for its answer if need be (after a failed request, so that
     /// what was read before the failure still counts).
-    pub async fn wait_checkpoint(&mut self) -> Result<HashCheckpoint, String> {
+    pub async fn wait_checkpoint(&mut self) -> Result<HashCheckpoint, HashError> {
         while self.checkpoint.is_none() {
             let message = self.next().await?;
             self.accept_unasked(message)?;
@@ -246,11 +274,13 @@ impl HashWorker {
     }
 
     /// The SHA-256 of everything sent since the last reset.
-    pub async fn finish(&mut self) -> Result<[u8; 32], String> {
+    pub async fn finish(&mut self) -> Result<[u8; 32], HashError> {
         self.send(&HashCommand::Finish, None)?;
         match self.reply().await? {
             HashReport::Digest { digest } => Ok(digest),
-            other => Err(format!("the hash worker answered {other:?} where a digest was due")),
+            other => {
+                Err(HashError::Unexpected { reply: format!("{other:?}"), when: "where a digest was due" })
+            }
         }
     }
 }

@@ -5,28 +5,56 @@
 use std::collections::HashMap;
 
 use imagine_core::api::{PackFile, PackPlan, PackSource};
-use imagine_core::hub::{self, GraphFiles};
-use imagine_core::pack::Graph;
+use imagine_core::hub::{self, GraphFiles, HubError};
+use imagine_core::pack::{Graph, PackError};
 use js_sys::{Function, Promise, Uint8Array};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{Headers, RequestInit, Response};
 
-use crate::js::{error_text, get};
+use crate::js::{get, JsError};
 
-/// Why a request failed, as far as retrying is concerned.
-#[derive(Debug)]
+/// Why a request to the Hub failed. [`FetchError::is_transient`] says whether retrying may help.
+#[derive(Debug, Error)]
 pub enum FetchError {
-    /// Worth retrying after a pause: the network, a 5xx, a 429.
-    Transient(String),
-    /// Retrying cannot help: a 404, a 403, a malformed answer.
-    Fatal(String),
+    /// The request never got an answer (transient).
+    #[error("could not reach {url} ({source}): offline, or the server is down?")]
+    Unreachable { url: String, source: JsError },
+    /// A 404 (fatal).
+    #[error("{url} was not found (HTTP 404)")]
+    NotFound { url: String },
+    /// Another status than success: transient for 408, 429 and 5xx, fatal otherwise.
+    #[error("{url} answered HTTP {status}")]
+    Http { url: String, status: u16 },
+    /// The body stopped coming (transient).
+    #[error("downloading {url} was interrupted: {source}")]
+    Interrupted { url: String, source: JsError },
+    /// An answer larger than it may be (fatal).
+    #[error("{url} sent more than the {cap} bytes allowed for it")]
+    TooLarge { url: String, cap: u64 },
+    /// A file list longer than any pack's (fatal).
+    #[error("the file list of {repo} goes on past {pages} pages")]
+    TooManyPages { repo: String, pages: usize },
+    /// An answer that is not what the Hub sends, or a file that breaks the plan (fatal).
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// A fetched graph that breaks the pack contract (fatal).
+    #[error("{graph}: {source}")]
+    Graph { graph: String, source: PackError },
+    /// The request could not be made (fatal).
+    #[error(transparent)]
+    Js(#[from] JsError),
 }
 
-impl From<FetchError> for String {
-    fn from(error: FetchError) -> String {
-        match error {
-            FetchError::Transient(message) | FetchError::Fatal(message) => message,
+impl FetchError {
+    /// Whether retrying after a pause may help: the network, a 5xx, a 429. A 404, a 403 or a
+    /// malformed answer stay what they are.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            FetchError::Unreachable { .. } | FetchError::Interrupted { .. } => true,
+            FetchError::Http { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            _ => false,
         }
     }
 }
@@ -36,22 +64,16 @@ pub async fn fetch(url: &str, from: Option<u64>) -> Result<Response, FetchError>
     let init = RequestInit::new();
     init.set_cache(web_sys::RequestCache::NoStore);
     if let Some(from) = from {
-        let headers = Headers::new().map_err(|e| FetchError::Fatal(error_text(&e)))?;
-        headers.set("Range", &format!("bytes={from}-")).map_err(|e| FetchError::Fatal(error_text(&e)))?;
+        let headers = Headers::new().map_err(JsError::from)?;
+        headers.set("Range", &format!("bytes={from}-")).map_err(JsError::from)?;
         init.set_headers(&headers);
     }
     let global = js_sys::global();
     let fetch: Function = get(&global, "fetch").unchecked_into();
-    let promise: Promise = fetch
-        .call2(&global, &url.into(), &init)
-        .map_err(|e| FetchError::Fatal(error_text(&e)))?
-        .unchecked_into();
-    let response = JsFuture::from(promise).await.map_err(|e| {
-        FetchError::Transient(format!(
-            "could not reach {url} ({}): offline, or the server is down?",
-            error_text(&e)
-        ))
-    })?;
+    let promise: Promise = fetch.call2(&global, &url.into(), &init).map_err(JsError::from)?.unchecked_into();
+    let response = JsFuture::from(promise)
+        .await
+        .map_err(|e| FetchError::Unreachable { url: url.to_owned(), source: e.into() })?;
     Ok(response.unchecked_into())
 }
 
@@ -76,15 +98,14 @@ async fn fetch_page(url: &str, cap: u64) -> Result<(Vec<u8>, Option<String>), Fe
 /// Reads a body, refusing it as soon as it goes past `cap` bytes (before reading it, when its
 /// `Content-Length` says so).
 async fn read_capped(response: &Response, url: &str, cap: u64) -> Result<Vec<u8>, FetchError> {
-    let too_large = || FetchError::Fatal(format!("{url} sent more than the {cap} bytes allowed for it"));
+    let too_large = || FetchError::TooLarge { url: url.to_owned(), cap };
     let announced = response.headers().get("content-length").ok().flatten();
     if announced.and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > cap) {
         return Err(too_large());
     }
     let Some(body) = response.body() else { return Ok(Vec::new()) };
     let reader: web_sys::ReadableStreamDefaultReader = body.get_reader().unchecked_into();
-    let interrupted =
-        |e: JsValue| FetchError::Transient(format!("downloading {url} was interrupted: {}", error_text(&e)));
+    let interrupted = |e: JsValue| FetchError::Interrupted { url: url.to_owned(), source: e.into() };
     let mut bytes = Vec::new();
     loop {
         let chunk = JsFuture::from(reader.read()).await.map_err(interrupted)?;
@@ -104,38 +125,31 @@ async fn read_capped(response: &Response, url: &str, cap: u64) -> Result<Vec<u8>
 
 /// Classifies a response status: success, worth a retry, or fatal.
 pub fn check_status(response: &Response, url: &str) -> Result<(), FetchError> {
+    let url = url.to_owned();
     match response.status() {
         200..=299 => Ok(()),
-        404 => Err(FetchError::Fatal(format!("{url} was not found (HTTP 404)"))),
-        status @ (408 | 429 | 500..=599) => {
-            Err(FetchError::Transient(format!("{url} answered HTTP {status}")))
-        }
-        status => Err(FetchError::Fatal(format!("{url} answered HTTP {status}"))),
+        404 => Err(FetchError::NotFound { url }),
+        status => Err(FetchError::Http { url, status }),
     }
 }
 
 /// The commit a revision points at, and every file listed at that commit.
 pub async fn resolve(source: &PackSource) -> Result<(String, Vec<PackFile>), FetchError> {
     let revision = fetch_bytes(&hub::revision_url(source), MAX_API_BYTES).await?;
-    let commit = hub::parse_revision(&revision).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    let commit = hub::parse_revision(&revision)?;
     // The Hub pages long lists; every page is read before anything is planned.
-    let fatal = |e: hub::HubError| FetchError::Fatal(e.to_string());
     let mut pages = Vec::new();
     let mut next = Some(hub::tree_url(source, &commit));
     while let Some(url) = next {
         if pages.len() == hub::MAX_TREE_PAGES {
-            return Err(FetchError::Fatal(format!(
-                "the file list of {} goes on past {} pages",
-                source.repo,
-                hub::MAX_TREE_PAGES
-            )));
+            return Err(FetchError::TooManyPages { repo: source.repo.clone(), pages: hub::MAX_TREE_PAGES });
         }
         let (page, link) = fetch_page(&url, MAX_API_BYTES).await?;
         pages.push(page);
-        next = link.map(|link| hub::next_page(&link, &source.endpoint)).transpose().map_err(fatal)?.flatten();
+        next = link.map(|link| hub::next_page(&link, &source.endpoint)).transpose()?.flatten();
     }
     let pages: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
-    let listing = hub::parse_tree_pages(&pages).map_err(fatal)?;
+    let listing = hub::parse_tree_pages(&pages)?;
     Ok((commit, listing))
 }
 
@@ -146,7 +160,7 @@ pub async fn fetch_verified(
     file: &PackFile,
 ) -> Result<Vec<u8>, FetchError> {
     let bytes = fetch_bytes(&hub::resolve_url(source, commit, &file.path), file.size).await?;
-    hub::verify_small(file, &bytes).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    hub::verify_small(file, &bytes)?;
     Ok(bytes)
 }
 
@@ -163,9 +177,7 @@ pub async fn plan(source: &PackSource, kept: &KeptFiles) -> Result<(PackPlan, Ve
     let (commit, listing) = resolve(source).await?;
     let kept = |path: &str| if kept.commit == commit { kept.files.get(path).cloned() } else { None };
     let mut graphs = Vec::new();
-    for (graph, onnx, manifest) in
-        hub::graph_files(source, &commit, &listing).map_err(|e| FetchError::Fatal(e.to_string()))?
-    {
+    for (graph, onnx, manifest) in hub::graph_files(source, &commit, &listing)? {
         let onnx = match kept(&onnx.path) {
             Some(bytes) => bytes,
             None => fetch_verified(source, &commit, &onnx).await?,
@@ -179,20 +191,18 @@ pub async fn plan(source: &PackSource, kept: &KeptFiles) -> Result<(PackPlan, Ve
         };
         graphs.push(GraphFiles { graph, onnx, manifest });
     }
-    let plan = hub::plan(source, &commit, &listing, &graphs).map_err(|e| FetchError::Fatal(e.to_string()))?;
+    let plan = hub::plan(source, &commit, &listing, &graphs)?;
     Ok((plan, graphs))
 }
 
 /// Whether any graph of the pack needs `shader-f16`, and its largest single tensor in bytes.
-pub fn device_needs(graphs: &[GraphFiles]) -> Result<(bool, u64), String> {
+pub fn device_needs(graphs: &[GraphFiles]) -> Result<(bool, u64), FetchError> {
     let mut needs_f16 = false;
     let mut largest = 0;
     for files in graphs {
-        let name = Graph::file_name(files.graph);
-        needs_f16 |= imagine_core::pack::declares_float16(&files.onnx).map_err(|e| format!("{name}: {e}"))?;
-        largest = largest.max(
-            imagine_core::pack::largest_external_tensor(&files.onnx).map_err(|e| format!("{name}: {e}"))?,
-        );
+        let broken = |source| FetchError::Graph { graph: Graph::file_name(files.graph), source };
+        needs_f16 |= imagine_core::pack::declares_float16(&files.onnx).map_err(broken)?;
+        largest = largest.max(imagine_core::pack::largest_external_tensor(&files.onnx).map_err(broken)?);
     }
     Ok((needs_f16, largest))
 }

@@ -2,15 +2,44 @@
 
 use js_sys::{Object, Reflect, JSON};
 use serde::{de::DeserializeOwned, Serialize};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
-/// A message for an error that came from JS.
-pub fn error_text(value: &JsValue) -> String {
-    value
-        .dyn_ref::<js_sys::Error>()
-        .map(|e| String::from(e.message()))
-        .or_else(|| value.as_string())
-        .unwrap_or_else(|| format!("{value:?}"))
+use crate::protocol::ProtocolError;
+
+/// An error thrown or rejected by JS (a browser API, a promise), as the Rust side keeps it: its
+/// message, and its `name` (`NotFoundError`, `QuotaExceededError`, ...) when it has one.
+#[derive(Debug, Clone, Error)]
+#[error("{message}")]
+pub struct JsError {
+    /// The error's `name`, when it is an object that has one.
+    pub name: Option<String>,
+    /// The error's `message`, the string thrown, or the value as JS prints it.
+    pub message: String,
+}
+
+impl JsError {
+    /// Whether the error's `name` is `name`.
+    pub fn is(&self, name: &str) -> bool {
+        self.name.as_deref() == Some(name)
+    }
+}
+
+impl From<JsValue> for JsError {
+    fn from(value: JsValue) -> Self {
+        JsError::from(&value)
+    }
+}
+
+impl From<&JsValue> for JsError {
+    fn from(value: &JsValue) -> Self {
+        let message = value
+            .dyn_ref::<js_sys::Error>()
+            .map(|e| String::from(e.message()))
+            .or_else(|| value.as_string())
+            .unwrap_or_else(|| format!("{value:?}"));
+        JsError { name: get(value, "name").as_string(), message }
+    }
 }
 
 /// Converts a Rust value to a plain JS object (through JSON, so u64 sizes stay numbers).
@@ -20,10 +49,10 @@ pub fn to_js<T: Serialize>(value: &T) -> JsValue {
 }
 
 /// Converts a plain JS object to a Rust value.
-pub fn from_js<T: DeserializeOwned>(value: &JsValue) -> Result<T, String> {
-    let text = JSON::stringify(value).map_err(|e| error_text(&e))?;
+pub fn from_js<T: DeserializeOwned>(value: &JsValue) -> Result<T, ProtocolError> {
+    let text = JSON::stringify(value).map_err(JsError::from)?;
     let text = text.as_string().unwrap_or_default();
-    serde_json::from_str(&text).map_err(|e| e.to_string())
+    Ok(serde_json::from_str(&text)?)
 }
 
 /// Reads `object[key]`; `undefined` when absent.

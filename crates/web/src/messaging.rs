@@ -6,12 +6,13 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use crate::chrome;
-use crate::js::{error_text, from_js, get_string, to_js};
+use crate::js::{from_js, get_string, to_js, JsError};
+use crate::protocol::ProtocolError;
 
 /// Sends a message to every other extension context and waits for the first reply.
-pub async fn send(message: &JsValue) -> Result<JsValue, String> {
-    let promise = chrome::runtime_send_message(message).map_err(|e| error_text(&e))?;
-    JsFuture::from(promise).await.map_err(|e| error_text(&e))
+pub async fn send(message: &JsValue) -> Result<JsValue, JsError> {
+    let promise = chrome::runtime_send_message(message)?;
+    Ok(JsFuture::from(promise).await?)
 }
 
 /// Broadcasts an event to the service worker and every open page. Nobody listening is not an error.
@@ -21,9 +22,9 @@ pub async fn broadcast(event: &Event) {
 
 /// Sends a request of the message API (from a page) and returns the service worker's reply.
 pub async fn request(request: &Request) -> Reply {
-    match send(&to_js(request)).await.and_then(|reply| from_js(&reply)) {
+    match send(&to_js(request)).await.map_err(ProtocolError::from).and_then(|reply| from_js(&reply)) {
         Ok(reply) => reply,
-        Err(error) => Reply::Error { error },
+        Err(error) => Reply::Error { error: error.to_string() },
     }
 }
 

@@ -14,21 +14,51 @@ use imagine_core::api::{
 };
 use imagine_core::GenerateParams;
 use js_sys::Uint8Array;
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
-use crate::js::{error_text, from_js, now_ms, to_js};
+use crate::js::{from_js, now_ms, to_js, JsError};
 use crate::messaging::broadcast;
+use crate::opfs::OpfsError;
 use crate::protocol::{
-    self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, StageOutput,
-    StageReport, StageTask,
+    self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
+    StageOutput, StageReport, StageTask,
 };
+
+/// Why a command, a job or an install failed in the offscreen document.
+#[derive(Debug, Error)]
+pub enum OffscreenError {
+    #[error("offscreen: commands are taken from the service worker only")]
+    NotFromServiceWorker,
+    #[error("offscreen: bad command: {0}")]
+    BadCommand(ProtocolError),
+    /// A worker could not be started or linked.
+    #[error(transparent)]
+    Js(#[from] JsError),
+    /// A message to or from a worker.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Opfs(#[from] OpfsError),
+    /// What a worker reported (its own typed error, as text: it crossed `postMessage`).
+    #[error("{0}")]
+    Reported(String),
+    #[error("{script} crashed: {message}")]
+    Crashed { script: String, message: String },
+    #[error("the stage worker stopped unexpectedly")]
+    StageStopped,
+    #[error("internal: the {0} worker handed on another stage's output")]
+    WrongOutput(&'static str),
+    #[error("internal: a stage handed on nothing")]
+    NoOutput,
+}
 
 /// What reaches the offscreen document about a worker: what it posted, or what happened to it.
 enum Incoming {
     Posted(JsValue),
-    Crashed(String),
+    Crashed(OffscreenError),
     /// Terminated here (a cancel, a pause).
     Stopped,
 }
@@ -84,17 +114,17 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let reply = match command(message, sender).await {
             Ok(()) => OffscreenReply::Done { installing: STATE.with_borrow(|state| state.install.is_some()) },
-            Err(error) => OffscreenReply::Refused { error },
+            Err(error) => OffscreenReply::Refused { error: error.to_string() },
         };
         Ok(to_js(&reply))
     })
 }
 
-async fn command(message: JsValue, sender: JsValue) -> Result<(), String> {
+async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError> {
     if crate::messaging::sender(&sender) != Sender::ServiceWorker {
-        return Err("offscreen: commands are taken from the service worker only".into());
+        return Err(OffscreenError::NotFromServiceWorker);
     }
-    match from_js::<OffscreenCommand>(&message).map_err(|e| format!("offscreen: bad command: {e}"))? {
+    match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
         OffscreenCommand::RunJob { job, params } => {
             let start_now = STATE.with_borrow_mut(|state| {
                 state.queue.push_back((job, params));
@@ -142,7 +172,7 @@ async fn run_queue() {
         let event = match run_job(&job, &params).await {
             Ok(result) => Event::Result(result),
             Err(StageFailure::Cancelled) => Event::Cancelled { job },
-            Err(StageFailure::Error(error)) => Event::Failed { job, error },
+            Err(StageFailure::Error(error)) => Event::Failed { job, error: error.to_string() },
         };
         broadcast(&event).await;
     }
@@ -170,12 +200,24 @@ fn cancel(job: &str) {
 
 enum StageFailure {
     Cancelled,
-    Error(String),
+    Error(OffscreenError),
 }
 
-impl From<String> for StageFailure {
-    fn from(error: String) -> Self {
+impl From<OffscreenError> for StageFailure {
+    fn from(error: OffscreenError) -> Self {
         StageFailure::Error(error)
+    }
+}
+
+impl From<ProtocolError> for StageFailure {
+    fn from(error: ProtocolError) -> Self {
+        StageFailure::Error(error.into())
+    }
+}
+
+impl From<JsError> for StageFailure {
+    fn from(error: JsError) -> Self {
+        StageFailure::Error(error.into())
     }
 }
 
@@ -233,8 +275,8 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<GenerateResult, S
     })
 }
 
-fn unexpected(stage: &str) -> StageFailure {
-    StageFailure::Error(format!("internal: the {stage} worker handed on another stage's output"))
+fn unexpected(stage: &'static str) -> StageFailure {
+    StageFailure::Error(OffscreenError::WrongOutput(stage))
 }
 
 /// Spawns a stage worker for `task`, relays its progress, and terminates it when the stage ends: its
@@ -253,7 +295,7 @@ async fn run_stage(
     });
     let outcome = match protocol::post(&worker, task, data.as_ref()) {
         Ok(()) => relay(job, &mut inbox).await,
-        Err(error) => Err(StageFailure::Error(error)),
+        Err(error) => Err(error.into()),
     };
     worker.terminate();
     STATE.with_borrow_mut(|state| {
@@ -277,25 +319,23 @@ async fn relay(
                 progress(job, Stage::Transformer, step, steps).await
             }
             (StageReport::Done { output }, Some(data)) => return Ok((output, data)),
-            (StageReport::Done { .. }, None) => {
-                return Err(StageFailure::Error("internal: a stage handed on nothing".into()))
-            }
-            (StageReport::Error { message }, _) => return Err(StageFailure::Error(message)),
+            (StageReport::Done { .. }, None) => return Err(OffscreenError::NoOutput.into()),
+            (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
         }
     }
-    Err(StageFailure::Error("the stage worker stopped unexpectedly".into()))
+    Err(OffscreenError::StageStopped.into())
 }
 
 type Spawned = (Worker, mpsc::UnboundedReceiver<Incoming>, mpsc::UnboundedSender<Incoming>);
 
-fn new_worker(script: &str) -> Result<Worker, String> {
+fn new_worker(script: &str) -> Result<Worker, JsError> {
     let options = WorkerOptions::new();
     options.set_type(WorkerType::Module);
-    Worker::new_with_options(script, &options).map_err(|e| error_text(&e))
+    Ok(Worker::new_with_options(script, &options)?)
 }
 
 /// Starts the worker `script`, whose messages and crash arrive in the returned inbox.
-fn spawn_worker(script: &str) -> Result<Spawned, String> {
+fn spawn_worker(script: &str) -> Result<Spawned, JsError> {
     let worker = new_worker(script)?;
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
@@ -308,8 +348,8 @@ fn spawn_worker(script: &str) -> Result<Spawned, String> {
         let sender = sender.clone();
         let script = script.to_owned();
         Closure::<dyn FnMut(web_sys::ErrorEvent)>::new(move |event: web_sys::ErrorEvent| {
-            let _ =
-                sender.unbounded_send(Incoming::Crashed(format!("{script} crashed: {}", event.message())));
+            let crashed = OffscreenError::Crashed { script: script.clone(), message: event.message() };
+            let _ = sender.unbounded_send(Incoming::Crashed(crashed));
         })
     };
     worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -321,7 +361,7 @@ fn spawn_worker(script: &str) -> Result<Spawned, String> {
 }
 
 /// Starts the download worker, unless one is running: a second request joins the first.
-fn start_install(request: InstallRequest) -> Result<(), String> {
+fn start_install(request: InstallRequest) -> Result<(), OffscreenError> {
     let busy = STATE.with_borrow_mut(|state| match &mut state.install {
         Some(install) if install.ended => {
             install.next = Some(request.clone());
@@ -335,7 +375,7 @@ fn start_install(request: InstallRequest) -> Result<(), String> {
     }
     let (worker, inbox, sender) = spawn_worker("download-worker.js")?;
     let hasher = new_worker("hash-worker.js")?;
-    let channel = MessageChannel::new().map_err(|e| error_text(&e))?;
+    let channel = MessageChannel::new().map_err(JsError::from)?;
     let (download_end, hash_end) = (channel.port1(), channel.port2());
     protocol::post(&hasher, &HashSetup::Port, Some(&hash_end))?;
     protocol::post(&worker, &DownloadCommand::Install { request }, Some(&download_end))?;
@@ -354,7 +394,7 @@ fn stop_install() -> Option<DownloadProgress> {
 }
 
 /// Removes a download's partial files. The terminated worker's file locks go away shortly after it.
-async fn remove_staging() -> Result<(), String> {
+async fn remove_staging() -> Result<(), OpfsError> {
     let staging = crate::opfs::pack_state().await?.staging;
     let mut attempt = 0;
     loop {
@@ -379,12 +419,17 @@ fn end_swap() {
     }
 }
 
+/// The event of a failed install: the one place its error becomes text.
+fn pack_failed(error: OffscreenError) -> Event {
+    Event::PackFailed { error: error.to_string() }
+}
+
 async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
     let event = loop {
         let posted = match inbox.next().await {
             None => return,
             Some(Incoming::Posted(posted)) => posted,
-            Some(Incoming::Crashed(error)) => break Event::PackFailed { error },
+            Some(Incoming::Crashed(error)) => break pack_failed(error),
             // Paused or cancelled: whoever stopped it reports.
             Some(Incoming::Stopped) => {
                 end_swap();
@@ -414,8 +459,8 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
             Ok(DownloadReport::Installed { pack }) => {
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
-            Ok(DownloadReport::Error { message }) => break Event::PackFailed { error: message },
-            Err(error) => break Event::PackFailed { error },
+            Ok(DownloadReport::Error { message }) => break pack_failed(OffscreenError::Reported(message)),
+            Err(error) => break pack_failed(error.into()),
         }
     };
     STATE.with_borrow_mut(|state| {
@@ -429,7 +474,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
     let next = STATE.with_borrow_mut(|state| state.install.take().and_then(|install| install.next));
     if let Some(request) = next {
         if let Err(error) = start_install(request) {
-            broadcast(&Event::PackFailed { error }).await;
+            broadcast(&pack_failed(error)).await;
         }
     }
 }

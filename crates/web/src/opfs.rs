@@ -4,6 +4,7 @@
 use imagine_core::api::StorageUse;
 pub use imagine_core::storage::{PackRecord, PackState, Slot};
 use imagine_core::storage::{PACKS_DIR, STATE_FILE};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
@@ -12,19 +13,77 @@ use web_sys::{
     FileSystemWritableFileStream, StorageManager,
 };
 
-use crate::js::{error_text, get};
+use crate::js::{get, JsError};
 
-/// A failed OPFS operation, as text for the user.
-pub type OpfsResult<T> = Result<T, String>;
+/// What an OPFS operation was doing when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Open,
+    OpenForWriting,
+    Read,
+    ReadSize,
+    Write,
+    Truncate,
+    Flush,
+    Remove,
+    Estimate,
+}
 
-async fn await_js(promise: js_sys::Promise, what: &str) -> OpfsResult<JsValue> {
-    JsFuture::from(promise).await.map_err(|e| format!("{what}: {}", error_text(&e)))
+impl Op {
+    /// The operation on `name`, as the messages say it.
+    fn on(self, name: &str) -> String {
+        match self {
+            Op::Open => format!("opening {name}"),
+            Op::OpenForWriting => format!("opening {name} for writing"),
+            Op::Read => format!("reading {name}"),
+            Op::ReadSize => format!("reading the size of {name}"),
+            Op::Write => format!("writing {name}"),
+            Op::Truncate => format!("truncating {name}"),
+            Op::Flush => format!("flushing {name}"),
+            Op::Remove => format!("removing {name}"),
+            Op::Estimate => format!("estimating {name}"),
+        }
+    }
+}
+
+/// A failed OPFS operation: what it was doing, on which file or directory (directories end in `/`).
+#[derive(Debug, Error)]
+pub enum OpfsError {
+    /// The browser refused the operation.
+    #[error("{}: {source}", .op.on(.name))]
+    Failed { op: Op, name: String, source: JsError },
+    /// The origin's storage quota is used up (a `QuotaExceededError`, or a short write, which is how
+    /// running out of quota shows on some platforms).
+    #[error("{}: {detail}", .op.on(.name))]
+    QuotaExceeded { op: Op, name: String, detail: String },
+    /// `packs/state.json` is not a pack state.
+    #[error("{PACKS_DIR}/{STATE_FILE} is unreadable ({0}): delete the model and install it again")]
+    UnreadableState(serde_json::Error),
+}
+
+impl OpfsError {
+    /// `op` on `name` failed with the JS error `e`.
+    fn js(op: Op, name: impl Into<String>, e: impl Into<JsError>) -> OpfsError {
+        let (name, source) = (name.into(), e.into());
+        if source.is("QuotaExceededError") {
+            OpfsError::QuotaExceeded { op, name, detail: source.message }
+        } else {
+            OpfsError::Failed { op, name, source }
+        }
+    }
+}
+
+/// The outcome of an OPFS operation.
+pub type OpfsResult<T> = Result<T, OpfsError>;
+
+async fn await_js(promise: js_sys::Promise, op: Op, name: &str) -> OpfsResult<JsValue> {
+    JsFuture::from(promise).await.map_err(|e| OpfsError::js(op, name, e))
 }
 
 /// The OPFS root of the extension's origin (works in every context).
 pub async fn root() -> OpfsResult<FileSystemDirectoryHandle> {
     let storage: StorageManager = get(&get(&js_sys::global(), "navigator"), "storage").unchecked_into();
-    Ok(await_js(storage.get_directory(), "opening storage").await?.unchecked_into())
+    Ok(await_js(storage.get_directory(), Op::Open, "storage").await?.unchecked_into())
 }
 
 /// A subdirectory of the root, created if `create`.
@@ -32,7 +91,7 @@ pub async fn dir(name: &str, create: bool) -> OpfsResult<FileSystemDirectoryHand
     let options = FileSystemGetDirectoryOptions::new();
     options.set_create(create);
     let root = root().await?;
-    Ok(await_js(root.get_directory_handle_with_options(name, &options), &format!("opening {name}/"))
+    Ok(await_js(root.get_directory_handle_with_options(name, &options), Op::Open, &format!("{name}/"))
         .await?
         .unchecked_into())
 }
@@ -45,21 +104,19 @@ pub async fn file_handle(
 ) -> OpfsResult<FileSystemFileHandle> {
     let options = FileSystemGetFileOptions::new();
     options.set_create(create);
-    Ok(await_js(dir.get_file_handle_with_options(name, &options), &format!("opening {name}"))
-        .await?
-        .unchecked_into())
+    Ok(await_js(dir.get_file_handle_with_options(name, &options), Op::Open, name).await?.unchecked_into())
 }
 
 /// The file as a disk-backed `File` (reading it does not load it into memory).
 pub async fn file(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<web_sys::File> {
     let handle = file_handle(dir, name, false).await?;
-    Ok(await_js(handle.get_file(), &format!("reading {name}")).await?.unchecked_into())
+    Ok(await_js(handle.get_file(), Op::Read, name).await?.unchecked_into())
 }
 
 /// The whole file's bytes (for small files: graphs, manifests, records).
 pub async fn read(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<Vec<u8>> {
     let file = file(dir, name).await?;
-    let buffer = await_js(file.array_buffer(), &format!("reading {name}")).await?;
+    let buffer = await_js(file.array_buffer(), Op::Read, name).await?;
     Ok(js_sys::Uint8Array::new(&buffer).to_vec())
 }
 
@@ -70,7 +127,7 @@ pub async fn remove(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<(
     match JsFuture::from(dir.remove_entry_with_options(name, &options)).await {
         Ok(_) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(format!("removing {name}: {}", error_text(&e))),
+        Err(e) => Err(OpfsError::js(Op::Remove, name, e)),
     }
 }
 
@@ -85,40 +142,37 @@ pub async fn pack_state() -> OpfsResult<PackState> {
     let packs = match JsFuture::from(root.get_directory_handle_with_options(PACKS_DIR, &options)).await {
         Ok(dir) => dir.unchecked_into::<FileSystemDirectoryHandle>(),
         Err(e) if is_not_found(&e) => return Ok(PackState::default()),
-        Err(e) => return Err(format!("opening {PACKS_DIR}/: {}", error_text(&e))),
+        Err(e) => return Err(OpfsError::js(Op::Open, format!("{PACKS_DIR}/"), e)),
     };
     let file = match JsFuture::from(packs.get_file_handle(STATE_FILE)).await {
         Ok(handle) => handle.unchecked_into::<FileSystemFileHandle>(),
         Err(e) if is_not_found(&e) => return Ok(PackState::default()),
-        Err(e) => return Err(format!("opening {PACKS_DIR}/{STATE_FILE}: {}", error_text(&e))),
+        Err(e) => return Err(OpfsError::js(Op::Open, format!("{PACKS_DIR}/{STATE_FILE}"), e)),
     };
-    let file: web_sys::File = await_js(file.get_file(), "reading the pack state").await?.unchecked_into();
-    let buffer = await_js(file.array_buffer(), "reading the pack state").await?;
-    serde_json::from_slice(&js_sys::Uint8Array::new(&buffer).to_vec()).map_err(|e| {
-        format!("{PACKS_DIR}/{STATE_FILE} is unreadable ({e}): delete the model and install it again")
-    })
+    let file: web_sys::File = await_js(file.get_file(), Op::Read, "the pack state").await?.unchecked_into();
+    let buffer = await_js(file.array_buffer(), Op::Read, "the pack state").await?;
+    serde_json::from_slice(&js_sys::Uint8Array::new(&buffer).to_vec()).map_err(OpfsError::UnreadableState)
 }
 
 /// Replaces `packs/state.json` whole (see [`write_whole`]), so an interruption leaves either the old
 /// state or the new one.
 pub async fn write_pack_state(state: &PackState) -> OpfsResult<()> {
-    let text = serde_json::to_vec(state).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec(state).expect("the pack state always serializes");
     write_whole(&dir(PACKS_DIR, true).await?, STATE_FILE, &text).await
 }
 
 /// Writes `name` in `dir` whole, from any context: a writable stream writes to a swap file that takes
 /// the file's place on `close()`, so readers see the old contents or the new, never a mix.
 pub async fn write_whole(dir: &FileSystemDirectoryHandle, name: &str, bytes: &[u8]) -> OpfsResult<()> {
-    let what = format!("writing {name}");
     let handle = file_handle(dir, name, true).await?;
     let stream: FileSystemWritableFileStream =
-        await_js(handle.create_writable(), &what).await?.unchecked_into();
-    let written = stream.write_with_u8_array(bytes).map_err(|e| format!("{what}: {}", error_text(&e)))?;
-    if let Err(e) = await_js(written, &what).await {
+        await_js(handle.create_writable(), Op::Write, name).await?.unchecked_into();
+    let written = stream.write_with_u8_array(bytes).map_err(|e| OpfsError::js(Op::Write, name, e))?;
+    if let Err(e) = await_js(written, Op::Write, name).await {
         let _ = JsFuture::from(stream.abort()).await;
         return Err(e);
     }
-    await_js(stream.close(), &what).await?;
+    await_js(stream.close(), Op::Write, name).await?;
     Ok(())
 }
 
@@ -130,7 +184,8 @@ pub async fn slot_dir(slot: Slot, create: bool) -> OpfsResult<FileSystemDirector
     let name = slot.dir_name();
     Ok(await_js(
         packs.get_directory_handle_with_options(name, &options),
-        &format!("opening {PACKS_DIR}/{name}/"),
+        Op::Open,
+        &format!("{PACKS_DIR}/{name}/"),
     )
     .await?
     .unchecked_into())
@@ -190,25 +245,10 @@ pub async fn failpoint(name: &str) {
 /// Bytes the extension's origin uses and may use.
 pub async fn storage_use() -> OpfsResult<StorageUse> {
     let storage: StorageManager = get(&get(&js_sys::global(), "navigator"), "storage").unchecked_into();
-    let estimate = await_js(storage.estimate().map_err(|e| error_text(&e))?, "estimating storage").await?;
+    let estimate = storage.estimate().map_err(|e| OpfsError::js(Op::Estimate, "storage", e))?;
+    let estimate = await_js(estimate, Op::Estimate, "storage").await?;
     let number = |key| crate::js::get_f64(&estimate, key).unwrap_or(0.0) as u64;
     Ok(StorageUse { usage_bytes: number("usage"), quota_bytes: number("quota") })
-}
-
-/// Why a synchronous file operation failed.
-#[derive(Debug)]
-pub enum SyncError {
-    /// The origin's storage quota is used up.
-    QuotaExceeded(String),
-    Other(String),
-}
-
-impl From<SyncError> for String {
-    fn from(error: SyncError) -> String {
-        match error {
-            SyncError::QuotaExceeded(message) | SyncError::Other(message) => message,
-        }
-    }
 }
 
 /// A file opened for synchronous reading and writing (dedicated workers only). Dropping it closes it,
@@ -223,9 +263,7 @@ impl SyncFile {
     pub async fn open(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
         let file = file_handle(dir, name, true).await?;
         let handle: FileSystemSyncAccessHandle =
-            await_js(file.create_sync_access_handle(), &format!("opening {name} for writing"))
-                .await?
-                .unchecked_into();
+            await_js(file.create_sync_access_handle(), Op::OpenForWriting, name).await?.unchecked_into();
         Ok(SyncFile { handle, name: name.to_owned() })
     }
 
@@ -237,66 +275,61 @@ impl SyncFile {
     }
 
     /// Cuts the file to `length` bytes.
-    pub fn truncate(&self, length: u64) -> Result<(), SyncError> {
-        self.handle.truncate_with_f64(length as f64).map_err(|e| self.error("truncating", &e))
+    pub fn truncate(&self, length: u64) -> OpfsResult<()> {
+        self.handle.truncate_with_f64(length as f64).map_err(|e| self.error(Op::Truncate, e))
     }
 
     /// Writes all of `bytes` (small: records, graphs, manifests) at `offset`.
-    pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<(), SyncError> {
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> OpfsResult<()> {
         self.write_js_at(&js_sys::Uint8Array::from(bytes), offset)
     }
 
     /// Writes all of a JS array at `offset` (the downloaded blocks: no copy into wasm memory).
-    pub fn write_js_at(&self, bytes: &js_sys::Uint8Array, offset: u64) -> Result<(), SyncError> {
+    pub fn write_js_at(&self, bytes: &js_sys::Uint8Array, offset: u64) -> OpfsResult<()> {
         let options = FileSystemReadWriteOptions::new();
         options.set_at(offset as f64);
         let written = self
             .handle
             .write_with_js_u8_array_and_options(bytes, &options)
-            .map_err(|e| self.error("writing", &e))?;
+            .map_err(|e| self.error(Op::Write, e))?;
         if written as u32 != bytes.length() {
             // A short write is how running out of quota shows on some platforms.
-            return Err(SyncError::QuotaExceeded(format!(
-                "writing {}: only {written} of {} bytes were written",
-                self.name,
-                bytes.length()
-            )));
+            return Err(OpfsError::QuotaExceeded {
+                op: Op::Write,
+                name: self.name.clone(),
+                detail: format!("only {written} of {} bytes were written", bytes.length()),
+            });
         }
         Ok(())
     }
 
     /// The file's length.
-    pub fn size(&self) -> Result<u64, SyncError> {
-        Ok(self.handle.get_size().map_err(|e| self.error("reading the size of", &e))? as u64)
+    pub fn size(&self) -> OpfsResult<u64> {
+        Ok(self.handle.get_size().map_err(|e| self.error(Op::ReadSize, e))? as u64)
     }
 
     /// Reads into all of `buffer` from `offset`; the number of bytes read (fewer at the end of the file).
-    pub fn read_at(&self, buffer: &mut [u8], offset: u64) -> Result<usize, SyncError> {
+    pub fn read_at(&self, buffer: &mut [u8], offset: u64) -> OpfsResult<usize> {
         let options = FileSystemReadWriteOptions::new();
         options.set_at(offset as f64);
         let read = self
             .handle
             .read_with_u8_array_and_options(buffer, &options)
-            .map_err(|e| self.error("reading", &e))?;
+            .map_err(|e| self.error(Op::Read, e))?;
         Ok(read as usize)
     }
 
     /// Makes what was written durable.
-    pub fn flush(&self) -> Result<(), SyncError> {
-        self.handle.flush().map_err(|e| self.error("flushing", &e))
+    pub fn flush(&self) -> OpfsResult<()> {
+        self.handle.flush().map_err(|e| self.error(Op::Flush, e))
     }
 
-    fn error(&self, what: &str, e: &JsValue) -> SyncError {
-        let message = format!("{what} {}: {}", self.name, error_text(e));
-        if get(e, "name").as_string().as_deref() == Some("QuotaExceededError") {
-            SyncError::QuotaExceeded(message)
-        } else {
-            SyncError::Other(message)
-        }
+    fn error(&self, op: Op, e: JsValue) -> OpfsError {
+        OpfsError::js(op, self.name.as_str(), e)
     }
 
     /// Flushes and closes the file.
-    pub fn close(self) -> Result<(), SyncError> {
+    pub fn close(self) -> OpfsResult<()> {
         self.flush()
     }
 }

@@ -18,9 +18,21 @@ use imagine_core::storage::PackRecord;
 use imagine_core::GenerateParams;
 use js_sys::Array;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
-use crate::js::{error_text, from_js, get, to_js};
+use crate::js::{from_js, get, to_js, JsError};
+
+/// A message that could not be posted, or that is not of the type its channel carries.
+#[derive(Debug, Error)]
+pub enum ProtocolError {
+    /// Posting (or reading the message as JSON) failed in JS.
+    #[error(transparent)]
+    Js(#[from] JsError),
+    /// The message is not of the expected type (serde says where and why: `unknown field ...`).
+    #[error(transparent)]
+    Malformed(#[from] serde_json::Error),
+}
 
 /// The `target` of the service worker's messages for the offscreen document (pages ignore them).
 pub const OFFSCREEN_TARGET: &str = "offscreen";
@@ -217,7 +229,11 @@ impl Endpoint for web_sys::MessagePort {
 }
 
 /// Posts `message`, with `data` (transferred) beside it.
-pub fn post<T: Serialize>(to: &impl Endpoint, message: &T, data: Option<&JsValue>) -> Result<(), String> {
+pub fn post<T: Serialize>(
+    to: &impl Endpoint,
+    message: &T,
+    data: Option<&JsValue>,
+) -> Result<(), ProtocolError> {
     let object = to_js(message);
     let posted = match data {
         Some(data) => {
@@ -226,11 +242,11 @@ pub fn post<T: Serialize>(to: &impl Endpoint, message: &T, data: Option<&JsValue
         }
         None => to.post_message(&object),
     };
-    posted.map_err(|e| error_text(&e))
+    Ok(posted.map_err(JsError::from)?)
 }
 
 /// Reads a posted message: its typed part, and its `data` if it has one.
-pub fn read<T: DeserializeOwned>(message: &JsValue) -> Result<(T, Option<JsValue>), String> {
+pub fn read<T: DeserializeOwned>(message: &JsValue) -> Result<(T, Option<JsValue>), ProtocolError> {
     let typed = from_js(message)?;
     let data = get(message, "data");
     Ok((typed, (!data.is_undefined() && !data.is_null()).then_some(data)))

@@ -12,21 +12,68 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackSource,
+    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
     PackStatus, Reply, Request, Sender,
 };
-use imagine_core::Backend;
+use imagine_core::hub::HubError;
+use imagine_core::{Backend, ParamError};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::chrome;
-use crate::hub_client;
-use crate::js::{error_text, from_js, get, random_u64, to_js, Obj};
+use crate::hub_client::{self, FetchError};
+use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
-use crate::opfs;
-use crate::protocol::{self, OffscreenCommand, OffscreenReply, OFFSCREEN_TARGET};
+use crate::opfs::{self, OpfsError};
+use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, OFFSCREEN_TARGET};
 use imagine_core::storage::RESULTS_DIR;
+
+/// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
+/// job's image could not be kept.
+#[derive(Debug, Error)]
+pub enum ServiceWorkerError {
+    #[error("Imagine answers only its own pages")]
+    Foreign,
+    #[error("events are reported by Imagine itself, not sent to it")]
+    EventSent,
+    /// Not a [`Request`] (serde says why: `unknown field ...`).
+    #[error("not a request of the Imagine message API: {0}")]
+    NotARequest(ProtocolError),
+    /// A pack source that cannot be used.
+    #[error(transparent)]
+    Source(#[from] HubError),
+    #[error("backend {0:?} is not allowed: use \"webgpu\" or \"wasm\"")]
+    Backend(String),
+    #[error(transparent)]
+    Params(#[from] ParamError),
+    /// `what`: "pause", "resume".
+    #[error("there is no download to {0}")]
+    NoDownload(&'static str),
+    #[error("a new model pack is being installed right now: delete it once it is installed")]
+    Installing,
+    #[error("no model pack is installed yet: install one (installPack) before generating")]
+    NoPack,
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Opfs(#[from] OpfsError),
+    #[error("could not open the offscreen document: {0}")]
+    OffscreenNotOpened(JsError),
+    /// The offscreen document refused a command (its own typed error, as text: it crossed
+    /// `sendMessage`).
+    #[error("{0}")]
+    Refused(String),
+    #[error("the offscreen document did not answer")]
+    NoAnswer,
+    /// A `chrome.*` call failed.
+    #[error(transparent)]
+    Js(#[from] JsError),
+    /// A result whose PNG is not base64.
+    #[error(transparent)]
+    Image(#[from] base64::DecodeError),
+}
 
 /// The context-menu item on selected text.
 pub const MENU_ID: &str = "imagine-selection";
@@ -57,7 +104,7 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             return Ok(JsValue::UNDEFINED);
         }
         let reply = match messaging::sender(&sender) {
-            Sender::Foreign => Reply::Error { error: "Imagine answers only its own pages".into() },
+            Sender::Foreign => Err(ServiceWorkerError::Foreign),
             // Events are what the offscreen document reports; nobody else's are recorded.
             Sender::Offscreen => {
                 if let Ok(event) = from_js::<Event>(&message) {
@@ -67,19 +114,18 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             }
             Sender::Page | Sender::ServiceWorker => request_reply(&message).await,
         };
+        // The one place a request's error becomes text.
+        let reply = reply.unwrap_or_else(|error| Reply::Error { error: error.to_string() });
         Ok(to_js(&reply))
     })
 }
 
-async fn request_reply(message: &JsValue) -> Reply {
+async fn request_reply(message: &JsValue) -> Result<Reply, ServiceWorkerError> {
     // Broadcast events reach every context; the ones pages send are not requests and get no reply.
     if from_js::<Event>(message).is_ok() {
-        return Reply::Error { error: "events are reported by Imagine itself, not sent to it".into() };
+        return Err(ServiceWorkerError::EventSent);
     }
-    match from_js::<Request>(message) {
-        Ok(request) => handle(request).await,
-        Err(e) => Reply::Error { error: format!("not a request of the Imagine message API: {e}") },
-    }
+    handle(from_js::<Request>(message).map_err(ServiceWorkerError::NotARequest)?).await
 }
 
 /// `chrome.runtime.onInstalled`: (re)creates the context menu.
@@ -99,7 +145,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
         let _guard = lock_download().await;
         let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
         if let Err(e) = opfs::remove_stray(keep_download).await {
-            web_sys::console::error_1(&e.into());
+            web_sys::console::error_1(&e.to_string().into());
         }
         Ok(JsValue::UNDEFINED)
     })
@@ -125,11 +171,13 @@ pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
         let page = match start_job(GenerateRequest { prompt, ..Default::default() }).await {
-            Reply::JobStarted { job, .. } => format!("result.html?job={job}"),
-            Reply::Error { error } => {
-                format!("result.html?error={}", String::from(js_sys::encode_uri_component(&error)))
+            Ok((job, _)) => format!("result.html?job={job}"),
+            Err(error) => {
+                format!(
+                    "result.html?error={}",
+                    String::from(js_sys::encode_uri_component(&error.to_string()))
+                )
             }
-            _ => "result.html".to_owned(),
         };
         let url = chrome::runtime_get_url(&page);
         JsFuture::from(chrome::tabs_create(&Obj::new().set("url", url).build())?).await?;
@@ -137,42 +185,52 @@ pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
     })
 }
 
-async fn handle(request: Request) -> Reply {
-    match request {
-        Request::InstallPack(request) => install(request).await,
-        Request::PlanPack(source) => plan(source).await,
-        Request::PausePack {} => pause().await,
+async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
+    Ok(match request {
+        Request::InstallPack(request) => {
+            install(request).await?;
+            Reply::InstallStarted
+        }
+        Request::PlanPack(source) => Reply::PackPlan(plan(source).await?),
+        Request::PausePack {} => {
+            pause().await?;
+            Reply::Done
+        }
         Request::ResumePack {} => match load_local::<Download>(DOWNLOAD_KEY).await {
-            Some(download) if !download.state.is_active() => install(download.request).await,
+            Some(download) if !download.state.is_active() => {
+                install(download.request).await?;
+                Reply::InstallStarted
+            }
             Some(_) => Reply::InstallStarted,
-            None => Reply::Error { error: "there is no download to resume".into() },
+            None => return Err(ServiceWorkerError::NoDownload("resume")),
         },
-        Request::CancelPack {} => cancel_download().await,
-        Request::DeletePack {} => match delete_pack().await {
-            Ok(()) => Reply::Done,
-            Err(error) => Reply::Error { error },
-        },
+        Request::CancelPack {} => {
+            cancel_download().await?;
+            Reply::Done
+        }
+        Request::DeletePack {} => {
+            delete_pack().await?;
+            Reply::Done
+        }
         Request::PackStatus {} => Reply::PackStatus(pack_status().await),
-        Request::Generate(request) => start_job(request).await,
-        Request::Cancel { job } => match command(&OffscreenCommand::CancelJob { job: job.clone() }).await {
-            Ok(_) => Reply::Cancelled { job },
-            Err(error) => Reply::Error { error },
-        },
+        Request::Generate(request) => {
+            let (job, seed) = start_job(request).await?;
+            Reply::JobStarted { job, seed }
+        }
+        Request::Cancel { job } => {
+            command(&OffscreenCommand::CancelJob { job: job.clone() }).await?;
+            Reply::Cancelled { job }
+        }
         Request::Job { job } => Reply::Job(job_state(&job).await),
-    }
+    })
 }
 
 /// Starts (or joins, or resumes) a download. The source is checked here so a bad one is refused at once.
-async fn install(request: InstallRequest) -> Reply {
-    let request = match request.source().validate() {
-        Ok(source) => InstallRequest::new(source, request.backend),
-        Err(e) => return Reply::Error { error: e.to_string() },
-    };
+async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
+    let request = InstallRequest::new(request.source().validate()?, request.backend);
     if let Some(backend) = &request.backend {
         if Backend::from_name(backend).is_none() {
-            return Reply::Error {
-                error: format!("backend {backend:?} is not allowed: use \"webgpu\" or \"wasm\""),
-            };
+            return Err(ServiceWorkerError::Backend(backend.clone()));
         }
     }
     let _guard = lock_download().await;
@@ -189,69 +247,55 @@ async fn install(request: InstallRequest) -> Reply {
     if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {
         let _ = JsFuture::from(promise).await;
     }
-    match command(&OffscreenCommand::InstallPack { request }).await {
-        Ok(_) => Reply::InstallStarted,
-        Err(error) => Reply::Error { error },
-    }
+    command(&OffscreenCommand::InstallPack { request }).await?;
+    Ok(())
 }
 
-async fn plan(source: PackSource) -> Reply {
-    let source = match source.validate() {
-        Ok(source) => source,
-        Err(e) => return Reply::Error { error: e.to_string() },
-    };
-    match hub_client::plan(&source, &Default::default()).await {
-        Ok((plan, _)) => Reply::PackPlan(plan),
-        Err(error) => Reply::Error { error: error.into() },
-    }
+async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
+    let source = source.validate()?;
+    Ok(hub_client::plan(&source, &Default::default()).await?.0)
 }
 
-async fn pause() -> Reply {
+async fn pause() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
     let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await else {
-        return Reply::Error { error: "there is no download to pause".into() };
+        return Err(ServiceWorkerError::NoDownload("pause"));
     };
     download.state = DownloadState::Paused;
     save_local(DOWNLOAD_KEY, &download).await;
     clear_alarm().await;
-    match offscreen_exists().await {
-        Ok(true) => command(&OffscreenCommand::PausePack)
-            .await
-            .map_or_else(|error| Reply::Error { error }, |_| Reply::Done),
-        _ => Reply::Done,
+    if let Ok(true) = offscreen_exists().await {
+        command(&OffscreenCommand::PausePack).await?;
     }
+    Ok(())
 }
 
-async fn cancel_download() -> Reply {
+async fn cancel_download() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
     remove_local(DOWNLOAD_KEY).await;
     clear_alarm().await;
     // The offscreen document stops the worker before removing the files it has open.
-    let removed = match offscreen_exists().await {
-        Ok(true) => command(&OffscreenCommand::CancelPack).await.map(|_| ()),
-        _ => match opfs::pack_state().await {
-            Ok(state) => opfs::clear_slot(state.staging).await,
-            Err(e) => Err(e),
-        },
-    };
-    match removed {
-        Ok(()) => Reply::Done,
-        Err(error) => Reply::Error { error },
+    match offscreen_exists().await {
+        Ok(true) => {
+            command(&OffscreenCommand::CancelPack).await?;
+        }
+        _ => opfs::clear_slot(opfs::pack_state().await?.staging).await?,
     }
+    Ok(())
 }
 
 /// Deletes the installed pack; a download in progress is kept. Refused while a new pack is being put in
 /// place, which would race with it.
-async fn delete_pack() -> Result<(), String> {
+async fn delete_pack() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
     let download = load_local::<Download>(DOWNLOAD_KEY).await;
     if download.as_ref().is_some_and(|d| d.state == DownloadState::Installing) {
-        return Err("a new model pack is being installed right now: delete it once it is installed".into());
+        return Err(ServiceWorkerError::Installing);
     }
     // An unreadable state is replaced: deleting is how the user starts over.
     let state = opfs::pack_state().await.unwrap_or_default();
     opfs::write_pack_state(&state.deleted()).await?;
-    opfs::remove_stray(download.is_some()).await
+    Ok(opfs::remove_stray(download.is_some()).await?)
 }
 
 async fn clear_alarm() {
@@ -315,49 +359,43 @@ async fn pack_status() -> PackStatus {
     }
 }
 
-async fn start_job(request: GenerateRequest) -> Reply {
-    let params = match request.validate(random_u64()) {
-        Ok(params) => params,
-        Err(e) => return Reply::Error { error: e.to_string() },
-    };
+/// Starts a job: its id and seed.
+async fn start_job(request: GenerateRequest) -> Result<(String, String), ServiceWorkerError> {
+    let params = request.validate(random_u64())?;
     if opfs::installed_pack().await.is_none() {
-        return Reply::Error {
-            error: "no model pack is installed yet: install one (installPack) before generating".into(),
-        };
+        return Err(ServiceWorkerError::NoPack);
     }
     let job = format!("{:016x}", random_u64());
     set_job(&job, &JobState::Running { progress: None, prompt: params.prompt.clone() }).await;
     let seed = params.seed.to_string();
     match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
-        Ok(_) => Reply::JobStarted { job, seed },
+        Ok(_) => Ok((job, seed)),
         Err(error) => {
-            set_job(&job, &JobState::Failed { error: error.clone() }).await;
-            Reply::Error { error }
+            set_job(&job, &JobState::Failed { error: error.to_string() }).await;
+            Err(error)
         }
     }
 }
 
 /// Sends a command to the offscreen document, creating it first if needed; whether a download worker
 /// runs after it.
-async fn command(command: &OffscreenCommand) -> Result<bool, String> {
+async fn command(command: &OffscreenCommand) -> Result<bool, ServiceWorkerError> {
     ensure_offscreen().await?;
     let reply = send(&protocol::to_offscreen(command)).await?;
     match from_js::<OffscreenReply>(&reply) {
         Ok(OffscreenReply::Done { installing }) => Ok(installing),
-        Ok(OffscreenReply::Refused { error }) => Err(error),
-        Err(_) => Err("the offscreen document did not answer".into()),
+        Ok(OffscreenReply::Refused { error }) => Err(ServiceWorkerError::Refused(error)),
+        Err(_) => Err(ServiceWorkerError::NoAnswer),
     }
 }
 
-async fn offscreen_exists() -> Result<bool, String> {
+async fn offscreen_exists() -> Result<bool, JsError> {
     let filter = Obj::new().set("contextTypes", js_sys::Array::of1(&"OFFSCREEN_DOCUMENT".into())).build();
-    let contexts = JsFuture::from(chrome::runtime_get_contexts(&filter).map_err(|e| error_text(&e))?)
-        .await
-        .map_err(|e| error_text(&e))?;
+    let contexts = JsFuture::from(chrome::runtime_get_contexts(&filter)?).await?;
     Ok(js_sys::Array::from(&contexts).length() > 0)
 }
 
-async fn ensure_offscreen() -> Result<(), String> {
+async fn ensure_offscreen() -> Result<(), ServiceWorkerError> {
     // A document that is still loading is listed already but cannot take messages yet: one creation at
     // a time, and everyone waits for it to finish loading.
     let lock = OFFSCREEN_LOCK.with(Rc::clone);
@@ -370,11 +408,13 @@ async fn ensure_offscreen() -> Result<(), String> {
         .set("reasons", js_sys::Array::of1(&"WORKERS".into()))
         .set("justification", "Runs the image model in dedicated workers (WebGPU) and stores the model pack.")
         .build();
-    match JsFuture::from(chrome::offscreen_create_document(&parameters).map_err(|e| error_text(&e))?).await {
+    match JsFuture::from(chrome::offscreen_create_document(&parameters).map_err(JsError::from)?).await {
         Ok(_) => Ok(()),
-        // Another request created it meanwhile.
-        Err(e) if error_text(&e).contains("single offscreen document") => Ok(()),
-        Err(e) => Err(format!("could not open the offscreen document: {}", error_text(&e))),
+        Err(e) => match JsError::from(e) {
+            // Another request created it meanwhile.
+            e if e.message.contains("single offscreen document") => Ok(()),
+            e => Err(ServiceWorkerError::OffscreenNotOpened(e)),
+        },
     }
 }
 
@@ -488,14 +528,14 @@ fn image_name(job: &str) -> String {
 }
 
 /// Stores a job's PNG (base64, as the result event carries it) in `results/`.
-async fn keep_image(job: &str, png: &str) -> Result<(), String> {
+async fn keep_image(job: &str, png: &str) -> Result<(), ServiceWorkerError> {
     use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(png).map_err(|e| e.to_string())?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
     let dir = opfs::dir(RESULTS_DIR, true).await?;
-    opfs::write_whole(&dir, &image_name(job), &bytes).await
+    Ok(opfs::write_whole(&dir, &image_name(job), &bytes).await?)
 }
 
-async fn kept_image(job: &str) -> Result<Vec<u8>, String> {
+async fn kept_image(job: &str) -> Result<Vec<u8>, OpfsError> {
     opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job)).await
 }
 
@@ -529,10 +569,11 @@ async fn set_job(job: &str, state: &JobState) {
     }
 }
 
-async fn save<T: Serialize>(key: &str, value: &T) -> Result<(), String> {
+async fn save<T: Serialize>(key: &str, value: &T) -> Result<(), JsError> {
     let items = Obj::new().set(key, to_js(value)).build();
-    let promise = chrome::session_set(&items).map_err(|e| error_text(&e))?;
-    JsFuture::from(promise).await.map(|_| ()).map_err(|e| error_text(&e))
+    let promise = chrome::session_set(&items)?;
+    JsFuture::from(promise).await?;
+    Ok(())
 }
 
 async fn load<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {

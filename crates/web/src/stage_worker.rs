@@ -9,22 +9,59 @@
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::image::PngMeta;
-use imagine_core::pack::{self, Graph};
-use imagine_core::prompt::PromptEncoder;
-use imagine_core::stages::{self, DenoiseParams};
+use imagine_core::pack::{self, Graph, PackError};
+use imagine_core::prompt::{PromptEncoder, PromptError};
+use imagine_core::stages::{self, DenoiseParams, StageError};
 use imagine_core::{Backend, DType, Dim, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
-use imagine_ort::{self as ort, ExternalData, Provider, Session};
+use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
+use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-use crate::gpu::Device;
-use crate::js::{error_text, now_ms};
-use crate::opfs;
+use crate::gpu::{Device, GpuError};
+use crate::js::{now_ms, JsError};
+use crate::opfs::{self, OpfsError};
 use crate::protocol::{
-    self, EncoderOutput, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
+    self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
 };
+
+/// Why a stage could not run.
+#[derive(Debug, Error)]
+pub enum StageWorkerError {
+    #[error("not a stage task: {0}")]
+    NotATask(ProtocolError),
+    #[error("no model pack is installed: install one first")]
+    NoPack,
+    #[error(transparent)]
+    Opfs(#[from] OpfsError),
+    /// A graph of the installed pack that breaks the pack contract.
+    #[error("{graph}: {source}")]
+    Graph { graph: String, source: PackError },
+    /// A file a graph's external data is in.
+    #[error("{graph} needs {file}: {source}")]
+    ExternalData { graph: String, file: String, source: Box<OpfsError> },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("loading {graph} failed: {source}")]
+    Load { graph: String, source: OrtError },
+    /// A file shipped with the extension (the tokenizer) could not be read.
+    #[error("reading {path}: {source}")]
+    Asset { path: &'static str, source: JsError },
+    #[error("reading {path}: HTTP {status}")]
+    AssetStatus { path: &'static str, status: u16 },
+    #[error("loading the tokenizer failed: {0}")]
+    Tokenizer(PromptError),
+    #[error("encoding the prompt failed: {0}")]
+    Prompt(PromptError),
+    /// The pipeline itself (a graph that does not fit the contract, a failed run).
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    /// The previous stage's output did not come with the task.
+    #[error("internal: missing {0}")]
+    MissingInput(&'static str),
+}
 
 /// Entry point of `stage-worker.js`.
 #[wasm_bindgen(js_name = stageWorkerMain)]
@@ -37,11 +74,11 @@ pub fn stage_worker_main() {
                 Ok((StageTask::TextEncoder { params }, _)) => text_encoder(&params).await,
                 Ok((StageTask::Transformer { params }, data)) => transformer(&params, data).await,
                 Ok((StageTask::Decoder { params }, data)) => decoder(&params, data).await,
-                Err(e) => Err(format!("not a stage task: {e}")),
+                Err(e) => Err(StageWorkerError::NotATask(e)),
             };
             match outcome {
                 Ok((output, data)) => report(&StageReport::Done { output }, Some(&data)),
-                Err(message) => report(&StageReport::Error { message }, None),
+                Err(error) => report(&StageReport::Error { message: error.to_string() }, None),
             }
         });
     });
@@ -57,12 +94,12 @@ fn worker_scope() -> DedicatedWorkerGlobalScope {
 /// Reports to the offscreen document, transferring `data` if given.
 fn report(report: &StageReport, data: Option<&JsValue>) {
     if let Err(e) = protocol::post(&worker_scope(), report, data) {
-        web_sys::console::error_1(&e.into());
+        web_sys::console::error_1(&e.to_string().into());
     }
 }
 
 /// A stage's output, and the buffer it hands on.
-type StageResult = Result<(StageOutput, JsValue), String>;
+type StageResult = Result<(StageOutput, JsValue), StageWorkerError>;
 
 /// A session on the chosen backend, with the device it owns; the pipeline runs it through
 /// [`imagine_core::Session`].
@@ -77,23 +114,27 @@ struct Stage {
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
     /// reads itself (the asyncify build reads each whole into memory first; see `imagine_ort`).
-    async fn open(graph: Graph, backend: Backend) -> Result<Stage, String> {
-        let (_, dir) = opfs::installed_pack()
-            .await
-            .ok_or_else(|| "no model pack is installed: install one first".to_string())?;
+    async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
+        let (_, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let name = graph.file_name();
         let bytes = opfs::read(&dir, &name).await?;
+        let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
         let mut external = Vec::new();
-        for external_file in pack::external_data_locations(&bytes).map_err(|e| format!("{name}: {e}"))? {
+        for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
             // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
             let pack::ExternalFile { location, file } = external_file;
-            let data = opfs::file(&dir, &file).await.map_err(|e| format!("{name} needs {file}: {e}"))?;
+            let data = match opfs::file(&dir, &file).await {
+                Ok(data) => data,
+                Err(e) => {
+                    return Err(StageWorkerError::ExternalData { graph: name, file, source: Box::new(e) })
+                }
+            };
             external.push(ExternalData { path: location, data: data.into() });
         }
         let (provider, device) = match backend {
             Backend::Wasm => (Provider::Wasm, None),
             Backend::WebGpu => {
-                let needs_f16 = pack::declares_float16(&bytes).map_err(|e| format!("{name}: {e}"))?;
+                let needs_f16 = pack::declares_float16(&bytes).map_err(broken)?;
                 let device = Device::open(needs_f16, &name).await?;
                 (Provider::WebGpu(device.js().clone()), Some(device))
             }
@@ -106,7 +147,7 @@ impl Stage {
                 if let Some(device) = device {
                     device.destroy();
                 }
-                return Err(format!("loading {name} failed: {e}"));
+                return Err(StageWorkerError::Load { graph: name, source: e });
             }
         };
         let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
@@ -195,17 +236,14 @@ fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
     Ok(Tensor { dims: tensor.dims(), data })
 }
 
-async fn fetch_bytes(path: &str) -> Result<Vec<u8>, String> {
-    let response = JsFuture::from(worker_scope().fetch_with_str(path))
-        .await
-        .map_err(|e| format!("reading {path}: {}", error_text(&e)))?;
+async fn fetch_bytes(path: &'static str) -> Result<Vec<u8>, StageWorkerError> {
+    let failed = |e: JsValue| StageWorkerError::Asset { path, source: e.into() };
+    let response = JsFuture::from(worker_scope().fetch_with_str(path)).await.map_err(failed)?;
     let response: web_sys::Response = response.unchecked_into();
     if !response.ok() {
-        return Err(format!("reading {path}: HTTP {}", response.status()));
+        return Err(StageWorkerError::AssetStatus { path, status: response.status() });
     }
-    let buffer = JsFuture::from(response.array_buffer().map_err(|e| error_text(&e))?)
-        .await
-        .map_err(|e| error_text(&e))?;
+    let buffer = JsFuture::from(response.array_buffer().map_err(failed)?).await.map_err(failed)?;
     Ok(Uint8Array::new(&buffer).to_vec())
 }
 
@@ -213,12 +251,12 @@ fn f32_buffer(values: &[f32]) -> JsValue {
     Float32Array::from(values).buffer().into()
 }
 
-fn f32_from_buffer(data: Option<JsValue>, what: &str) -> Result<Vec<f32>, String> {
+fn f32_from_buffer(data: Option<JsValue>, what: &'static str) -> Result<Vec<f32>, StageWorkerError> {
     match data {
         Some(buffer) if buffer.is_instance_of::<js_sys::ArrayBuffer>() => {
             Ok(Float32Array::new(&buffer).to_vec())
         }
-        _ => Err(format!("internal: missing {what}")),
+        _ => Err(StageWorkerError::MissingInput(what)),
     }
 }
 
@@ -226,12 +264,11 @@ fn f32_from_buffer(data: Option<JsValue>, what: &str) -> Result<Vec<f32>, String
 async fn text_encoder(params: &GenerateParams) -> StageResult {
     let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
     let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-    let encoder =
-        PromptEncoder::new(&tokenizer, &config).map_err(|e| format!("loading the tokenizer failed: {e}"))?;
-    let encoded = encoder.encode(&params.prompt).map_err(|e| format!("encoding the prompt failed: {e}"))?;
+    let encoder = PromptEncoder::new(&tokenizer, &config).map_err(StageWorkerError::Tokenizer)?;
+    let encoded = encoder.encode(&params.prompt).map_err(StageWorkerError::Prompt)?;
 
     let mut stage = Stage::open(Graph::TextEncoder, params.backend).await?;
-    let embeddings = stages::encode_prompt(&mut stage, &encoded).await.map_err(|e| e.to_string())?;
+    let embeddings = stages::encode_prompt(&mut stage, &encoded).await?;
     let timing = stage.close().await;
     let output = EncoderOutput {
         input_ids: encoded.input_ids,
@@ -257,8 +294,7 @@ async fn transformer(params: &GenerateParams, data: Option<JsValue>) -> StageRes
     let mut stage = Stage::open(Graph::Transformer, params.backend).await?;
     let steps = params.steps;
     let progress = |step: u32| report(&StageReport::Progress { step, steps }, None);
-    let denoised =
-        stages::denoise(&mut stage, embeddings, &denoise, progress).await.map_err(|e| e.to_string())?;
+    let denoised = stages::denoise(&mut stage, embeddings, &denoise, progress).await?;
     let timing = stage.close().await;
     let noise = params.trace.then(|| base64_f32(&denoised.noise));
     let output = TransformerOutput { sigmas: denoised.sigmas, noise, timing };
@@ -285,10 +321,9 @@ async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult 
     };
 
     let mut stage = Stage::open(Graph::Decoder, params.backend).await?;
-    let sample =
-        stages::decode(&mut stage, &latents, params.width, params.height).await.map_err(|e| e.to_string())?;
+    let sample = stages::decode(&mut stage, &latents, params.width, params.height).await?;
     let timing = stage.close().await;
-    let png = stages::encode_image(&sample, &meta).map_err(|e| e.to_string())?;
+    let png = stages::encode_image(&sample, &meta)?;
     let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
     Ok((StageOutput::Decoder { timing }, buffer))
 }
