@@ -100,7 +100,7 @@ async function openDevice(needsF16) {
 // ---------------------------------------------------------------------------------------------
 
 const builds = {
-  // What the extension ships (xtask/src/dist.rs): the JSPI bundle and its wasm.
+  // The JSPI bundle and its wasm: reads external data one initializer at a time.
   jspi: ['ort.jspi.bundle.min.mjs', 'ort-wasm-simd-threaded.jspi.wasm'],
   // The asyncify build (reads every external-data Blob whole before creating the session).
   asyncify: ['ort.webgpu.bundle.min.mjs', 'ort-wasm-simd-threaded.asyncify.wasm'],

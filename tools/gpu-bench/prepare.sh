@@ -36,7 +36,7 @@ ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
 cp ./*.deb "$G/debs/"
 cd "$ROOT"
 
-# ONNX Runtime Web 1.30 as the project installs it (npm ci): JSPI (what the extension ships) and asyncify.
+# ONNX Runtime Web 1.30 as the project installs it (npm ci): JSPI and asyncify (what the extension ships).
 D=node_modules/onnxruntime-web/dist
 cp $D/ort.jspi.bundle.min.mjs $D/ort.webgpu.bundle.min.mjs "$G/ort/"
 xz -T0 -6 -c $D/ort-wasm-simd-threaded.jspi.wasm > "$G/ort/jspi.wasm.xz"
