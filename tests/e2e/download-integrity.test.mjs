@@ -231,3 +231,13 @@ test('a graph served longer than listed is cut off at its listed size, naming it
   assert.ok(error.includes(graph), error);
   assert.match(error, new RegExp(`more than the ${size} bytes allowed`));
 });
+
+test('a file list larger than the stated limit (16 MiB) is refused, not held', { timeout: 120_000 }, async (t) => {
+  // 60,000 made-up entries of about 300 bytes: a listing no pack has.
+  const filler = (i) => ({ type: 'file', oid: 'c'.repeat(40), size: 1, path: `junk/${String(i).padStart(6, '0')}-${'x'.repeat(220)}.bin` });
+  const mutateTree = (entries) => entries.concat(Array.from({ length: 60_000 }, (_, i) => filler(i)));
+  const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/f32': { dir: h.fixtureDir('fixtures/f32'), mutateTree } } } });
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
+  assert.equal(plan.type, 'error', JSON.stringify(plan, h.shorten));
+  assert.match(plan.error, /tree.*sent more than the 16777216 bytes allowed/);
+});
