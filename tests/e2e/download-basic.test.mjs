@@ -100,7 +100,8 @@ test('a new pack installed while a generation runs replaces the old one only aft
   // The install starts while the job runs: its pack must not replace the files the job is reading.
   const reply = await h.startInstall(b.page, b.hub, REPO);
   assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
-  const installed = await h.waitForInstall(b.page);
+  // The install waits for the job, which may take a while on a loaded machine.
+  const installed = await h.waitForInstall(b.page, h.GENERATION_TIMEOUT_MS + h.INSTALL_TIMEOUT_MS);
   assert.equal(installed.commit, fresh);
   const evs = await h.events(b.page);
   const resultAt = evs.findIndex((e) => e.job === job.job && ['result', 'failed', 'cancelled'].includes(e.type));
