@@ -14,6 +14,10 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
   await h.waitForDownload(page, (s) => h.fileDone(s, SHARD) >= 4 << 20, 60_000);
 
+  // The toolbar badge shows how far the download is.
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  assert.match(await sw.evaluate(() => chrome.action.getBadgeText({})), /^\d+%$/);
+
   await page.reload(); // the popup opened while a download runs
   const text = (sel) => page.textContent(sel).then((s) => (s ?? '').trim());
   // (popup.html also has an <a id="download"> for the PNG: select the section.)

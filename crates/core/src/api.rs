@@ -357,6 +357,27 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// What the toolbar badge says after this event: `Some("")` clears it, `None` leaves it. A running
+    /// job shows its step (`2/4`), a download its percentage.
+    pub fn badge(&self) -> Option<String> {
+        match self {
+            Event::Progress { progress, .. } => Some(match progress.stage {
+                Stage::Transformer => format!("{}/{}", progress.step, progress.steps),
+                Stage::TextEncoder | Stage::Decoder => "\u{2026}".to_owned(),
+            }),
+            Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => Some(String::new()),
+            Event::PackProgress(p) => Some(match p.state {
+                DownloadState::Downloading if p.total_bytes > 0 => {
+                    format!("{}%", p.done_bytes.saturating_mul(100) / p.total_bytes)
+                }
+                _ => String::new(),
+            }),
+            Event::PackInstalled { .. } | Event::PackFailed { .. } => Some(String::new()),
+        }
+    }
+}
+
 /// Who sent a message, from Chrome's `runtime.MessageSender`: only the extension's own contexts are
 /// listened to, and each channel only to the context that speaks on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,6 +410,16 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
+        let progress =
+            |stage, step| Event::Progress { job: "j".into(), progress: Progress { stage, step, steps: 4 } };
+        assert_eq!(progress(Stage::Transformer, 2).badge().as_deref(), Some("2/4"));
+        assert_eq!(progress(Stage::Decoder, 1).badge().as_deref(), Some("\u{2026}"));
+        assert_eq!(Event::Cancelled { job: "j".into() }.badge().as_deref(), Some(""));
+        assert_eq!(Event::PackInstalled { bytes: 1, commit: "c".into() }.badge().as_deref(), Some(""));
+    }
 
     #[test]
     fn senders_are_told_apart_by_extension_and_url() {

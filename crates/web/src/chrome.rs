@@ -53,6 +53,9 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "alarms"], js_name = clear)]
     pub fn alarms_clear(name: &str) -> Result<Promise, JsValue>;
 
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = setBadgeText)]
+    pub fn action_set_badge_text(details: &JsValue) -> Result<Promise, JsValue>;
+
     #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
     pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
 }

@@ -420,6 +420,11 @@ async fn ensure_offscreen() -> Result<(), ServiceWorkerError> {
 
 /// Keeps the latest state of jobs and installs, from the events the offscreen document broadcasts.
 async fn record(event: Event) {
+    if let Some(text) = event.badge() {
+        if let Ok(promise) = chrome::action_set_badge_text(&Obj::new().set("text", text).build()) {
+            let _ = JsFuture::from(promise).await;
+        }
+    }
     match event {
         Event::Progress { job, progress } => {
             let prompt = match load(&job_key(&job)).await {
