@@ -23,6 +23,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// The type called `name` (ONNX Runtime's names; any other is [`DType::Other`]).
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "float32" => DType::Float32,
+            "float16" => DType::Float16,
+            "int64" => DType::Int64,
+            other => DType::Other(other.to_owned()),
+        }
+    }
+
     /// The ONNX name (`float32`, `float16`, `int64`, …).
     pub fn name(&self) -> &str {
         match self {

@@ -14,6 +14,7 @@
 //! copy until the session exists. Only ORT's JSPI build reads a `File` one initializer at a time
 //! (`shared/docs/scale.md`, section 1).
 
+pub use imagine_core::{DType, Dim, TensorInfo};
 use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -102,53 +103,6 @@ pub struct ExternalData {
     pub data: JsValue,
 }
 
-/// Element type of a tensor, as ORT names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DType {
-    Float32,
-    Float16,
-    Int64,
-    /// Any type the pipeline does not use.
-    Other(String),
-}
-
-impl DType {
-    fn from_name(name: &str) -> Self {
-        match name {
-            "float32" => DType::Float32,
-            "float16" => DType::Float16,
-            "int64" => DType::Int64,
-            other => DType::Other(other.to_owned()),
-        }
-    }
-
-    /// ORT's name for it.
-    pub fn name(&self) -> &str {
-        match self {
-            DType::Float32 => "float32",
-            DType::Float16 => "float16",
-            DType::Int64 => "int64",
-            DType::Other(name) => name,
-        }
-    }
-}
-
-/// One dimension of a declared shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Dim {
-    Fixed(i64),
-    Symbolic(String),
-}
-
-/// A declared graph input or output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValueInfo {
-    pub name: String,
-    pub dtype: DType,
-    /// Empty when the graph declares no shape.
-    pub shape: Vec<Dim>,
-}
-
 /// Sets process-wide ORT options. Call before the first session.
 pub fn configure(threads: u32) {
     ENV.with(|env| {
@@ -198,12 +152,12 @@ impl Session {
     }
 
     /// The graph's declared inputs.
-    pub fn inputs(&self) -> Vec<ValueInfo> {
+    pub fn inputs(&self) -> Vec<TensorInfo> {
         value_infos(&self.inner.input_metadata())
     }
 
     /// The graph's declared outputs.
-    pub fn outputs(&self) -> Vec<ValueInfo> {
+    pub fn outputs(&self) -> Vec<TensorInfo> {
         value_infos(&self.inner.output_metadata())
     }
 
@@ -329,7 +283,7 @@ fn set(target: &Object, key: &str, value: &JsValue) {
     let _ = Reflect::set(target, &key.into(), value);
 }
 
-fn value_infos(metadata: &Array) -> Vec<ValueInfo> {
+fn value_infos(metadata: &Array) -> Vec<TensorInfo> {
     metadata
         .iter()
         .map(|item| {
@@ -346,7 +300,7 @@ fn value_infos(metadata: &Array) -> Vec<ValueInfo> {
             } else {
                 Vec::new()
             };
-            ValueInfo {
+            TensorInfo {
                 name: get("name").as_string().unwrap_or_default(),
                 dtype: DType::from_name(&get("type").as_string().unwrap_or_default()),
                 shape,

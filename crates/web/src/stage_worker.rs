@@ -12,7 +12,7 @@ use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::prompt::{PromptEncoder, PromptError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::{Backend, DType, Dim, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{Backend, DType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -151,8 +151,8 @@ impl Stage {
             }
         };
         let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
-        let inputs = session.inputs().iter().map(tensor_info).collect();
-        let outputs = session.outputs().iter().map(tensor_info).collect();
+        let inputs = session.inputs();
+        let outputs = session.outputs();
         Ok(Stage { session, device, inputs, outputs, timing })
     }
 
@@ -196,24 +196,6 @@ fn session_error(e: ort::OrtError) -> SessionError {
     SessionError(e.to_string())
 }
 
-fn tensor_info(value: &ort::ValueInfo) -> TensorInfo {
-    let dtype = match &value.dtype {
-        ort::DType::Float32 => DType::Float32,
-        ort::DType::Float16 => DType::Float16,
-        ort::DType::Int64 => DType::Int64,
-        ort::DType::Other(name) => DType::Other(name.clone()),
-    };
-    let shape = value
-        .shape
-        .iter()
-        .map(|dim| match dim {
-            ort::Dim::Fixed(n) => Dim::Fixed(*n),
-            ort::Dim::Symbolic(name) => Dim::Symbolic(name.clone()),
-        })
-        .collect();
-    TensorInfo { name: value.name.clone(), dtype, shape }
-}
-
 fn to_ort(tensor: &Tensor) -> Result<ort::Tensor, SessionError> {
     match &tensor.data {
         TensorData::Float32(values) => ort::Tensor::from_f32(values, &tensor.dims),
@@ -225,10 +207,8 @@ fn to_ort(tensor: &Tensor) -> Result<ort::Tensor, SessionError> {
 
 fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
     let data = match tensor.dtype() {
-        ort::DType::Float32 => TensorData::Float32(tensor.to_f32().map_err(session_error)?),
-        ort::DType::Float16 => {
-            TensorData::Float16(tensor.f16_bits().map_err(session_error)?.reinterpret_into())
-        }
+        DType::Float32 => TensorData::Float32(tensor.to_f32().map_err(session_error)?),
+        DType::Float16 => TensorData::Float16(tensor.f16_bits().map_err(session_error)?.reinterpret_into()),
         other => {
             return Err(SessionError(format!("an output is {}, which Imagine does not read", other.name())))
         }
