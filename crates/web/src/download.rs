@@ -1,18 +1,20 @@
 //! Installing the pack from a Hub: a dedicated worker of the offscreen document (only workers can write
-//! OPFS files synchronously) that streams each file into `pack-staging/`, hashing it as it goes.
+//! OPFS files synchronously) that streams each file into the staging slot (`packs/a/` or `packs/b/`, see
+//! `imagine_core::storage`), hashing it as it goes.
 //!
 //! Losing nothing to interruptions rests on one rule: the download record says a prefix of a file is done
 //! only after that prefix is flushed to disk and hashed. Every [`CHECKPOINT_BYTES`] the worker flushes the
 //! file and asks the hash worker for its state after the bytes written so far; it reads on meanwhile and
 //! saves the record when the answer comes (the hash worker is at most [`crate::hasher::MAX_LENT`] blocks
 //! behind). The worker can therefore be terminated at any instant (pause, cancel, the offscreen document
-//! closing, the browser quitting): the next attempt truncates each file to its recorded prefix, restores
+//! closing, the browser quitting): the next attempt truncates each file to its recorded prefix (a file
+//! shorter than that starts over), restores
 //! the hash state and asks for the rest with a `Range` request, re-fetching at most a checkpoint interval
 //! plus that lag (6 MiB).
 //!
 //! The record is written alternately to two files with a sequence number, so a write cut short by
 //! termination leaves the previous record intact. The pack replaces the installed one only when every
-//! file is verified, and its record (`pack/pack.json`) is written last.
+//! file is verified, in one write of `packs/state.json` ([`swap`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
