@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::gallery::{GalleryItem, GalleryLimit};
+
 /// A request to the service worker. Each one gets exactly one [`Reply`]. A field the request does not
 /// have (a misspelt `widht`) is an error, not silently dropped (which is why the requests without
 /// fields are empty struct variants: serde checks no fields of a unit variant).
@@ -33,6 +35,54 @@ pub enum Request {
     Cancel { job: String },
     /// The state of one job: running (with its last progress), done (with its result) or failed.
     Job { job: String },
+    /// The gallery's images matching a prompt search, newest first, one page of them.
+    GalleryList(GalleryListRequest),
+    /// One gallery image: its PNG and parameters.
+    GalleryImage { id: String },
+    /// Removes one gallery image.
+    GalleryDelete { id: String },
+    /// Removes every gallery image.
+    GalleryClear {},
+    /// Writes a zip of every gallery image and their parameters to OPFS `exports/gallery.zip`.
+    GalleryExport {},
+    /// Sets the gallery's caps (a missing field keeps its value) and applies them at once.
+    GalleryLimit(GalleryLimitRequest),
+}
+
+/// `galleryList`: a case-insensitive substring of the prompt, and a page.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GalleryListRequest {
+    pub query: Option<String>,
+    /// Items to skip (default 0).
+    pub offset: Option<i64>,
+    /// Items to return: 1 to 500 (default 60).
+    pub limit: Option<i64>,
+}
+
+/// `galleryLimit`: the caps, each optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GalleryLimitRequest {
+    /// 1 to 10000 images.
+    pub max_items: Option<i64>,
+    /// 1 MiB to 64 GiB.
+    pub max_bytes: Option<i64>,
+}
+
+/// `galleryList`'s reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GalleryPage {
+    /// Newest first.
+    pub items: Vec<GalleryItem>,
+    /// Items matching the query (all of them, not only this page).
+    pub total: u32,
+    /// Items in the gallery.
+    pub count: u32,
+    /// Bytes of all the gallery's PNGs.
+    pub bytes_used: u64,
+    pub limit: GalleryLimit,
 }
 
 /// `generate`: what the caller asked for, before validation.
@@ -90,6 +140,21 @@ pub enum Reply {
         job: String,
     },
     Job(JobState),
+    /// `galleryList`.
+    Gallery(GalleryPage),
+    /// `galleryImage`: the PNG as base64.
+    GalleryImage {
+        item: GalleryItem,
+        png: String,
+    },
+    /// `galleryExport`: where the zip is (an OPFS path), its size and how many images it holds.
+    GalleryExport {
+        file: String,
+        bytes: u64,
+        images: u32,
+    },
+    /// `galleryLimit`: the caps now in force.
+    GalleryLimit(GalleryLimit),
     /// The request was refused; `error` says what was wrong and what is allowed.
     Error {
         error: String,
@@ -410,6 +475,21 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gallery_requests_parse_and_refuse_unknown_fields() {
+        let list: Request =
+            serde_json::from_str(r#"{"type":"galleryList","query":"fox","limit":10}"#).unwrap();
+        let want = GalleryListRequest { query: Some("fox".into()), offset: None, limit: Some(10) };
+        assert_eq!(list, Request::GalleryList(want));
+        let clear: Request = serde_json::from_str(r#"{"type":"galleryClear"}"#).unwrap();
+        assert_eq!(clear, Request::GalleryClear {});
+        let e = serde_json::from_str::<Request>(r#"{"type":"galleryLimit","maxItem":3}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `maxItem`"), "{e}");
+        let e =
+            serde_json::from_str::<Request>(r#"{"type":"galleryDelete","id":"a","all":true}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `all`"), "{e}");
+    }
 
     #[test]
     fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
