@@ -26,5 +26,5 @@ test('a full storage.session: the job still ends done, its image readable after 
   assert.equal(again.status, 'done');
   assert.equal(again.result.png, result.png);
   const tree = await h.opfsTree(b.page);
-  assert.equal(tree[`results/${reply.job}.png`], h.pngBytes(result).length);
+  assert.equal(tree[`gallery/${reply.job}.png`], h.pngBytes(result).length);
 });

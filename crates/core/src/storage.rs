@@ -4,8 +4,9 @@
 //! ```text
 //! packs/state.json   which slot holds the installed pack (with its record) and which stages downloads
 //! packs/a/, packs/b/ the two slots: one holds the installed pack, the other a download in progress
-//! results/<job>.png  the images of the jobs the service worker keeps (their states live in
-//!                    `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//! gallery/           every finished image, `<job>.png`, and its index (see `crate::gallery`); a job's
+//!                    state (in `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//!                    points there
 //! ```
 //!
 //! A new pack is downloaded and verified in the staging slot while the installed one stays where it is.
@@ -22,11 +23,9 @@ use crate::api::{PackFile, PackPlan, PackSource};
 pub const PACKS_DIR: &str = "packs";
 /// The state file in [`PACKS_DIR`].
 pub const STATE_FILE: &str = "state.json";
-/// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`). Nothing reads them; they are
-/// removed wherever stray files are cleaned up.
-pub const LEGACY_DIRS: [&str; 2] = ["pack", "pack-staging"];
-/// The directory of job images: `<job>.png`.
-pub const RESULTS_DIR: &str = "results";
+/// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`, job images in `results/`,
+/// now in the gallery). Nothing reads them; they are removed wherever stray files are cleaned up.
+pub const LEGACY_DIRS: [&str; 3] = ["pack", "pack-staging", "results"];
 /// The two slots of the download record, in the staging slot (see the web crate's `download.rs`).
 pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
 

@@ -56,6 +56,9 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = setBadgeText)]
     pub fn action_set_badge_text(details: &JsValue) -> Result<Promise, JsValue>;
 
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = openPopup)]
+    pub fn action_open_popup() -> Result<Promise, JsValue>;
+
     #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
     pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
 }

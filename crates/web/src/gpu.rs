@@ -117,6 +117,35 @@ pub async fn check_device(needs_f16: bool, largest_tensor: u64) -> Result<(), Gp
     Ok(())
 }
 
+/// What the options page reports about this device before anything is downloaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReport {
+    /// `GPUAdapterInfo`: vendor, architecture, description (each may be empty).
+    pub vendor: String,
+    pub architecture: String,
+    pub description: String,
+    pub shader_f16: bool,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+}
+
+/// The adapter's identity, `shader-f16` and the buffer limits that decide which packs fit.
+pub async fn device_report() -> Result<DeviceReport, GpuError> {
+    let adapter = adapter().await?;
+    let info = get(&adapter, "info");
+    let text = |key| get(&info, key).as_string().unwrap_or_default();
+    let limits = get(&adapter, "limits");
+    let limit = |key| get(&limits, key).as_f64().unwrap_or(0.0) as u64;
+    Ok(DeviceReport {
+        vendor: text("vendor"),
+        architecture: text("architecture"),
+        description: text("description"),
+        shader_f16: has_feature(&adapter, "shader-f16"),
+        max_buffer_size: limit("maxBufferSize"),
+        max_storage_buffer_binding_size: limit("maxStorageBufferBindingSize"),
+    })
+}
+
 fn has_feature(adapter: &JsValue, name: &str) -> bool {
     let features = get(adapter, "features");
     Reflect::get(&features, &"has".into())

@@ -12,12 +12,16 @@
 //! | hash worker (beside the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
+//! | gallery page | `gallery.js` | [`gallery_page`] | `galleryPageMain`, `galleryPageEvent` |
+//! | options page | `options.js` | [`options_page`] | `optionsPageMain`, `optionsPageEvent` |
 //!
 //! The internal channels between them are typed in [`protocol`]. The pipeline itself lives in
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
 pub mod chrome;
 pub mod download;
+pub mod gallery_page;
+pub mod gallery_store;
 pub mod gpu;
 pub mod hasher;
 pub mod hub_client;
@@ -26,10 +30,12 @@ pub mod js;
 pub mod messaging;
 pub mod offscreen;
 pub mod opfs;
+pub mod options_page;
 pub mod popup;
 pub mod protocol;
 pub mod result_page;
 pub mod service_worker;
+pub mod settings;
 pub mod stage_worker;
 pub mod view;
 

@@ -131,6 +131,22 @@ pub async fn remove(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<(
     }
 }
 
+/// The names of the entries of `dir`.
+pub async fn names(dir: &FileSystemDirectoryHandle) -> OpfsResult<Vec<String>> {
+    let iterator = dir.keys();
+    let mut names = Vec::new();
+    loop {
+        let next = iterator.next().map_err(|e| OpfsError::js(Op::Read, "a directory", e))?;
+        let step = await_js(next, Op::Read, "a directory").await?;
+        if get(&step, "done").as_bool().unwrap_or(true) {
+            return Ok(names);
+        }
+        if let Some(name) = get(&step, "value").as_string() {
+            names.push(name);
+        }
+    }
+}
+
 fn is_not_found(e: &JsValue) -> bool {
     get(e, "name").as_string().as_deref() == Some("NotFoundError")
 }

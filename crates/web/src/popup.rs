@@ -11,10 +11,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::chrome;
 use crate::i18n;
-use crate::js::{from_js, Obj};
+use crate::js::from_js;
 use crate::messaging::request;
+use crate::settings;
 use crate::view::{element, set_text, set_visible, JobView};
 
 /// The job shown by the popup survives closing and reopening it.
@@ -38,6 +38,7 @@ pub fn popup_main() {
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
     on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
     spawn_local(async {
+        fill_form().await;
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
             show_job(job.clone());
@@ -200,24 +201,39 @@ fn source_from_form() -> PackSource {
 /// synchronously within the click.
 fn install_clicked() {
     let source = source_from_form();
-    let hub = PackSource::default().endpoint;
-    let permission = if source.endpoint == hub {
-        None
-    } else {
-        let origins = js_sys::Array::of1(&format!("{}/*", source.endpoint).into());
-        chrome::permissions_request(&Obj::new().set("origins", origins).build()).ok()
-    };
+    let permission = settings::request_host_permission(&source);
     spawn_local(async move {
-        if let Some(permission) = permission {
-            // Refused or failed: the download may still work if the mirror allows CORS.
-            let _ = wasm_bindgen_futures::JsFuture::from(permission).await;
-        }
+        settings::host_permission_answered(permission).await;
         let install = InstallRequest::new(source, None);
         match request(&Request::InstallPack(install)).await {
             Reply::Error { error } => set_text("pack-status", &error),
             _ => refresh_pack().await,
         }
     });
+}
+
+/// Starts the form from the defaults and source saved on the options page, or from a gallery image's
+/// settings when the gallery asked to reuse them.
+async fn fill_form() {
+    let defaults = settings::defaults().await;
+    let set = |id: &str, value: &str| element::<HtmlInputElement>(id).set_value(value);
+    set("width", &defaults.width.to_string());
+    set("height", &defaults.height.to_string());
+    set("steps", &defaults.steps.to_string());
+    element::<HtmlSelectElement>("schedule").set_value(&defaults.schedule);
+    if let Some(source) = settings::source().await {
+        set("hub-endpoint", &source.endpoint);
+        set("hub-repo", &source.repo);
+        set("hub-revision", &source.revision);
+    }
+    if let Some(reuse) = settings::take_reuse().await {
+        element::<HtmlTextAreaElement>("prompt").set_value(&reuse.prompt);
+        set("width", &reuse.width.to_string());
+        set("height", &reuse.height.to_string());
+        set("steps", &reuse.steps.to_string());
+        set("seed", &reuse.seed);
+        element::<HtmlSelectElement>("schedule").set_value(&reuse.schedule);
+    }
 }
 
 async fn pack_action(action: Request) {

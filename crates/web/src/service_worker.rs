@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
-    PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
+    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
 };
 use imagine_core::hub::HubError;
 use imagine_core::{Backend, ParamError};
@@ -23,13 +23,13 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::chrome;
+use crate::gallery_store::{self, GalleryStoreError};
 use crate::hub_client::{self, FetchError};
 use crate::i18n;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, OFFSCREEN_TARGET};
-use imagine_core::storage::RESULTS_DIR;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.
@@ -74,6 +74,8 @@ pub enum ServiceWorkerError {
     /// A result whose PNG is not base64.
     #[error(transparent)]
     Image(#[from] base64::DecodeError),
+    #[error(transparent)]
+    Gallery(#[from] GalleryStoreError),
 }
 
 /// The context-menu item on selected text.
@@ -223,6 +225,24 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
             Reply::Cancelled { job }
         }
         Request::Job { job } => Reply::Job(job_state(&job).await),
+        Request::GalleryList(request) => Reply::Gallery(gallery_store::list(request).await?),
+        Request::GalleryImage { id } => {
+            let (item, png) = gallery_store::image(&id).await?;
+            Reply::GalleryImage { item, png }
+        }
+        Request::GalleryDelete { id } => {
+            gallery_store::delete(&id).await?;
+            Reply::Done
+        }
+        Request::GalleryClear {} => {
+            gallery_store::clear().await?;
+            Reply::Done
+        }
+        Request::GalleryExport {} => {
+            let (file, bytes, images) = gallery_store::export().await?;
+            Reply::GalleryExport { file, bytes, images }
+        }
+        Request::GalleryLimit(request) => Reply::GalleryLimit(gallery_store::set_limit(request).await?),
     })
 }
 
@@ -440,7 +460,7 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
-            let state = match keep_image(&job, &png).await {
+            let state = match keep_image(&result, &png).await {
                 Ok(()) => JobState::Done { result },
                 Err(e) => JobState::Failed {
                     error: format!(
@@ -529,20 +549,17 @@ fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-fn image_name(job: &str) -> String {
-    format!("{job}.png")
-}
-
-/// Stores a job's PNG (base64, as the result event carries it) in `results/`.
-async fn keep_image(job: &str, png: &str) -> Result<(), ServiceWorkerError> {
+/// Keeps a job's PNG (base64, as the result event carries it) in the gallery, which is where the job's
+/// image is read back from: one copy of the bytes.
+async fn keep_image(result: &GenerateResult, png: &str) -> Result<(), ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    let dir = opfs::dir(RESULTS_DIR, true).await?;
-    Ok(opfs::write_whole(&dir, &image_name(job), &bytes).await?)
+    let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
+    Ok(gallery_store::keep(result, &bytes, commit).await?)
 }
 
-async fn kept_image(job: &str) -> Result<Vec<u8>, OpfsError> {
-    opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job)).await
+async fn kept_image(job: &str) -> Result<Vec<u8>, GalleryStoreError> {
+    gallery_store::png(job).await
 }
 
 /// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
@@ -562,11 +579,9 @@ async fn set_job(job: &str, state: &JobState) {
         jobs.push(job.to_owned());
         while jobs.len() > KEPT_JOBS {
             let old = jobs.remove(0);
+            // Its image stays in the gallery.
             if let Ok(promise) = chrome::session_remove(&job_key(&old).into()) {
                 let _ = JsFuture::from(promise).await;
-            }
-            if let Ok(dir) = opfs::dir(RESULTS_DIR, false).await {
-                let _ = opfs::remove(&dir, &image_name(&old)).await;
             }
         }
         if let Err(e) = save(JOBS_KEY, &jobs).await {
