@@ -19,7 +19,7 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemDirectoryHandle;
 
 use crate::chrome;
-use crate::js::{get, now_ms, Obj};
+use crate::js::{get, Obj};
 use crate::opfs::{self, OpfsError};
 
 /// Why a gallery request failed.
@@ -120,7 +120,7 @@ pub async fn keep(result: &GenerateResult, png: &[u8], pack_commit: Option<Strin
         height: result.height,
         steps: result.steps,
         schedule: result.schedule.clone(),
-        created: now_ms(),
+        created: js_sys::Date::now(),
         bytes: png.len() as u64,
         timings: result.timings,
         pack_commit,
