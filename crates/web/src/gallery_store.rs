@@ -105,12 +105,23 @@ async fn viewed() -> Vec<String> {
     gallery::viewed_ids(urls.iter().map(String::as_str))
 }
 
-/// Keeps a job's image: the PNG, then its entry, then the limit applied.
-pub async fn keep(result: &GenerateResult, png: &[u8], pack_commit: Option<String>) -> Result<()> {
+/// Writes a job's PNG (step one of keeping it; [`add`] lists it). Until then a rebuild of the index
+/// would pick it up too.
+pub async fn write_png(job: &str, png: &[u8]) -> Result<()> {
+    let id = gallery::validate_id(job)?;
+    Ok(opfs::write_whole(&gallery_dir().await?, &gallery::image_file(id), png).await?)
+}
+
+/// Lists a job's PNG (written by [`write_png`], `bytes` long) as the newest item, then applies the
+/// limit.
+pub async fn add(result: &GenerateResult, bytes: u64, pack_commit: Option<String>) -> Result<()> {
     let _guard = lock().await;
     let dir = gallery_dir().await?;
     let id = gallery::validate_id(&result.job)?;
-    opfs::write_whole(&dir, &gallery::image_file(id), png).await?;
+    // Cleared meanwhile ("delete all" between the two steps): nothing to list.
+    if opfs::file(&dir, &gallery::image_file(id)).await.is_err() {
+        return Ok(());
+    }
     let mut index = load(&dir).await?;
     index.add(GalleryItem {
         id: id.to_owned(),
@@ -121,7 +132,7 @@ pub async fn keep(result: &GenerateResult, png: &[u8], pack_commit: Option<Strin
         steps: result.steps,
         schedule: result.schedule.clone(),
         created: js_sys::Date::now(),
-        bytes: png.len() as u64,
+        bytes,
         timings: result.timings,
         pack_commit,
     });

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
-    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
+    PackStatus, Reply, Request, Sender,
 };
 use imagine_core::hub::HubError;
 use imagine_core::{Backend, ParamError};
@@ -460,17 +460,26 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
-            let state = match keep_image(&result, &png).await {
-                Ok(()) => JobState::Done { result },
-                Err(e) => JobState::Failed {
-                    error: format!(
+            // The PNG first, then the job's state (which reads it), then the gallery's index: a page
+            // asking for the job is answered as soon as the image is on disk.
+            let (state, kept) = match keep_image(&job, &png).await {
+                Ok(bytes) => (JobState::Done { result: result.clone() }, Some(bytes)),
+                Err(e) => {
+                    let error = format!(
                         "the image was made but could not be kept ({e}); free some disk space and generate \
                          it again with seed {}",
                         result.seed
-                    ),
-                },
+                    );
+                    (JobState::Failed { error }, None)
+                }
             };
             set_job(&job, &state).await;
+            if let Some(bytes) = kept {
+                let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
+                if let Err(e) = gallery_store::add(&result, bytes, commit).await {
+                    web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
+                }
+            }
         }
         Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
         Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
@@ -551,11 +560,12 @@ fn job_key(job: &str) -> String {
 
 /// Keeps a job's PNG (base64, as the result event carries it) in the gallery, which is where the job's
 /// image is read back from: one copy of the bytes.
-async fn keep_image(result: &GenerateResult, png: &str) -> Result<(), ServiceWorkerError> {
+/// Returns the PNG's size.
+async fn keep_image(job: &str, png: &str) -> Result<u64, ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
-    Ok(gallery_store::keep(result, &bytes, commit).await?)
+    gallery_store::write_png(job, &bytes).await?;
+    Ok(bytes.len() as u64)
 }
 
 async fn kept_image(job: &str) -> Result<Vec<u8>, GalleryStoreError> {
