@@ -17,6 +17,7 @@
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
 pub mod chrome;
+pub mod convert;
 pub mod download;
 pub mod gpu;
 pub mod hasher;
