@@ -200,11 +200,11 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
             self.state.written.insert(new.name.clone(), new.size);
             self.save()?;
             self.progress(&new.name, new.size, false);
-            opfs::failpoint("convert:file-written").await;
             if self.verify(plan, &file, new, pieces).await? {
                 self.state.verified.push(new.name.clone());
                 self.save()?;
                 self.progress(&new.name, new.size, true);
+                opfs::failpoint("convert:file-done").await;
                 return Ok(());
             }
             if attempt == 0 {
@@ -263,6 +263,7 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
                 self.state.verified.push(name.to_owned());
                 self.save()?;
                 self.progress(name, bytes.len() as u64, true);
+                opfs::failpoint("convert:file-done").await;
                 return Ok(());
             }
         }
