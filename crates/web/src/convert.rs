@@ -88,10 +88,12 @@ pub async fn convert(
         .collect();
     for f in &mut files {
         f.verified = state.verified.contains(&f.path);
-        f.done_bytes = if f.verified { f.size } else { state.written.get(&f.path).copied().unwrap_or(0).min(f.size) };
+        f.done_bytes =
+            if f.verified { f.size } else { state.written.get(&f.path).copied().unwrap_or(0).min(f.size) };
     }
     let mut job = Job { dir, state, state_file, sources: HashMap::new(), files, report: &mut report };
     job.save()?;
+    job.report_now();
     for plan in plans {
         let pieces = plan.rewrite.plan.pieces(PIECE_SOURCE_BYTES);
         for new in &plan.rewrite.plan.new_files {
@@ -140,6 +142,10 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
             f.done_bytes = done.min(f.size);
             f.verified = verified;
         }
+        self.report_now();
+    }
+
+    fn report_now(&mut self) {
         let progress = ConvertProgress {
             done_bytes: self.files.iter().map(|f| f.done_bytes).sum(),
             total_bytes: self.files.iter().map(|f| f.size).sum(),
@@ -175,7 +181,12 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
 
     /// Writes (or resumes) one new external-data file, then verifies it; converts it again once if it
     /// does not verify.
-    async fn data_file(&mut self, plan: &GraphPlan, new: &NewFile, pieces: &[&Piece]) -> Result<(), ConvertError> {
+    async fn data_file(
+        &mut self,
+        plan: &GraphPlan,
+        new: &NewFile,
+        pieces: &[&Piece],
+    ) -> Result<(), ConvertError> {
         for attempt in 0..2 {
             let file = SyncFile::open(self.dir, &new.name).await?;
             // Bytes past the saved length are not trusted: cut back to it.
@@ -258,7 +269,10 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
             file.write_at(bytes, 0)?;
             file.flush()?;
             let mut back = vec![0; bytes.len()];
-            if file.size()? == bytes.len() as u64 && file.read_at(&mut back, 0)? == bytes.len() && back == bytes {
+            if file.size()? == bytes.len() as u64
+                && file.read_at(&mut back, 0)? == bytes.len()
+                && back == bytes
+            {
                 file.close()?;
                 self.state.verified.push(name.to_owned());
                 self.save()?;

@@ -209,7 +209,8 @@ async fn install(
         let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
         gpu::check_limits(adapter.limits, largest)?;
         if needs_f16 && !adapter.has_f16 {
-            conversion = Some((hub_client::conversion_plans(&graphs, &plan, adapter.limits)?, adapter.limits));
+            conversion =
+                Some((hub_client::conversion_plans(&graphs, &plan, adapter.limits)?, adapter.limits));
         }
     }
     // An installed pack converted for other limits (or not converted) is not what this adapter runs.
@@ -277,7 +278,6 @@ async fn install(
     download.store.slots = None;
     let converted = match &conversion {
         Some((plans, limits)) => {
-            download.report.state = DownloadState::Converting;
             let (source, commit) = (download.record.source.clone(), download.record.commit.clone());
             let reporter = &mut download.report;
             let record = convert::convert(&download.dir, &commit, plans, *limits, |p| {
@@ -734,7 +734,9 @@ impl Reporter {
 
     /// Reports the conversion's progress, at most every [`REPORT_EVERY_MS`] until it is done.
     fn converting(&mut self, source: &PackSource, commit: &str, p: &ConvertProgress) {
-        if now_ms() - self.last_ms < REPORT_EVERY_MS && p.done_bytes < p.total_bytes {
+        let first = self.state != DownloadState::Converting;
+        self.state = DownloadState::Converting;
+        if !first && now_ms() - self.last_ms < REPORT_EVERY_MS && p.done_bytes < p.total_bytes {
             return;
         }
         self.last_ms = now_ms();

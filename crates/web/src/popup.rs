@@ -123,7 +123,8 @@ async fn show_plan() {
     set_text("pack-size", "Checking the download size\u{2026}");
     let text = match request(&Request::PlanPack(source_from_form())).await {
         Reply::PackPlan(plan) => {
-            let size = format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len());
+            let size =
+                format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len());
             match plan.conversion {
                 Some(conversion) => format!("{size} {}", conversion.notice()),
                 None => size,

@@ -8,11 +8,11 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::prompt::{PromptEncoder, PromptError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::{Backend, DType, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
@@ -211,8 +211,8 @@ async fn choose_graph(
         return Ok((name, bytes, Vec::new()));
     }
     let adapter = gpu::adapter_info().await?;
-    let needs_f16 =
-        pack::declares_float16(&bytes).map_err(|source| StageWorkerError::Graph { graph: name.clone(), source })?;
+    let needs_f16 = pack::declares_float16(&bytes)
+        .map_err(|source| StageWorkerError::Graph { graph: name.clone(), source })?;
     if adapter.has_f16 || !needs_f16 {
         return Ok((name, bytes, Vec::new()));
     }
@@ -224,11 +224,12 @@ async fn choose_graph(
         .ok_or(GpuError::NoF16 { what: name })?;
     let mut lookups = Vec::new();
     for lookup in &converted.lookups {
-        let table = opfs::file(dir, &lookup.source.file).await.map_err(|e| StageWorkerError::ExternalData {
-            graph: converted.onnx.clone(),
-            file: lookup.source.file.clone(),
-            source: Box::new(e),
-        })?;
+        let table =
+            opfs::file(dir, &lookup.source.file).await.map_err(|e| StageWorkerError::ExternalData {
+                graph: converted.onnx.clone(),
+                file: lookup.source.file.clone(),
+                source: Box::new(e),
+            })?;
         lookups.push((lookup.clone(), table));
     }
     Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
@@ -244,7 +245,10 @@ async fn look_up(
     for (lookup, table) in lookups {
         let ids = feeds.iter().find(|(name, _)| *name == lookup.ids_input).map(|(_, t)| *t);
         let Some(Tensor { dims, data: TensorData::Int64(ids) }) = ids else {
-            return Err(SessionError(format!("no int64 `{}` fed to look `{}` up", lookup.ids_input, lookup.table)));
+            return Err(SessionError(format!(
+                "no int64 `{}` fed to look `{}` up",
+                lookup.ids_input, lookup.table
+            )));
         };
         let mut rows: std::collections::HashMap<u64, Vec<u8>> = std::collections::HashMap::new();
         for &id in ids {

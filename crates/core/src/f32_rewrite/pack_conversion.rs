@@ -74,12 +74,14 @@ pub fn plan_pack(
     let mut plans = Vec::new();
     for &(graph, bytes) in graphs {
         let name = graph.file_name();
-        if !declares_float16(bytes).map_err(|source| PackConversionError::Graph { graph: name.clone(), source })? {
+        if !declares_float16(bytes)
+            .map_err(|source| PackConversionError::Graph { graph: name.clone(), source })?
+        {
             continue;
         }
         let options = Options { lookup: PACK_LOOKUP, ..Options::new(graph.stem(), limits) };
-        let rewrite =
-            rewrite(bytes, &options).map_err(|source| PackConversionError::Rewrite { graph: name, source })?;
+        let rewrite = rewrite(bytes, &options)
+            .map_err(|source| PackConversionError::Rewrite { graph: name, source })?;
         let new_names = std::iter::once(converted_graph_name(graph))
             .chain(rewrite.plan.new_files.iter().map(|f| f.name.clone()));
         for new in new_names {
@@ -94,7 +96,11 @@ pub fn plan_pack(
 
 /// What converting costs: the new files and graphs on disk, and the weights the largest stage holds
 /// on the GPU in float32. `file_sizes` gives the size of each file of the pack.
-pub fn cost(plans: &[GraphPlan], graphs: &[(Graph, &[u8])], file_sizes: &HashMap<&str, u64>) -> ConversionCost {
+pub fn cost(
+    plans: &[GraphPlan],
+    graphs: &[(Graph, &[u8])],
+    file_sizes: &HashMap<&str, u64>,
+) -> ConversionCost {
     let mut extra_disk_bytes = 0;
     let mut gpu_bytes = 0u64;
     for plan in plans {
@@ -103,10 +109,10 @@ pub fn cost(plans: &[GraphPlan], graphs: &[(Graph, &[u8])], file_sizes: &HashMap
         // The stage's weights: what it loads (new and original files it still references), less the
         // float16 bytes of converted tensors still lying in those original files (not loaded as such:
         // ORT reads only the ranges its tensors name), plus what stays inside the graph.
-        let loaded: u64 = p.graph_files.iter().map(|f| file_sizes.get(f.as_str()).copied().unwrap_or(0)).sum();
-        let loaded = loaded
-            + p.new_files.iter().map(|f| f.size).sum::<u64>()
-            + plan.rewrite.graph.len() as u64;
+        let loaded: u64 =
+            p.graph_files.iter().map(|f| file_sizes.get(f.as_str()).copied().unwrap_or(0)).sum();
+        let loaded =
+            loaded + p.new_files.iter().map(|f| f.size).sum::<u64>() + plan.rewrite.graph.len() as u64;
         gpu_bytes = gpu_bytes.max(loaded.saturating_sub(p.stale_bytes));
     }
     // Graphs that are not converted run as they are.
@@ -161,7 +167,9 @@ impl ConversionRecord {
             .collect();
         let bytes = plans
             .iter()
-            .map(|p| p.rewrite.plan.new_files.iter().map(|f| f.size).sum::<u64>() + p.rewrite.graph.len() as u64)
+            .map(|p| {
+                p.rewrite.plan.new_files.iter().map(|f| f.size).sum::<u64>() + p.rewrite.graph.len() as u64
+            })
             .sum();
         ConversionRecord { limits, graphs, bytes }
     }
@@ -202,7 +210,8 @@ mod tests {
     use super::*;
 
     fn fixture(pack: &str, graph: Graph) -> Vec<u8> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/packs").join(pack);
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/packs").join(pack);
         std::fs::read(dir.join(graph.file_name())).unwrap()
     }
 
@@ -235,8 +244,9 @@ mod tests {
     #[test]
     fn a_pack_file_named_like_a_converted_file_is_refused() {
         let bytes = fixture("f16", Graph::TextEncoder);
-        let err = plan_pack(&[(Graph::TextEncoder, &bytes)], Limits::UNLIMITED, &["text_encoder_q4.f32.onnx"])
-            .unwrap_err();
+        let err =
+            plan_pack(&[(Graph::TextEncoder, &bytes)], Limits::UNLIMITED, &["text_encoder_q4.f32.onnx"])
+                .unwrap_err();
         assert!(err.to_string().contains("text_encoder_q4.f32.onnx"), "{err}");
     }
 }
