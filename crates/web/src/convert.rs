@@ -108,9 +108,10 @@ pub async fn convert(
             job.graph(&name, &plan.rewrite.graph).await?;
         }
     }
+    // The state stays until the swap removes it with the download record: a restart before the swap
+    // finds every file verified and goes straight to it.
     drop(job.sources);
     drop(job.state_file);
-    opfs::remove(dir, CONVERSION_STATE_FILE).await?;
     Ok(ConversionRecord::new(plans, limits))
 }
 
