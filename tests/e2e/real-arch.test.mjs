@@ -75,7 +75,7 @@ async function conversionMs(page) {
  */
 const CONVERTED_TOLERANCE = 2;
 
-test('a tiny real-architecture float16 pack installs converted to float32 on WebGPU without shader-f16 and matches the reference', { timeout: 900_000 }, async (t) => {
+test('a tiny real-architecture float16 pack installs converted to float32 on WebGPU without shader-f16 and matches the reference', { timeout: 1_200_000 }, async (t) => {
   const dir = await tinyPack('float16');
   const f32Dir = await tinyPack('float32');
   const repo = 'tiny/float16';
@@ -90,7 +90,7 @@ test('a tiny real-architecture float16 pack installs converted to float32 on Web
   const extra = Object.keys(tree).filter((p) => /\.f32(\.onnx|-\d{5}\.data)$/.test(p)).reduce((n, p) => n + tree[p], 0);
   console.log(`tiny float16: conversion ${ms} ms; converted ${converting.at(-1)?.totalBytes} bytes; extra disk ${extra} bytes`);
   const req = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
-  const { result } = await h.generateOk(b.page, req, 600_000);
+  const { result } = await h.generateOk(b.page, req, 900_000);
   const files = h.writeResult('real-arch-float16-converted', result);
   const f16 = await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: 255, name: 'real-arch-float16-converted-ref16' });
   console.log(`against the float16 pack's reference: ${f16}`);
