@@ -454,6 +454,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_conversion_notice_states_disk_and_gpu_memory_in_gb() {
+        let cost = ConversionCost { extra_disk_bytes: 1_234_567_890, gpu_bytes: 3_950_000_001 };
+        assert_eq!(
+            cost.notice(),
+            "This GPU has no shader-f16: Imagine will run in float32, needing 1.3 GB more disk and about 4.0 GB \
+             of GPU memory."
+        );
+        let tiny = ConversionCost { extra_disk_bytes: 5719, gpu_bytes: 0 };
+        assert!(tiny.notice().contains("needing 0.1 GB more disk and about 0.0 GB"), "{}", tiny.notice());
+        let json = serde_json::to_value(cost).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"extraDiskBytes": 1_234_567_890u64, "gpuBytes": 3_950_000_001u64})
+        );
+        assert_eq!(serde_json::to_value(DownloadState::Converting).unwrap(), "converting");
+        assert!(DownloadState::Converting.is_active());
+    }
+
+    #[test]
     fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
         let progress =
             |stage, step| Event::Progress { job: "j".into(), progress: Progress { stage, step, steps: 4 } };
