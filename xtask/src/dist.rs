@@ -120,6 +120,9 @@ pub fn check_package(files: &[String], read: &dyn Fn(&str) -> Result<Vec<u8>>) -
     let mut named: Vec<(String, String)> =
         manifest_files(&manifest).into_iter().map(|p| (p, "manifest.json".to_string())).collect();
     named.extend(LOADED_BY_NAME.iter().map(|f| (f.to_string(), "the extension's code".to_string())));
+    if let Some(locale) = manifest.get("default_locale").and_then(|l| l.as_str()) {
+        named.push((format!("_locales/{locale}/messages.json"), "manifest.json default_locale".to_string()));
+    }
     for f in files.iter().filter(|f| scans_references(f)) {
         let text = String::from_utf8_lossy(&read(f)?).into_owned();
         named.extend(references(&text).iter().map(|r| (resolve(f, r), f.clone())));

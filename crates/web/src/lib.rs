@@ -22,6 +22,7 @@ pub mod download;
 pub mod gpu;
 pub mod hasher;
 pub mod hub_client;
+pub mod i18n;
 pub mod js;
 pub mod messaging;
 pub mod offscreen;

@@ -12,6 +12,7 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::chrome;
+use crate::i18n;
 use crate::js::{from_js, Obj};
 use crate::messaging::request;
 use crate::view::{element, set_text, set_visible, JobView};
@@ -26,6 +27,7 @@ thread_local! {
 /// Entry point of `popup.js`.
 #[wasm_bindgen(js_name = popupMain)]
 pub fn popup_main() {
+    i18n::localize_page();
     on_click("generate", || spawn_local(generate()));
     on_click("cancel", || spawn_local(cancel()));
     on_click("install", install_clicked);

@@ -6,6 +6,7 @@ use imagine_core::api::{Event, JobState, Reply, Request};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 
+use crate::i18n;
 use crate::js::from_js;
 use crate::messaging::request;
 use crate::view::{set_text, JobView};
@@ -17,6 +18,7 @@ thread_local! {
 /// Entry point of `result.js`.
 #[wasm_bindgen(js_name = resultPageMain)]
 pub fn result_page_main() {
+    i18n::localize_page();
     let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
     let params = web_sys::UrlSearchParams::new_with_str(&search).ok();
     let param = |name: &str| params.as_ref().and_then(|p| p.get(name));

@@ -25,6 +25,7 @@ use wasm_bindgen_futures::{future_to_promise, JsFuture};
 use crate::chrome;
 use crate::gpu;
 use crate::hub_client::{self, FetchError};
+use crate::i18n;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
 use crate::opfs::{self, OpfsError};
@@ -138,7 +139,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
         }
         let item = Obj::new()
             .set("id", MENU_ID)
-            .set("title", "Imagine \u{201c}%s\u{201d}")
+            .set("title", i18n::t("menuImagineSelection"))
             .set("contexts", js_sys::Array::of1(&"selection".into()))
             .build();
         chrome::context_menus_create(&item)?;
