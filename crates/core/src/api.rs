@@ -241,6 +241,39 @@ pub struct PackPlan {
     pub commit: String,
     pub files: Vec<PackFile>,
     pub total_bytes: u64,
+    /// What running this pack in float32 costs on this GPU, which lacks `shader-f16`; absent when the
+    /// pack runs as it is (or no WebGPU adapter could be asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionCost>,
+}
+
+/// The cost of converting a float16 pack to float32 for an adapter without `shader-f16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionCost {
+    /// Bytes the converted graphs and tensors add on disk, beside the pack.
+    pub extra_disk_bytes: u64,
+    /// Weights of the largest stage on the GPU in float32 (one stage runs at a time; activations come
+    /// on top).
+    pub gpu_bytes: u64,
+}
+
+impl ConversionCost {
+    /// What users see before the download (the popup, beside the download size).
+    pub fn notice(&self) -> String {
+        format!(
+            "This GPU has no shader-f16: Imagine will run in float32, needing {} more disk and about {} \
+             of GPU memory.",
+            gigabytes(self.extra_disk_bytes),
+            gigabytes(self.gpu_bytes)
+        )
+    }
+}
+
+/// Bytes in GB (10^9), with one decimal; at least 0.1 GB for anything above zero.
+fn gigabytes(bytes: u64) -> String {
+    let tenths = bytes.div_ceil(100_000_000);
+    format!("{}.{} GB", tenths / 10, tenths % 10)
 }
 
 /// Bytes used and available to the extension (`navigator.storage.estimate`).
@@ -274,7 +307,10 @@ pub enum DownloadState {
     /// Resolving the revision, listing files, checking storage and the device.
     Checking,
     Downloading,
-    /// Every file is verified; the pack replaces the installed one as soon as no image is being made.
+    /// Every file is verified; the float16 graphs are being converted to float32 for this GPU, which
+    /// lacks `shader-f16` (`doneBytes` of `totalBytes` written).
+    Converting,
+    /// Every file is verified (and converted where needed); the pack replaces the installed one as soon as no image is being made.
     Installing,
     Paused,
     /// Stopped by an error; `resumePack` continues from what was kept.
@@ -284,7 +320,13 @@ pub enum DownloadState {
 impl DownloadState {
     /// Whether the download's worker is at work (not paused, not stopped by an error).
     pub fn is_active(self) -> bool {
-        matches!(self, DownloadState::Checking | DownloadState::Downloading | DownloadState::Installing)
+        matches!(
+            self,
+            DownloadState::Checking
+                | DownloadState::Downloading
+                | DownloadState::Converting
+                | DownloadState::Installing
+        )
     }
 }
 
@@ -433,7 +475,7 @@ impl Event {
             }),
             Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => Some(String::new()),
             Event::PackProgress(p) => Some(match p.state {
-                DownloadState::Downloading if p.total_bytes > 0 => {
+                DownloadState::Downloading | DownloadState::Converting if p.total_bytes > 0 => {
                     format!("{}%", p.done_bytes.saturating_mul(100) / p.total_bytes)
                 }
                 _ => String::new(),
@@ -489,6 +531,25 @@ mod tests {
         let e =
             serde_json::from_str::<Request>(r#"{"type":"galleryDelete","id":"a","all":true}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `all`"), "{e}");
+    }
+
+    #[test]
+    fn the_conversion_notice_states_disk_and_gpu_memory_in_gb() {
+        let cost = ConversionCost { extra_disk_bytes: 1_234_567_890, gpu_bytes: 3_950_000_001 };
+        assert_eq!(
+            cost.notice(),
+            "This GPU has no shader-f16: Imagine will run in float32, needing 1.3 GB more disk and about 4.0 GB \
+             of GPU memory."
+        );
+        let tiny = ConversionCost { extra_disk_bytes: 5719, gpu_bytes: 0 };
+        assert!(tiny.notice().contains("needing 0.1 GB more disk and about 0.0 GB"), "{}", tiny.notice());
+        let json = serde_json::to_value(cost).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"extraDiskBytes": 1_234_567_890u64, "gpuBytes": 3_950_000_001u64})
+        );
+        assert_eq!(serde_json::to_value(DownloadState::Converting).unwrap(), "converting");
+        assert!(DownloadState::Converting.is_active());
     }
 
     #[test]

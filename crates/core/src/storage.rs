@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
+use crate::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
 
 /// The directory of both slots and the state file.
 pub const PACKS_DIR: &str = "packs";
@@ -31,7 +32,7 @@ pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.jso
 
 /// File names a pack may not use: they would overwrite our own bookkeeping in the slot.
 pub fn is_reserved_name(path: &str) -> bool {
-    DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE
+    DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE || path == CONVERSION_STATE_FILE
 }
 
 /// One of the two pack directories.
@@ -74,13 +75,16 @@ pub struct PackRecord {
     pub files: Vec<PackFile>,
     /// Their total size.
     pub bytes: u64,
+    /// The float32 graphs made for an adapter without `shader-f16`, if any (in the same slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionRecord>,
 }
 
 impl PackRecord {
     /// The record of `files` from `source` at `commit`.
     pub fn new(source: PackSource, commit: String, files: Vec<PackFile>) -> PackRecord {
         let bytes = files.iter().map(|f| f.size).sum();
-        PackRecord { source, commit, files, bytes }
+        PackRecord { source, commit, files, bytes, conversion: None }
     }
 
     /// Whether this pack is what `plan` would download: then there is nothing to download.
@@ -140,7 +144,7 @@ mod tests {
             revision: "main".into(),
         };
         let files = vec![PackFile { path: "x.onnx".into(), size: 3, sha256: None, git_oid: None }];
-        PackRecord { source, commit: commit.into(), files, bytes: 3 }
+        PackRecord { source, commit: commit.into(), files, bytes: 3, conversion: None }
     }
 
     #[test]

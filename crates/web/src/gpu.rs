@@ -8,6 +8,8 @@ use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
+use imagine_core::f32_rewrite::Limits;
+
 use crate::js::{get, JsError, Obj};
 
 /// What keeps this browser or GPU from running a pack on WebGPU; each message says what to do.
@@ -22,7 +24,8 @@ pub enum GpuError {
     Adapter(JsError),
     #[error("no WebGPU adapter is available on this device. Choose the wasm backend instead.")]
     NoAdapter,
-    /// `what` (a graph, or the model) uses float16 and the adapter lacks `shader-f16`.
+    /// `what` (a graph) uses float16, the adapter lacks `shader-f16`, and the installed pack has no
+    /// float32 conversion for this adapter.
     #[error("{what} uses float16, but {NO_F16}")]
     NoF16 { what: String },
     /// A tensor larger than a buffer may be on this GPU.
@@ -45,18 +48,22 @@ const LIMITS: &[&str] = &[
     "maxStorageBuffersPerShaderStage",
 ];
 
-/// An open `GPUDevice`.
-pub struct Device(JsValue);
+/// An open `GPUDevice`, and what its adapter offers.
+pub struct Device {
+    device: JsValue,
+    /// Whether the adapter has `shader-f16` (asked for when it does).
+    pub has_f16: bool,
+    /// The adapter's buffer limits (asked for in full).
+    pub limits: Limits,
+}
 
 impl Device {
-    /// Opens a device. `needs_f16` is true when the graph about to load uses float16: without the
-    /// adapter's `shader-f16` that would fail (native EP) or silently compute zeros (JSEP), so refuse.
-    pub async fn open(needs_f16: bool, graph: &str) -> Result<Device, GpuError> {
+    /// Opens a device with `shader-f16` when the adapter has it and the adapter's largest limits. A
+    /// float16 graph must not be loaded on one without `shader-f16` (it would fail, or compute zeros
+    /// on JSEP): the caller loads the pack's float32 conversion instead ([`Device::has_f16`]).
+    pub async fn open() -> Result<Device, GpuError> {
         let adapter = adapter().await?;
         let has_f16 = has_feature(&adapter, "shader-f16");
-        if needs_f16 && !has_f16 {
-            return Err(GpuError::NoF16 { what: graph.to_owned() });
-        }
         let features = Array::new();
         if has_f16 {
             features.push(&"shader-f16".into());
@@ -67,24 +74,25 @@ impl Device {
         let descriptor =
             Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
         let device = call_async(&adapter, "requestDevice", &descriptor).await.map_err(GpuError::Device)?;
-        Ok(Device(device))
+        Ok(Device { device, has_f16, limits: buffer_limits(&adapter) })
     }
 
     /// The `GPUDevice`, for ORT's execution-provider options.
     pub fn js(&self) -> &JsValue {
-        &self.0
+        &self.device
     }
 
     /// Destroys the device, freeing everything allocated on it.
     pub fn destroy(self) {
-        if let Ok(destroy) = Reflect::get(&self.0, &"destroy".into()) {
-            let _ = destroy.unchecked_into::<Function>().call0(&self.0);
+        if let Ok(destroy) = Reflect::get(&self.device, &"destroy".into()) {
+            let _ = destroy.unchecked_into::<Function>().call0(&self.device);
         }
     }
 }
 
-const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16. Use a GPU and browser \
-                       with shader-f16, or choose the wasm backend (much slower).";
+const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and the installed pack was not \
+                       converted to float32 for it (it was installed for the wasm backend, or converted for a GPU \
+                       with other limits). Install the pack again for this GPU, or choose the wasm backend.";
 
 /// The WebGPU adapter, or what is missing.
 async fn adapter() -> Result<JsValue, GpuError> {
@@ -100,16 +108,28 @@ async fn adapter() -> Result<JsValue, GpuError> {
     Ok(adapter)
 }
 
-/// Checks, without opening a device, that this GPU can run a pack whose graphs need `shader-f16`
-/// (`needs_f16`) and whose largest tensor is `largest_tensor` bytes. Says what is missing otherwise.
-pub async fn check_device(needs_f16: bool, largest_tensor: u64) -> Result<(), GpuError> {
+/// What the WebGPU adapter offers that decides how a pack runs.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterInfo {
+    /// `shader-f16`: float16 graphs run as they are; without it they are converted to float32.
+    pub has_f16: bool,
+    /// The buffer limits every tensor must fit.
+    pub limits: Limits,
+}
+
+/// The adapter's features and limits, without opening a device.
+pub async fn adapter_info() -> Result<AdapterInfo, GpuError> {
     let adapter = adapter().await?;
-    if needs_f16 && !has_feature(&adapter, "shader-f16") {
-        return Err(GpuError::NoF16 { what: "the model".into() });
-    }
-    let limits = get(&adapter, "limits");
-    for limit in ["maxBufferSize", "maxStorageBufferBindingSize"] {
-        let available = get(&limits, limit).as_f64().unwrap_or(0.0) as u64;
+    Ok(AdapterInfo { has_f16: has_feature(&adapter, "shader-f16"), limits: buffer_limits(&adapter) })
+}
+
+/// Checks that a tensor of `largest_tensor` bytes fits this adapter's buffers; says which limit does
+/// not otherwise.
+pub fn check_limits(limits: Limits, largest_tensor: u64) -> Result<(), GpuError> {
+    for (limit, available) in [
+        ("maxBufferSize", limits.max_buffer_size),
+        ("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size),
+    ] {
         if available < largest_tensor {
             return Err(GpuError::Limit { limit, largest_tensor, available });
         }
@@ -134,16 +154,24 @@ pub async fn device_report() -> Result<DeviceReport, GpuError> {
     let adapter = adapter().await?;
     let info = get(&adapter, "info");
     let text = |key| get(&info, key).as_string().unwrap_or_default();
-    let limits = get(&adapter, "limits");
-    let limit = |key| get(&limits, key).as_f64().unwrap_or(0.0) as u64;
+    let limits = buffer_limits(&adapter);
     Ok(DeviceReport {
         vendor: text("vendor"),
         architecture: text("architecture"),
         description: text("description"),
         shader_f16: has_feature(&adapter, "shader-f16"),
-        max_buffer_size: limit("maxBufferSize"),
-        max_storage_buffer_binding_size: limit("maxStorageBufferBindingSize"),
+        max_buffer_size: limits.max_buffer_size,
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
     })
+}
+
+fn buffer_limits(adapter: &JsValue) -> Limits {
+    let limits = get(adapter, "limits");
+    let limit = |name| get(&limits, name).as_f64().unwrap_or(0.0) as u64;
+    Limits {
+        max_storage_buffer_binding_size: limit("maxStorageBufferBindingSize"),
+        max_buffer_size: limit("maxBufferSize"),
+    }
 }
 
 fn has_feature(adapter: &JsValue, name: &str) -> bool {

@@ -19,6 +19,7 @@
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
 pub mod chrome;
+pub mod convert;
 pub mod download;
 pub mod gallery_page;
 pub mod gallery_store;

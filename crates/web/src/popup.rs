@@ -126,7 +126,12 @@ async fn show_plan() {
     set_text("pack-size", "Checking the download size\u{2026}");
     let text = match request(&Request::PlanPack(source_from_form())).await {
         Reply::PackPlan(plan) => {
-            format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len())
+            let size =
+                format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len());
+            match plan.conversion {
+                Some(conversion) => format!("{size} {}", conversion.notice()),
+                None => size,
+            }
         }
         Reply::Error { error } => format!("Could not check the download: {error}"),
         _ => String::new(),
@@ -145,6 +150,7 @@ fn show_download(progress: Option<&DownloadProgress>) {
     let state = match p.state {
         DownloadState::Checking => "Checking the model, storage and GPU\u{2026}",
         DownloadState::Downloading => "Downloading",
+        DownloadState::Converting => "Converting to float32 for this GPU (it has no shader-f16)",
         DownloadState::Installing => "Verified; installing once no image is being made",
         DownloadState::Paused => "Paused",
         DownloadState::Failed => "Stopped",

@@ -24,6 +24,7 @@ use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::chrome;
 use crate::gallery_store::{self, GalleryStoreError};
+use crate::gpu;
 use crate::hub_client::{self, FetchError};
 use crate::i18n;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
@@ -274,7 +275,16 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
 
 async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
     let source = source.validate()?;
-    Ok(hub_client::plan(&source, &Default::default()).await?.0)
+    let (mut plan, graphs) = hub_client::plan(&source, &Default::default()).await?;
+    // On an adapter without shader-f16 the float16 graphs will run converted to float32: say what that
+    // costs (or why it cannot be done). Without WebGPU there is nothing to say here: the install says so.
+    if let Ok(adapter) = gpu::adapter_info().await {
+        if !adapter.has_f16 && hub_client::device_needs(&graphs)?.0 {
+            let plans = hub_client::conversion_plans(&graphs, &plan, adapter.limits)?;
+            plan.conversion = Some(hub_client::conversion_cost(&graphs, &plan, &plans));
+        }
+    }
+    Ok(plan)
 }
 
 async fn pause() -> Result<(), ServiceWorkerError> {

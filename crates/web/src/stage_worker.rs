@@ -8,11 +8,12 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::prompt::{PromptEncoder, PromptError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::{Backend, DType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{Backend, DType, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -20,7 +21,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-use crate::gpu::{Device, GpuError};
+use crate::gpu::{self, Device, GpuError};
 use crate::js::{now_ms, JsError};
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{
@@ -109,15 +110,16 @@ struct Stage {
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     timing: StageTiming,
+    /// Tables of the float32 conversion looked up here and fed as inputs.
+    lookups: Vec<(EmbeddingLookup, web_sys::File)>,
 }
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
     /// reads itself (the asyncify build reads each whole into memory first; see `imagine_ort`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
-        let (_, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
-        let name = graph.file_name();
-        let bytes = opfs::read(&dir, &name).await?;
+        let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
+        let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
         let mut external = Vec::new();
         for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
@@ -134,8 +136,7 @@ impl Stage {
         let (provider, device) = match backend {
             Backend::Wasm => (Provider::Wasm, None),
             Backend::WebGpu => {
-                let needs_f16 = pack::declares_float16(&bytes).map_err(broken)?;
-                let device = Device::open(needs_f16, &name).await?;
+                let device = Device::open().await?;
                 (Provider::WebGpu(device.js().clone()), Some(device))
             }
         };
@@ -153,7 +154,7 @@ impl Stage {
         let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { session, device, inputs, outputs, timing })
+        Ok(Stage { session, device, inputs, outputs, timing, lookups })
     }
 
     /// Releases the session and destroys the device; the worker is terminated next.
@@ -180,6 +181,9 @@ impl imagine_core::Session for Stage {
         feeds: &[(&str, &Tensor)],
         fetches: &[&str],
     ) -> Result<Vec<Tensor>, SessionError> {
+        let looked_up = look_up(&self.lookups, feeds).await?;
+        let feeds: Vec<(&str, &Tensor)> =
+            feeds.iter().copied().chain(looked_up.iter().map(|(name, t)| (name.as_str(), t))).collect();
         let tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
         let named: Vec<(&str, &ort::Tensor)> =
             feeds.iter().zip(&tensors).map(|((name, _), t)| (*name, t)).collect();
@@ -190,6 +194,88 @@ impl imagine_core::Session for Stage {
         tensors.into_iter().for_each(ort::Tensor::dispose);
         outputs.map_err(session_error)?.iter().map(from_ort).collect()
     }
+}
+
+/// The graph `graph` runs as on `backend`: `(file name, bytes, tables to look up)`. On a WebGPU adapter
+/// without `shader-f16`, a float16 graph runs as the pack's float32 conversion made for this adapter's
+/// limits; without one it is refused before anything is loaded.
+async fn choose_graph(
+    record: &opfs::PackRecord,
+    dir: &web_sys::FileSystemDirectoryHandle,
+    graph: Graph,
+    backend: Backend,
+) -> Result<(String, Vec<u8>, Vec<(EmbeddingLookup, web_sys::File)>), StageWorkerError> {
+    let name = graph.file_name();
+    let bytes = opfs::read(dir, &name).await?;
+    if backend == Backend::Wasm {
+        return Ok((name, bytes, Vec::new()));
+    }
+    let adapter = gpu::adapter_info().await?;
+    let needs_f16 = pack::declares_float16(&bytes)
+        .map_err(|source| StageWorkerError::Graph { graph: name.clone(), source })?;
+    if adapter.has_f16 || !needs_f16 {
+        return Ok((name, bytes, Vec::new()));
+    }
+    let converted = record
+        .conversion
+        .as_ref()
+        .filter(|c| c.limits == adapter.limits)
+        .and_then(|c| c.graph(graph))
+        .ok_or(GpuError::NoF16 { what: name })?;
+    let mut lookups = Vec::new();
+    for lookup in &converted.lookups {
+        let table =
+            opfs::file(dir, &lookup.source.file).await.map_err(|e| StageWorkerError::ExternalData {
+                graph: converted.onnx.clone(),
+                file: lookup.source.file.clone(),
+                source: Box::new(e),
+            })?;
+        lookups.push((lookup.clone(), table));
+    }
+    Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
+}
+
+/// The float32 inputs of the tables that left a converted graph: the rows of the ids fed, read from
+/// the float16 table in its file (each distinct row once).
+async fn look_up(
+    lookups: &[(EmbeddingLookup, web_sys::File)],
+    feeds: &[(&str, &Tensor)],
+) -> Result<Vec<(String, Tensor)>, SessionError> {
+    let mut inputs = Vec::new();
+    for (lookup, table) in lookups {
+        let ids = feeds.iter().find(|(name, _)| *name == lookup.ids_input).map(|(_, t)| *t);
+        let Some(Tensor { dims, data: TensorData::Int64(ids) }) = ids else {
+            return Err(SessionError(format!(
+                "no int64 `{}` fed to look `{}` up",
+                lookup.ids_input, lookup.table
+            )));
+        };
+        let mut rows: std::collections::HashMap<u64, Vec<u8>> = std::collections::HashMap::new();
+        for &id in ids {
+            let range = lookup.row_range(id).map_err(|e| SessionError(e.to_string()))?;
+            if rows.contains_key(&range.offset) {
+                continue;
+            }
+            let end = range.offset + range.length;
+            let read = |e: JsValue| SessionError(format!("reading {}: {}", range.file, JsError::from(e)));
+            let slice = table.slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(read)?;
+            let buffer = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+            rows.insert(range.offset, Uint8Array::new(&buffer).to_vec());
+        }
+        let values = lookup
+            .gather(ids, |offset, out| match rows.get(&offset) {
+                Some(row) if row.len() == out.len() => {
+                    out.copy_from_slice(row);
+                    Ok(())
+                }
+                _ => Err(format!("the row at byte {offset} is cut short")),
+            })
+            .map_err(|e| SessionError(e.to_string()))?;
+        let mut shape = dims.clone();
+        shape.push(lookup.row_elements as i64);
+        inputs.push((lookup.input.clone(), Tensor::from_f32(FloatType::Float32, &values, &shape)));
+    }
+    Ok(inputs)
 }
 
 fn session_error(e: ort::OrtError) -> SessionError {
