@@ -50,6 +50,8 @@ pub struct GenerateRequest {
     pub trace: bool,
     /// `webgpu` (default) or `wasm`. The wasm backend is never chosen silently.
     pub backend: Option<String>,
+    /// Images to make, 1 to 8 (default 1), with seeds `seed`, `seed + 1`, ...: one `result` event each.
+    pub count: Option<i64>,
 }
 
 /// A seed as it arrives in JSON.

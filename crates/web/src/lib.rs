@@ -5,13 +5,14 @@
 //!
 //! | context | shim | module | entries |
 //! |---|---|---|---|
-//! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerWake`, `serviceWorkerMenuClick` |
+//! | service worker | `sw.js` | [`service_worker`], [`notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerNotificationClick` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
 //! | stage worker | `stage-worker.js` | [`stage_worker`] | `stageWorkerMain` |
 //! | download worker | `download-worker.js` | [`download`] | `downloadWorkerMain` |
 //! | hash worker (beside the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
 //! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
+//! | studio (side panel, or a tab) | `studio.js` | [`studio`] | `studioMain`, `studioEvent`, `studioStorageChanged` |
 //!
 //! The internal channels between them are typed in [`protocol`]. The pipeline itself lives in
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
@@ -24,6 +25,7 @@ pub mod hub_client;
 pub mod i18n;
 pub mod js;
 pub mod messaging;
+pub mod notify;
 pub mod offscreen;
 pub mod opfs;
 pub mod popup;
@@ -31,6 +33,7 @@ pub mod protocol;
 pub mod result_page;
 pub mod service_worker;
 pub mod stage_worker;
+pub mod studio;
 pub mod view;
 
 use wasm_bindgen::prelude::*;

@@ -37,6 +37,14 @@ pub fn popup_main() {
     on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
     on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
+    // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
+    on_click("open-studio", || {
+        crate::studio::open_from_click(|| {
+            if let Some(window) = web_sys::window() {
+                let _ = window.close();
+            }
+        })
+    });
     spawn_local(async {
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
