@@ -898,7 +898,7 @@ fn on_result(result: GenerateResult, index: Option<u32>) {
         let job = result.job.clone();
         spawn_local(async move {
             if let Reply::Job(state) = request(&Request::Job { job }).await {
-                if !matches!(state, JobState::Running { .. }) {
+                if !matches!(state, JobState::Running { .. } | JobState::Unknown) {
                     with(|s| s.results.retain(Option::is_some));
                     show_results();
                     end_run(true);
@@ -1049,6 +1049,11 @@ fn show_results() {
                     let closure = Closure::<dyn Fn()>::new(move || {
                         with(|s| s.selected = i);
                         show_results();
+                        // The grid was drawn anew: keep the keyboard focus on the chosen image.
+                        let chosen = document().query_selector(&format!("#grid .thumb:nth-child({})", i + 1));
+                        if let Ok(Some(button)) = chosen {
+                            let _ = button.unchecked_into::<HtmlElement>().focus();
+                        }
                     });
                     button.set_onclick(Some(closure.as_ref().unchecked_ref()));
                     closure.forget();
