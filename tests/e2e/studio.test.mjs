@@ -65,6 +65,8 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   await page.fill('#height', '256');
 
   await page.fill('#prompt', 'a small red boat on a calm lake');
+  await page.waitForFunction(() => /^20 \/ 512/.test(document.querySelector('#token-count').textContent));
+  assert.equal(await page.isHidden('#token-warning'), true);
   await screenshots(page, 'studio-empty');
 
   // A generation with a fixed seed: the stage bar moves through encoding, steps, decoding.

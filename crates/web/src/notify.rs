@@ -61,9 +61,11 @@ fn notification_for(event: &Event, raw: &JsValue) -> Option<(String, String, Str
         Event::Failed { job, error } => {
             Some((format!("{JOB_PREFIX}{job}"), i18n::t("notifyImageFailed"), error.clone()))
         }
-        Event::PackInstalled { .. } => {
-            Some((DOWNLOAD_ID.to_owned(), i18n::t("notifyModelInstalled"), i18n::t("notifyModelInstalledText")))
-        }
+        Event::PackInstalled { .. } => Some((
+            DOWNLOAD_ID.to_owned(),
+            i18n::t("notifyModelInstalled"),
+            i18n::t("notifyModelInstalledText"),
+        )),
         Event::PackFailed { error } => {
             Some((DOWNLOAD_ID.to_owned(), i18n::t("notifyDownloadStopped"), error.clone()))
         }

@@ -25,9 +25,9 @@ use wasm_bindgen_futures::{future_to_promise, JsFuture};
 use crate::chrome;
 use crate::hub_client::{self, FetchError};
 use crate::i18n;
-use crate::notify;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
+use crate::notify;
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET};
 use crate::studio;
@@ -165,8 +165,8 @@ pub fn service_worker_wake() -> js_sys::Promise {
     })
 }
 
-/// `chrome.runtime.onStartup`: the toolbar button's choice (Chrome forgets a popup set at run time),
-/// then what [`service_worker_wake`] does.
+/// `chrome.runtime.onStartup`: the toolbar button's choice again, then what [`service_worker_wake`]
+/// does.
 #[wasm_bindgen(js_name = serviceWorkerStartup)]
 pub fn service_worker_startup() -> js_sys::Promise {
     future_to_promise(async {

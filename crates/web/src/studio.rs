@@ -10,12 +10,17 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use imagine_core::api::{Event, GenerateRequest, GenerateResult, JobState, Progress, Reply, Request, Seed, Stage};
+use imagine_core::api::{
+    Event, GenerateRequest, GenerateResult, JobState, Progress, Reply, Request, Seed, Stage,
+};
 use imagine_core::prompt::{PromptEncoder, MAX_TOKENS};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
-use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
+use web_sys::{
+    HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement, HtmlSelectElement,
+    HtmlTextAreaElement,
+};
 
 use crate::chrome;
 use crate::i18n;
@@ -59,9 +64,9 @@ pub async fn toolbar_choice() -> ToolbarOpens {
     from_js(&get(&items, TOOLBAR_KEY)).unwrap_or_default()
 }
 
-/// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. Chrome keeps the
-/// panel behaviour, but not a popup set at run time, across restarts: the service worker applies the
-/// choice again on start-up.
+/// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. The service worker
+/// applies the choice again on install and start-up, so it holds whatever Chrome keeps of it across a
+/// restart.
 pub async fn apply_toolbar(choice: ToolbarOpens) {
     let studio = choice == ToolbarOpens::Studio;
     let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
@@ -163,9 +168,7 @@ impl StageTimes {
                 Stage::Transformer if p.step == 0 => {
                     self.load_ms - in_stage_ms + steps_ms(steps) + self.decode_ms
                 }
-                Stage::Transformer => {
-                    steps_ms(steps.saturating_sub(p.step)) - in_stage_ms + self.decode_ms
-                }
+                Stage::Transformer => steps_ms(steps.saturating_sub(p.step)) - in_stage_ms + self.decode_ms,
                 Stage::Decoder => self.decode_ms - in_stage_ms,
             },
         };
@@ -292,14 +295,14 @@ struct Studio {
 }
 
 thread_local! {
-    static STUDIO: RefCell<Studio> = RefCell::new(Studio {
+    static STUDIO: RefCell<Studio> = const { RefCell::new(Studio {
         encoder: Encoder::NotLoaded,
         edit: 0,
         run: None,
         results: Vec::new(),
         selected: 0,
         timings: TimingStore::new(),
-    });
+    }) };
 }
 
 fn with<R>(f: impl FnOnce(&mut Studio) -> R) -> R {
@@ -350,8 +353,11 @@ pub fn studio_main() {
 
 async fn start() {
     let choice = toolbar_choice().await;
-    element::<HtmlSelectElement>("toolbar-opens")
-        .set_value(if choice == ToolbarOpens::Popup { "popup" } else { "studio" });
+    element::<HtmlSelectElement>("toolbar-opens").set_value(if choice == ToolbarOpens::Popup {
+        "popup"
+    } else {
+        "studio"
+    });
     show_shortcut().await;
     let timings = load_timings().await;
     with(|s| s.timings = timings);
@@ -417,7 +423,8 @@ pub fn studio_storage_changed(changes: JsValue, area: String) {
 
 fn on(id: &str, kind: &str, action: impl Fn(web_sys::Event) + 'static) {
     let closure = Closure::<dyn Fn(web_sys::Event)>::new(action);
-    let _ = element::<HtmlElement>(id).add_event_listener_with_callback(kind, closure.as_ref().unchecked_ref());
+    let _ =
+        element::<HtmlElement>(id).add_event_listener_with_callback(kind, closure.as_ref().unchecked_ref());
     closure.forget();
 }
 
@@ -501,10 +508,8 @@ fn prompt_edited() {
     });
     let closure = Closure::once_into_js(move || spawn_local(count_tokens(edit)));
     if let Some(window) = web_sys::window() {
-        let _ = window.set_timeout_with_callback_and_timeout_and_arguments_0(
-            closure.unchecked_ref(),
-            COUNT_DELAY_MS,
-        );
+        let _ = window
+            .set_timeout_with_callback_and_timeout_and_arguments_0(closure.unchecked_ref(), COUNT_DELAY_MS);
     }
 }
 
@@ -655,37 +660,32 @@ async fn generate(from: GenerateForm) {
     let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
     let prompt = wanted.prompt.clone();
     match wanted.clone().validate(0) {
-        Err(error) => {
-            show_error(&error.to_string());
-            return;
-        }
-        Ok(params) => {
-            match request(&Request::Generate(wanted)).await {
-                Reply::JobStarted { job, seed } => {
-                    let run = Run {
-                        job: job.clone(),
-                        seed: seed.parse().unwrap_or(0),
-                        count,
-                        steps: params.steps,
-                        width: params.width,
-                        height: params.height,
-                        started: Some(now_ms()),
-                        followed: now_ms(),
-                        progress: None,
-                        image: 0,
-                        progress_at: now_ms(),
-                        transformer_at: None,
-                        step1_at: None,
-                        decoder_at: None,
-                        ended: false,
-                    };
-                    begin_run(run);
-                    remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
-                }
-                Reply::Error { error } => show_error(&error),
-                other => show_error(&format!("unexpected reply {other:?}")),
+        Err(error) => show_error(&error.to_string()),
+        Ok(params) => match request(&Request::Generate(wanted)).await {
+            Reply::JobStarted { job, seed } => {
+                let run = Run {
+                    job: job.clone(),
+                    seed: seed.parse().unwrap_or(0),
+                    count,
+                    steps: params.steps,
+                    width: params.width,
+                    height: params.height,
+                    started: Some(now_ms()),
+                    followed: now_ms(),
+                    progress: None,
+                    image: 0,
+                    progress_at: now_ms(),
+                    transformer_at: None,
+                    step1_at: None,
+                    decoder_at: None,
+                    ended: false,
+                };
+                begin_run(run);
+                remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
             }
-        }
+            Reply::Error { error } => show_error(&error),
+            other => show_error(&format!("unexpected reply {other:?}")),
+        },
     }
 }
 
@@ -760,8 +760,9 @@ async fn follow(focus: StudioFocus) {
             show_results();
         }
         JobState::Failed { error, .. } => show_error(error),
-        JobState::Cancelled { .. } => set_text("progress", &i18n::t("studioCancelled")),
         JobState::Unknown => show_error(&i18n::t("studioJobGone")),
+        // Cancelled (a unit variant here, one with the batch's images where batches exist).
+        _ => set_text("progress", &i18n::t("studioCancelled")),
     }
 }
 
@@ -1169,7 +1170,11 @@ mod tests {
     fn only_the_last_runs_are_kept() {
         let mut store = TimingStore::new();
         for i in 0..8 {
-            remember(&mut store, "512x512".into(), StageTimes { step_ms: f64::from(i), ..Default::default() });
+            remember(
+                &mut store,
+                "512x512".into(),
+                StageTimes { step_ms: f64::from(i), ..Default::default() },
+            );
         }
         let runs = &store["512x512"];
         assert_eq!(runs.len(), KEPT_RUNS);
