@@ -286,6 +286,30 @@ test('a notification when an image is made while no page is open; clicking it op
   await blank.close();
 });
 
+test('a notification when the model download ends while no page is open', { timeout: 600_000 }, async (t) => {
+  // Throttled, so the download is still running when the last page closes.
+  const b = await h.setup(t, { install: false, hubOptions: { repos: ['f32'], throttle: 200_000 } });
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  const blank = await b.context.newPage();
+  await b.page.close();
+  const deadline = Date.now() + h.INSTALL_TIMEOUT_MS;
+  let shown = {};
+  while (!shown['imagine-download'] && Date.now() < deadline) {
+    await h.sleep(500);
+    shown = await sw.evaluate(() => chrome.notifications.getAll());
+  }
+  assert.ok(shown['imagine-download'], `no notification: ${JSON.stringify(shown)}`);
+  const [tab] = await Promise.all([
+    b.context.waitForEvent('page', { timeout: 30_000 }),
+    sw.evaluate(() => chrome.notifications.onClicked.dispatch('imagine-download')),
+  ]);
+  await tab.waitForLoadState('domcontentloaded');
+  assert.equal(new URL(tab.url()).pathname, '/studio.html');
+  await blank.close();
+});
+
 test('popup screenshots (light, dark)', { timeout: 300_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
   const page = b.page;

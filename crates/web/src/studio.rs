@@ -397,7 +397,7 @@ pub fn studio_event(message: JsValue) {
         }
         Event::Cancelled { job } if ours(&job) => {
             end_run(false);
-            set_text("progress", &i18n::t("studioCancelled"));
+            set_text("progress", &i18n::t("progressCancelled"));
         }
         Event::PackInstalled { .. } => set_visible("pack-note", false),
         _ => {}
@@ -760,9 +760,9 @@ async fn follow(focus: StudioFocus) {
             show_results();
         }
         JobState::Failed { error, .. } => show_error(error),
-        JobState::Unknown => show_error(&i18n::t("studioJobGone")),
+        JobState::Unknown => show_error(&i18n::t("jobGone")),
         // Cancelled (a unit variant here, one with the batch's images where batches exist).
-        _ => set_text("progress", &i18n::t("studioCancelled")),
+        _ => set_text("progress", &i18n::t("progressCancelled")),
     }
 }
 
@@ -836,12 +836,12 @@ fn on_progress(progress: Progress, place: ProgressPlace) {
 
 fn describe(progress: &Progress) -> String {
     match progress.stage {
-        Stage::TextEncoder => i18n::t("studioEncoding"),
-        Stage::Transformer if progress.step == 0 => i18n::t("studioLoadingModel"),
+        Stage::TextEncoder => i18n::t("progressEncoding"),
+        Stage::Transformer if progress.step == 0 => i18n::t("progressLoadingModel"),
         Stage::Transformer => {
-            i18n::t_args("studioStep", &[&progress.step.to_string(), &progress.steps.to_string()])
+            i18n::t_args("progressStep", &[&progress.step.to_string(), &progress.steps.to_string()])
         }
-        Stage::Decoder => i18n::t("studioDecoding"),
+        Stage::Decoder => i18n::t("progressDecoding"),
     }
 }
 
@@ -917,7 +917,7 @@ fn end_run(done: bool) {
     });
     set_running(false);
     if done {
-        set_text("progress", &i18n::t("studioDone"));
+        set_text("progress", &i18n::t("progressDone"));
         element::<HtmlElement>("progress-bar").set_attribute("value", "1").ok();
         set_text("timing", "");
         set_visible("run", false);
