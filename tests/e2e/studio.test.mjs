@@ -128,9 +128,17 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.ok(clip?.[0]?.types.includes('image/png') && clip[0].size === saved.length, JSON.stringify(clip));
 
   // Again with a new seed: same prompt and size, another seed.
+  // It is the second image of this size: the studio now gives an estimate from the first.
   const first = await page.getAttribute('#image', 'src');
+  await page.evaluate(() => {
+    window.__timing = [];
+    const el = document.querySelector('#timing');
+    new MutationObserver(() => window.__timing.push(el.textContent)).observe(el, { childList: true, characterData: true, subtree: true });
+  });
   await page.click('#again');
   await imageShown(page, first);
+  const timing = await page.evaluate(() => window.__timing);
+  assert.ok(timing.some((s) => /about \d+ s left/.test(s)), JSON.stringify(timing));
   const meta = await page.textContent('#meta');
   assert.match(meta, /256×256, 2 steps/);
   const seed = /seed (\d+)/.exec(meta)[1];
@@ -229,12 +237,24 @@ test('side panel, shortcut, toolbar choice; the context menu shows its job in an
   // The toolbar may open the quick prompt instead; the choice is kept.
   const page = await openStudio(b);
   assert.match(await page.textContent('#shortcut'), /Alt\+Shift\+I/);
+  const toolbar = () => sw.evaluate(async () => ({
+    popup: (await chrome.action.getPopup({})).replace(/^.*\//, ''),
+    panel: (await chrome.sidePanel.getPanelBehavior()).openPanelOnActionClick,
+  }));
+  const waitForToolbar = async (want) => {
+    const deadline = Date.now() + 10_000;
+    let now = await toolbar();
+    while (JSON.stringify(now) !== JSON.stringify(want) && Date.now() < deadline) {
+      await h.sleep(200);
+      now = await toolbar();
+    }
+    assert.deepEqual(now, want);
+  };
   await page.selectOption('#toolbar-opens', 'popup');
-  await page.waitForFunction(() => chrome.action.getPopup({}).then((p) => p.endsWith('/popup.html')));
-  assert.deepEqual(await sw.evaluate(() => chrome.sidePanel.getPanelBehavior()), { openPanelOnActionClick: false });
+  await waitForToolbar({ popup: 'popup.html', panel: false });
   assert.equal((await page.evaluate(() => chrome.storage.local.get('toolbarOpens'))).toolbarOpens, 'popup');
   await page.selectOption('#toolbar-opens', 'studio');
-  await page.waitForFunction(() => chrome.action.getPopup({}).then((p) => p === ''));
+  await waitForToolbar({ popup: '', panel: true });
 
   // The context menu starts the job; a studio already open follows it (prompt as text, then the image).
   const prompt = 'a lighthouse at dusk <b>bold</b>';

@@ -70,12 +70,15 @@ pub async fn toolbar_choice() -> ToolbarOpens {
 pub async fn apply_toolbar(choice: ToolbarOpens) {
     let studio = choice == ToolbarOpens::Studio;
     let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
-    if let Ok(promise) = chrome::side_panel_set_panel_behavior(&behavior) {
-        let _ = JsFuture::from(promise).await;
-    }
     let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
-    if let Ok(promise) = chrome::action_set_popup(&popup) {
-        let _ = JsFuture::from(promise).await;
+    for call in [chrome::side_panel_set_panel_behavior(&behavior), chrome::action_set_popup(&popup)] {
+        let done = match call {
+            Ok(promise) => JsFuture::from(promise).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            web_sys::console::warn_1(&e);
+        }
     }
 }
 
