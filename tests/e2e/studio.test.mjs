@@ -149,6 +149,17 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   await page.click('#reuse-seed');
   assert.equal(await page.isChecked('#seed-fixed'), true);
   assert.equal(await page.inputValue('#seed'), seed);
+
+  // Reopened, the studio keeps the settings last used and shows the last image.
+  await page.reload();
+  await imageShown(page);
+  assert.deepEqual(
+    [await page.inputValue('#width'), await page.inputValue('#height'), await page.inputValue('#steps')],
+    ['256', '256', '2'],
+  );
+  assert.equal(await page.isChecked('#presets input[value="custom"]'), true);
+  assert.equal(await page.inputValue('#seed'), '42');
+  assert.equal(await page.inputValue('#prompt'), 'a small red boat on a calm lake');
 });
 
 test('studio: 4 variations send count 4 and show the batch as a grid', { timeout: 600_000 }, async (t) => {

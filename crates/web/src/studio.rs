@@ -37,6 +37,55 @@ const KEPT_RUNS: usize = 5;
 const VARIATIONS: i64 = 4;
 /// The prompt is counted this long after the last key press.
 const COUNT_DELAY_MS: i32 = 150;
+/// `localStorage` key of the form's settings, kept from one visit to the next.
+const SETTINGS_KEY: &str = "imagine.studio.settings";
+
+/// The form's settings as last used (the prompt is not kept).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct FormSettings {
+    width: String,
+    height: String,
+    steps: String,
+    seed_fixed: bool,
+    seed: String,
+    schedule: String,
+}
+
+fn save_settings() {
+    let settings = FormSettings {
+        width: input("width").value(),
+        height: input("height").value(),
+        steps: input("steps").value(),
+        seed_fixed: input("seed-fixed").checked(),
+        seed: input("seed").value(),
+        schedule: element::<HtmlSelectElement>("schedule").value(),
+    };
+    if let (Some(storage), Ok(text)) = (local_storage(), serde_json::to_string(&settings)) {
+        let _ = storage.set_item(SETTINGS_KEY, &text);
+    }
+}
+
+fn restore_settings() {
+    let Some(text) = local_storage().and_then(|s| s.get_item(SETTINGS_KEY).ok().flatten()) else { return };
+    let Ok(settings) = serde_json::from_str::<FormSettings>(&text) else { return };
+    for (id, value) in [("width", &settings.width), ("height", &settings.height), ("steps", &settings.steps)]
+    {
+        if !value.is_empty() {
+            input(id).set_value(value);
+        }
+    }
+    input("seed-fixed").set_checked(settings.seed_fixed);
+    input("seed").set_value(&settings.seed);
+    if !settings.schedule.is_empty() {
+        element::<HtmlSelectElement>("schedule").set_value(&settings.schedule);
+    }
+    custom_size_edited();
+}
+
+fn local_storage() -> Option<web_sys::Storage> {
+    web_sys::window()?.local_storage().ok().flatten()
+}
 
 // ---------------------------------------------------------------------------------------------
 // Opening the studio (service worker side)
@@ -317,6 +366,7 @@ fn with<R>(f: impl FnOnce(&mut Studio) -> R) -> R {
 pub fn studio_main() {
     i18n::localize_page();
     fill_presets();
+    restore_settings();
     on("form", "submit", |event| {
         event.prevent_default();
         spawn_local(generate(GenerateForm::Form));
@@ -642,7 +692,10 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
 
 async fn generate(from: GenerateForm) {
     let wanted = match from {
-        GenerateForm::Form => form_request(),
+        GenerateForm::Form => {
+            save_settings();
+            form_request()
+        }
         GenerateForm::Again => match selected_result() {
             Some(result) => request_like(&result),
             None => return,
