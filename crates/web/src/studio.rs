@@ -777,12 +777,12 @@ async fn follow(focus: StudioFocus) {
                 element::<HtmlTextAreaElement>("prompt").set_value(prompt);
                 prompt_edited();
             }
-            let (steps, count) = progress.as_ref().map_or((0, 1), |p| (p.steps, 1));
+            // Opened on a running job: its size and seed come with its first image.
             begin_run(Run {
                 job,
                 seed: 0,
-                count,
-                steps,
+                count: 1,
+                steps: progress.as_ref().map_or(0, |p| p.steps),
                 width: 0,
                 height: 0,
                 started: None,
@@ -866,9 +866,8 @@ fn on_progress(progress: Progress, place: ProgressPlace) {
         run.image = place.image.unwrap_or(seen);
         run.steps = progress.steps.max(run.steps);
         if run.image == 0 {
-            match progress.stage {
-                Stage::Transformer if run.transformer_at.is_none() => run.transformer_at = Some(now),
-                _ => {}
+            if progress.stage == Stage::Transformer && run.transformer_at.is_none() {
+                run.transformer_at = Some(now);
             }
             if progress.stage == Stage::Transformer && progress.step == 1 && run.step1_at.is_none() {
                 run.step1_at = Some(now);
