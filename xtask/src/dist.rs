@@ -25,6 +25,7 @@ const LOADED_BY_NAME: &[&str] = &[
     "offscreen.html",
     "result.html",
     "popup.html",
+    "studio.html",
     "stage-worker.js",
     "download-worker.js",
     "hash-worker.js",

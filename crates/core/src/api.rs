@@ -100,6 +100,8 @@ pub struct GenerateRequest {
     pub trace: bool,
     /// `webgpu` (default) or `wasm`. The wasm backend is never chosen silently.
     pub backend: Option<String>,
+    /// Images to make, 1 to 8 (default 1), with seeds `seed`, `seed + 1`, ...: one `result` event each.
+    pub count: Option<i64>,
 }
 
 /// A seed as it arrives in JSON.
@@ -271,7 +273,7 @@ impl ConversionCost {
 }
 
 /// Bytes in GB (10^9), with one decimal; at least 0.1 GB for anything above zero.
-fn gigabytes(bytes: u64) -> String {
+pub fn gigabytes(bytes: u64) -> String {
     let tenths = bytes.div_ceil(100_000_000);
     format!("{}.{} GB", tenths / 10, tenths % 10)
 }

@@ -5,7 +5,7 @@
 //!
 //! | context | shim | module | entries |
 //! |---|---|---|---|
-//! | service worker | `sw.js` | [`service_worker`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerWake`, `serviceWorkerMenuClick` |
+//! | service worker | `sw.js` | [`service_worker`], [`notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerNotificationClick` |
 //! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
 //! | stage worker | `stage-worker.js` | [`stage_worker`] | `stageWorkerMain` |
 //! | download worker | `download-worker.js` | [`download`] | `downloadWorkerMain` |
@@ -14,6 +14,7 @@
 //! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
 //! | gallery page | `gallery.js` | [`gallery_page`] | `galleryPageMain`, `galleryPageEvent` |
 //! | options page | `options.js` | [`options_page`] | `optionsPageMain`, `optionsPageEvent` |
+//! | studio (side panel, or a tab) | `studio.js` | [`studio`] | `studioMain`, `studioEvent`, `studioStorageChanged` |
 //!
 //! The internal channels between them are typed in [`protocol`]. The pipeline itself lives in
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
@@ -29,6 +30,7 @@ pub mod hub_client;
 pub mod i18n;
 pub mod js;
 pub mod messaging;
+pub mod notify;
 pub mod offscreen;
 pub mod opfs;
 pub mod options_page;
@@ -38,6 +40,7 @@ pub mod result_page;
 pub mod service_worker;
 pub mod settings;
 pub mod stage_worker;
+pub mod studio;
 pub mod view;
 
 use wasm_bindgen::prelude::*;

@@ -3,8 +3,8 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackSource, PackStatus, Reply,
-    Request, Seed,
+    gigabytes, DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackSource,
+    PackStatus, Reply, Request, Seed,
 };
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
@@ -37,6 +37,14 @@ pub fn popup_main() {
     on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
     on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
+    // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
+    on_click("open-studio", || {
+        crate::studio::open_from_click(|| {
+            if let Some(window) = web_sys::window() {
+                let _ = window.close();
+            }
+        })
+    });
     spawn_local(async {
         fill_form().await;
         refresh_pack().await;
@@ -96,23 +104,18 @@ async fn refresh_pack() {
     };
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
-        format!(
-            "Model installed ({}, commit {}), works offline.",
-            format_bytes(status.bytes),
-            &commit[..commit.len().min(7)]
-        )
+        i18n::t_args("popupModelInstalled", &[&format_bytes(status.bytes), &commit[..commit.len().min(7)]])
     } else if status.download.is_some() {
-        "Downloading the model\u{2026}".to_owned()
+        i18n::t("popupDownloadingModel")
     } else {
-        "The model is not installed yet.".to_owned()
+        i18n::t("popupNotInstalled")
     };
     set_text("pack-status", &text);
     set_text(
         "storage-used",
-        &format!(
-            "Storage used: {} of {} available to Imagine",
-            format_bytes(status.storage.usage_bytes),
-            format_bytes(status.storage.quota_bytes)
+        &i18n::t_args(
+            "popupStorageUsed",
+            &[&format_bytes(status.storage.usage_bytes), &format_bytes(status.storage.quota_bytes)],
         ),
     );
     set_visible("delete-pack", status.installed);
@@ -123,17 +126,23 @@ async fn refresh_pack() {
 
 /// Shows the size of the download before anything is written.
 async fn show_plan() {
-    set_text("pack-size", "Checking the download size\u{2026}");
+    set_text("pack-size", &i18n::t("popupCheckingSize"));
     let text = match request(&Request::PlanPack(source_from_form())).await {
         Reply::PackPlan(plan) => {
             let size =
-                format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len());
+                i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()]);
             match plan.conversion {
-                Some(conversion) => format!("{size} {}", conversion.notice()),
+                Some(cost) => {
+                    let notice = i18n::t_args(
+                        "popupConversionNotice",
+                        &[&gigabytes(cost.extra_disk_bytes), &gigabytes(cost.gpu_bytes)],
+                    );
+                    format!("{size} {notice}")
+                }
                 None => size,
             }
         }
-        Reply::Error { error } => format!("Could not check the download: {error}"),
+        Reply::Error { error } => i18n::t_args("popupCheckFailed", &[&error]),
         _ => String::new(),
     };
     set_text("pack-size", &text);
@@ -148,16 +157,19 @@ fn show_download(progress: Option<&DownloadProgress>) {
     set_visible("resume", !running);
     set_visible("install-form", false);
     let state = match p.state {
-        DownloadState::Checking => "Checking the model, storage and GPU\u{2026}",
-        DownloadState::Downloading => "Downloading",
-        DownloadState::Converting => "Converting to float32 for this GPU (it has no shader-f16)",
-        DownloadState::Installing => "Verified; installing once no image is being made",
-        DownloadState::Paused => "Paused",
-        DownloadState::Failed => "Stopped",
+        DownloadState::Checking => "popupStateChecking",
+        DownloadState::Downloading => "popupStateDownloading",
+        DownloadState::Converting => "popupStateConverting",
+        DownloadState::Installing => "popupStateInstalling",
+        DownloadState::Paused => "popupStatePaused",
+        DownloadState::Failed => "popupStateStopped",
     };
     set_text(
         "download-done",
-        &format!("{state}: {} of {}", format_bytes(p.done_bytes), format_bytes(p.total_bytes)),
+        &i18n::t_args(
+            "popupDownloadDone",
+            &[&i18n::t(state), &format_bytes(p.done_bytes), &format_bytes(p.total_bytes)],
+        ),
     );
     let rate = if running && p.bytes_per_second > 0.0 {
         format!("{}/s", format_bytes(p.bytes_per_second as u64))
@@ -175,10 +187,11 @@ fn show_download(progress: Option<&DownloadProgress>) {
         let Ok(item) = document.create_element("li") else { continue };
         let mark = if file.verified { " \u{2713}" } else { "" };
         item.set_text_content(Some(&format!(
-            "{}: {} of {}{mark}",
-            file.path,
-            format_bytes(file.done_bytes),
-            format_bytes(file.size)
+            "{}{mark}",
+            i18n::t_args(
+                "popupDownloadDone",
+                &[&file.path, &format_bytes(file.done_bytes), &format_bytes(file.size)]
+            )
         )));
         let _ = list.append_child(&item);
     }
@@ -186,9 +199,9 @@ fn show_download(progress: Option<&DownloadProgress>) {
 
 fn describe_time_left(seconds: f64) -> String {
     match seconds.round() as u64 {
-        s if s < 90 => format!("about {s} s left"),
-        s if s < 90 * 60 => format!("about {} min left", (s + 30) / 60),
-        s => format!("about {:.1} h left", s as f64 / 3600.0),
+        s if s < 90 => i18n::t_args("popupSecondsLeft", &[&s.to_string()]),
+        s if s < 90 * 60 => i18n::t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
+        s => i18n::t_args("popupHoursLeft", &[&format!("{:.1}", s as f64 / 3600.0)]),
     }
 }
 
@@ -272,7 +285,7 @@ async fn generate() {
                 let _ = storage.set_item(JOB_KEY, &job);
             }
             show_job(job);
-            set_text("progress", "Starting\u{2026}");
+            set_text("progress", &i18n::t("starting"));
             set_running(true);
         }
         Reply::Error { error } => {

@@ -27,7 +27,7 @@ pub fn result_page_main() {
         return;
     }
     let Some(job) = param("job") else {
-        JobView { job: String::new() }.show_error("No image was asked for.");
+        JobView { job: String::new() }.show_error(&i18n::t("resultNoJob"));
         return;
     };
     VIEW.with_borrow_mut(|view| *view = Some(JobView { job: job.clone() }));

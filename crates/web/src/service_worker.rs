@@ -29,8 +29,10 @@ use crate::hub_client::{self, FetchError};
 use crate::i18n;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
+use crate::notify;
 use crate::opfs::{self, OpfsError};
-use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, OFFSCREEN_TARGET};
+use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET};
+use crate::studio;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.
@@ -112,7 +114,8 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             // Events are what the offscreen document reports; nobody else's are recorded.
             Sender::Offscreen => {
                 if let Ok(event) = from_js::<Event>(&message) {
-                    record(event).await;
+                    record(event.clone()).await;
+                    notify::after_event(&event, &message).await;
                 }
                 return Ok(JsValue::UNDEFINED);
             }
@@ -145,6 +148,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
             .set("contexts", js_sys::Array::of1(&"selection".into()))
             .build();
         chrome::context_menus_create(&item)?;
+        studio::apply_toolbar(studio::toolbar_choice().await).await;
         // After an update: files of an earlier storage layout, or of nothing, are removed.
         let _guard = lock_download().await;
         let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
@@ -164,27 +168,58 @@ pub fn service_worker_wake() -> js_sys::Promise {
     })
 }
 
-/// `chrome.contextMenus.onClicked`: generates from the selection and opens the result page.
+/// `chrome.runtime.onStartup`: the toolbar button's choice again, then what [`service_worker_wake`]
+/// does.
+#[wasm_bindgen(js_name = serviceWorkerStartup)]
+pub fn service_worker_startup() -> js_sys::Promise {
+    future_to_promise(async {
+        studio::apply_toolbar(studio::toolbar_choice().await).await;
+        resume_if_stalled().await;
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
+/// `chrome.contextMenus.onClicked`: generates from the selection and shows it in the studio, or in the
+/// result page when the side panel did not open (`panel`: the shim's `sidePanel.open()`, resolved to
+/// whether it opened).
 #[wasm_bindgen(js_name = serviceWorkerMenuClick)]
-pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
+pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sys::Promise {
     future_to_promise(async move {
         if get(&info, "menuItemId").as_string().as_deref() != Some(MENU_ID) {
             return Ok(JsValue::UNDEFINED);
         }
         let prompt = get(&info, "selectionText").as_string().unwrap_or_default();
+        let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
+        let started = start_job(GenerateRequest { prompt: prompt.clone(), ..Default::default() }).await;
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
-        let page = match start_job(GenerateRequest { prompt, ..Default::default() }).await {
-            Ok((job, _)) => format!("result.html?job={job}"),
+        let (focus, page) = match started {
+            Ok((job, _)) => {
+                let page = format!("result.html?job={job}");
+                (StudioFocus { job: Some(job), prompt, ..Default::default() }, page)
+            }
             Err(error) => {
-                format!(
+                let page = format!(
                     "result.html?error={}",
                     String::from(js_sys::encode_uri_component(&error.to_string()))
-                )
+                );
+                (StudioFocus { prompt, error: Some(error.to_string()), ..Default::default() }, page)
             }
         };
-        let url = chrome::runtime_get_url(&page);
-        JsFuture::from(chrome::tabs_create(&Obj::new().set("url", url).build())?).await?;
+        studio::show(focus, opened, &page).await;
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
+/// `chrome.commands.onCommand` (`open-studio`): the studio, in a tab when the side panel did not open.
+#[wasm_bindgen(js_name = serviceWorkerCommand)]
+pub fn service_worker_command(command: String, panel: js_sys::Promise) -> js_sys::Promise {
+    future_to_promise(async move {
+        let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
+        if command == "open-studio" && !opened {
+            let url = chrome::runtime_get_url("studio.html");
+            JsFuture::from(chrome::tabs_create(&Obj::new().set("url", url).build())?).await?;
+        }
         Ok(JsValue::UNDEFINED)
     })
 }
