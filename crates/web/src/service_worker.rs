@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
-    PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState, PackPlan,
+    PackSource, PackStatus, Reply, Request, Sender,
 };
 use imagine_core::hub::HubError;
+use imagine_core::params::MAX_COUNT;
 use imagine_core::{Backend, ParamError};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -296,6 +297,8 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     // An unreadable state is replaced: deleting is how the user starts over.
     let state = opfs::pack_state().await.unwrap_or_default();
     opfs::write_pack_state(&state.deleted()).await?;
+    // The pack's cached prompt embeddings go with it.
+    opfs::embeddings::clear().await?;
     Ok(opfs::remove_stray(download.is_some()).await?)
 }
 
@@ -367,12 +370,13 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
         return Err(ServiceWorkerError::NoPack);
     }
     let job = format!("{:016x}", random_u64());
-    set_job(&job, &JobState::Running { progress: None, prompt: params.prompt.clone() }).await;
+    let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
+    set_job(&job, &running).await;
     let seed = params.seed.to_string();
     match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
-            set_job(&job, &JobState::Failed { error: error.to_string() }).await;
+            set_job(&job, &JobState::failed(error.to_string())).await;
             Err(error)
         }
     }
@@ -426,13 +430,21 @@ async fn record(event: Event) {
             let _ = JsFuture::from(promise).await;
         }
     }
+    // Each job event reads the job's state and writes it back; one at a time, so that no result of a
+    // batch is lost to the progress event that follows it.
+    let _guard = match &event {
+        Event::Progress { .. } | Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => {
+            Some(JOB_LOCK.with(Arc::clone).lock_owned().await)
+        }
+        _ => None,
+    };
     match event {
         Event::Progress { job, progress } => {
-            let prompt = match load(&job_key(&job)).await {
-                Some(JobState::Running { prompt, .. }) => prompt,
-                _ => String::new(),
+            let (prompt, results) = match load(&job_key(&job)).await {
+                Some(JobState::Running { prompt, results, .. }) => (prompt, results),
+                _ => Default::default(),
             };
-            set_job(&job, &JobState::Running { progress: Some(progress), prompt }).await
+            set_job(&job, &JobState::Running { progress: Some(progress), prompt, results }).await
         }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping; the image is kept in
@@ -440,20 +452,41 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
-            let state = match keep_image(&job, &png).await {
-                Ok(()) => JobState::Done { result },
+            let previous = load::<JobState>(&job_key(&job)).await;
+            let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
+            let state = match keep_image(&job, result.index, &png).await {
                 Err(e) => JobState::Failed {
                     error: format!(
                         "the image was made but could not be kept ({e}); free some disk space and generate \
                          it again with seed {}",
                         result.seed
                     ),
+                    results,
                 },
+                // The last image of the batch ends the job.
+                Ok(()) if result.index + 1 >= result.count => {
+                    results.push(result.clone());
+                    JobState::Done { result, results }
+                }
+                Ok(()) => {
+                    let (progress, prompt) = match previous {
+                        Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
+                        _ => (None, result.prompt.clone()),
+                    };
+                    results.push(result);
+                    JobState::Running { progress, prompt, results }
+                }
             };
             set_job(&job, &state).await;
         }
-        Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
-        Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
+        Event::Failed { job, error } => {
+            let results = finished_images(&job).await;
+            set_job(&job, &JobState::Failed { error, results }).await
+        }
+        Event::Cancelled { job } => {
+            let results = finished_images(&job).await;
+            set_job(&job, &JobState::Cancelled { results }).await
+        }
         Event::PackProgress(progress) => {
             update_download(|d| {
                 // The worker moves a running download on (checking, downloading, installing); pausing
@@ -487,6 +520,8 @@ thread_local! {
     static DOWNLOAD_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
     /// Serialises opening the offscreen document.
     static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+    /// Serialises the updates of job states from events.
+    static JOB_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
 }
 
 async fn lock_download() -> OwnedMutexGuard<()> {
@@ -509,40 +544,63 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
-/// A job's state; a finished job's image is read back from OPFS.
+/// The images of a batch recorded so far (without their PNGs).
+async fn finished_images(job: &str) -> Vec<GenerateResult> {
+    load::<JobState>(&job_key(job)).await.map(|state| state.results().to_vec()).unwrap_or_default()
+}
+
+/// A job's state; its images are read back from OPFS.
 async fn job_state(job: &str) -> JobState {
-    match load(&job_key(job)).await {
-        Some(JobState::Done { mut result }) => match kept_image(job).await {
+    let Some(mut state) = load::<JobState>(&job_key(job)).await else { return JobState::Unknown };
+    // A state recorded before batches existed has its one image in `result` only.
+    if let JobState::Done { result, results } = &mut state {
+        if results.is_empty() {
+            results.push(result.clone());
+        }
+    }
+    let results = match &mut state {
+        JobState::Running { results, .. }
+        | JobState::Done { results, .. }
+        | JobState::Failed { results, .. }
+        | JobState::Cancelled { results } => results,
+        JobState::Unknown => return state,
+    };
+    for result in results.iter_mut() {
+        match kept_image(job, result.index).await {
             Ok(png) => {
                 use base64::Engine;
                 result.png = base64::engine::general_purpose::STANDARD.encode(png);
-                JobState::Done { result }
             }
-            Err(e) => JobState::Failed { error: format!("the image of this job is no longer kept ({e})") },
-        },
-        Some(state) => state,
-        None => JobState::Unknown,
+            Err(e) => return JobState::failed(format!("the image of this job is no longer kept ({e})")),
+        }
     }
+    if let JobState::Done { result, results } = &mut state {
+        if let Some(last) = results.last() {
+            *result = last.clone();
+        }
+    }
+    state
 }
 
 fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-fn image_name(job: &str) -> String {
-    format!("{job}.png")
+/// The file of image `index` of a job's batch.
+fn image_name(job: &str, index: u32) -> String {
+    format!("{job}-{index}.png")
 }
 
-/// Stores a job's PNG (base64, as the result event carries it) in `results/`.
-async fn keep_image(job: &str, png: &str) -> Result<(), ServiceWorkerError> {
+/// Stores image `index` of a job (base64, as the result event carries it) in `results/`.
+async fn keep_image(job: &str, index: u32, png: &str) -> Result<(), ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
     let dir = opfs::dir(RESULTS_DIR, true).await?;
-    Ok(opfs::write_whole(&dir, &image_name(job), &bytes).await?)
+    Ok(opfs::write_whole(&dir, &image_name(job, index), &bytes).await?)
 }
 
-async fn kept_image(job: &str) -> Result<Vec<u8>, OpfsError> {
-    opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job)).await
+async fn kept_image(job: &str, index: u32) -> Result<Vec<u8>, OpfsError> {
+    opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job, index)).await
 }
 
 /// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
@@ -552,7 +610,7 @@ async fn set_job(job: &str, state: &JobState) {
     if let Err(e) = save(&key, state).await {
         let error = format!("the job's outcome could not be recorded: {e}");
         if !matches!(state, JobState::Running { .. })
-            && save(&key, &JobState::Failed { error }).await.is_err()
+            && save(&key, &JobState::failed(error)).await.is_err()
         {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
@@ -566,7 +624,9 @@ async fn set_job(job: &str, state: &JobState) {
                 let _ = JsFuture::from(promise).await;
             }
             if let Ok(dir) = opfs::dir(RESULTS_DIR, false).await {
-                let _ = opfs::remove(&dir, &image_name(&old)).await;
+                for index in 0..MAX_COUNT {
+                    let _ = opfs::remove(&dir, &image_name(&old, index)).await;
+                }
             }
         }
         if let Err(e) = save(JOBS_KEY, &jobs).await {

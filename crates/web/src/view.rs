@@ -71,15 +71,15 @@ impl JobView {
                 set_text("progress", &progress.as_ref().map_or("Starting\u{2026}".to_owned(), describe));
                 false
             }
-            JobState::Done { result } => {
+            JobState::Done { result, .. } => {
                 self.show_result(result);
                 true
             }
-            JobState::Failed { error } => {
+            JobState::Failed { error, .. } => {
                 self.show_error(error);
                 true
             }
-            JobState::Cancelled => {
+            JobState::Cancelled { .. } => {
                 set_text("progress", "Cancelled.");
                 true
             }
