@@ -4,8 +4,9 @@
 //! ```text
 //! packs/state.json   which slot holds the installed pack (with its record) and which stages downloads
 //! packs/a/, packs/b/ the two slots: one holds the installed pack, the other a download in progress
-//! results/<job>.png  the images of the jobs the service worker keeps (their states live in
-//!                    `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//! results/<job>-<i>.png  image i of the batch of each job the service worker keeps (their states
+//!                    live in `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//! cache/embeddings/  the prompt embeddings of recent prompts (`crate::embedding_cache`)
 //! ```
 //!
 //! A new pack is downloaded and verified in the staging slot while the installed one stays where it is.
@@ -25,7 +26,7 @@ pub const STATE_FILE: &str = "state.json";
 /// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`). Nothing reads them; they are
 /// removed wherever stray files are cleaned up.
 pub const LEGACY_DIRS: [&str; 2] = ["pack", "pack-staging"];
-/// The directory of job images: `<job>.png`.
+/// The directory of job images: `<job>-<index>.png`.
 pub const RESULTS_DIR: &str = "results";
 /// The two slots of the download record, in the staging slot (see the web crate's `download.rs`).
 pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
