@@ -252,7 +252,8 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
 
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let task = StageTask::Transformer { params: params.clone() };
-    let (StageOutput::Transformer(denoised), latents) = run_stage(job, images, &task, Some(embeddings)).await?
+    let (StageOutput::Transformer(denoised), latents) =
+        run_stage(job, images, &task, Some(embeddings)).await?
     else {
         return Err(unexpected("transformer"));
     };
@@ -318,7 +319,8 @@ async fn tokenize(prompt: &str) -> Result<EncodedPrompt, OffscreenError> {
         None => {
             let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
             let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-            let encoder = Rc::new(PromptEncoder::new(&tokenizer, &config).map_err(OffscreenError::Tokenizer)?);
+            let encoder =
+                Rc::new(PromptEncoder::new(&tokenizer, &config).map_err(OffscreenError::Tokenizer)?);
             PROMPT_ENCODER.set(Some(encoder.clone()));
             encoder
         }
@@ -446,9 +448,7 @@ impl StageRun {
                 }
                 (StageReport::Image { .. }, None) => return Err(OffscreenError::NoOutput.into()),
                 (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),
-                (StageReport::Error { message }, _) => {
-                    return Err(OffscreenError::Reported(message).into())
-                }
+                (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
             }
         }
         Err(OffscreenError::StageStopped.into())

@@ -316,8 +316,13 @@ pub mod embeddings {
         truncated: bool,
     ) -> OpfsResult<()> {
         let (mut index, dir) = load(commit).await?;
-        let entry =
-            Entry { key: key.to_owned(), bytes: entry_bytes(values.len()), token_count, truncated, last_used: 0 };
+        let entry = Entry {
+            key: key.to_owned(),
+            bytes: entry_bytes(values.len()),
+            token_count,
+            truncated,
+            last_used: 0,
+        };
         let dropped = index.insert(entry, MAX_BYTES);
         for old in &dropped {
             remove(&dir, &entry_file(old)).await?;

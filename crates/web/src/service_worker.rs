@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState, PackPlan,
-    PackSource, PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
+    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
 };
 use imagine_core::hub::HubError;
 use imagine_core::params::MAX_COUNT;
@@ -609,9 +609,7 @@ async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
     if let Err(e) = save(&key, state).await {
         let error = format!("the job's outcome could not be recorded: {e}");
-        if !matches!(state, JobState::Running { .. })
-            && save(&key, &JobState::failed(error)).await.is_err()
-        {
+        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(error)).await.is_err() {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
     }

@@ -11,7 +11,9 @@ use half::vec::HalfBitsVecExt;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::{Backend, DType, EncodedPrompt, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{
+    Backend, DType, EncodedPrompt, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
+};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
