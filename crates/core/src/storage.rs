@@ -4,8 +4,9 @@
 //! ```text
 //! packs/state.json   which slot holds the installed pack (with its record) and which stages downloads
 //! packs/a/, packs/b/ the two slots: one holds the installed pack, the other a download in progress
-//! results/<job>-<i>.png  image i of the batch of each job the service worker keeps (their states
-//!                    live in `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//! results/<job>.png  the image of each job the service worker keeps, `<job>-<i>.png` image i > 0 of
+//!                    a batch (their states live in `chrome.storage.session`, whose 10 MiB would not
+//!                    hold a large PNG)
 //! cache/embeddings/  the prompt embeddings of recent prompts (`crate::embedding_cache`)
 //! ```
 //!
@@ -26,7 +27,7 @@ pub const STATE_FILE: &str = "state.json";
 /// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`). Nothing reads them; they are
 /// removed wherever stray files are cleaned up.
 pub const LEGACY_DIRS: [&str; 2] = ["pack", "pack-staging"];
-/// The directory of job images: `<job>-<index>.png`.
+/// The directory of job images: `<job>.png`, and `<job>-<index>.png` for the later images of a batch.
 pub const RESULTS_DIR: &str = "results";
 /// The two slots of the download record, in the staging slot (see the web crate's `download.rs`).
 pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];

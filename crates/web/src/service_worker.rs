@@ -586,9 +586,12 @@ fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-/// The file of image `index` of a job's batch.
+/// The file of image `index` of a job's batch (the first keeps the name of a single image).
 fn image_name(job: &str, index: u32) -> String {
-    format!("{job}-{index}.png")
+    match index {
+        0 => format!("{job}.png"),
+        _ => format!("{job}-{index}.png"),
+    }
 }
 
 /// Stores image `index` of a job (base64, as the result event carries it) in `results/`.
