@@ -263,12 +263,14 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
     let mut decoder = StageRun::start(job, &task, latents.as_ref())?;
     loop {
         match decoder.next(images).await? {
-            Reported::Image { index, run_ms, png } => {
+            Reported::Image { index, timing, png } => {
                 let timings = Timings {
-                    session_create_ms: encoder_timing.session_create_ms + denoised.timing.session_create_ms,
+                    session_create_ms: encoder_timing.session_create_ms
+                        + denoised.timing.session_create_ms
+                        + timing.session_create_ms,
                     run_ms: encoder_timing.run_ms
                         + denoised.image_run_ms.get(index as usize).copied().unwrap_or_default()
-                        + run_ms,
+                        + timing.run_ms,
                     total_ms: now_ms() - started,
                 };
                 let trace = params.trace.then(|| Trace {
@@ -299,7 +301,6 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
                 }
             }
-            // Its session creation is not in the results' timings: it is not known before the end.
             Reported::Done(StageOutput::Decoder { .. }, _) => return Ok(()),
             Reported::Done(..) => return Err(unexpected("decoder")),
         }
@@ -404,7 +405,7 @@ async fn run_stage(
 /// What a stage worker reported that its caller acts on (progress is relayed on the way).
 enum Reported {
     /// The decoder finished image `index`: its PNG.
-    Image { index: u32, run_ms: f64, png: JsValue },
+    Image { index: u32, timing: StageTiming, png: JsValue },
     /// The stage is done: its output, and the buffer it hands on if any.
     Done(StageOutput, Option<JsValue>),
 }
@@ -443,8 +444,8 @@ impl StageRun {
                 (StageReport::Progress { image, step, steps }, _) => {
                     progress(&self.job, Stage::Transformer, image, images, step, steps).await
                 }
-                (StageReport::Image { index, run_ms }, Some(png)) => {
-                    return Ok(Reported::Image { index, run_ms, png })
+                (StageReport::Image { index, timing }, Some(png)) => {
+                    return Ok(Reported::Image { index, timing, png })
                 }
                 (StageReport::Image { .. }, None) => return Err(OffscreenError::NoOutput.into()),
                 (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),

@@ -85,8 +85,9 @@ pub enum StageTask {
 pub enum StageReport {
     /// Transformer step `step` of `steps` of image `image` is done.
     Progress { image: u32, step: u32, steps: u32 },
-    /// The decoder finished image `index` (`data`: its PNG); `run_ms`: time in ORT's run for it.
-    Image { index: u32, run_ms: f64 },
+    /// The decoder finished image `index` (`data`: its PNG); `timing`: its session's creation and
+    /// ORT's run for this image.
+    Image { index: u32, timing: StageTiming },
     /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
     Done { output: StageOutput },
     /// The stage failed.

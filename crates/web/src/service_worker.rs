@@ -479,13 +479,16 @@ async fn record(event: Event) {
             };
             set_job(&job, &state).await;
         }
+        // A job whose last image is recorded is done, even if a cancel reached it before its worker ended.
         Event::Failed { job, error } => {
-            let results = finished_images(&job).await;
-            set_job(&job, &JobState::Failed { error, results }).await
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Failed { error, results }).await
+            }
         }
         Event::Cancelled { job } => {
-            let results = finished_images(&job).await;
-            set_job(&job, &JobState::Cancelled { results }).await
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Cancelled { results }).await
+            }
         }
         Event::PackProgress(progress) => {
             update_download(|d| {
@@ -544,9 +547,12 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
-/// The images of a batch recorded so far (without their PNGs).
-async fn finished_images(job: &str) -> Vec<GenerateResult> {
-    load::<JobState>(&job_key(job)).await.map(|state| state.results().to_vec()).unwrap_or_default()
+/// The images of a batch recorded so far (without their PNGs); `None` when the job is done already.
+async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
+    match load::<JobState>(&job_key(job)).await {
+        Some(JobState::Done { .. }) => None,
+        state => Some(state.map(|state| state.results().to_vec()).unwrap_or_default()),
+    }
 }
 
 /// A job's state; its images are read back from OPFS.

@@ -287,10 +287,10 @@ async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult 
         };
         let before = stage.timing.run_ms;
         let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
-        let run_ms = stage.timing.run_ms - before;
+        let timing = StageTiming { run_ms: stage.timing.run_ms - before, ..stage.timing };
         let png = stages::encode_image(&sample, &meta)?;
         let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
-        report(&StageReport::Image { index, run_ms }, Some(&buffer));
+        report(&StageReport::Image { index, timing }, Some(&buffer));
     }
     let timing = stage.close().await;
     Ok((StageOutput::Decoder { timing }, None))
