@@ -35,8 +35,9 @@ commands:
         --prompt P --out F.png   generate once, write the PNG, exit
         --width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm
         --profile DIR | --fresh  browser profile (default: target/imagine-profile)
-  bench generate [--runs N] [--size S] [--steps N]
-                         build, then time generations on the f32 fixture pack
+  bench generate [--runs N] [--size S] [--steps N] [--batch N]
+                         build, then time generations on the f32 fixture pack: a repeated
+                         prompt against its first image, a batch per image against one image
   bench download [--size-mb 2000] [--shards 4] [--link-mbps N]
                          build, then install a generated ~2 GB pack from a fake Hub on loopback:
                          ingest throughput vs raw fetch, peak memory above idle

@@ -365,20 +365,51 @@ pub struct DownloadProgress {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum JobState {
-    /// `prompt`: what is being drawn, so a page opened on the job can say so.
+    /// `prompt`: what is being drawn, so a page opened on the job can say so. `results`: the images
+    /// of a batch finished so far.
     Running {
         progress: Option<Progress>,
         #[serde(default)]
         prompt: String,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
+    /// `result`: the last image; `results`: every image of the job, in order.
     Done {
         result: GenerateResult,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
+    /// `results`: the images of a batch finished before it failed.
     Failed {
         error: String,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
-    Cancelled,
+    /// `results`: the images of a batch finished before the cancel.
+    Cancelled {
+        #[serde(default)]
+        results: Vec<GenerateResult>,
+    },
     Unknown,
+}
+
+impl JobState {
+    /// A failure with no image.
+    pub fn failed(error: impl Into<String>) -> JobState {
+        JobState::Failed { error: error.into(), results: Vec::new() }
+    }
+
+    /// The images finished so far.
+    pub fn results(&self) -> &[GenerateResult] {
+        match self {
+            JobState::Running { results, .. }
+            | JobState::Done { results, .. }
+            | JobState::Failed { results, .. }
+            | JobState::Cancelled { results } => results,
+            JobState::Unknown => &[],
+        }
+    }
 }
 
 /// One progress report of a running job.
@@ -389,6 +420,16 @@ pub struct Progress {
     /// 1-based step within the stage (the transformer has `steps` of them, the others 1).
     pub step: u32,
     pub steps: u32,
+    /// The image of the batch this is about, 0-based (the text encoder's is 0: it serves them all).
+    #[serde(default)]
+    pub image: u32,
+    /// Images in the batch.
+    #[serde(default = "one")]
+    pub images: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A finished image.
@@ -411,17 +452,24 @@ pub struct GenerateResult {
     pub trace: Option<Trace>,
     /// Where the time went, for benchmarks.
     pub timings: Option<Timings>,
+    /// This image's place in its batch, 0-based (its seed is the batch's first plus `index`).
+    #[serde(default)]
+    pub index: u32,
+    /// Images in the batch.
+    #[serde(default = "one")]
+    pub count: u32,
 }
 
 /// Time spent in one generation, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Timings {
-    /// Inside ORT's `InferenceSession.create`, all stages.
+    /// Inside ORT's `InferenceSession.create`, all stages (shared by the images of a batch).
     pub session_create_ms: f64,
-    /// Inside ORT's `run`, all stages.
+    /// Inside ORT's `run`, all stages: the prompt's encoding (none when its embeddings were cached) and
+    /// this image's denoising and decoding.
     pub run_ms: f64,
-    /// From the offscreen document receiving the job to the PNG being ready.
+    /// From the offscreen document starting the job to this PNG being ready.
     pub total_ms: f64,
 }
 
@@ -556,8 +604,10 @@ mod tests {
 
     #[test]
     fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
-        let progress =
-            |stage, step| Event::Progress { job: "j".into(), progress: Progress { stage, step, steps: 4 } };
+        let progress = |stage, step| Event::Progress {
+            job: "j".into(),
+            progress: Progress { stage, step, steps: 4, image: 0, images: 1 },
+        };
         assert_eq!(progress(Stage::Transformer, 2).badge().as_deref(), Some("2/4"));
         assert_eq!(progress(Stage::Decoder, 1).badge().as_deref(), Some("\u{2026}"));
         assert_eq!(Event::Cancelled { job: "j".into() }.badge().as_deref(), Some(""));
@@ -613,11 +663,11 @@ mod tests {
     fn events_serialize_with_type_tag() {
         let e = Event::Progress {
             job: "j1".into(),
-            progress: Progress { stage: Stage::Transformer, step: 2, steps: 4 },
+            progress: Progress { stage: Stage::Transformer, step: 2, steps: 4, image: 1, images: 4 },
         };
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
-            r#"{"type":"progress","job":"j1","progress":{"stage":"transformer","step":2,"steps":4}}"#
+            r#"{"type":"progress","job":"j1","progress":{"stage":"transformer","step":2,"steps":4,"image":1,"images":4}}"#
         );
     }
 }

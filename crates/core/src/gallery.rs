@@ -128,6 +128,14 @@ pub fn validate_id(id: &str) -> Result<&str, GalleryError> {
     }
 }
 
+/// The id of image `index` of a job's batch: the job's id for the first (or only) one.
+pub fn image_id(job: &str, index: u32) -> String {
+    match index {
+        0 => job.to_owned(),
+        _ => format!("{job}-{index}"),
+    }
+}
+
 /// The PNG's file name in [`GALLERY_DIR`].
 pub fn image_file(id: &str) -> String {
     format!("{id}.png")

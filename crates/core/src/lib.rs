@@ -25,7 +25,8 @@
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
 //! message API types, [`gallery`] the images kept on this machine (index, search, limits,
 //! export), and [`storage`] the layout of packs in OPFS and how a new pack replaces the
-//! installed one. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
+//! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
+//! repeated prompt skip the text encoder. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
 //! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece.
 //!
 //! Numerics follow the upstream diffusers pipeline (`shared/docs/reference-pipeline.md`); each
@@ -37,6 +38,7 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
+pub mod embedding_cache;
 pub mod f32_rewrite;
 // Its item fields are the message API's (README documents them).
 #[allow(missing_docs)]

@@ -14,6 +14,7 @@
 //! `tests/tokenizer_parity.rs` checks the browser's regex engine against Python `tokenizers`.
 
 use minijinja::{context, Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokenizers::Tokenizer;
 
@@ -24,8 +25,9 @@ pub const PAD_TOKEN_ID: i64 = 151643;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// A prompt ready for the text encoder.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A prompt ready for the text encoder (the offscreen document tokenizes and hands it to the worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EncodedPrompt {
     /// [`MAX_TOKENS`] token ids, right-padded with [`PAD_TOKEN_ID`].
     pub input_ids: Vec<i64>,

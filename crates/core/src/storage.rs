@@ -4,9 +4,11 @@
 //! ```text
 //! packs/state.json   which slot holds the installed pack (with its record) and which stages downloads
 //! packs/a/, packs/b/ the two slots: one holds the installed pack, the other a download in progress
-//! gallery/           every finished image, `<job>.png`, and its index (see `crate::gallery`); a job's
+//! gallery/           every finished image, `<job>.png` (`<job>-<i>.png` for image i > 0 of a
+//!                    batch), and its index (see `crate::gallery`); a job's
 //!                    state (in `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
 //!                    points there
+//! cache/embeddings/  the prompt embeddings of recent prompts (`crate::embedding_cache`)
 //! ```
 //!
 //! A new pack is downloaded and verified in the staging slot while the installed one stays where it is.

@@ -117,7 +117,8 @@ pub async fn write_png(job: &str, png: &[u8]) -> Result<()> {
 pub async fn add(result: &GenerateResult, bytes: u64, pack_commit: Option<String>) -> Result<()> {
     let _guard = lock().await;
     let dir = gallery_dir().await?;
-    let id = gallery::validate_id(&result.job)?;
+    let id = gallery::image_id(&result.job, result.index);
+    let id = gallery::validate_id(&id)?;
     // Cleared meanwhile ("delete all" between the two steps): nothing to list.
     if opfs::file(&dir, &gallery::image_file(id)).await.is_err() {
         return Ok(());

@@ -15,7 +15,7 @@
 use imagine_core::api::{DownloadProgress, InstallRequest};
 use imagine_core::hub::HashCheckpoint;
 use imagine_core::storage::PackRecord;
-use imagine_core::GenerateParams;
+use imagine_core::{EncodedPrompt, GenerateParams};
 use js_sys::Array;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
@@ -65,15 +65,17 @@ pub enum OffscreenReply {
     Refused { error: String },
 }
 
-/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output).
+/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output). A
+/// batch (`params.count` images) runs each stage once, on one session, for all its images.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "camelCase")]
 pub enum StageTask {
-    /// The prompt to `prompt_embeds`.
-    TextEncoder { params: GenerateParams },
-    /// The denoising loop (`data`: the prompt embeddings, float32).
+    /// The prompt, tokenized by the offscreen document, to `prompt_embeds`.
+    TextEncoder { params: GenerateParams, prompt: EncodedPrompt },
+    /// The denoising loop of each image, seeds in a row (`data`: the prompt embeddings, float32).
     Transformer { params: GenerateParams },
-    /// The latents to a PNG (`data`: the final latents, float32).
+    /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
+    /// other).
     Decoder { params: GenerateParams },
 }
 
@@ -81,9 +83,12 @@ pub enum StageTask {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum StageReport {
-    /// Transformer step `step` of `steps` is done.
-    Progress { step: u32, steps: u32 },
-    /// The stage is done and its session released (`data`: its output buffer).
+    /// Transformer step `step` of `steps` of image `image` is done.
+    Progress { image: u32, step: u32, steps: u32 },
+    /// The decoder finished image `index` (`data`: its PNG); `timing`: its session's creation and
+    /// ORT's run for this image.
+    Image { index: u32, timing: StageTiming },
+    /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
     Done { output: StageOutput },
     /// The stage failed.
     Error { message: String },
@@ -102,20 +107,18 @@ pub enum StageOutput {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EncoderOutput {
-    pub input_ids: Vec<i64>,
-    pub attention_mask: Vec<i64>,
-    pub token_count: u32,
-    pub truncated: bool,
     pub timing: StageTiming,
 }
 
-/// What the transformer hands on (`data`: the final latents).
+/// What the transformer hands on (`data`: the final latents of every image).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TransformerOutput {
     pub sigmas: Vec<f32>,
-    /// Initial noise, float32 LE base64, when tracing.
-    pub noise: Option<String>,
+    /// Each image's initial noise, float32 LE base64, when tracing.
+    pub noise: Vec<String>,
+    /// Time in ORT's run for each image's denoising loop.
+    pub image_run_ms: Vec<f64>,
     pub timing: StageTiming,
 }
 

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
-    PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
+    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
 };
+use imagine_core::gallery;
 use imagine_core::hub::HubError;
 use imagine_core::{Backend, ParamError};
 use serde::{Deserialize, Serialize};
@@ -361,6 +362,8 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     // An unreadable state is replaced: deleting is how the user starts over.
     let state = opfs::pack_state().await.unwrap_or_default();
     opfs::write_pack_state(&state.deleted()).await?;
+    // The pack's cached prompt embeddings go with it.
+    opfs::embeddings::clear().await?;
     Ok(opfs::remove_stray(download.is_some()).await?)
 }
 
@@ -432,12 +435,13 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
         return Err(ServiceWorkerError::NoPack);
     }
     let job = format!("{:016x}", random_u64());
-    set_job(&job, &JobState::Running { progress: None, prompt: params.prompt.clone() }).await;
+    let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
+    set_job(&job, &running).await;
     let seed = params.seed.to_string();
     match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
-            set_job(&job, &JobState::Failed { error: error.to_string() }).await;
+            set_job(&job, &JobState::failed(error.to_string())).await;
             Err(error)
         }
     }
@@ -491,13 +495,21 @@ async fn record(event: Event) {
             let _ = JsFuture::from(promise).await;
         }
     }
+    // Each job event reads the job's state and writes it back; one at a time, so that no result of a
+    // batch is lost to the progress event that follows it.
+    let _guard = match &event {
+        Event::Progress { .. } | Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => {
+            Some(JOB_LOCK.with(Arc::clone).lock_owned().await)
+        }
+        _ => None,
+    };
     match event {
         Event::Progress { job, progress } => {
-            let prompt = match load(&job_key(&job)).await {
-                Some(JobState::Running { prompt, .. }) => prompt,
-                _ => String::new(),
+            let (prompt, results) = match load(&job_key(&job)).await {
+                Some(JobState::Running { prompt, results, .. }) => (prompt, results),
+                _ => Default::default(),
             };
-            set_job(&job, &JobState::Running { progress: Some(progress), prompt }).await
+            set_job(&job, &JobState::Running { progress: Some(progress), prompt, results }).await
         }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping; the image is kept in
@@ -505,29 +517,53 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
+            let previous = load::<JobState>(&job_key(&job)).await;
+            let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
             // The PNG first, then the job's state (which reads it), then the gallery's index: a page
             // asking for the job is answered as soon as the image is on disk.
-            let (state, kept) = match keep_image(&job, &png).await {
-                Ok(bytes) => (JobState::Done { result: result.clone() }, Some(bytes)),
-                Err(e) => {
-                    let error = format!(
+            let kept = keep_image(&job, result.index, &png).await;
+            let state = match &kept {
+                Err(e) => JobState::Failed {
+                    error: format!(
                         "the image was made but could not be kept ({e}); free some disk space and generate \
                          it again with seed {}",
                         result.seed
-                    );
-                    (JobState::Failed { error }, None)
+                    ),
+                    results,
+                },
+                // The last image of the batch ends the job.
+                Ok(_) if result.index + 1 >= result.count => {
+                    results.push(result.clone());
+                    JobState::Done { result: result.clone(), results }
+                }
+                Ok(_) => {
+                    let (progress, prompt) = match previous {
+                        Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
+                        _ => (None, result.prompt.clone()),
+                    };
+                    results.push(result.clone());
+                    JobState::Running { progress, prompt, results }
                 }
             };
             set_job(&job, &state).await;
-            if let Some(bytes) = kept {
+            if let Ok(bytes) = kept {
                 let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
                 if let Err(e) = gallery_store::add(&result, bytes, commit).await {
                     web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
                 }
             }
         }
-        Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
-        Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
+        // A job whose last image is recorded is done, even if a cancel reached it before its worker ended.
+        Event::Failed { job, error } => {
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Failed { error, results }).await
+            }
+        }
+        Event::Cancelled { job } => {
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Cancelled { results }).await
+            }
+        }
         Event::PackProgress(progress) => {
             update_download(|d| {
                 // The worker moves a running download on (checking, downloading, installing); pausing
@@ -561,6 +597,8 @@ thread_local! {
     static DOWNLOAD_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
     /// Serialises opening the offscreen document.
     static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+    /// Serialises the updates of job states from events.
+    static JOB_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
 }
 
 async fn lock_download() -> OwnedMutexGuard<()> {
@@ -583,38 +621,62 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
-/// A job's state; a finished job's image is read back from OPFS.
+/// The images of a batch recorded so far (without their PNGs); `None` when the job is done already.
+async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
+    match load::<JobState>(&job_key(job)).await {
+        Some(JobState::Done { .. }) => None,
+        state => Some(state.map(|state| state.results().to_vec()).unwrap_or_default()),
+    }
+}
+
+/// A job's state; its images are read back from OPFS.
 async fn job_state(job: &str) -> JobState {
-    match load(&job_key(job)).await {
-        Some(JobState::Done { mut result }) => match kept_image(job).await {
+    let Some(mut state) = load::<JobState>(&job_key(job)).await else { return JobState::Unknown };
+    // A state recorded before batches existed has its one image in `result` only.
+    if let JobState::Done { result, results } = &mut state {
+        if results.is_empty() {
+            results.push(result.clone());
+        }
+    }
+    let results = match &mut state {
+        JobState::Running { results, .. }
+        | JobState::Done { results, .. }
+        | JobState::Failed { results, .. }
+        | JobState::Cancelled { results } => results,
+        JobState::Unknown => return state,
+    };
+    for result in results.iter_mut() {
+        match kept_image(job, result.index).await {
             Ok(png) => {
                 use base64::Engine;
                 result.png = base64::engine::general_purpose::STANDARD.encode(png);
-                JobState::Done { result }
             }
-            Err(e) => JobState::Failed { error: format!("the image of this job is no longer kept ({e})") },
-        },
-        Some(state) => state,
-        None => JobState::Unknown,
+            Err(e) => return JobState::failed(format!("the image of this job is no longer kept ({e})")),
+        }
     }
+    if let JobState::Done { result, results } = &mut state {
+        if let Some(last) = results.last() {
+            *result = last.clone();
+        }
+    }
+    state
 }
 
 fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-/// Keeps a job's PNG (base64, as the result event carries it) in the gallery, which is where the job's
-/// image is read back from: one copy of the bytes.
-/// Returns the PNG's size.
-async fn keep_image(job: &str, png: &str) -> Result<u64, ServiceWorkerError> {
+/// Keeps image `index` of a job (base64, as the result event carries it) in the gallery, which is
+/// where the job's images are read back from: one copy of the bytes. Returns the PNG's size.
+async fn keep_image(job: &str, index: u32, png: &str) -> Result<u64, ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    gallery_store::write_png(job, &bytes).await?;
+    gallery_store::write_png(&gallery::image_id(job, index), &bytes).await?;
     Ok(bytes.len() as u64)
 }
 
-async fn kept_image(job: &str) -> Result<Vec<u8>, GalleryStoreError> {
-    gallery_store::png(job).await
+async fn kept_image(job: &str, index: u32) -> Result<Vec<u8>, GalleryStoreError> {
+    gallery_store::png(&gallery::image_id(job, index)).await
 }
 
 /// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
@@ -623,9 +685,7 @@ async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
     if let Err(e) = save(&key, state).await {
         let error = format!("the job's outcome could not be recorded: {e}");
-        if !matches!(state, JobState::Running { .. })
-            && save(&key, &JobState::Failed { error }).await.is_err()
-        {
+        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(error)).await.is_err() {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
     }

@@ -11,9 +11,10 @@ use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
-use imagine_core::prompt::{PromptEncoder, PromptError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::{Backend, DType, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{
+    Backend, DType, EncodedPrompt, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
+};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -47,15 +48,6 @@ pub enum StageWorkerError {
     Gpu(#[from] GpuError),
     #[error("loading {graph} failed: {source}")]
     Load { graph: String, source: OrtError },
-    /// A file shipped with the extension (the tokenizer) could not be read.
-    #[error("reading {path}: {source}")]
-    Asset { path: &'static str, source: JsError },
-    #[error("reading {path}: HTTP {status}")]
-    AssetStatus { path: &'static str, status: u16 },
-    #[error("loading the tokenizer failed: {0}")]
-    Tokenizer(PromptError),
-    #[error("encoding the prompt failed: {0}")]
-    Prompt(PromptError),
     /// The pipeline itself (a graph that does not fit the contract, a failed run).
     #[error(transparent)]
     Stage(#[from] StageError),
@@ -72,13 +64,13 @@ pub fn stage_worker_main() {
         let message = event.data();
         spawn_local(async move {
             let outcome = match protocol::read::<StageTask>(&message) {
-                Ok((StageTask::TextEncoder { params }, _)) => text_encoder(&params).await,
+                Ok((StageTask::TextEncoder { params, prompt }, _)) => text_encoder(&params, &prompt).await,
                 Ok((StageTask::Transformer { params }, data)) => transformer(&params, data).await,
                 Ok((StageTask::Decoder { params }, data)) => decoder(&params, data).await,
                 Err(e) => Err(StageWorkerError::NotATask(e)),
             };
             match outcome {
-                Ok((output, data)) => report(&StageReport::Done { output }, Some(&data)),
+                Ok((output, data)) => report(&StageReport::Done { output }, data.as_ref()),
                 Err(error) => report(&StageReport::Error { message: error.to_string() }, None),
             }
         });
@@ -99,8 +91,8 @@ fn report(report: &StageReport, data: Option<&JsValue>) {
     }
 }
 
-/// A stage's output, and the buffer it hands on.
-type StageResult = Result<(StageOutput, JsValue), StageWorkerError>;
+/// A stage's output, and the buffer it hands on (the decoder hands its PNGs on one by one instead).
+type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 
 /// A session on the chosen backend, with the device it owns; the pipeline runs it through
 /// [`imagine_core::Session`].
@@ -302,17 +294,6 @@ fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
     Ok(Tensor { dims: tensor.dims(), data })
 }
 
-async fn fetch_bytes(path: &'static str) -> Result<Vec<u8>, StageWorkerError> {
-    let failed = |e: JsValue| StageWorkerError::Asset { path, source: e.into() };
-    let response = JsFuture::from(worker_scope().fetch_with_str(path)).await.map_err(failed)?;
-    let response: web_sys::Response = response.unchecked_into();
-    if !response.ok() {
-        return Err(StageWorkerError::AssetStatus { path, status: response.status() });
-    }
-    let buffer = JsFuture::from(response.array_buffer().map_err(failed)?).await.map_err(failed)?;
-    Ok(Uint8Array::new(&buffer).to_vec())
-}
-
 fn f32_buffer(values: &[f32]) -> JsValue {
     Float32Array::from(values).buffer().into()
 }
@@ -326,45 +307,43 @@ fn f32_from_buffer(data: Option<JsValue>, what: &'static str) -> Result<Vec<f32>
     }
 }
 
-/// Stage 1: chat template, tokens, `prompt_embeds`.
-async fn text_encoder(params: &GenerateParams) -> StageResult {
-    let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
-    let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-    let encoder = PromptEncoder::new(&tokenizer, &config).map_err(StageWorkerError::Tokenizer)?;
-    let encoded = encoder.encode(&params.prompt).map_err(StageWorkerError::Prompt)?;
-
+/// Stage 1: `prompt_embeds` of the prompt the offscreen document tokenized.
+async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt) -> StageResult {
     let mut stage = Stage::open(Graph::TextEncoder, params.backend).await?;
-    let embeddings = stages::encode_prompt(&mut stage, &encoded).await?;
+    let embeddings = stages::encode_prompt(&mut stage, prompt).await?;
     let timing = stage.close().await;
-    let output = EncoderOutput {
-        input_ids: encoded.input_ids,
-        attention_mask: encoded.attention_mask,
-        token_count: encoded.token_count as u32,
-        truncated: encoded.truncated,
-        timing,
-    };
-    Ok((StageOutput::TextEncoder(output), f32_buffer(&embeddings)))
+    Ok((StageOutput::TextEncoder(EncoderOutput { timing }), Some(f32_buffer(&embeddings))))
 }
 
-/// Stage 2: the denoising loop, one progress report per step.
+/// Stage 2: the denoising loop of each image of the batch on one session, one progress report per
+/// step; the final latents of all images, one after the other.
 async fn transformer(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
-    let denoise = DenoiseParams {
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        seed: params.seed,
-        schedule: params.schedule,
-    };
-
     let mut stage = Stage::open(Graph::Transformer, params.backend).await?;
     let steps = params.steps;
-    let progress = |step: u32| report(&StageReport::Progress { step, steps }, None);
-    let denoised = stages::denoise(&mut stage, embeddings, &denoise, progress).await?;
+    let mut latents = Vec::new();
+    let (mut noise, mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new(), Vec::new());
+    for image in 0..params.count {
+        let denoise = DenoiseParams {
+            width: params.width,
+            height: params.height,
+            steps,
+            seed: params.seed_of(image),
+            schedule: params.schedule,
+        };
+        let before = stage.timing.run_ms;
+        let progress = |step: u32| report(&StageReport::Progress { image, step, steps }, None);
+        let denoised = stages::denoise(&mut stage, embeddings.clone(), &denoise, progress).await?;
+        image_run_ms.push(stage.timing.run_ms - before);
+        if params.trace {
+            noise.push(base64_f32(&denoised.noise));
+        }
+        latents.extend_from_slice(&denoised.latents);
+        sigmas = denoised.sigmas;
+    }
     let timing = stage.close().await;
-    let noise = params.trace.then(|| base64_f32(&denoised.noise));
-    let output = TransformerOutput { sigmas: denoised.sigmas, noise, timing };
-    Ok((StageOutput::Transformer(output), f32_buffer(&denoised.latents)))
+    let output = TransformerOutput { sigmas, noise, image_run_ms, timing };
+    Ok((StageOutput::Transformer(output), Some(f32_buffer(&latents))))
 }
 
 /// Float32 values as little-endian bytes in base64 (the trace format).
@@ -374,22 +353,31 @@ pub fn base64_f32(values: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Stage 3: unpack the latents into the layout the decoder declares, decode, and encode the PNG.
+/// Stage 3: each image's latents unpacked into the layout the decoder declares, decoded and encoded
+/// as a PNG, which is handed on at once (`Image`).
 async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let latents = f32_from_buffer(data, "latents")?;
-    let meta = PngMeta {
-        prompt: params.prompt.clone(),
-        seed: params.seed,
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        schedule: params.schedule.name().to_owned(),
-    };
-
+    let count = params.count.max(1) as usize;
+    if latents.is_empty() || latents.len() % count != 0 {
+        return Err(StageWorkerError::MissingInput("the latents of every image"));
+    }
     let mut stage = Stage::open(Graph::Decoder, params.backend).await?;
-    let sample = stages::decode(&mut stage, &latents, params.width, params.height).await?;
+    for (index, latents) in (0..params.count).zip(latents.chunks_exact(latents.len() / count)) {
+        let meta = PngMeta {
+            prompt: params.prompt.clone(),
+            seed: params.seed_of(index),
+            width: params.width,
+            height: params.height,
+            steps: params.steps,
+            schedule: params.schedule.name().to_owned(),
+        };
+        let before = stage.timing.run_ms;
+        let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
+        let timing = StageTiming { run_ms: stage.timing.run_ms - before, ..stage.timing };
+        let png = stages::encode_image(&sample, &meta)?;
+        let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
+        report(&StageReport::Image { index, timing }, Some(&buffer));
+    }
     let timing = stage.close().await;
-    let png = stages::encode_image(&sample, &meta)?;
-    let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
-    Ok((StageOutput::Decoder { timing }, buffer))
+    Ok((StageOutput::Decoder { timing }, None))
 }

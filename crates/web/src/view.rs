@@ -75,15 +75,15 @@ impl JobView {
                 set_text("progress", &progress.as_ref().map_or_else(|| i18n::t("starting"), describe));
                 false
             }
-            JobState::Done { result } => {
+            JobState::Done { result, .. } => {
                 self.show_result(result);
                 true
             }
-            JobState::Failed { error } => {
+            JobState::Failed { error, .. } => {
                 self.show_error(error);
                 true
             }
-            JobState::Cancelled => {
+            JobState::Cancelled { .. } => {
                 set_text("progress", &i18n::t("progressCancelled"));
                 true
             }
