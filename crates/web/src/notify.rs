@@ -2,13 +2,12 @@
 //! extension was open to show it. Clicking one opens the studio at that image.
 
 use imagine_core::api::Event;
-use serde::Deserialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use crate::chrome;
 use crate::i18n;
-use crate::js::{from_js, JsError, Obj};
+use crate::js::{JsError, Obj};
 use crate::protocol::StudioFocus;
 use crate::studio;
 
@@ -17,22 +16,6 @@ const JOB_PREFIX: &str = "imagine-job-";
 const DOWNLOAD_ID: &str = "imagine-download";
 /// Longest prompt quoted in a notification; the studio shows the whole one.
 const QUOTED_CHARS: usize = 120;
-
-/// An image's place in its batch, read from the raw `result` event: a batch ends with its last image.
-/// (Until the batch fields are in `imagine_core::api::GenerateResult`, they are read here; a result
-/// without them is a batch of one.)
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct BatchPlace {
-    #[serde(default)]
-    index: u32,
-    #[serde(default = "one")]
-    count: u32,
-}
-
-fn one() -> u32 {
-    1
-}
 
 /// Whether any page of the extension is open (a tab, the popup, the side panel): then it shows the
 /// outcome itself, and no notification is needed.
@@ -44,15 +27,15 @@ async fn page_open() -> Result<bool, JsError> {
 }
 
 /// What to say about an event when nobody is looking: (id, title, message), or `None`.
-fn notification_for(event: &Event, raw: &JsValue) -> Option<(String, String, String)> {
+fn notification_for(event: &Event) -> Option<(String, String, String)> {
     match event {
         Event::Result(result) => {
-            let place = from_js::<BatchPlace>(raw).unwrap_or(BatchPlace { index: 0, count: 1 });
-            if place.index + 1 < place.count {
+            // A batch ends with its last image.
+            if result.index + 1 < result.count {
                 return None;
             }
-            let title = if place.count > 1 {
-                i18n::t_args("notifyImagesReady", &[&place.count.to_string()])
+            let title = if result.count > 1 {
+                i18n::t_args("notifyImagesReady", &[&result.count.to_string()])
             } else {
                 i18n::t("notifyImageReady")
             };
@@ -81,10 +64,10 @@ fn quote(prompt: &str) -> String {
     text
 }
 
-/// Shows a notification for `event` (`raw`: the event as it arrived) if it ends something and no page
+/// Shows a notification for `event` if it ends something and no page
 /// of the extension is open. Notifications are plain text (Chrome does not render HTML in them).
-pub async fn after_event(event: &Event, raw: &JsValue) {
-    let Some((id, title, message)) = notification_for(event, raw) else { return };
+pub async fn after_event(event: &Event) {
+    let Some((id, title, message)) = notification_for(event) else { return };
     if page_open().await.unwrap_or(true) {
         return;
     }

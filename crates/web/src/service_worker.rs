@@ -116,7 +116,7 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             Sender::Offscreen => {
                 if let Ok(event) = from_js::<Event>(&message) {
                     record(event.clone()).await;
-                    notify::after_event(&event, &message).await;
+                    notify::after_event(&event).await;
                 }
                 return Ok(JsValue::UNDEFINED);
             }

@@ -279,28 +279,6 @@ fn describe_elapsed(ms: f64) -> String {
 // ---------------------------------------------------------------------------------------------
 // The page
 
-/// A batch's and an image's place, read from the raw events (a batch of one when absent).
-#[derive(Debug, Default, Deserialize)]
-struct ResultPlace {
-    #[serde(default)]
-    index: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct ProgressPlace {
-    #[serde(default)]
-    image: Option<u32>,
-    #[serde(default)]
-    images: Option<u32>,
-}
-
-/// The images of a batch so far, from the raw `job` reply (absent before batches existed).
-#[derive(Debug, Default, Deserialize)]
-struct JobResults {
-    #[serde(default)]
-    results: Vec<GenerateResult>,
-}
-
 /// The prompt encoder: loaded once, when first needed.
 enum Encoder {
     NotLoaded,
@@ -312,8 +290,6 @@ enum Encoder {
 /// The job on screen.
 struct Run {
     job: String,
-    /// The seed of the first image.
-    seed: u64,
     count: u32,
     steps: u32,
     width: u32,
@@ -436,14 +412,8 @@ pub fn studio_event(message: JsValue) {
     let Ok(event) = from_js::<Event>(&message) else { return };
     let ours = |job: &str| with(|s| s.run.as_ref().is_some_and(|r| r.job == job && !r.ended));
     match event {
-        Event::Progress { job, progress } if ours(&job) => {
-            let place: ProgressPlace = from_js(&get(&message, "progress")).unwrap_or_default();
-            on_progress(progress, place);
-        }
-        Event::Result(result) if ours(&result.job) => {
-            let place: ResultPlace = from_js(&message).unwrap_or_default();
-            on_result(result, place.index);
-        }
+        Event::Progress { job, progress } if ours(&job) => on_progress(progress),
+        Event::Result(result) if ours(&result.job) => on_result(result),
         Event::Failed { job, error } if ours(&job) => {
             end_run(false);
             show_error(&error);
@@ -718,10 +688,9 @@ async fn generate(from: GenerateForm) {
     match wanted.clone().validate(0) {
         Err(error) => show_error(&error.to_string()),
         Ok(params) => match request(&Request::Generate(wanted)).await {
-            Reply::JobStarted { job, seed } => {
+            Reply::JobStarted { job, .. } => {
                 let run = Run {
                     job: job.clone(),
-                    seed: seed.parse().unwrap_or(0),
                     count,
                     steps: params.steps,
                     width: params.width,
@@ -770,17 +739,16 @@ async fn follow(focus: StudioFocus) {
     let Some(job) = focus.job else { return };
     let reply = request(&Request::Job { job: job.clone() }).await;
     let Reply::Job(state) = &reply else { return };
-    let earlier: JobResults = from_js(&to_js(&reply)).unwrap_or_default();
+    let earlier = state.results().to_vec();
     match state {
         JobState::Running { progress, prompt, .. } => {
             if !prompt.is_empty() {
                 element::<HtmlTextAreaElement>("prompt").set_value(prompt);
                 prompt_edited();
             }
-            // Opened on a running job: its size and seed come with its first image.
+            // Opened on a running job: its size comes with its first image.
             begin_run(Run {
                 job,
-                seed: 0,
                 count: 1,
                 steps: progress.as_ref().map_or(0, |p| p.steps),
                 width: 0,
@@ -795,15 +763,15 @@ async fn follow(focus: StudioFocus) {
                 decoder_at: None,
                 ended: false,
             });
-            for result in earlier.results {
-                on_result(result, None);
+            for result in earlier {
+                on_result(result);
             }
             if let Some(progress) = progress.clone() {
-                on_progress(progress, ProgressPlace::default());
+                on_progress(progress);
             }
         }
         JobState::Done { result, .. } => {
-            let results = if earlier.results.is_empty() { vec![result.clone()] } else { earlier.results };
+            let results = if earlier.is_empty() { vec![result.clone()] } else { earlier };
             if element::<HtmlTextAreaElement>("prompt").value().is_empty() {
                 element::<HtmlTextAreaElement>("prompt").set_value(&result.prompt);
                 prompt_edited();
@@ -817,8 +785,7 @@ async fn follow(focus: StudioFocus) {
         }
         JobState::Failed { error, .. } => show_error(error),
         JobState::Unknown => show_error(&i18n::t("jobGone")),
-        // Cancelled (a unit variant here, one with the batch's images where batches exist).
-        _ => set_text("progress", &i18n::t("progressCancelled")),
+        JobState::Cancelled { .. } => set_text("progress", &i18n::t("progressCancelled")),
     }
 }
 
@@ -852,18 +819,15 @@ async fn cancel() {
     }
 }
 
-fn on_progress(progress: Progress, place: ProgressPlace) {
+fn on_progress(progress: Progress) {
     let now = now_ms();
     with(|s| {
-        let seen = s.results.iter().filter(|r| r.is_some()).count() as u32;
         let Some(run) = s.run.as_mut() else { return };
-        if let Some(images) = place.images {
-            if images > run.count {
-                run.count = images;
-                s.results.resize(images as usize, None);
-            }
+        if progress.images > run.count {
+            run.count = progress.images;
+            s.results.resize(progress.images as usize, None);
         }
-        run.image = place.image.unwrap_or(seen);
+        run.image = progress.image;
         run.steps = progress.steps.max(run.steps);
         if run.image == 0 {
             if progress.stage == Stage::Transformer && run.transformer_at.is_none() {
@@ -925,19 +889,15 @@ fn show_stages(progress: Option<&Progress>) {
     }
 }
 
-fn on_result(result: GenerateResult, index: Option<u32>) {
+fn on_result(result: GenerateResult) {
     let ended = with(|s| {
-        let Some(run) = s.run.as_mut() else { return true };
-        let slot = index
-            .map(|i| i as usize)
-            .or_else(|| result.seed.parse::<u64>().ok().map(|seed| seed.wrapping_sub(run.seed) as usize))
-            .filter(|&i| i < s.results.len())
-            .or_else(|| s.results.iter().position(Option::is_none))
-            .unwrap_or(0);
-        if s.results.is_empty() {
-            s.results.push(None);
+        if s.run.is_none() {
+            return true;
         }
-        let slot = slot.min(s.results.len() - 1);
+        if s.results.len() < result.count as usize {
+            s.results.resize(result.count as usize, None);
+        }
+        let slot = (result.index as usize).min(s.results.len() - 1);
         s.results[slot] = Some(result.clone());
         if s.results.iter().take(s.selected + 1).all(Option::is_none) || s.results[s.selected].is_none() {
             s.selected = slot;
@@ -948,19 +908,6 @@ fn on_result(result: GenerateResult, index: Option<u32>) {
     if ended {
         record_timings();
         end_run(true);
-    } else {
-        // A service worker without batches makes one image whatever `count` says: ask whether the job
-        // is over.
-        let job = result.job.clone();
-        spawn_local(async move {
-            if let Reply::Job(state) = request(&Request::Job { job }).await {
-                if !matches!(state, JobState::Running { .. } | JobState::Unknown) {
-                    with(|s| s.results.retain(Option::is_some));
-                    show_results();
-                    end_run(true);
-                }
-            }
-        });
     }
 }
 
