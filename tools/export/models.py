@@ -185,7 +185,9 @@ class TextEncoder(nn.Module):
         q = self.qwen
         if self.vocab_wrap:
             input_ids = torch.remainder(input_ids, q.config.vocab_size)
-        h = q.embed_tokens(input_ids)
+        # The table may be stored narrower than the activations (float16 under float32, see
+        # export.torch_modules); the gathered rows are cast to the activation dtype.
+        h = q.embed_tokens(input_ids).to(q.norm.weight.dtype)
         s = input_ids.shape[1]
         position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0)
         # The mask transformers' create_causal_mask builds for sdpa: causal, and only real keys;
