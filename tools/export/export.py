@@ -105,10 +105,9 @@ def torch_modules(cfg, activations, qwen, tr, vae, rope_float32=True, layernorm_
     """The three export-ready wrappers (copies; the float32 upstream models are left untouched)."""
     dt = getattr(torch, activations)
     te = models.TextEncoder(copy.deepcopy(qwen).to(dt), cfg.text_taps, cfg.vocab_wrap).eval()
-    # The embedding table stays float16 under float32 activations too (Gather, then Cast): in float32
-    # the full table (151936 x 2560) is 1.56 GB, one tensor above the 1 GiB maxBufferSize of
-    # SwiftShader and many GPUs, and the graph would be 3.0 GB instead of the published 2.2 GB.
-    te.qwen.embed_tokens.to(torch.float16)
+    if dt == torch.float32:
+        # float16 storage for the embedding table, as published (TextEncoder.store_table_as_f16_bytes)
+        te.store_table_as_f16_bytes()
     trm = models.Transformer(models.patch_transformer(copy.deepcopy(tr), rope_float32=rope_float32,
                                                       layernorm_float32=layernorm_float32).to(dt)).eval()
     dec = models.VaeDecoder(vae).eval()  # float32 always

@@ -90,7 +90,7 @@ def expand_meta_parameters(module):
                 mod._parameters[name] = nn.Parameter(fake, requires_grad=False)
 
 
-def structure(cfg, activations, seed=0):
+def structure(cfg, activations, seed=0, stems=export.STEMS):
     """{stem: ModelProto}: the float graphs, large initializers as placeholders (EXTERNAL, PENDING)."""
     torch.manual_seed(seed)
     with large_parameters_on_meta():
@@ -101,7 +101,7 @@ def structure(cfg, activations, seed=0):
     del qwen, tr, vae
     ex = export.example_inputs(cfg, activations)
     out = {}
-    for stem in export.STEMS:
+    for stem in stems:
         t0 = time.time()
         expand_meta_parameters(mods[stem])
         inputs = ex[stem]
@@ -123,7 +123,9 @@ def _serialize_without_large(ir_model):
         t = v.const_value
         n = math.prod(t.shape.numpy())
         if n > LARGE:
-            assert t.dtype.is_floating_point(), f"{name}: a large {t.dtype} initializer cannot be random"
+            # uint8: the text encoder's embedding table as float16 bytes (models.TextEncoder)
+            assert t.dtype.is_floating_point() or t.dtype.name == "UINT8", \
+                f"{name}: a large {t.dtype} initializer cannot be random"
             v.const_value = ExternalTensor(PENDING, 0, n * t.dtype.itemsize, t.dtype, shape=t.shape, name=name)
     return serde.serialize_model(ir_model)
 
@@ -196,6 +198,8 @@ def random_payload(rng, bits):
             gen = lambda k: np.full(k, z, np.uint8)  # noqa: E731
         elif t.name.endswith("_scales") and q_scale:
             gen = lambda k: np.full(k, q_scale, npdt)  # noqa: E731
+        elif npdt == np.uint8:  # float16 bytes (the embedding table); k is even
+            gen = lambda k: (rng.standard_normal(k // 2, dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)  # noqa: E731
         else:
             gen = lambda k: (rng.standard_normal(k, dtype=np.float32) * 0.02).astype(npdt)  # noqa: E731
 
@@ -208,20 +212,21 @@ def random_payload(rng, bits):
     return payload
 
 
-def export_pack(config, activations, out, seed=0, shard_bytes=None):
+def export_pack(config, activations, out, seed=0, shard_bytes=None, stems=export.STEMS):
+    """Writes the pack into `out`; with `stems`, only those graphs (the others' files are left alone)."""
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = models.CONFIGS[config]
     shard_bytes = shard_bytes or cfg.shard_bytes
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):
-        if f.startswith(export.STEMS) or f in ("unquantized", "export_info.json"):
+        if f.startswith(tuple(stems)) or f == "unquantized":
             p = os.path.join(out, f)
             shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     t0 = time.time()
-    graphs = structure(cfg, activations, seed)
+    graphs = structure(cfg, activations, seed, stems)
     timings = {"structure": round(time.time() - t0, 1)}
     rng = np.random.default_rng(seed)
-    for stem in export.STEMS:
+    for stem in stems:
         t1 = time.time()
         m = graphs.pop(stem)
         bits = BITS.get(stem)
@@ -236,7 +241,7 @@ def export_pack(config, activations, out, seed=0, shard_bytes=None):
             f" LayerNormalization {ops.get('LayerNormalization', 0)}")
     info = {"config": config, "activations": activations, "seed": seed, "weights": None, "streamed": True,
             "text_taps": list(cfg.text_taps), "text_layers": cfg.text_layers, "shard_bytes": shard_bytes,
-            "versions": export.versions(), "seconds": timings}
+            "versions": export.versions(), "seconds": timings, "stems": list(stems)}
     with open(os.path.join(out, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)
         f.write("\n")
@@ -251,9 +256,11 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-mb", type=float, help="largest external-data shard in MB (default: the config's)")
+    ap.add_argument("--stems", nargs="+", choices=export.STEMS, default=list(export.STEMS),
+                    help="only these graphs (the others' files in OUT are left as they are)")
     a = ap.parse_args(argv)
     export_pack(a.config, a.activations, a.out, seed=a.seed,
-                shard_bytes=int(a.shard_mb * 1e6) if a.shard_mb else None)
+                shard_bytes=int(a.shard_mb * 1e6) if a.shard_mb else None, stems=a.stems)
     return 0
 
 

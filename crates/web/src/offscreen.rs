@@ -9,8 +9,8 @@ use std::collections::VecDeque;
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage, Timings,
-    Trace,
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
+    StageTimings, Timings, Trace,
 };
 use imagine_core::GenerateParams;
 use js_sys::Uint8Array;
@@ -246,11 +246,24 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<GenerateResult, S
         return Err(unexpected("decoder"));
     };
 
-    let stages = [encoded.timing, denoised.timing, decoded];
+    let stages = [
+        (Stage::TextEncoder, encoded.timing),
+        (Stage::Transformer, denoised.timing),
+        (Stage::Decoder, decoded),
+    ];
     let timings = Timings {
-        session_create_ms: stages.iter().map(|t| t.session_create_ms).sum(),
-        run_ms: stages.iter().map(|t| t.run_ms).sum(),
+        session_create_ms: stages.iter().map(|(_, t)| t.session_create_ms).sum(),
+        run_ms: stages.iter().map(|(_, t)| t.run_ms).sum(),
         total_ms: now_ms() - started,
+        stages: stages
+            .iter()
+            .map(|&(stage, t)| StageTimings {
+                stage,
+                started_at_ms: t.started_at_ms,
+                session_create_ms: t.session_create_ms,
+                run_ms: t.run_ms,
+            })
+            .collect(),
     };
     let trace = params.trace.then(|| Trace {
         input_ids: encoded.input_ids,
@@ -318,6 +331,7 @@ async fn relay(
             (StageReport::Progress { step, steps }, _) => {
                 progress(job, Stage::Transformer, step, steps).await
             }
+            (StageReport::SessionCreated { .. }, _) => {}
             (StageReport::Done { output }, Some(data)) => return Ok((output, data)),
             (StageReport::Done { .. }, None) => return Err(OffscreenError::NoOutput.into()),
             (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),

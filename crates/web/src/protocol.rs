@@ -83,6 +83,8 @@ pub enum StageTask {
 pub enum StageReport {
     /// Transformer step `step` of `steps` is done.
     Progress { step: u32, steps: u32 },
+    /// The stage's session is created (for benchmarks that watch a stage which may not finish).
+    SessionCreated { timing: StageTiming },
     /// The stage is done and its session released (`data`: its output buffer).
     Done { output: StageOutput },
     /// The stage failed.
@@ -123,6 +125,8 @@ pub struct TransformerOutput {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTiming {
+    /// Milliseconds since the Unix epoch when the session creation began.
+    pub started_at_ms: f64,
     pub session_create_ms: f64,
     pub run_ms: f64,
 }
