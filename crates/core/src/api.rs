@@ -461,7 +461,7 @@ pub struct GenerateResult {
 }
 
 /// Time spent in one generation, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Timings {
     /// Inside ORT's `InferenceSession.create`, all stages (shared by the images of a batch).
@@ -471,6 +471,23 @@ pub struct Timings {
     pub run_ms: f64,
     /// From the offscreen document starting the job to this PNG being ready.
     pub total_ms: f64,
+    /// The same per stage, in the order they ran (`cargo xtask bench scale` reads it).
+    #[serde(default)]
+    pub stages: Vec<StageTimings>,
+}
+
+/// Time spent inside ORT by one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTimings {
+    pub stage: Stage,
+    /// When its session creation began, in milliseconds since the Unix epoch (so that a benchmark
+    /// outside the browser can line its own samples up with the stage).
+    pub started_at_ms: f64,
+    /// Inside `InferenceSession.create`.
+    pub session_create_ms: f64,
+    /// Inside `run`, all runs.
+    pub run_ms: f64,
 }
 
 /// What the independent reference needs to recompute an image.

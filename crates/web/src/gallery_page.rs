@@ -233,7 +233,7 @@ fn show_params(item: &GalleryItem) {
         (t("galleryCreated"), String::from(created)),
         (t("galleryFileSize"), format_bytes(item.bytes)),
     ];
-    if let Some(timings) = item.timings {
+    if let Some(timings) = &item.timings {
         rows.push((t("galleryTime"), format!("{:.1} s", timings.total_ms / 1000.0)));
     }
     if let Some(commit) = &item.pack_commit {

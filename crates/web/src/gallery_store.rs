@@ -134,7 +134,7 @@ pub async fn add(result: &GenerateResult, bytes: u64, pack_commit: Option<String
         schedule: result.schedule.clone(),
         created: js_sys::Date::now(),
         bytes,
-        timings: result.timings,
+        timings: result.timings.clone(),
         pack_commit,
     });
     evict_and_save(&dir, &mut index).await

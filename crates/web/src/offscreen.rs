@@ -10,8 +10,8 @@ use std::rc::Rc;
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage, Timings,
-    Trace,
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
+    StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache;
 use imagine_core::prompt::MAX_TOKENS;
@@ -272,6 +272,19 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
                         + denoised.image_run_ms.get(index as usize).copied().unwrap_or_default()
                         + timing.run_ms,
                     total_ms: now_ms() - started,
+                    stages: [
+                        (Stage::TextEncoder, encoder_timing),
+                        (Stage::Transformer, denoised.timing),
+                        (Stage::Decoder, timing),
+                    ]
+                    .into_iter()
+                    .map(|(stage, t)| StageTimings {
+                        stage,
+                        started_at_ms: t.started_at_ms,
+                        session_create_ms: t.session_create_ms,
+                        run_ms: t.run_ms,
+                    })
+                    .collect(),
                 };
                 let trace = params.trace.then(|| Trace {
                     input_ids: prompt.input_ids.clone(),
@@ -448,6 +461,8 @@ impl StageRun {
                     return Ok(Reported::Image { index, timing, png })
                 }
                 (StageReport::Image { .. }, None) => return Err(OffscreenError::NoOutput.into()),
+                // For benchmarks, which read it from the worker's messages; the pipeline needs nothing.
+                (StageReport::SessionCreated { .. }, _) => {}
                 (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),
                 (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
             }

@@ -88,6 +88,8 @@ pub enum StageReport {
     /// The decoder finished image `index` (`data`: its PNG); `timing`: its session's creation and
     /// ORT's run for this image.
     Image { index: u32, timing: StageTiming },
+    /// The stage's session is created (for benchmarks that watch a stage which may not finish).
+    SessionCreated { timing: StageTiming },
     /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
     Done { output: StageOutput },
     /// The stage failed.
@@ -126,6 +128,8 @@ pub struct TransformerOutput {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTiming {
+    /// Milliseconds since the Unix epoch when the session creation began.
+    pub started_at_ms: f64,
     pub session_create_ms: f64,
     pub run_ms: f64,
 }

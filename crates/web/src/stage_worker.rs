@@ -132,6 +132,7 @@ impl Stage {
                 (Provider::WebGpu(device.js().clone()), Some(device))
             }
         };
+        let started_at_ms = js_sys::Date::now();
         let started = now_ms();
         let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
         let session = match created {
@@ -143,7 +144,8 @@ impl Stage {
                 return Err(StageWorkerError::Load { graph: name, source: e });
             }
         };
-        let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
+        let timing = StageTiming { started_at_ms, session_create_ms: now_ms() - started, run_ms: 0.0 };
+        report(&StageReport::SessionCreated { timing }, None);
         let inputs = session.inputs();
         let outputs = session.outputs();
         Ok(Stage { session, device, inputs, outputs, timing, lookups })
