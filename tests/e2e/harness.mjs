@@ -784,7 +784,8 @@ export function sleep(ms) {
 /**
  * For a node:test test: starts a fake Hub serving the fixture packs (unless `pack` is null and
  * `hubOptions.repos` is not given), launches a fresh browser profile and installs `fixtures/<pack>`
- * (with `backend`; f16 defaults to 'wasm', whose graphs SwiftShader cannot run on WebGPU). Closes
+ * (with `backend`; f16 defaults to 'wasm', the float16 reference path; on WebGPU it is converted to
+ * float32 first, see f32-conversion.test.mjs). Closes
  * everything when the test ends. Returns launch()'s object plus `hub` and `repo`.
  */
 export async function setup(t, { pack = 'f32', install = true, backend, hubOptions = {}, ...launchOpts } = {}) {

@@ -33,6 +33,7 @@ use crate::messaging::{self, send};
 use crate::notify;
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET};
+use crate::settings;
 use crate::studio;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
@@ -191,7 +192,8 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sy
         }
         let prompt = get(&info, "selectionText").as_string().unwrap_or_default();
         let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
-        let started = start_job(GenerateRequest { prompt: prompt.clone(), ..Default::default() }).await;
+        // The settings the user chose as defaults (options page), like every page that makes images.
+        let started = start_job(settings::defaults().await.request(prompt.clone())).await;
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
         let (focus, page) = match started {

@@ -58,6 +58,18 @@ impl Defaults {
             schedule: params.schedule.name().to_owned(),
         })
     }
+
+    /// A `generate` request for `prompt` with these settings and a random seed.
+    pub fn request(&self, prompt: String) -> GenerateRequest {
+        GenerateRequest {
+            prompt,
+            width: Some(self.width.into()),
+            height: Some(self.height.into()),
+            steps: Some(self.steps.into()),
+            schedule: Some(self.schedule.clone()),
+            ..Default::default()
+        }
+    }
 }
 
 /// A gallery image's prompt and settings, for the next page that makes images.
