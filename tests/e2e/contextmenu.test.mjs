@@ -35,12 +35,7 @@ test('context menu on a selection opens result.html with the image, made with th
     timeout: h.GENERATION_TIMEOUT_MS,
   });
   const job = url.searchParams.get('job');
-  // The page shows the image from the broadcast result; the service worker records it at the same time.
-  let state;
-  for (let i = 0; i < 100 && state?.status !== 'done'; i++) {
-    if (i) await h.sleep(100);
-    state = await h.api(b.page, { type: 'job', job });
-  }
+  const state = await h.endedJob(b.page, job);
   assert.deepEqual(
     [state.result.width, state.result.height, state.result.steps, state.result.schedule],
     [256, 320, 2, 'linear-shift'],

@@ -301,6 +301,20 @@ export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS)
   };
 }
 
+/**
+ * The `job` reply once the job has ended (`done`, `failed`, `cancelled`). A page shows a result from the
+ * broadcast event while the service worker records it, so right after the event the job may still read
+ * as running for a moment.
+ */
+export async function endedJob(page, job, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const state = await api(page, { type: 'job', job });
+    if (state?.status !== 'running' || Date.now() > deadline) return state;
+    await sleep(100);
+  }
+}
+
 /** Like generate, but throws unless there is a result. */
 export async function generateOk(page, request, timeoutMs) {
   const r = await generate(page, request, timeoutMs);
