@@ -133,7 +133,7 @@ test('a batch of 4: seeds in a row, each graph loaded once, each image a single 
     assert.ok(progress.some((p) => p.stage === 'transformer' && p.image === image && p.step === SIZE.steps), `steps of image ${image}`);
   }
 
-  const state = await h.api(b.page, { type: 'job', job: reply.job });
+  const state = await h.endedJob(b.page, reply.job);
   assert.equal(state.status, 'done', JSON.stringify(state, h.shorten));
   assert.deepEqual(state.results.map((r) => r.png), results.map((r) => r.png), 'the job keeps every image, in order');
   assert.equal(state.result.png, results[3].png, '`result` is the last image');
