@@ -20,7 +20,7 @@ use crate::js::{from_js, sleep_ms};
 use crate::messaging::request;
 use crate::opfs;
 use crate::settings::{self, Reuse};
-use crate::view::{document, element, set_text, set_visible};
+use crate::view::{document, element, fill_definitions, set_text, set_visible};
 
 #[derive(Default)]
 struct State {
@@ -239,16 +239,7 @@ fn show_params(item: &GalleryItem) {
     if let Some(commit) = &item.pack_commit {
         rows.push((t("galleryPack"), commit.chars().take(12).collect()));
     }
-    let document = document();
-    for (name, value) in rows {
-        let (Ok(dt), Ok(dd)) = (document.create_element("dt"), document.create_element("dd")) else {
-            continue;
-        };
-        dt.set_text_content(Some(&name));
-        dd.set_text_content(Some(&value));
-        let _ = list.append_child(&dt);
-        let _ = list.append_child(&dd);
-    }
+    fill_definitions(&list, rows);
 }
 
 /// Puts `?view=<id>` in the page's URL (or takes it out), without reloading.

@@ -2,9 +2,7 @@
 //! storage, delete) and what this device offers before anything is downloaded (WebGPU adapter,
 //! `shader-f16`, buffer limits, storage quota).
 
-use imagine_core::api::{
-    Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, PackSource, Reply, Request,
-};
+use imagine_core::api::{Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, Reply, Request};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
@@ -14,7 +12,7 @@ use crate::i18n::{self, t, t_args};
 use crate::js::from_js;
 use crate::messaging::request;
 use crate::settings::{self, Defaults};
-use crate::view::{document, element, set_text, set_visible};
+use crate::view::{element, fill_definitions, set_text, set_visible};
 use crate::{gpu, opfs};
 
 const MIB: i64 = 1 << 20;
@@ -112,21 +110,10 @@ async fn save_limit() {
     set_text("limit-status", &text);
 }
 
-fn source_from_form() -> PackSource {
-    let value = |id: &str| input(id).value().trim().to_owned();
-    let defaults = PackSource::default();
-    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
-    PackSource {
-        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
-        repo: or_default(value("hub-repo"), defaults.repo),
-        revision: or_default(value("hub-revision"), defaults.revision),
-    }
-}
-
 /// Save source / Download: the host permission is asked for within the click, then the source is
 /// checked, saved, and (`install`) downloaded.
 fn source_clicked(install: bool) {
-    let source = match source_from_form().validate() {
+    let source = match settings::source_from_form().validate() {
         Ok(source) => source,
         Err(e) => return show_model_error(Some(&e.to_string())),
     };
@@ -218,14 +205,5 @@ async fn device_report() {
     }
     let list = element::<HtmlElement>("device-report");
     list.set_text_content(None);
-    let document = document();
-    for (name, value) in rows {
-        let (Ok(dt), Ok(dd)) = (document.create_element("dt"), document.create_element("dd")) else {
-            continue;
-        };
-        dt.set_text_content(Some(&name));
-        dd.set_text_content(Some(&value));
-        let _ = list.append_child(&dt);
-        let _ = list.append_child(&dd);
-    }
+    fill_definitions(&list, rows);
 }

@@ -3,8 +3,8 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{
-    gigabytes, DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackSource,
-    PackStatus, Reply, Request, Seed,
+    gigabytes, DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackStatus, Reply,
+    Request, Seed,
 };
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
@@ -127,7 +127,7 @@ async fn refresh_pack() {
 /// Shows the size of the download before anything is written.
 async fn show_plan() {
     set_text("pack-size", &i18n::t("popupCheckingSize"));
-    let text = match request(&Request::PlanPack(source_from_form())).await {
+    let text = match request(&Request::PlanPack(settings::source_from_form())).await {
         Reply::PackPlan(plan) => {
             let size =
                 i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()]);
@@ -205,21 +205,10 @@ fn describe_time_left(seconds: f64) -> String {
     }
 }
 
-fn source_from_form() -> PackSource {
-    let value = |id: &str| element::<HtmlInputElement>(id).value().trim().to_owned();
-    let defaults = PackSource::default();
-    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
-    PackSource {
-        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
-        repo: or_default(value("hub-repo"), defaults.repo),
-        revision: or_default(value("hub-revision"), defaults.revision),
-    }
-}
-
 /// The Install button. Hosts other than the Hub need a permission, which must be asked for
 /// synchronously within the click.
 fn install_clicked() {
-    let source = source_from_form();
+    let source = settings::source_from_form();
     let permission = settings::request_host_permission(&source);
     spawn_local(async move {
         settings::host_permission_answered(permission).await;

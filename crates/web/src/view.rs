@@ -28,6 +28,20 @@ pub fn set_visible(id: &str, visible: bool) {
 }
 
 /// A human description of a progress report.
+/// Appends a `<dt>name</dt><dd>value</dd>` pair to `list` for each row, as text.
+pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
+    let document = document();
+    for (name, value) in rows {
+        let (Ok(dt), Ok(dd)) = (document.create_element("dt"), document.create_element("dd")) else {
+            continue;
+        };
+        dt.set_text_content(Some(&name));
+        dd.set_text_content(Some(&value));
+        let _ = list.append_child(&dt);
+        let _ = list.append_child(&dd);
+    }
+}
+
 pub fn describe(progress: &Progress) -> String {
     match progress.stage {
         Stage::TextEncoder => i18n::t("progressEncoding"),
