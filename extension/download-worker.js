@@ -8,4 +8,4 @@ self.onmessage = (event) => early.push(event);
 init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => {
   downloadWorkerMain();
   for (const event of early) self.onmessage(event);
-}, (e) => self.postMessage({ kind: 'error', message: `the download worker could not start: ${e}` }));
+}, (e) => self.postMessage({ kind: 'error', error: `the download worker could not start: ${e}` }));

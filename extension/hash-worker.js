@@ -7,4 +7,4 @@ self.onmessage = (event) => early.push(event);
 init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => {
   hashWorkerMain();
   for (const event of early) self.onmessage(event);
-}, (e) => self.postMessage({ op: 'error', message: `the hash worker could not start: ${e}` }));
+}, (e) => self.postMessage({ op: 'error', error: `the hash worker could not start: ${e}` }));

@@ -9,4 +9,4 @@ self.onmessage = (event) => early.push(event);
 init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => {
   stageWorkerMain();
   for (const event of early) self.onmessage(event);
-}, (e) => self.postMessage({ kind: 'error', message: `the stage worker could not start: ${e}` }));
+}, (e) => self.postMessage({ kind: 'error', error: `the stage worker could not start: ${e}` }));

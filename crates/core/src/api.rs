@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gallery::{GalleryItem, GalleryLimit};
+use crate::message::{Localize, Message};
 
 /// A request to the service worker. Each one gets exactly one [`Reply`]. A field the request does not
 /// have (a misspelt `widht`) is an error, not silently dropped (which is why the requests without
@@ -157,9 +158,12 @@ pub enum Reply {
     },
     /// `galleryLimit`: the caps now in force.
     GalleryLimit(GalleryLimit),
-    /// The request was refused; `error` says what was wrong and what is allowed.
+    /// The request was refused; `error` says what was wrong and what is allowed (in English).
     Error {
         error: String,
+        /// The same, as a `_locales` message for the page's language (absent from older states).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<Message>,
     },
 }
 
@@ -359,6 +363,9 @@ pub struct DownloadProgress {
     pub seconds_left: Option<f64>,
     /// Why the download failed (state `failed`).
     pub error: Option<String>,
+    /// The same, as a `_locales` message for the page's language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
 }
 
 /// The state of a job (`job` request, and what pages show when they open late).
@@ -383,6 +390,9 @@ pub enum JobState {
     /// `results`: the images of a batch finished before it failed.
     Failed {
         error: String,
+        /// The same, as a `_locales` message for the page's language (absent from older states).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<Message>,
         #[serde(default)]
         results: Vec<GenerateResult>,
     },
@@ -396,8 +406,8 @@ pub enum JobState {
 
 impl JobState {
     /// A failure with no image.
-    pub fn failed(error: impl Into<String>) -> JobState {
-        JobState::Failed { error: error.into(), results: Vec::new() }
+    pub fn failed(error: &(impl Localize + ?Sized)) -> JobState {
+        JobState::Failed { error: error.to_string(), message: Some(error.message()), results: Vec::new() }
     }
 
     /// The images finished so far.
@@ -516,6 +526,9 @@ pub enum Event {
     Failed {
         job: String,
         error: String,
+        /// The same, as a `_locales` message for the page's language (absent from older states).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<Message>,
     },
     Cancelled {
         job: String,
@@ -528,10 +541,30 @@ pub enum Event {
     },
     PackFailed {
         error: String,
+        /// The same, as a `_locales` message for the page's language (absent from older states).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<Message>,
     },
 }
 
+impl Reply {
+    /// The refusal `error`, in English and as a message.
+    pub fn error(error: &(impl Localize + ?Sized)) -> Reply {
+        Reply::Error { error: error.to_string(), message: Some(error.message()) }
+    }
+}
+
 impl Event {
+    /// Job `job` failed with `error`.
+    pub fn failed(job: String, error: &(impl Localize + ?Sized)) -> Event {
+        Event::Failed { job, error: error.to_string(), message: Some(error.message()) }
+    }
+
+    /// The download stopped with `error`.
+    pub fn pack_failed(error: &(impl Localize + ?Sized)) -> Event {
+        Event::PackFailed { error: error.to_string(), message: Some(error.message()) }
+    }
+
     /// What the toolbar badge says after this event: `Some("")` clears it, `None` leaves it. A running
     /// job shows its step (`2/4`), a download its percentage.
     pub fn badge(&self) -> Option<String> {

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::Timings;
+use crate::message::{arg, Localize, Message};
 
 /// The gallery's directory at the OPFS root.
 pub const GALLERY_DIR: &str = "gallery";
@@ -387,6 +388,20 @@ fn zip_time(ms: f64) -> zip::DateTime {
     let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
     zip::DateTime::from_date_and_time(year as u16, month as u8, day as u8, h as u8, m as u8, s as u8)
         .unwrap_or_default()
+}
+
+impl Localize for GalleryError {
+    fn message(&self) -> Message {
+        match self {
+            GalleryError::BadId(id) => Message::new("errGalleryBadId", [arg(format!("{id:?}"))]),
+            GalleryError::NotFound(id) => Message::new("errGalleryNotFound", [arg(format!("{id:?}"))]),
+            GalleryError::OutOfRange { field, value, min, max } => {
+                Message::new("errGalleryOutOfRange", [arg(field), arg(value), arg(min), arg(max)])
+            }
+            GalleryError::Corrupt(detail) => Message::new("errGalleryCorrupt", [arg(detail)]),
+            GalleryError::Export(detail) => Message::new("errGalleryExport", [arg(detail)]),
+        }
+    }
 }
 
 #[cfg(test)]

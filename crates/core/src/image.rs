@@ -9,6 +9,7 @@
 //! file alone: `prompt` as iTXt (UTF-8), the others as tEXt (ASCII), and `Software` = `Imagine`.
 
 use thiserror::Error;
+use crate::message::{Localize, Message};
 
 /// The `Software` text chunk's value.
 pub const SOFTWARE: &str = "Imagine";
@@ -149,6 +150,13 @@ pub fn read_png_meta(bytes: &[u8]) -> Result<PngMeta, String> {
         steps: small("steps")?,
         schedule: text("schedule").ok_or("no schedule text chunk")?,
     })
+}
+
+/// The pack contract's details are not translated: the text is shown as it is.
+impl Localize for ImageError {
+    fn message(&self) -> Message {
+        Message::text(self)
+    }
 }
 
 #[cfg(test)]

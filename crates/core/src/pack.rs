@@ -13,6 +13,7 @@
 
 use serde::Deserialize;
 use thiserror::Error;
+use crate::message::{Localize, Message};
 
 /// One of the pack's three graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -344,6 +345,13 @@ impl<'a> Iterator for Fields<'a> {
             return None;
         }
         Some(self.next_field())
+    }
+}
+
+/// The pack contract's details are not translated: the text is shown as it is.
+impl Localize for PackError {
+    fn message(&self) -> Message {
+        Message::text(self)
     }
 }
 

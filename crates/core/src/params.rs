@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::{GenerateRequest, Seed};
+use crate::message::{arg, Localize, Message};
 use crate::schedule::Schedule;
 
 /// Smallest width or height, in pixels.
@@ -176,6 +177,22 @@ pub enum ParamError {
     },
 }
 
+impl Localize for ParamError {
+    fn message(&self) -> Message {
+        match self {
+            ParamError::Size { field, value } => Message::new(
+                "errParamSize",
+                [arg(field), arg(value), arg(SIZE_MULTIPLE), arg(MIN_SIZE), arg(MAX_SIZE)],
+            ),
+            ParamError::Steps { value } => Message::new("errParamSteps", [arg(value), arg(MAX_STEPS)]),
+            ParamError::Seed { value } => Message::new("errParamSeed", [arg(value), arg(u64::MAX)]),
+            ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
+            ParamError::Count { value } => Message::new("errParamCount", [arg(value), arg(MAX_COUNT)]),
+            ParamError::Backend { value } => Message::new("errParamBackend", [arg(format!("{value:?}"))]),
+        }
+    }
+}
+
 impl GenerateRequest {
     /// Checks every field and fills in defaults. `random_seed` is used only when the request has no
     /// seed; the caller draws it (the core has no OS randomness).
@@ -256,6 +273,7 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
         }
     }
 }
+
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@ use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokenizers::Tokenizer;
+use crate::message::{Localize, Message};
 
 /// Tokens fed to the text encoder: every prompt is truncated or padded to exactly this many.
 pub const MAX_TOKENS: usize = 512;
@@ -142,6 +143,13 @@ fn chat_template(config_json: &[u8]) -> Result<String, PromptError> {
             .map(str::to_owned)
             .ok_or_else(|| PromptError::Config("no template named \"default\"".into())),
         _ => Err(PromptError::Config("the field is missing or not a string".into())),
+    }
+}
+
+/// The pack contract's details are not translated: the text is shown as it is.
+impl Localize for PromptError {
+    fn message(&self) -> Message {
+        Message::text(self)
     }
 }
 

@@ -25,6 +25,7 @@ use crate::pack::Graph;
 use crate::prompt::{EncodedPrompt, MAX_TOKENS};
 use crate::schedule::Schedule;
 use crate::session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorInfo};
+use crate::message::{arg, Localize, Message};
 
 /// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
 pub const EMBED_WIDTH: usize = 7680;
@@ -460,3 +461,17 @@ pub fn encode_image(sample: &[f32], meta: &PngMeta) -> Result<Vec<u8>, StageErro
     let rgba = to_rgba8(sample, meta.width, meta.height)?;
     Ok(encode_png(&rgba, meta.width, meta.height, meta)?)
 }
+
+/// A failed run (what ORT said is an argument) is translated; a graph that breaks the contract is
+/// shown as it is.
+impl Localize for StageError {
+    fn message(&self) -> Message {
+        match self {
+            StageError::Run { graph, error } => {
+                Message::new("errStageRun", [arg(graph.file_name()), arg(error)])
+            }
+            other => Message::text(other),
+        }
+    }
+}
+

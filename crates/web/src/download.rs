@@ -24,6 +24,7 @@ use futures_channel::oneshot;
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
 use imagine_core::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
 use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, HubError, RateMeter};
+use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -185,7 +186,7 @@ fn send(report: &DownloadReport) {
 
 /// Reports why the download stopped: the one place its error becomes text.
 fn fail(error: DownloadError) {
-    send(&DownloadReport::Error { message: error.to_string() });
+    send(&DownloadReport::Error(ErrorText::of(&error)));
 }
 
 /// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
@@ -750,6 +751,7 @@ impl Reporter {
             bytes_per_second: 0.0,
             seconds_left: None,
             error: None,
+            message: None,
         });
     }
 

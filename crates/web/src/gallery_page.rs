@@ -128,7 +128,9 @@ async fn fetch_page(generation: u32, offset: i64) {
     let list = GalleryListRequest { query: query(), offset: Some(offset), limit: None };
     let page = match request(&Request::GalleryList(list)).await {
         Reply::Gallery(page) => page,
-        Reply::Error { error } => return show_error(Some(&error)),
+        Reply::Error { error, message } => {
+            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+        }
         other => return show_error(Some(&format!("{other:?}"))),
     };
     if STATE.with_borrow(|s| s.generation) != generation {
@@ -199,7 +201,9 @@ fn add_thumbnail(item: &GalleryItem) {
 async fn open(id: String) {
     let (item, png) = match request(&Request::GalleryImage { id: id.clone() }).await {
         Reply::GalleryImage { item, png } => (item, png),
-        Reply::Error { error } => return show_error(Some(&error)),
+        Reply::Error { error, message } => {
+            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+        }
         _ => return,
     };
     let url = format!("data:image/png;base64,{png}");
@@ -293,7 +297,9 @@ async fn delete_viewed() {
             dialog("viewer").close();
             reload().await;
         }
-        Reply::Error { error } => set_text("viewer-status", &error),
+        Reply::Error { error, message } => {
+            set_text("viewer-status", &i18n::error_text(&error, message.as_ref()))
+        }
         _ => {}
     }
 }
@@ -312,7 +318,7 @@ fn ask_clear() {
 
 async fn clear() {
     match request(&Request::GalleryClear {}).await {
-        Reply::Error { error } => show_error(Some(&error)),
+        Reply::Error { error, message } => show_error(Some(&i18n::error_text(&error, message.as_ref()))),
         _ => reload().await,
     }
     let _ = element::<HtmlButtonElement>("export").focus();
@@ -323,7 +329,9 @@ async fn export() {
     set_text("usage", &t("galleryExporting"));
     let (file, images) = match request(&Request::GalleryExport {}).await {
         Reply::GalleryExport { file, images, .. } => (file, images),
-        Reply::Error { error } => return show_error(Some(&error)),
+        Reply::Error { error, message } => {
+            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+        }
         _ => return,
     };
     let saved = async {

@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
+use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
@@ -35,7 +36,7 @@ pub enum HashError {
     NoBuffer,
     /// What the hash worker reported (its own [`HashError`], as text: it crossed `postMessage`).
     #[error("{0}")]
-    Reported(String),
+    Reported(ErrorText),
     /// A reply nothing asked for (`reply` as Rust prints it).
     #[error("the hash worker sent {reply} unasked")]
     Unasked { reply: String },
@@ -72,7 +73,7 @@ pub fn hash_worker_main() {
             let sent = match reply {
                 Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
                 Err(error) => {
-                    protocol::post(&reply_port, &HashReport::Error { message: error.to_string() }, None)
+                    protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None)
                 }
             };
             if let Err(e) = sent {
@@ -168,7 +169,7 @@ impl HashWorker {
                 self.checkpoint = Some(checkpoint);
                 Ok(None)
             }
-            (HashReport::Error { message }, _) => Err(HashError::Reported(message)),
+            (HashReport::Error(error), _) => Err(HashError::Reported(error)),
             (reply, _) => Ok(Some(reply)),
         }
     }

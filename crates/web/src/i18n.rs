@@ -6,6 +6,7 @@
 //! English file, and every locale must have the same keys (tested below), so a missing string is a
 //! test failure, not a blank control.
 
+use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -33,6 +34,33 @@ pub fn t_args(key: &str, args: &[&str]) -> String {
     } else {
         text
     }
+}
+
+/// `message` (an error made in the service worker, a worker or the core) in the browser's language;
+/// `None` if the locale lacks one of its keys. Arguments are shown as they are, nested messages
+/// localized in turn.
+pub fn message(message: &Message) -> Option<String> {
+    let args = message
+        .args
+        .iter()
+        .map(|a| match a {
+            Arg::Text(text) => Some(text.clone()),
+            Arg::Message(m) => self::message(m),
+        })
+        .collect::<Option<Vec<String>>>()?;
+    let substitutions: js_sys::Array = args.iter().map(|a| JsValue::from_str(a)).collect();
+    Some(get_message(&message.key, &substitutions)).filter(|text| !text.is_empty())
+}
+
+/// What a page shows for an error: its message in the browser's language, or the English `error` when
+/// there is no message (a state stored by an older version) or a key is missing.
+pub fn error_text(error: &str, message: Option<&Message>) -> String {
+    message.and_then(self::message).unwrap_or_else(|| error.to_owned())
+}
+
+/// An error of ours (checked in the page itself) in the browser's language.
+pub fn error(error: &(impl Localize + ?Sized)) -> String {
+    error_text(&error.to_string(), Some(&error.message()))
 }
 
 const ATTRIBUTES: [(&str, &str); 3] = [

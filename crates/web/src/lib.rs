@@ -22,6 +22,7 @@
 pub mod chrome;
 pub mod convert;
 pub mod download;
+pub mod error_messages;
 pub mod gallery_page;
 pub mod gallery_store;
 pub mod gpu;

@@ -24,7 +24,7 @@ pub async fn broadcast(event: &Event) {
 pub async fn request(request: &Request) -> Reply {
     match send(&to_js(request)).await.map_err(ProtocolError::from).and_then(|reply| from_js(&reply)) {
         Ok(reply) => reply,
-        Err(error) => Reply::Error { error: error.to_string() },
+        Err(error) => Reply::error(&error),
     }
 }
 

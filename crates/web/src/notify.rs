@@ -41,17 +41,21 @@ fn notification_for(event: &Event) -> Option<(String, String, String)> {
             };
             Some((format!("{JOB_PREFIX}{}", result.job), title, quote(&result.prompt)))
         }
-        Event::Failed { job, error } => {
-            Some((format!("{JOB_PREFIX}{job}"), i18n::t("notifyImageFailed"), error.clone()))
-        }
+        Event::Failed { job, error, message } => Some((
+            format!("{JOB_PREFIX}{job}"),
+            i18n::t("notifyImageFailed"),
+            i18n::error_text(error, message.as_ref()),
+        )),
         Event::PackInstalled { .. } => Some((
             DOWNLOAD_ID.to_owned(),
             i18n::t("notifyModelInstalled"),
             i18n::t("notifyModelInstalledText"),
         )),
-        Event::PackFailed { error } => {
-            Some((DOWNLOAD_ID.to_owned(), i18n::t("notifyDownloadStopped"), error.clone()))
-        }
+        Event::PackFailed { error, message } => Some((
+            DOWNLOAD_ID.to_owned(),
+            i18n::t("notifyDownloadStopped"),
+            i18n::error_text(error, message.as_ref()),
+        )),
         _ => None,
     }
 }

@@ -14,6 +14,7 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache;
+use imagine_core::message::ErrorText;
 use imagine_core::prompt::MAX_TOKENS;
 use imagine_core::stages::EMBED_WIDTH;
 use imagine_core::{EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
@@ -48,7 +49,7 @@ pub enum OffscreenError {
     Opfs(#[from] OpfsError),
     /// What a worker reported (its own typed error, as text: it crossed `postMessage`).
     #[error("{0}")]
-    Reported(String),
+    Reported(ErrorText),
     #[error("{script} crashed: {message}")]
     Crashed { script: String, message: String },
     #[error("the stage worker stopped unexpectedly")]
@@ -127,7 +128,7 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let reply = match command(message, sender).await {
             Ok(()) => OffscreenReply::Done { installing: STATE.with_borrow(|state| state.install.is_some()) },
-            Err(error) => OffscreenReply::Refused { error: error.to_string() },
+            Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
         };
         Ok(to_js(&reply))
     })
@@ -186,7 +187,7 @@ async fn run_queue() {
         let event = match run_job(&job, &params).await {
             Ok(()) => continue,
             Err(StageFailure::Cancelled) => Event::Cancelled { job },
-            Err(StageFailure::Error(error)) => Event::Failed { job, error: error.to_string() },
+            Err(StageFailure::Error(error)) => Event::failed(job, &error),
         };
         broadcast(&event).await;
     }
@@ -464,7 +465,7 @@ impl StageRun {
                 // For benchmarks, which read it from the worker's messages; the pipeline needs nothing.
                 (StageReport::SessionCreated { .. }, _) => {}
                 (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),
-                (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
+                (StageReport::Error(error), _) => return Err(OffscreenError::Reported(error).into()),
             }
         }
         Err(OffscreenError::StageStopped.into())
@@ -576,7 +577,7 @@ fn end_swap() {
 
 /// The event of a failed install: the one place its error becomes text.
 fn pack_failed(error: OffscreenError) -> Event {
-    Event::PackFailed { error: error.to_string() }
+    Event::pack_failed(&error)
 }
 
 async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
@@ -618,7 +619,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 }
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
-            Ok(DownloadReport::Error { message }) => break pack_failed(OffscreenError::Reported(message)),
+            Ok(DownloadReport::Error(error)) => break pack_failed(OffscreenError::Reported(error)),
             Err(error) => break pack_failed(error.into()),
         }
     };

@@ -27,8 +27,8 @@ pub fn options_page_main() {
     on_click("install", || source_clicked(true));
     on_click("delete-pack", || {
         spawn_local(async {
-            if let Reply::Error { error } = request(&Request::DeletePack {}).await {
-                show_model_error(Some(&error));
+            if let Reply::Error { error, message } = request(&Request::DeletePack {}).await {
+                show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
             }
             refresh_model().await;
         })
@@ -90,7 +90,7 @@ async fn save_defaults() {
             Ok(()) => t("optionsSaved"),
             Err(e) => e.to_string(),
         },
-        Err(e) => e.to_string(),
+        Err(e) => i18n::error(&e),
     };
     set_text("defaults-status", &text);
 }
@@ -104,7 +104,7 @@ async fn save_limit() {
         Reply::GalleryLimit(limit) => {
             t_args("optionsLimitSaved", &[&limit.max_items.to_string(), &format_bytes(limit.max_bytes)])
         }
-        Reply::Error { error } => error,
+        Reply::Error { error, message } => i18n::error_text(&error, message.as_ref()),
         other => format!("{other:?}"),
     };
     set_text("limit-status", &text);
@@ -115,7 +115,7 @@ async fn save_limit() {
 fn source_clicked(install: bool) {
     let source = match settings::source_from_form().validate() {
         Ok(source) => source,
-        Err(e) => return show_model_error(Some(&e.to_string())),
+        Err(e) => return show_model_error(Some(&i18n::error(&e))),
     };
     let permission = settings::request_host_permission(&source);
     spawn_local(async move {
@@ -125,10 +125,10 @@ fn source_clicked(install: bool) {
         }
         show_model_error(None);
         if install {
-            if let Reply::Error { error } =
+            if let Reply::Error { error, message } =
                 request(&Request::InstallPack(InstallRequest::new(source, None))).await
             {
-                show_model_error(Some(&error));
+                show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
             }
         } else {
             set_text("model-status", &t("optionsSourceSaved"));

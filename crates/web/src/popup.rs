@@ -142,7 +142,9 @@ async fn show_plan() {
                 None => size,
             }
         }
-        Reply::Error { error } => i18n::t_args("popupCheckFailed", &[&error]),
+        Reply::Error { error, message } => {
+            i18n::t_args("popupCheckFailed", &[&i18n::error_text(&error, message.as_ref())])
+        }
         _ => String::new(),
     };
     set_text("pack-size", &text);
@@ -178,8 +180,9 @@ fn show_download(progress: Option<&DownloadProgress>) {
     };
     set_text("download-rate", &rate);
     set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
-    set_text("download-error", p.error.as_deref().unwrap_or_default());
-    set_visible("download-error", p.error.is_some());
+    let error = p.error.as_deref().map(|error| i18n::error_text(error, p.message.as_ref()));
+    set_text("download-error", error.as_deref().unwrap_or_default());
+    set_visible("download-error", error.is_some());
     let list = element::<web_sys::HtmlElement>("download-files");
     list.set_text_content(None);
     let document = crate::view::document();
@@ -214,7 +217,9 @@ fn install_clicked() {
         settings::host_permission_answered(permission).await;
         let install = InstallRequest::new(source, None);
         match request(&Request::InstallPack(install)).await {
-            Reply::Error { error } => set_text("pack-status", &error),
+            Reply::Error { error, message } => {
+                set_text("pack-status", &i18n::error_text(&error, message.as_ref()))
+            }
             _ => refresh_pack().await,
         }
     });
@@ -245,8 +250,8 @@ async fn fill_form() {
 }
 
 async fn pack_action(action: Request) {
-    if let Reply::Error { error } = request(&action).await {
-        set_text("pack-status", &error);
+    if let Reply::Error { error, message } = request(&action).await {
+        set_text("pack-status", &i18n::error_text(&error, message.as_ref()));
     }
     refresh_pack().await;
 }
@@ -277,8 +282,8 @@ async fn generate() {
             set_text("progress", &i18n::t("starting"));
             set_running(true);
         }
-        Reply::Error { error } => {
-            set_text("error", &error);
+        Reply::Error { error, message } => {
+            set_text("error", &i18n::error_text(&error, message.as_ref()));
             set_visible("error", true);
         }
         other => web_sys::console::warn_1(&format!("unexpected reply {other:?}").into()),

@@ -14,6 +14,7 @@
 
 use imagine_core::api::{DownloadProgress, InstallRequest};
 use imagine_core::hub::HashCheckpoint;
+use imagine_core::message::{ErrorText, Message};
 use imagine_core::storage::PackRecord;
 use imagine_core::{EncodedPrompt, GenerateParams};
 use js_sys::Array;
@@ -62,7 +63,7 @@ pub enum OffscreenReply {
     /// Done; whether a download worker runs now.
     Done { installing: bool },
     /// Not done, and why.
-    Refused { error: String },
+    Refused(ErrorText),
 }
 
 /// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output). A
@@ -93,7 +94,7 @@ pub enum StageReport {
     /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
     Done { output: StageOutput },
     /// The stage failed.
-    Error { message: String },
+    Error(ErrorText),
 }
 
 /// What a stage hands on beside its output buffer.
@@ -158,9 +159,7 @@ pub enum DownloadReport {
         pack: PackRecord,
     },
     /// The download stopped.
-    Error {
-        message: String,
-    },
+    Error(ErrorText),
 }
 
 /// Offscreen document → hash worker, once (`data`: its port to the download worker).
@@ -197,9 +196,7 @@ pub enum HashReport {
     Digest {
         digest: [u8; 32],
     },
-    Error {
-        message: String,
-    },
+    Error(ErrorText),
 }
 
 /// Where messages can be posted: a worker, a worker's own scope, a message port.
@@ -279,6 +276,9 @@ pub struct StudioFocus {
     #[serde(default)]
     pub prompt: String,
     pub error: Option<String>,
+    /// The same, as a `_locales` message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
     /// Changes on every request, so that asking twice for the same job is still a change.
     #[serde(default)]
     pub nonce: u64,
@@ -311,8 +311,8 @@ mod tests {
         assert_eq!(json(&DownloadCommand::Swap), r#"{"op":"swap"}"#);
         assert_eq!(json(&HashCommand::Data { length: 3 }), r#"{"op":"data","length":3}"#);
         assert_eq!(
-            json(&OffscreenReply::Refused { error: "x".into() }),
-            r#"{"reply":"refused","error":"x"}"#
+            json(&OffscreenReply::Refused(ErrorText { error: "x".into(), message: Some(Message::text("x")) })),
+            r#"{"reply":"refused","error":"x","message":{"key":"errText","args":["x"]}}"#
         );
     }
 }

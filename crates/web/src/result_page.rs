@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{Event, JobState, Reply, Request};
+use imagine_core::message::Message;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 
@@ -23,7 +24,8 @@ pub fn result_page_main() {
     let params = web_sys::UrlSearchParams::new_with_str(&search).ok();
     let param = |name: &str| params.as_ref().and_then(|p| p.get(name));
     if let Some(error) = param("error") {
-        JobView { job: String::new() }.show_error(&error);
+        let message = param("message").and_then(|m| serde_json::from_str::<Message>(&m).ok());
+        JobView { job: String::new() }.show_error(&i18n::error_text(&error, message.as_ref()));
         return;
     }
     let Some(job) = param("job") else {

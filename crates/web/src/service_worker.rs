@@ -17,6 +17,7 @@ use imagine_core::api::{
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
+use imagine_core::message::{ErrorText, Localize, Message};
 use imagine_core::{Backend, ParamError};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -70,7 +71,7 @@ pub enum ServiceWorkerError {
     /// The offscreen document refused a command (its own typed error, as text: it crossed
     /// `sendMessage`).
     #[error("{0}")]
-    Refused(String),
+    Refused(ErrorText),
     #[error("the offscreen document did not answer")]
     NoAnswer,
     /// A `chrome.*` call failed.
@@ -81,6 +82,18 @@ pub enum ServiceWorkerError {
     Image(#[from] base64::DecodeError),
     #[error(transparent)]
     Gallery(#[from] GalleryStoreError),
+    /// A finished job whose image is gone from the gallery.
+    #[error("the image of this job is no longer kept ({0})")]
+    NotKept(GalleryStoreError),
+    /// An image that could not be written to the gallery.
+    #[error(
+        "the image was made but could not be kept ({error}); free some disk space and generate it again \
+         with seed {seed}"
+    )]
+    Unkept { error: ErrorText, seed: String },
+    /// A job's state that `storage.session` did not take.
+    #[error("the job's outcome could not be recorded: {0}")]
+    NotRecorded(JsError),
 }
 
 /// The context-menu item on selected text.
@@ -101,6 +114,9 @@ struct Download {
     state: DownloadState,
     progress: Option<DownloadProgress>,
     error: Option<String>,
+    /// `error` as a `_locales` message (absent in a download stored by an older version).
+    #[serde(default)]
+    message: Option<Message>,
 }
 
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
@@ -124,7 +140,7 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             Sender::Page | Sender::ServiceWorker => request_reply(&message).await,
         };
         // The one place a request's error becomes text.
-        let reply = reply.unwrap_or_else(|error| Reply::Error { error: error.to_string() });
+        let reply = reply.unwrap_or_else(|error| Reply::error(&error));
         Ok(to_js(&reply))
     })
 }
@@ -202,11 +218,19 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sy
                 (StudioFocus { job: Some(job), prompt, ..Default::default() }, page)
             }
             Err(error) => {
+                let message = error.message();
                 let page = format!(
-                    "result.html?error={}",
-                    String::from(js_sys::encode_uri_component(&error.to_string()))
+                    "result.html?error={}&message={}",
+                    String::from(js_sys::encode_uri_component(&error.to_string())),
+                    String::from(js_sys::encode_uri_component(&serde_json::to_string(&message).unwrap_or_default()))
                 );
-                (StudioFocus { prompt, error: Some(error.to_string()), ..Default::default() }, page)
+                let focus = StudioFocus {
+                    prompt,
+                    error: Some(error.to_string()),
+                    message: Some(message),
+                    ..Default::default()
+                };
+                (focus, page)
             }
         };
         studio::show(focus, opened, &page).await;
@@ -301,7 +325,13 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         .and_then(|d| d.progress)
         .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, ..p });
     let download =
-        Download { request: request.clone(), state: DownloadState::Checking, progress, error: None };
+        Download {
+        request: request.clone(),
+        state: DownloadState::Checking,
+        progress,
+        error: None,
+        message: None,
+    };
     save_local(DOWNLOAD_KEY, &download).await;
     let info = Obj::new().set("periodInMinutes", 0.5).build();
     if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {
@@ -417,11 +447,13 @@ async fn pack_status() -> PackStatus {
                 bytes_per_second: 0.0,
                 seconds_left: None,
                 error: None,
+                message: None,
             });
             let moving = d.state.is_active();
             DownloadProgress {
                 state: d.state,
                 error: d.error,
+                message: d.message,
                 bytes_per_second: if moving { progress.bytes_per_second } else { 0.0 },
                 seconds_left: if moving { progress.seconds_left } else { None },
                 ..progress
@@ -443,7 +475,7 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
-            set_job(&job, &JobState::failed(error.to_string())).await;
+            set_job(&job, &JobState::failed(&error)).await;
             Err(error)
         }
     }
@@ -456,7 +488,7 @@ async fn command(command: &OffscreenCommand) -> Result<bool, ServiceWorkerError>
     let reply = send(&protocol::to_offscreen(command)).await?;
     match from_js::<OffscreenReply>(&reply) {
         Ok(OffscreenReply::Done { installing }) => Ok(installing),
-        Ok(OffscreenReply::Refused { error }) => Err(ServiceWorkerError::Refused(error)),
+        Ok(OffscreenReply::Refused(error)) => Err(ServiceWorkerError::Refused(error)),
         Err(_) => Err(ServiceWorkerError::NoAnswer),
     }
 }
@@ -525,14 +557,11 @@ async fn record(event: Event) {
             // asking for the job is answered as soon as the image is on disk.
             let kept = keep_image(&job, result.index, &png).await;
             let state = match &kept {
-                Err(e) => JobState::Failed {
-                    error: format!(
-                        "the image was made but could not be kept ({e}); free some disk space and generate \
-                         it again with seed {}",
-                        result.seed
-                    ),
-                    results,
-                },
+                Err(e) => {
+                    let error =
+                        ServiceWorkerError::Unkept { error: ErrorText::of(e), seed: result.seed.clone() };
+                    JobState::Failed { error: error.to_string(), message: Some(error.message()), results }
+                }
                 // The last image of the batch ends the job.
                 Ok(_) if result.index + 1 >= result.count => {
                     results.push(result.clone());
@@ -556,9 +585,9 @@ async fn record(event: Event) {
             }
         }
         // A job whose last image is recorded is done, even if a cancel reached it before its worker ended.
-        Event::Failed { job, error } => {
+        Event::Failed { job, error, message } => {
             if let Some(results) = finished_images(&job).await {
-                set_job(&job, &JobState::Failed { error, results }).await
+                set_job(&job, &JobState::Failed { error, message, results }).await
             }
         }
         Event::Cancelled { job } => {
@@ -582,10 +611,11 @@ async fn record(event: Event) {
             remove_local(DOWNLOAD_KEY).await;
             clear_alarm().await;
         }
-        Event::PackFailed { error } => {
+        Event::PackFailed { error, message } => {
             update_download(|d| {
                 d.state = DownloadState::Failed;
                 d.error = Some(error);
+                d.message = message;
             })
             .await;
             clear_alarm().await;
@@ -653,7 +683,7 @@ async fn job_state(job: &str) -> JobState {
                 use base64::Engine;
                 result.png = base64::engine::general_purpose::STANDARD.encode(png);
             }
-            Err(e) => return JobState::failed(format!("the image of this job is no longer kept ({e})")),
+            Err(e) => return JobState::failed(&ServiceWorkerError::NotKept(e)),
         }
     }
     if let JobState::Done { result, results } = &mut state {
@@ -686,8 +716,8 @@ async fn kept_image(job: &str, index: u32) -> Result<Vec<u8>, GalleryStoreError>
 async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
     if let Err(e) = save(&key, state).await {
-        let error = format!("the job's outcome could not be recorded: {e}");
-        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(error)).await.is_err() {
+        let error = ServiceWorkerError::NotRecorded(e.clone());
+        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(&error)).await.is_err() {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
     }

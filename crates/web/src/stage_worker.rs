@@ -10,6 +10,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::image::PngMeta;
+use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
 use imagine_core::{
@@ -71,7 +72,7 @@ pub fn stage_worker_main() {
             };
             match outcome {
                 Ok((output, data)) => report(&StageReport::Done { output }, data.as_ref()),
-                Err(error) => report(&StageReport::Error { message: error.to_string() }, None),
+                Err(error) => report(&StageReport::Error(ErrorText::of(&error)), None),
             }
         });
     });

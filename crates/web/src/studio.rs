@@ -414,9 +414,9 @@ pub fn studio_event(message: JsValue) {
     match event {
         Event::Progress { job, progress } if ours(&job) => on_progress(progress),
         Event::Result(result) if ours(&result.job) => on_result(result),
-        Event::Failed { job, error } if ours(&job) => {
+        Event::Failed { job, error, message } if ours(&job) => {
             end_run(false);
-            show_error(&error);
+            show_error(&i18n::error_text(&error, message.as_ref()));
         }
         Event::Cancelled { job } if ours(&job) => {
             end_run(false);
@@ -686,7 +686,7 @@ async fn generate(from: GenerateForm) {
     let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
     let prompt = wanted.prompt.clone();
     match wanted.clone().validate(0) {
-        Err(error) => show_error(&error.to_string()),
+        Err(error) => show_error(&i18n::error(&error)),
         Ok(params) => match request(&Request::Generate(wanted)).await {
             Reply::JobStarted { job, .. } => {
                 let run = Run {
@@ -708,7 +708,7 @@ async fn generate(from: GenerateForm) {
                 begin_run(run);
                 remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
             }
-            Reply::Error { error } => show_error(&error),
+            Reply::Error { error, message } => show_error(&i18n::error_text(&error, message.as_ref())),
             other => show_error(&format!("unexpected reply {other:?}")),
         },
     }
@@ -733,7 +733,7 @@ async fn follow(focus: StudioFocus) {
         prompt_edited();
     }
     if let Some(error) = &focus.error {
-        show_error(error);
+        show_error(&i18n::error_text(error, focus.message.as_ref()));
         return;
     }
     let Some(job) = focus.job else { return };
@@ -783,7 +783,7 @@ async fn follow(focus: StudioFocus) {
             });
             show_results();
         }
-        JobState::Failed { error, .. } => show_error(error),
+        JobState::Failed { error, message, .. } => show_error(&i18n::error_text(error, message.as_ref())),
         JobState::Unknown => show_error(&i18n::t("jobGone")),
         JobState::Cancelled { .. } => set_text("progress", &i18n::t("progressCancelled")),
     }

@@ -70,8 +70,8 @@ impl JobView {
                 self.show_result(result);
                 true
             }
-            Event::Failed { job, error } if *job == self.job => {
-                self.show_error(error);
+            Event::Failed { job, error, message } if *job == self.job => {
+                self.show_error(&i18n::error_text(error, message.as_ref()));
                 true
             }
             Event::Cancelled { job } if *job == self.job => {
@@ -93,8 +93,8 @@ impl JobView {
                 self.show_result(result);
                 true
             }
-            JobState::Failed { error, .. } => {
-                self.show_error(error);
+            JobState::Failed { error, message, .. } => {
+                self.show_error(&i18n::error_text(error, message.as_ref()));
                 true
             }
             JobState::Cancelled { .. } => {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{rewrite, EmbeddingLookup, Limits, LookupPolicy, Options, Rewrite, RewriteError};
 use crate::api::ConversionCost;
 use crate::pack::{declares_float16, Graph, PackError};
+use crate::message::{Localize, Message};
 
 /// Which tables leave the graph when the extension converts a pack: every table read only by
 /// Gathers of a graph input (the text encoder's embedding). Looking its rows up outside the graph
@@ -202,6 +203,13 @@ impl ConversionState {
     /// Whether this state belongs to converting `commit` for `limits`; otherwise it starts over.
     pub fn is_for(&self, commit: &str, limits: Limits) -> bool {
         self.commit == commit && self.limits == Some(limits)
+    }
+}
+
+/// The pack contract's details are not translated: the text is shown as it is.
+impl Localize for PackConversionError {
+    fn message(&self) -> Message {
+        Message::text(self)
     }
 }
 

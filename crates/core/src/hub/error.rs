@@ -4,6 +4,7 @@ use thiserror::Error;
 
 use super::format_bytes;
 use crate::pack::PackError;
+use crate::message::{arg, cause, Localize, Message};
 
 /// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
 /// value, file, commit) and, where the user can act, what to do.
@@ -141,3 +142,44 @@ pub enum HubError {
         quota: u64,
     },
 }
+
+impl Localize for HubError {
+    fn message(&self) -> Message {
+        match self {
+            HubError::Source { field, value, reason } => {
+                Message::new("errHubSource", [arg(field), arg(format!("{value:?}")), arg(reason)])
+            }
+            HubError::Response { what, reason } => Message::new("errHubResponse", [arg(what), arg(reason)]),
+            HubError::Entry { path, reason } => {
+                Message::new("errHubEntry", [arg(format!("{path:?}")), arg(reason)])
+            }
+            HubError::MissingGraph { repo, file, commit } => {
+                Message::new("errHubMissingGraph", [arg(repo), arg(file), arg(commit)])
+            }
+            HubError::MissingFile { repo, file, needed_by, commit } => {
+                Message::new("errHubMissingFile", [arg(repo), arg(commit), arg(file), arg(needed_by)])
+            }
+            HubError::Unverifiable { file } => Message::new("errHubUnverifiable", [arg(file)]),
+            HubError::GraphBytes { file, reason } => Message::new("errHubGraphBytes", [arg(file), arg(reason)]),
+            HubError::PackFile { file, error } => Message::new("errFileDetail", [arg(file), cause(error)]),
+            HubError::Pack(error) => error.message(),
+            HubError::Size { path, expected, actual } => {
+                Message::new("errHubSize", [arg(path), arg(actual), arg(expected)])
+            }
+            HubError::Hash { path, algorithm, expected, actual } => {
+                Message::new("errHubHash", [arg(path), arg(algorithm), arg(actual), arg(expected)])
+            }
+            HubError::Checkpoint { offset, reason } => {
+                Message::new("errHubCheckpoint", [arg(offset), arg(reason)])
+            }
+            HubError::ContentRange { header, reason } => {
+                Message::new("errHubContentRange", [arg(format!("{header:?}")), arg(reason)])
+            }
+            HubError::Space { needed, free, quota } => Message::new(
+                "errHubSpace",
+                [arg(format_bytes(*needed)), arg(format_bytes(*free)), arg(format_bytes(*quota))],
+            ),
+        }
+    }
+}
+

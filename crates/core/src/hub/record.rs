@@ -4,6 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{HashCheckpoint, RateMeter, ResumableSha256};
 use crate::api::{DownloadProgress, DownloadState, FileProgress, PackFile, PackPlan, PackSource};
+use crate::message::{ErrorText, Localize};
+#[cfg(test)]
+use crate::message::Message;
 
 /// Where the download of one file stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,7 +126,7 @@ impl DownloadRecord {
         &self,
         state: DownloadState,
         rate: &RateMeter,
-        error: Option<String>,
+        error: Option<ErrorText>,
     ) -> DownloadProgress {
         let downloading = state == DownloadState::Downloading;
         let remaining = self.remaining_bytes();
@@ -145,7 +148,8 @@ impl DownloadRecord {
                 .collect(),
             bytes_per_second: if downloading { rate.bytes_per_second() } else { 0.0 },
             seconds_left: if downloading { rate.seconds_left(remaining) } else { None },
-            error,
+            message: error.as_ref().map(Localize::message),
+            error: error.map(|e| e.error),
         }
     }
 }
@@ -206,8 +210,10 @@ mod tests {
         );
         assert_eq!(p.bytes_per_second, 356.0);
         assert_eq!(p.seconds_left, Some(794.0 / 356.0));
-        let p = r.to_progress(DownloadState::Failed, &rate, Some("boom".into()));
+        let boom = ErrorText { error: "boom".into(), message: None };
+        let p = r.to_progress(DownloadState::Failed, &rate, Some(boom));
         assert_eq!((p.bytes_per_second, p.seconds_left, p.error.as_deref()), (0.0, None, Some("boom")));
+        assert_eq!(p.message, Some(Message::text("boom")));
 
         // Another commit, source or file list: the staged files belong to something else.
         let mut other = plan.clone();
