@@ -102,7 +102,9 @@ fn for_each(document: &web_sys::Document, selector: &str, mut f: impl FnMut(&web
 mod tests {
     //! The locale files against each other and against every key the code and pages use.
 
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use imagine_core::message::{Arg, Localize, Message};
     use std::fs;
     use std::path::{Path, PathBuf};
 
@@ -162,9 +164,24 @@ mod tests {
         for entry in fs::read_dir(&src).unwrap() {
             let path = entry.unwrap().path();
             let text = fs::read_to_string(&path).unwrap();
-            for marker in ["t(\"", "t_args(\""] {
+            for marker in ["t(\"", "t_args(\"", "Message::new(\""] {
                 for key in quoted_after(&text, marker) {
                     used.insert((path.display().to_string(), key));
+                }
+            }
+        }
+        // The keys of the core's error messages.
+        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("message.rs") {
+                    let text = fs::read_to_string(&path).unwrap();
+                    for key in quoted_after(&text, "Message::new(\"") {
+                        used.insert((path.display().to_string(), key));
+                    }
                 }
             }
         }
@@ -199,9 +216,204 @@ mod tests {
         assert!(unknown.is_empty(), "keys used but not in _locales/en/messages.json: {unknown:?}");
     }
 
+    /// Each message of `lang`, by key.
+    fn messages(lang: &str) -> BTreeMap<String, String> {
+        let path = extension_dir().join("_locales").join(lang).join("messages.json");
+        let value: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+        let object = value.as_object().unwrap();
+        object.iter().map(|(key, entry)| (key.clone(), entry["message"].as_str().unwrap().to_owned())).collect()
+    }
+
+    /// One error of every variant that has a message of its own (and a few that nest them), with
+    /// sample values.
+    fn sample_errors() -> Vec<Box<dyn Localize>> {
+        use imagine_core::f32_rewrite::pack_conversion::PackConversionError;
+        use imagine_core::gallery::GalleryError;
+        use imagine_core::hub::HubError;
+        use imagine_core::message::ErrorText;
+        use imagine_core::{Graph, PackError, ParamError, PromptError, SessionError, StageError};
+
+        use crate::convert::ConvertError;
+        use crate::download::DownloadError;
+        use crate::gallery_store::GalleryStoreError;
+        use crate::gpu::GpuError;
+        use crate::hasher::HashError;
+        use crate::hub_client::FetchError;
+        use crate::js::JsError;
+        use crate::offscreen::OffscreenError;
+        use crate::opfs::{Op, OpfsError};
+        use crate::service_worker::ServiceWorkerError;
+        use crate::stage_worker::StageWorkerError;
+
+        let js = || JsError { name: Some("TypeError".into()), message: "Failed to fetch".into() };
+        let json_error = || serde_json::from_str::<u8>("x").unwrap_err();
+        let url = || "https://huggingface.co/r/resolve/c/transformer.onnx_data".to_owned();
+        let path = || "transformer.onnx_data".to_owned();
+        let hub_size = || HubError::Size { path: path(), expected: 10, actual: 9 };
+        let opfs = |op| OpfsError::Failed { op, name: "packs/a/x.bin".into(), source: js() };
+        let quota = || OpfsError::QuotaExceeded { op: Op::Write, name: "packs/b/".into(), detail: "full".into() };
+        let pack_error = || PackError::Path { path: "../x".into(), reason: "it leaves the pack" };
+        let mut errors: Vec<Box<dyn Localize>> = vec![
+            Box::new(ParamError::Size { field: "width", value: 100 }),
+            Box::new(ParamError::Steps { value: 99 }),
+            Box::new(ParamError::Seed { value: "-1".into() }),
+            Box::new(ParamError::Schedule { value: "cosine".into() }),
+            Box::new(ParamError::Count { value: 9 }),
+            Box::new(ParamError::Backend { value: "cuda".into() }),
+            Box::new(GalleryError::BadId("a/b".into())),
+            Box::new(GalleryError::NotFound("abc".into())),
+            Box::new(GalleryError::OutOfRange { field: "maxItems", value: 0, min: 1, max: 10_000 }),
+            Box::new(GalleryError::Corrupt("EOF".into())),
+            Box::new(GalleryError::Export("zip".into())),
+            Box::new(HubError::Source { field: "repo", value: "a b".into(), reason: "use owner/name" }),
+            Box::new(HubError::Response { what: "revision", reason: "no sha".into() }),
+            Box::new(HubError::Entry { path: "/etc".into(), reason: "absolute".into() }),
+            Box::new(HubError::MissingGraph { repo: "a/b".into(), file: "decoder.onnx".into(), commit: "c0".into() }),
+            Box::new(HubError::MissingFile {
+                repo: "a/b".into(),
+                file: path(),
+                needed_by: "transformer.onnx".into(),
+                commit: "c0".into(),
+            }),
+            Box::new(HubError::Unverifiable { file: path() }),
+            Box::new(HubError::GraphBytes { file: "decoder.onnx".into(), reason: "not fetched" }),
+            Box::new(HubError::PackFile { file: "m.json".into(), error: PackError::Manifest(json_error()) }),
+            Box::new(HubError::Pack(pack_error())),
+            Box::new(hub_size()),
+            Box::new(HubError::Hash {
+                path: path(),
+                algorithm: "SHA-256",
+                expected: "aa".into(),
+                actual: "bb".into(),
+            }),
+            Box::new(HubError::Checkpoint { offset: 4096, reason: "short" }),
+            Box::new(HubError::ContentRange { header: "bytes x".into(), reason: "no range" }),
+            Box::new(HubError::Space { needed: 6_500_000_000, free: 1_000_000, quota: 10_000_000_000 }),
+            Box::new(StageError::Run { graph: Graph::Transformer, error: SessionError("out of memory".into()) }),
+            Box::new(GpuError::NoWebGpu),
+            Box::new(GpuError::Adapter(js())),
+            Box::new(GpuError::NoAdapter),
+            Box::new(GpuError::NoF16 { what: "transformer.onnx".into() }),
+            Box::new(GpuError::Limit { limit: "maxBufferSize", largest_tensor: 10, available: 5 }),
+            Box::new(OpfsError::UnreadableState(json_error())),
+            Box::new(FetchError::Unreachable { url: url(), source: js() }),
+            Box::new(FetchError::NotFound { url: url() }),
+            Box::new(FetchError::Http { url: url(), status: 503 }),
+            Box::new(FetchError::Interrupted { url: url(), source: js() }),
+            Box::new(FetchError::TooLarge { url: url(), cap: 16 }),
+            Box::new(FetchError::TooManyPages { repo: "a/b".into(), pages: 100 }),
+            Box::new(FetchError::Hub(hub_size())),
+            Box::new(FetchError::Graph { graph: "decoder.onnx".into(), source: pack_error() }),
+            Box::new(FetchError::Conversion(PackConversionError::Collision("x.f32.onnx".into()))),
+            Box::new(FetchError::Js(js())),
+            Box::new(DownloadError::NoSpace(quota())),
+            Box::new(DownloadError::RangeMismatch { url: url(), start: 7 }),
+            Box::new(DownloadError::NoBody { url: url() }),
+            Box::new(DownloadError::Interrupted { path: path(), source: js() }),
+            Box::new(DownloadError::TooLong { url: url(), path: path(), size: 10 }),
+            Box::new(DownloadError::TooShort { url: url(), path: path(), offset: 5, size: 10 }),
+            Box::new(DownloadError::OtherLength { url: url(), path: path(), total: 12, size: 10 }),
+            Box::new(DownloadError::GaveUp {
+                last: Box::new(DownloadError::Fetch(FetchError::Unreachable { url: url(), source: js() })),
+                attempts: 6,
+            }),
+            Box::new(DownloadError::Corrupt(hub_size())),
+            Box::new(DownloadError::StorageChanged),
+            Box::new(DownloadError::Internal("no port")),
+            Box::new(HashError::Stopped),
+            Box::new(HashError::NoBuffer),
+            Box::new(HashError::Reported(ErrorText::of(&HashError::Stopped))),
+            Box::new(ConvertError::Corrupt("x.f32-00000.data".into())),
+            Box::new(ConvertError::ShortSource { file: path(), end: 99, tensor: "w".into() }),
+            Box::new(GalleryStoreError::Opfs(quota())),
+            Box::new(ServiceWorkerError::Foreign),
+            Box::new(ServiceWorkerError::EventSent),
+            Box::new(ServiceWorkerError::NotARequest(json_error().into())),
+            Box::new(ServiceWorkerError::Backend("cuda".into())),
+            Box::new(ServiceWorkerError::NoDownload("pause")),
+            Box::new(ServiceWorkerError::NoDownload("resume")),
+            Box::new(ServiceWorkerError::Installing),
+            Box::new(ServiceWorkerError::NoPack),
+            Box::new(ServiceWorkerError::OffscreenNotOpened(js())),
+            Box::new(ServiceWorkerError::Refused(ErrorText::of(&ServiceWorkerError::NoPack))),
+            Box::new(ServiceWorkerError::NoAnswer),
+            Box::new(ServiceWorkerError::NotKept(GalleryStoreError::Gallery(GalleryError::NotFound("j".into())))),
+            Box::new(ServiceWorkerError::Unkept { error: ErrorText::of(&quota()), seed: "42".into() }),
+            Box::new(ServiceWorkerError::NotRecorded(js())),
+            Box::new(StageWorkerError::NoPack),
+            Box::new(StageWorkerError::Graph { graph: "decoder.onnx".into(), source: pack_error() }),
+            Box::new(StageWorkerError::ExternalData {
+                graph: "transformer.onnx".into(),
+                file: path(),
+                source: Box::new(opfs(Op::Open)),
+            }),
+            Box::new(StageWorkerError::Load {
+                graph: "decoder.onnx".into(),
+                source: imagine_ort::OrtError::Ort("no adapter".into()),
+            }),
+            Box::new(OffscreenError::Crashed { script: "stage-worker.js".into(), message: "oom".into() }),
+            Box::new(OffscreenError::StageStopped),
+            Box::new(OffscreenError::Asset { path: "tokenizer/tokenizer.json", source: js() }),
+            Box::new(OffscreenError::AssetStatus { path: "tokenizer/tokenizer.json", status: 404 }),
+            Box::new(OffscreenError::Tokenizer(PromptError::Tokenizer("bad".into()))),
+            Box::new(OffscreenError::Prompt(PromptError::Tokenize("bad".into()))),
+            Box::new(OffscreenError::NoOutput),
+        ];
+        for op in [
+            Op::Open,
+            Op::OpenForWriting,
+            Op::Read,
+            Op::ReadSize,
+            Op::Write,
+            Op::Truncate,
+            Op::Flush,
+            Op::Remove,
+            Op::Estimate,
+        ] {
+            errors.push(Box::new(opfs(op)));
+        }
+        errors
+    }
+
+    /// Every key of `message` (nested ones too) is in `table`, and its text uses no `$n` beyond the
+    /// arguments given.
+    fn assert_arguments_fit(lang: &str, table: &BTreeMap<String, String>, message: &Message) {
+        let Some(text) = table.get(&message.key) else { panic!("{lang} has no {}", message.key) };
+        let highest = (1..=9).filter(|i| text.contains(&format!("${i}"))).max().unwrap_or(0);
+        assert!(highest <= message.args.len(), "{lang} {}: ${highest} but {} arguments", message.key, message.args.len());
+        for a in &message.args {
+            if let Arg::Message(m) = a {
+                assert_arguments_fit(lang, table, m);
+            }
+        }
+    }
+
+    /// The strongest check that the English `error` and the localized message cannot drift apart:
+    /// every sample's message, rendered with `_locales/en`, is its `Display`; every key it uses is in
+    /// every locale; and every `err*` key is produced by some sample (so none is left untested).
+    #[test]
+    fn every_error_message_says_what_its_english_text_says_in_every_locale() {
+        let english = messages("en");
+        let lookup = |key: &str| english.get(key).cloned();
+        let mut produced = BTreeSet::new();
+        for error in sample_errors() {
+            let message = error.message();
+            assert_eq!(message.render(&lookup), Some(error.to_string()), "{message:?}");
+            for lang in locales() {
+                let table = messages(&lang);
+                assert_arguments_fit(&lang, &table, &message);
+            }
+            produced.extend(message.keys().into_iter().map(str::to_owned));
+        }
+        let untested: Vec<_> =
+            english.keys().filter(|k| k.starts_with("err") && !produced.contains(*k)).collect();
+        assert!(untested.is_empty(), "error keys no sample produces: {untested:?}");
+    }
+
     #[test]
     fn the_test_finds_keys_in_pages_code_and_manifest() {
         let used: BTreeSet<String> = used_keys().into_iter().map(|(_, key)| key).collect();
         assert!(used.contains("extName") && used.contains("extDescription"), "{used:?}");
+        assert!(used.contains("errParamSteps") && used.contains("errFetchHttp"), "{used:?}");
     }
 }
