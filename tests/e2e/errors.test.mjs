@@ -73,3 +73,49 @@ test('only the offscreen document reports events, only the service worker comman
   b.hub.clearFaults();
   await h.waitForInstall(b.page);
 });
+
+test('errors made outside the page (core, service worker, download) are shown in the browser language', { timeout: 300_000 }, async (t) => {
+  // `--lang` picks the language of the extension's messages (Debian's Chromium ships only its own
+  // en-US UI strings, so `getUILanguage` stays en-US; `chrome.i18n.getMessage` follows the flag).
+  const b = await h.setup(t, { pack: 'f32', args: ['--lang=de'] });
+  assert.equal(await b.page.evaluate(() => chrome.i18n.getMessage('generate')), 'Erzeugen');
+
+  // The API keeps its English `error` and adds the message's key and arguments.
+  const reply = await h.api(b.page, { type: 'generate', ...base, steps: 99 });
+  assert.equal(reply.type, 'error', JSON.stringify(reply));
+  assert.equal(reply.error, 'steps 99 is not allowed: steps must be an integer from 1 to 50');
+  assert.deepEqual(reply.message, { key: 'errParamSteps', args: ['99', '50'] });
+
+  const germanSteps = '99 Schritte sind nicht erlaubt: die Schrittzahl muss eine ganze Zahl von 1 bis 50 sein';
+  const shownError = async (page) => {
+    await page.waitForSelector('#error:not([hidden])', { timeout: 30_000 });
+    return (await page.textContent('#error')).trim();
+  };
+  // The popup (its prompt shows once a pack is installed): refused by the service worker.
+  await b.page.reload();
+  await b.page.fill('#prompt', 'eine Katze');
+  await b.page.click('summary[data-i18n="options"]');
+  await b.page.fill('#steps', '99');
+  await b.page.click('#generate');
+  assert.equal(await shownError(b.page), germanSteps);
+
+  // The studio: refused by the core's validation in the page itself.
+  const studio = await b.context.newPage();
+  await studio.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+  await studio.fill('#prompt', 'eine Katze');
+  await studio.fill('#steps', '99');
+  await studio.click('#generate');
+  assert.equal(await shownError(studio), germanSteps);
+  await studio.close();
+
+  // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL as it is.
+  await h.startInstall(b.page, b.hub, 'fixtures/missing');
+  const english = await h.waitForInstallFailure(b.page);
+  assert.match(english, /was not found \(HTTP 404\)/);
+  const status = await h.packStatus(b.page);
+  assert.equal(status.download?.message?.key, 'errFetchNotFound', JSON.stringify(status.download));
+  await b.page.reload();
+  await b.page.waitForSelector('#download-error:not([hidden])', { timeout: 30_000 });
+  const shown = (await b.page.textContent('#download-error')).trim();
+  assert.match(shown, /fixtures\/missing.* wurde nicht gefunden \(HTTP 404\)$/, shown);
+});
