@@ -8,8 +8,8 @@
 //! The PNG carries the generation parameters in text chunks so an image can be reproduced from the
 //! file alone: `prompt` as iTXt (UTF-8), the others as tEXt (ASCII), and `Software` = `Imagine`.
 
-use thiserror::Error;
 use crate::message::{Localize, Message};
+use thiserror::Error;
 
 /// The `Software` text chunk's value.
 pub const SOFTWARE: &str = "Imagine";

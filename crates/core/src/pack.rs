@@ -11,9 +11,9 @@
 //!
 //! Names from a pack become OPFS paths, so every one passes [`validate_relative_path`].
 
+use crate::message::{Localize, Message};
 use serde::Deserialize;
 use thiserror::Error;
-use crate::message::{Localize, Message};
 
 /// One of the pack's three graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -274,7 +274,6 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

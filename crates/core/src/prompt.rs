@@ -13,11 +13,11 @@
 //! The `tokenizers` crate is built with its `unstable_wasm` feature (fancy-regex) on every target, so
 //! `tests/tokenizer_parity.rs` checks the browser's regex engine against Python `tokenizers`.
 
+use crate::message::{Localize, Message};
 use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokenizers::Tokenizer;
-use crate::message::{Localize, Message};
 
 /// Tokens fed to the text encoder: every prompt is truncated or padded to exactly this many.
 pub const MAX_TOKENS: usize = 512;

@@ -21,11 +21,11 @@ use crate::latents::{
     euler_step, image_ids, initial_noise, text_ids, unpack_tokens, unpatchify, LengthError, ID_AXES,
     TOKEN_CHANNELS, VAE_CHANNELS,
 };
+use crate::message::{arg, Localize, Message};
 use crate::pack::Graph;
 use crate::prompt::{EncodedPrompt, MAX_TOKENS};
 use crate::schedule::Schedule;
 use crate::session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorInfo};
-use crate::message::{arg, Localize, Message};
 
 /// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
 pub const EMBED_WIDTH: usize = 7680;
@@ -474,4 +474,3 @@ impl Localize for StageError {
         }
     }
 }
-

@@ -77,7 +77,9 @@ impl Localize for FetchError {
             }
             FetchError::NotFound { url } => Message::new("errFetchNotFound", [arg(url)]),
             FetchError::Http { url, status } => Message::new("errFetchHttp", [arg(url), arg(status)]),
-            FetchError::Interrupted { url, source } => Message::new("errInterrupted", [arg(url), arg(source)]),
+            FetchError::Interrupted { url, source } => {
+                Message::new("errInterrupted", [arg(url), arg(source)])
+            }
             FetchError::TooLarge { url, cap } => Message::new("errFetchTooLarge", [arg(url), arg(cap)]),
             FetchError::TooManyPages { repo, pages } => {
                 Message::new("errFetchTooManyPages", [arg(repo), arg(pages)])
@@ -135,9 +137,10 @@ impl Localize for HashError {
             HashError::Reported(e) => e.message(),
             HashError::Stopped => Message::new("errHashStopped", []),
             // Between our own workers: a bug, said as it is.
-            HashError::NoData | HashError::NoBuffer | HashError::Unasked { .. } | HashError::Unexpected { .. } => {
-                Message::text(self)
-            }
+            HashError::NoData
+            | HashError::NoBuffer
+            | HashError::Unasked { .. }
+            | HashError::Unexpected { .. } => Message::text(self),
         }
     }
 }
@@ -205,7 +208,9 @@ impl Localize for ServiceWorkerError {
             ServiceWorkerError::Image(_) => Message::text(self),
             ServiceWorkerError::Gallery(e) => e.message(),
             ServiceWorkerError::NotKept(e) => Message::new("errSwNotKept", [cause(e)]),
-            ServiceWorkerError::Unkept { error, seed } => Message::new("errSwUnkept", [cause(error), arg(seed)]),
+            ServiceWorkerError::Unkept { error, seed } => {
+                Message::new("errSwUnkept", [cause(error), arg(seed)])
+            }
             ServiceWorkerError::NotRecorded(e) => Message::new("errSwNotRecorded", [arg(e)]),
         }
     }
@@ -223,7 +228,9 @@ impl Localize for StageWorkerError {
                 Message::new("errStageExternalData", [arg(graph), arg(file), cause(source.as_ref())])
             }
             StageWorkerError::Gpu(e) => e.message(),
-            StageWorkerError::Load { graph, source } => Message::new("errStageLoad", [arg(graph), arg(source)]),
+            StageWorkerError::Load { graph, source } => {
+                Message::new("errStageLoad", [arg(graph), arg(source)])
+            }
             StageWorkerError::Stage(e) => e.message(),
             other => Message::text(other),
         }

@@ -72,9 +72,7 @@ pub fn hash_worker_main() {
             );
             let sent = match reply {
                 Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
-                Err(error) => {
-                    protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None)
-                }
+                Err(error) => protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None),
             };
             if let Err(e) = sent {
                 web_sys::console::error_1(&e.to_string().into());

@@ -221,7 +221,10 @@ mod tests {
         let path = extension_dir().join("_locales").join(lang).join("messages.json");
         let value: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
         let object = value.as_object().unwrap();
-        object.iter().map(|(key, entry)| (key.clone(), entry["message"].as_str().unwrap().to_owned())).collect()
+        object
+            .iter()
+            .map(|(key, entry)| (key.clone(), entry["message"].as_str().unwrap().to_owned()))
+            .collect()
     }
 
     /// One error of every variant that has a message of its own (and a few that nest them), with
@@ -251,7 +254,8 @@ mod tests {
         let path = || "transformer.onnx_data".to_owned();
         let hub_size = || HubError::Size { path: path(), expected: 10, actual: 9 };
         let opfs = |op| OpfsError::Failed { op, name: "packs/a/x.bin".into(), source: js() };
-        let quota = || OpfsError::QuotaExceeded { op: Op::Write, name: "packs/b/".into(), detail: "full".into() };
+        let quota =
+            || OpfsError::QuotaExceeded { op: Op::Write, name: "packs/b/".into(), detail: "full".into() };
         let pack_error = || PackError::Path { path: "../x".into(), reason: "it leaves the pack" };
         let mut errors: Vec<Box<dyn Localize>> = vec![
             Box::new(ParamError::Size { field: "width", value: 100 }),
@@ -268,7 +272,11 @@ mod tests {
             Box::new(HubError::Source { field: "repo", value: "a b".into(), reason: "use owner/name" }),
             Box::new(HubError::Response { what: "revision", reason: "no sha".into() }),
             Box::new(HubError::Entry { path: "/etc".into(), reason: "absolute".into() }),
-            Box::new(HubError::MissingGraph { repo: "a/b".into(), file: "decoder.onnx".into(), commit: "c0".into() }),
+            Box::new(HubError::MissingGraph {
+                repo: "a/b".into(),
+                file: "decoder.onnx".into(),
+                commit: "c0".into(),
+            }),
             Box::new(HubError::MissingFile {
                 repo: "a/b".into(),
                 file: path(),
@@ -289,7 +297,10 @@ mod tests {
             Box::new(HubError::Checkpoint { offset: 4096, reason: "short" }),
             Box::new(HubError::ContentRange { header: "bytes x".into(), reason: "no range" }),
             Box::new(HubError::Space { needed: 6_500_000_000, free: 1_000_000, quota: 10_000_000_000 }),
-            Box::new(StageError::Run { graph: Graph::Transformer, error: SessionError("out of memory".into()) }),
+            Box::new(StageError::Run {
+                graph: Graph::Transformer,
+                error: SessionError("out of memory".into()),
+            }),
             Box::new(GpuError::NoWebGpu),
             Box::new(GpuError::Adapter(js())),
             Box::new(GpuError::NoAdapter),
@@ -337,7 +348,9 @@ mod tests {
             Box::new(ServiceWorkerError::OffscreenNotOpened(js())),
             Box::new(ServiceWorkerError::Refused(ErrorText::of(&ServiceWorkerError::NoPack))),
             Box::new(ServiceWorkerError::NoAnswer),
-            Box::new(ServiceWorkerError::NotKept(GalleryStoreError::Gallery(GalleryError::NotFound("j".into())))),
+            Box::new(ServiceWorkerError::NotKept(GalleryStoreError::Gallery(GalleryError::NotFound(
+                "j".into(),
+            )))),
             Box::new(ServiceWorkerError::Unkept { error: ErrorText::of(&quota()), seed: "42".into() }),
             Box::new(ServiceWorkerError::NotRecorded(js())),
             Box::new(StageWorkerError::NoPack),
@@ -380,7 +393,12 @@ mod tests {
     fn assert_arguments_fit(lang: &str, table: &BTreeMap<String, String>, message: &Message) {
         let Some(text) = table.get(&message.key) else { panic!("{lang} has no {}", message.key) };
         let highest = (1..=9).filter(|i| text.contains(&format!("${i}"))).max().unwrap_or(0);
-        assert!(highest <= message.args.len(), "{lang} {}: ${highest} but {} arguments", message.key, message.args.len());
+        assert!(
+            highest <= message.args.len(),
+            "{lang} {}: ${highest} but {} arguments",
+            message.key,
+            message.args.len()
+        );
         for a in &message.args {
             if let Arg::Message(m) = a {
                 assert_arguments_fit(lang, table, m);

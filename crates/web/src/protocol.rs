@@ -311,7 +311,10 @@ mod tests {
         assert_eq!(json(&DownloadCommand::Swap), r#"{"op":"swap"}"#);
         assert_eq!(json(&HashCommand::Data { length: 3 }), r#"{"op":"data","length":3}"#);
         assert_eq!(
-            json(&OffscreenReply::Refused(ErrorText { error: "x".into(), message: Some(Message::text("x")) })),
+            json(&OffscreenReply::Refused(ErrorText {
+                error: "x".into(),
+                message: Some(Message::text("x"))
+            })),
             r#"{"reply":"refused","error":"x","message":{"key":"errText","args":["x"]}}"#
         );
     }

@@ -222,7 +222,9 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sy
                 let page = format!(
                     "result.html?error={}&message={}",
                     String::from(js_sys::encode_uri_component(&error.to_string())),
-                    String::from(js_sys::encode_uri_component(&serde_json::to_string(&message).unwrap_or_default()))
+                    String::from(js_sys::encode_uri_component(
+                        &serde_json::to_string(&message).unwrap_or_default()
+                    ))
                 );
                 let focus = StudioFocus {
                     prompt,
@@ -324,8 +326,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         .filter(|d| d.request.source() == request.source())
         .and_then(|d| d.progress)
         .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, ..p });
-    let download =
-        Download {
+    let download = Download {
         request: request.clone(),
         state: DownloadState::Checking,
         progress,
@@ -717,7 +718,8 @@ async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
     if let Err(e) = save(&key, state).await {
         let error = ServiceWorkerError::NotRecorded(e.clone());
-        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(&error)).await.is_err() {
+        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(&error)).await.is_err()
+        {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
     }

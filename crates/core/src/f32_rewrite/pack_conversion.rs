@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{rewrite, EmbeddingLookup, Limits, LookupPolicy, Options, Rewrite, RewriteError};
 use crate::api::ConversionCost;
-use crate::pack::{declares_float16, Graph, PackError};
 use crate::message::{Localize, Message};
+use crate::pack::{declares_float16, Graph, PackError};
 
 /// Which tables leave the graph when the extension converts a pack: every table read only by
 /// Gathers of a graph input (the text encoder's embedding). Looking its rows up outside the graph

@@ -3,8 +3,8 @@
 use thiserror::Error;
 
 use super::format_bytes;
-use crate::pack::PackError;
 use crate::message::{arg, cause, Localize, Message};
+use crate::pack::PackError;
 
 /// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
 /// value, file, commit) and, where the user can act, what to do.
@@ -160,7 +160,9 @@ impl Localize for HubError {
                 Message::new("errHubMissingFile", [arg(repo), arg(commit), arg(file), arg(needed_by)])
             }
             HubError::Unverifiable { file } => Message::new("errHubUnverifiable", [arg(file)]),
-            HubError::GraphBytes { file, reason } => Message::new("errHubGraphBytes", [arg(file), arg(reason)]),
+            HubError::GraphBytes { file, reason } => {
+                Message::new("errHubGraphBytes", [arg(file), arg(reason)])
+            }
             HubError::PackFile { file, error } => Message::new("errFileDetail", [arg(file), cause(error)]),
             HubError::Pack(error) => error.message(),
             HubError::Size { path, expected, actual } => {
@@ -182,4 +184,3 @@ impl Localize for HubError {
         }
     }
 }
-

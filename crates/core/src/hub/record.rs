@@ -4,9 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{HashCheckpoint, RateMeter, ResumableSha256};
 use crate::api::{DownloadProgress, DownloadState, FileProgress, PackFile, PackPlan, PackSource};
-use crate::message::{ErrorText, Localize};
 #[cfg(test)]
 use crate::message::Message;
+use crate::message::{ErrorText, Localize};
 
 /// Where the download of one file stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
