@@ -101,7 +101,11 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     await gallery.fill('#search', '');
     await gridIds(gallery, 3);
     const bad = await h.api(b.page, { type: 'galleryList', limit: 0 });
-    assert.deepEqual(bad, { type: 'error', error: 'limit 0 is not allowed: use 1 to 500' });
+    assert.deepEqual(bad, {
+      type: 'error',
+      error: 'limit 0 is not allowed: use 1 to 500',
+      message: { key: 'errGalleryOutOfRange', args: ['limit', '0', '1', '500'] },
+    });
   });
 
   await t.test('opening one shows it large with its parameters, from the keyboard too', async () => {
@@ -129,7 +133,11 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     const tree = await h.opfsTree(b.page);
     assert.equal(tree[`gallery/${boat}.png`], undefined);
     const bad = await h.api(b.page, { type: 'galleryLimit', maxItems: 0 });
-    assert.deepEqual(bad, { type: 'error', error: 'maxItems 0 is not allowed: use 1 to 10000' });
+    assert.deepEqual(bad, {
+      type: 'error',
+      error: 'maxItems 0 is not allowed: use 1 to 10000',
+      message: { key: 'errGalleryOutOfRange', args: ['maxItems', '0', '1', '10000'] },
+    });
     const unknown = await h.api(b.page, { type: 'galleryLimit', maxItem: 3 });
     assert.equal(unknown.type, 'error');
     assert.match(unknown.error, /unknown field `maxItem`/);
@@ -204,7 +212,11 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.deepEqual(await gridIds(gallery, 1), [fox]);
     assert.equal((await h.opfsTree(b.page))[`gallery/${barn}.png`], undefined);
     const again = await h.api(b.page, { type: 'galleryDelete', id: barn });
-    assert.deepEqual(again, { type: 'error', error: `there is no image "${barn}" in the gallery` });
+    assert.deepEqual(again, {
+      type: 'error',
+      error: `there is no image "${barn}" in the gallery`,
+      message: { key: 'errGalleryNotFound', args: [`"${barn}"`] },
+    });
     const bad = await h.api(b.page, { type: 'galleryImage', id: '../packs' });
     assert.equal(bad.type, 'error');
     assert.match(bad.error, /not allowed/);
