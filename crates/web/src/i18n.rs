@@ -232,7 +232,7 @@ mod tests {
     fn sample_errors() -> Vec<Box<dyn Localize>> {
         use imagine_core::f32_rewrite::pack_conversion::PackConversionError;
         use imagine_core::gallery::GalleryError;
-        use imagine_core::hub::HubError;
+        use imagine_core::hub::{HubError, SourceRule};
         use imagine_core::message::ErrorText;
         use imagine_core::{Graph, PackError, ParamError, PromptError, SessionError, StageError};
 
@@ -269,7 +269,11 @@ mod tests {
             Box::new(GalleryError::OutOfRange { field: "maxItems", value: 0, min: 1, max: 10_000 }),
             Box::new(GalleryError::Corrupt("EOF".into())),
             Box::new(GalleryError::Export("zip".into())),
-            Box::new(HubError::Source { field: "repo", value: "a b".into(), reason: "use owner/name" }),
+            Box::new(HubError::Source {
+                field: "repo",
+                value: "a b".into(),
+                reason: SourceRule::NotOwnerName,
+            }),
             Box::new(HubError::Response { what: "revision", reason: "no sha".into() }),
             Box::new(HubError::Entry { path: "/etc".into(), reason: "absolute".into() }),
             Box::new(HubError::MissingGraph {
@@ -384,6 +388,9 @@ mod tests {
             Op::Estimate,
         ] {
             errors.push(Box::new(opfs(op)));
+        }
+        for rule in SourceRule::ALL {
+            errors.push(Box::new(HubError::Source { field: "revision", value: "x".into(), reason: rule }));
         }
         errors
     }

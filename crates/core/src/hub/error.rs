@@ -3,6 +3,7 @@
 use thiserror::Error;
 
 use super::format_bytes;
+use super::SourceRule;
 use crate::message::{arg, cause, Localize, Message};
 use crate::pack::PackError;
 
@@ -18,7 +19,7 @@ pub enum HubError {
         /// The value as given.
         value: String,
         /// What is wrong and what is allowed.
-        reason: &'static str,
+        reason: SourceRule,
     },
     /// A Hub API response that is not of the expected shape.
     #[error("the Hub's {what} is not what Imagine expects: {reason}")]
@@ -147,7 +148,7 @@ impl Localize for HubError {
     fn message(&self) -> Message {
         match self {
             HubError::Source { field, value, reason } => {
-                Message::new("errHubSource", [arg(field), arg(format!("{value:?}")), arg(reason)])
+                Message::new("errHubSource", [arg(field), arg(format!("{value:?}")), cause(reason)])
             }
             HubError::Response { what, reason } => Message::new("errHubResponse", [arg(what), arg(reason)]),
             HubError::Entry { path, reason } => {

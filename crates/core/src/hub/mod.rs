@@ -31,7 +31,7 @@ pub use plan::{graph_files, plan, GraphFiles};
 pub use rate::RateMeter;
 pub use record::{DownloadRecord, FileRecord};
 pub use sha256::{HashCheckpoint, ResumableSha256};
-pub use source::{resolve_url, revision_url, tree_url, MAX_REVISION_LEN};
+pub use source::{resolve_url, revision_url, tree_url, SourceRule, MAX_REVISION_LEN};
 pub use transfer::{
     backoff_ms, check_space, format_bytes, parse_content_range, range_matches, MAX_ATTEMPTS_WITHOUT_PROGRESS,
 };

@@ -2,6 +2,90 @@
 
 use super::HubError;
 use crate::api::PackSource;
+use crate::message::{arg, Localize, Message};
+
+/// The rule a source field breaks (the `reason` of [`HubError::Source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs)] // each variant's `#[error]` text says it
+pub enum SourceRule {
+    #[error("it must start with https:// or http://")]
+    Scheme,
+    #[error("it must not contain whitespace or control characters")]
+    Whitespace,
+    #[error("it must not have a query (?) or a fragment (#)")]
+    Query,
+    #[error("it must not contain credentials (user@host)")]
+    Credentials,
+    #[error("it has no host")]
+    NoHost,
+    #[error("its host may only contain letters, digits, '.', '-', '_', ':' and IPv6 brackets")]
+    HostChars,
+    #[error("its path must not contain '.' or '..' segments")]
+    DotSegments,
+    #[error("http:// is allowed only for a Hub on this machine (localhost, 127.0.0.1, [::1]): use https://")]
+    HttpNotLoopback,
+    #[error("it must be owner/name")]
+    NotOwnerName,
+    #[error("it must be owner/name, both non-empty")]
+    EmptyPart,
+    #[error("owner and name must each start with a letter or digit")]
+    PartStart,
+    #[error("it must be owner/name, each of letters, digits, '.', '_' and '-'")]
+    PartChars,
+    #[error("it must not contain '..'")]
+    DotDot,
+    #[error("it must be a branch, tag or commit, not empty")]
+    EmptyRevision,
+    #[error("it must be at most {MAX_REVISION_LEN} characters")]
+    TooLong,
+    #[error("it must not start with '/'")]
+    LeadingSlash,
+}
+
+impl SourceRule {
+    /// Every rule, for tests.
+    pub const ALL: [SourceRule; 16] = [
+        SourceRule::Scheme,
+        SourceRule::Whitespace,
+        SourceRule::Query,
+        SourceRule::Credentials,
+        SourceRule::NoHost,
+        SourceRule::HostChars,
+        SourceRule::DotSegments,
+        SourceRule::HttpNotLoopback,
+        SourceRule::NotOwnerName,
+        SourceRule::EmptyPart,
+        SourceRule::PartStart,
+        SourceRule::PartChars,
+        SourceRule::DotDot,
+        SourceRule::EmptyRevision,
+        SourceRule::TooLong,
+        SourceRule::LeadingSlash,
+    ];
+}
+
+impl Localize for SourceRule {
+    fn message(&self) -> Message {
+        match self {
+            SourceRule::TooLong => Message::new("errSourceTooLong", [arg(MAX_REVISION_LEN)]),
+            SourceRule::Scheme => Message::new("errSourceScheme", []),
+            SourceRule::Whitespace => Message::new("errSourceWhitespace", []),
+            SourceRule::Query => Message::new("errSourceQuery", []),
+            SourceRule::Credentials => Message::new("errSourceCredentials", []),
+            SourceRule::NoHost => Message::new("errSourceNoHost", []),
+            SourceRule::HostChars => Message::new("errSourceHostChars", []),
+            SourceRule::DotSegments => Message::new("errSourceDotSegments", []),
+            SourceRule::HttpNotLoopback => Message::new("errSourceHttpNotLoopback", []),
+            SourceRule::NotOwnerName => Message::new("errSourceNotOwnerName", []),
+            SourceRule::EmptyPart => Message::new("errSourceEmptyPart", []),
+            SourceRule::PartStart => Message::new("errSourcePartStart", []),
+            SourceRule::PartChars => Message::new("errSourcePartChars", []),
+            SourceRule::DotDot => Message::new("errSourceDotDot", []),
+            SourceRule::EmptyRevision => Message::new("errSourceEmptyRevision", []),
+            SourceRule::LeadingSlash => Message::new("errSourceLeadingSlash", []),
+        }
+    }
+}
 
 /// Longest revision accepted (git allows longer ref names, the Hub's users do not write them).
 pub const MAX_REVISION_LEN: usize = 256;
@@ -30,32 +114,30 @@ fn validate_endpoint(value: &str) -> Result<String, HubError> {
     } else if lower.starts_with("http://") {
         ("http://", &v[7..])
     } else {
-        return refuse("it must start with https:// or http://");
+        return refuse(SourceRule::Scheme);
     };
     if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return refuse("it must not contain whitespace or control characters");
+        return refuse(SourceRule::Whitespace);
     }
     if v.contains('?') || v.contains('#') {
-        return refuse("it must not have a query (?) or a fragment (#)");
+        return refuse(SourceRule::Query);
     }
     let rest = rest.trim_end_matches('/');
     let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
     if authority.contains('@') {
-        return refuse("it must not contain credentials (user@host)");
+        return refuse(SourceRule::Credentials);
     }
     if authority.is_empty() {
-        return refuse("it has no host");
+        return refuse(SourceRule::NoHost);
     }
     if !authority.chars().all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c)) {
-        return refuse("its host may only contain letters, digits, '.', '-', '_', ':' and IPv6 brackets");
+        return refuse(SourceRule::HostChars);
     }
     if path.split('/').any(|s| s == ".." || s == ".") {
-        return refuse("its path must not contain '.' or '..' segments");
+        return refuse(SourceRule::DotSegments);
     }
     if scheme == "http://" && !is_loopback(authority) {
-        return refuse(
-            "http:// is allowed only for a Hub on this machine (localhost, 127.0.0.1, [::1]): use https://",
-        );
+        return refuse(SourceRule::HttpNotLoopback);
     }
     Ok(format!("{scheme}{rest}"))
 }
@@ -80,23 +162,23 @@ fn validate_repo(value: &str) -> Result<String, HubError> {
     let refuse = |reason| Err(HubError::Source { field: "repo", value: value.to_owned(), reason });
     let v = value.trim();
     let Some((owner, name)) = v.split_once('/') else {
-        return refuse("it must be owner/name");
+        return refuse(SourceRule::NotOwnerName);
     };
     for part in [owner, name] {
         let mut chars = part.chars();
         match chars.next() {
-            None => return refuse("it must be owner/name, both non-empty"),
+            None => return refuse(SourceRule::EmptyPart),
             Some(c) if !c.is_ascii_alphanumeric() => {
-                return refuse("owner and name must each start with a letter or digit");
+                return refuse(SourceRule::PartStart);
             }
             Some(_) => {}
         }
         if !chars.all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-            return refuse("it must be owner/name, each of letters, digits, '.', '_' and '-'");
+            return refuse(SourceRule::PartChars);
         }
     }
     if v.contains("..") {
-        return refuse("it must not contain '..'");
+        return refuse(SourceRule::DotDot);
     }
     Ok(v.to_owned())
 }
@@ -105,19 +187,19 @@ fn validate_revision(value: &str) -> Result<String, HubError> {
     let refuse = |reason| Err(HubError::Source { field: "revision", value: value.to_owned(), reason });
     let v = value.trim();
     if v.is_empty() {
-        return refuse("it must be a branch, tag or commit, not empty");
+        return refuse(SourceRule::EmptyRevision);
     }
     if v.chars().count() > MAX_REVISION_LEN {
-        return refuse("it must be at most 256 characters");
+        return refuse(SourceRule::TooLong);
     }
     if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return refuse("it must not contain whitespace or control characters");
+        return refuse(SourceRule::Whitespace);
     }
     if v.contains("..") {
-        return refuse("it must not contain '..'");
+        return refuse(SourceRule::DotDot);
     }
     if v.starts_with('/') {
-        return refuse("it must not start with '/'");
+        return refuse(SourceRule::LeadingSlash);
     }
     Ok(v.to_owned())
 }
