@@ -108,6 +108,15 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.equal(await shownError(studio), germanSteps);
   await studio.close();
 
+  // The options page: a refused source, checked by the core in the page, with the rule it breaks.
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.fill('#hub-repo', 'a b');
+  await options.click('#save-source');
+  await options.waitForSelector('#model-error:not([hidden])', { timeout: 30_000 });
+  assert.equal((await options.textContent('#model-error')).trim(), 'repo "a b" ist nicht erlaubt: es muss die Form Besitzer/Name haben');
+  await options.close();
+
   // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL as it is.
   await h.startInstall(b.page, b.hub, 'fixtures/missing');
   const english = await h.waitForInstallFailure(b.page);

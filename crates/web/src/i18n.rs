@@ -4,7 +4,8 @@
 //! `data-i18n-title`, `data-i18n-aria-label` for attributes) and filled by [`localize_page`] at
 //! startup; text made at run time goes through [`t`] / [`t_args`]. Every key used must exist in the
 //! English file, and every locale must have the same keys (tested below), so a missing string is a
-//! test failure, not a blank control.
+//! test failure, not a blank control. Errors made elsewhere (service worker, workers, the core) come
+//! with an `imagine_core::message::Message` beside their English text; [`error_text`] shows it.
 
 use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;
