@@ -325,7 +325,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         .await
         .filter(|d| d.request.source() == request.source())
         .and_then(|d| d.progress)
-        .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, ..p });
+        .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, message: None, ..p });
     let download = Download {
         request: request.clone(),
         state: DownloadState::Checking,
