@@ -245,7 +245,7 @@ async function hashInWorker(total) {
   const next = async () => {
     while (!replies.length) await new Promise((r) => (wake = r));
     const m = replies.shift();
-    if (m.op === 'error') throw new Error(m.message);
+    if (m.op === 'error') throw new Error(m.error);
     return m;
   };
   try {

@@ -236,10 +236,20 @@ async function stagesAlone(b, adapter, installed, installS) {
             const m = e.data;
             if (m?.kind === 'sessionCreated') created = m.timing;
             else if (m?.kind === 'done') end({ output: m.output });
-            else if (m?.kind === 'error') end({ error: m.message });
+            else if (m?.kind === 'error') end({ error: m.error });
           };
           w.onerror = (e) => end({ error: `worker error: ${e.message}` });
           const msg = { task: stage, params };
+          // The offscreen document tokenizes; made-up ids (20 tokens padded to 512) cost the same to encode.
+          if (stage === 'textEncoder') {
+            const real = 20;
+            msg.prompt = {
+              inputIds: Array.from({ length: 512 }, (_, i) => (i < real ? 1000 + i : 151643)), // padding: imagine_core::prompt::PAD_TOKEN_ID
+              attentionMask: Array.from({ length: 512 }, (_, i) => (i < real ? 1 : 0)),
+              tokenCount: real,
+              truncated: false,
+            };
+          }
           if (data) {
             msg.data = data;
             w.postMessage(msg, [data]);
