@@ -46,6 +46,10 @@ commands:
                          into target/scale-pack/ (tools/export/stream_export.py, about 15 min),
                          install it from a fake Hub and generate one image: per stage session
                          create and run time, renderer and GPU process memory; the install rate
+  bench soak [--runs 12] [--ort asyncify|jspi] [--timeout-s 120]
+                         build, then generate `runs` images in one browser, two fixture packs
+                         installed in turn, with the stage workers on ORT's asyncify or JSPI
+                         build; says how many finished and whether a stopped worker still answers
   help                   this text
 
 options for run/bench/e2e:
@@ -118,14 +122,19 @@ fn dispatch(args: &[String]) -> Result {
         }
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
-                return Err(format!("bench needs a benchmark name (generate, download, scale)\n{USAGE}"));
+                return Err(format!(
+                    "bench needs a benchmark name (generate, download, scale, soak)\n{USAGE}"
+                ));
             };
             let script = match what.as_str() {
                 "generate" => "tests/e2e/bench-generate.mjs",
                 "download" => "tests/e2e/bench-download.mjs",
                 "scale" => "tests/e2e/bench-scale.mjs",
+                "soak" => "tests/e2e/bench-soak.mjs",
                 other => {
-                    return Err(format!("unknown benchmark `{other}` (known: generate, download, scale)"))
+                    return Err(format!(
+                        "unknown benchmark `{other}` (known: generate, download, scale, soak)"
+                    ))
                 }
             };
             let (no_build, rest) = split_flag(rest, "--no-build");
@@ -134,6 +143,13 @@ fn dispatch(args: &[String]) -> Result {
                 build(&root, false, &tools)?;
             }
             step(&format!("bench: node {script}"));
+            if what == "soak" {
+                // Node 20 has a global WebSocket (the script's DevTools connection) only behind a flag.
+                let mut args =
+                    vec!["--experimental-websocket".to_owned(), root.join(script).display().to_string()];
+                args.extend(rest);
+                return run_cmd(script, Command::new("node").args(args));
+            }
             node_script(&root, script, &rest)
         }
         "help" | "-h" | "--help" => {
