@@ -74,7 +74,8 @@ fn run() -> Result<(), String> {
     let mut file_sizes_owned: Vec<(String, u64)> = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| e.to_string())?;
-        let name = entry.file_name().into_string().map_err(|n| format!("a file name that is not UTF-8: {n:?}"))?;
+        let name =
+            entry.file_name().into_string().map_err(|n| format!("a file name that is not UTF-8: {n:?}"))?;
         if entry.file_type().map_err(|e| e.to_string())?.is_file() && !is_conversion_output(&name) {
             file_sizes_owned.push((name, entry.metadata().map_err(|e| e.to_string())?.len()));
         }
@@ -114,7 +115,8 @@ fn run() -> Result<(), String> {
         for (new, pieces) in plan.file_pieces(PIECE_SOURCE_BYTES) {
             let path = dir.join(&new.name);
             let io = |e: std::io::Error| format!("{}: {e}", path.display());
-            let mut out = OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(io)?;
+            let mut out =
+                OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(io)?;
             for piece in &pieces {
                 let source = match sources.get_mut(&piece.source.file) {
                     Some(f) => f,
@@ -124,7 +126,8 @@ fn run() -> Result<(), String> {
                         sources.entry(piece.source.file.clone()).or_insert(f)
                     }
                 };
-                let src_io = |e: std::io::Error| format!("{} at {}: {e}", piece.source.file, piece.source.offset);
+                let src_io =
+                    |e: std::io::Error| format!("{} at {}: {e}", piece.source.file, piece.source.offset);
                 half.resize(piece.source.length as usize, 0);
                 source.seek(SeekFrom::Start(piece.source.offset)).map_err(src_io)?;
                 source.read_exact(&mut half).map_err(src_io)?;
