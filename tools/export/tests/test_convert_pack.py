@@ -29,8 +29,10 @@ def convert_pack(pack, *limits):
            "--max-buffer-size", str(limits[0]), "--max-storage-buffer-binding-size", str(limits[1]),
            "--json", summary]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    with open(summary) if r.returncode == 0 else open(os.devnull) as f:
-        return r, (json.load(f) if r.returncode == 0 else None)
+    if r.returncode != 0:
+        return r, None
+    with open(summary) as f:
+        return r, json.load(f)
 
 
 def run_cpu(path, feeds):
