@@ -258,22 +258,6 @@ mod tests {
     }
 
     #[test]
-    fn file_pieces_cover_each_new_file_in_order() {
-        let bytes = fixture("f16", Graph::Transformer);
-        let plans = plan_pack(&[(Graph::Transformer, &bytes)], Limits::UNLIMITED, &[]).unwrap();
-        let plan = &plans[0];
-        let all = plan.rewrite.plan.pieces(64);
-        let by_file = plan.file_pieces(64);
-        assert_eq!(by_file.len(), plan.rewrite.plan.new_files.len());
-        assert_eq!(by_file.iter().map(|(_, p)| p.len()).sum::<usize>(), all.len());
-        for (new, pieces) in &by_file {
-            assert!(pieces.iter().all(|p| p.target.file == new.name));
-            assert!(pieces.windows(2).all(|w| w[0].target.offset + w[0].target.length <= w[1].target.offset));
-            assert!(pieces.last().is_none_or(|p| p.target.offset + p.target.length <= new.size));
-        }
-    }
-
-    #[test]
     fn the_f32_fixture_needs_no_conversion() {
         let bytes: Vec<(Graph, Vec<u8>)> = Graph::ALL.iter().map(|&g| (g, fixture("f32", g))).collect();
         let graphs: Vec<(Graph, &[u8])> = bytes.iter().map(|(g, b)| (*g, b.as_slice())).collect();
