@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Exports ONE graph of the pack with tools/export's code, so the three can be exported in parallel.
 
-    python3 tools/gpu-bench/export_stage.py --stem transformer_q8 --config full --activations float32 \
+    python3 tools/gpu-bench/export_stage.py --stem transformer_q8 --config full --activations float32|float16 \
         --out DIR [--seed 0] [--threads 5]
 
 Same models, seeds, wrappers, export, quantisation and storage as `tools/export/export.py`
@@ -39,15 +39,19 @@ def log(msg):
     print(msg, flush=True)
 
 
-def build(stem, cfg, seed):
-    """The wrapper for `stem`, seeded exactly as models.build_all seeds each model."""
+def build(stem, cfg, seed, activations="float32"):
+    """The wrapper for `stem`, seeded exactly as models.build_all seeds each model. The weights are
+    drawn in float32 whatever `activations` is, then cast in place, as `export.torch_modules` casts its
+    copies: so a float16 and a float32 export of one seed hold the same weights (up to float16
+    rounding)."""
+    dt = getattr(torch, activations)
     if stem == "text_encoder_q4":
         torch.manual_seed(seed)
-        return models.TextEncoder(models.build_text_encoder(cfg, None), cfg.text_taps, cfg.vocab_wrap).eval()
+        return models.TextEncoder(models.build_text_encoder(cfg, None).to(dt), cfg.text_taps, cfg.vocab_wrap).eval()
     if stem == "transformer_q8":
         torch.manual_seed(seed + 1)
         tr = models.patch_transformer(models.build_transformer(cfg, None))
-        return models.Transformer(tr).eval()
+        return models.Transformer(tr.to(dt)).eval()
     torch.manual_seed(seed + 2)
     return models.VaeDecoder(models.build_vae(cfg, None, seed)).eval()
 
@@ -56,7 +60,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stem", choices=export.STEMS, required=True)
     ap.add_argument("--config", choices=sorted(models.CONFIGS), default="full")
-    ap.add_argument("--activations", choices=("float32",), default="float32")
+    ap.add_argument("--activations", choices=("float32", "float16"), default="float32")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=5)
@@ -67,7 +71,7 @@ def main(argv=None):
     stem = a.stem
     t0 = time.time()
     with torch.no_grad():
-        module = build(stem, cfg, a.seed)
+        module = build(stem, cfg, a.seed, a.activations)
     params = sum(p.numel() for p in module.parameters())
     t1 = time.time()
     log(f"{stem}: built {params / 1e9:.2f} B parameters in {t1 - t0:.1f} s")

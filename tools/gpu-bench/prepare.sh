@@ -48,9 +48,11 @@ xz -T0 -9 -c $T/tokenizer.json > "$G/tok/tokenizer.json.xz"
 cp $T/tokenizer_config.json "$G/tok/"
 
 # The core's pipeline, natively (x86-64 Linux, glibc; the device's is newer than this machine's).
-cargo build -q --release -p imagine-core --example stdio_pipeline
+# convert_pack: the core's pack conversion over a directory (device-convert.sh).
+cargo build -q --release -p imagine-core --example stdio_pipeline --example convert_pack
 TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 xz -T0 -9 -c "$TARGET/release/examples/stdio_pipeline" > "$G/stdio_pipeline.xz"
+xz -T0 -9 -c "$TARGET/release/examples/convert_pack" > "$G/convert_pack.xz"
 
 # The scripts, and the exporter they call.
 cp -r tools/gpu-bench "$G/tools/"

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use imagine_core::api::FileProgress;
 use imagine_core::f32_rewrite::pack_conversion::{
     converted_graph_name, ConversionRecord, ConversionState, GraphPlan, CONVERSION_STATE_FILE,
+    PIECE_SOURCE_BYTES,
 };
 use imagine_core::f32_rewrite::{f16_to_f32, Limits, NewFile, Piece, RewriteError};
 use thiserror::Error;
@@ -27,8 +28,6 @@ use web_sys::FileSystemDirectoryHandle;
 
 use crate::opfs::{self, OpfsError, SyncFile};
 
-/// Float16 bytes converted at once (8 MiB of float32 written).
-const PIECE_SOURCE_BYTES: u64 = 4 << 20;
 /// Float32 bytes between two saved states.
 const CHECKPOINT_BYTES: u64 = 16 << 20;
 
@@ -95,12 +94,11 @@ pub async fn convert(
     job.save()?;
     job.report_now();
     for plan in plans {
-        let pieces = plan.rewrite.plan.pieces(PIECE_SOURCE_BYTES);
-        for new in &plan.rewrite.plan.new_files {
+        for (new, pieces) in plan.file_pieces(PIECE_SOURCE_BYTES) {
             if job.state.verified.contains(&new.name) {
                 continue;
             }
-            let file_pieces: Vec<&Piece> = pieces.iter().filter(|p| p.target.file == new.name).collect();
+            let file_pieces: Vec<&Piece> = pieces.iter().collect();
             job.data_file(plan, new, &file_pieces).await?;
         }
         let name = converted_graph_name(plan.graph);

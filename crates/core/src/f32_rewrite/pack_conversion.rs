@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{rewrite, EmbeddingLookup, Limits, LookupPolicy, Options, Rewrite, RewriteError};
+use super::{rewrite, EmbeddingLookup, Limits, LookupPolicy, NewFile, Options, Piece, Rewrite, RewriteError};
 use crate::api::ConversionCost;
 use crate::message::{Localize, Message};
 use crate::pack::{declares_float16, Graph, PackError};
@@ -26,6 +26,10 @@ pub const PACK_LOOKUP: LookupPolicy = LookupPolicy::Always;
 /// The bookkeeping file of a conversion in progress, in the staging slot.
 pub const CONVERSION_STATE_FILE: &str = "conversion.json";
 
+/// Float16 bytes converted at once (8 MiB of float32 written): what the conversion holds in memory,
+/// in the extension's download worker and in the native `convert_pack` example alike.
+pub const PIECE_SOURCE_BYTES: u64 = 4 << 20;
+
 /// The converted graph's file name: `<stem>.f32.onnx`.
 pub fn converted_graph_name(graph: Graph) -> String {
     format!("{}.f32.onnx", graph.stem())
@@ -38,6 +42,25 @@ pub struct GraphPlan {
     pub graph: Graph,
     /// Its float32 graph and conversion plan.
     pub rewrite: Rewrite,
+}
+
+impl GraphPlan {
+    /// Each new external-data file with its pieces of at most `max_source_bytes` float16 bytes, in
+    /// the order they are written (increasing target offsets, so a resumed file skips the pieces
+    /// below its saved length). The converted graph itself ([`converted_graph_name`]) comes after.
+    pub fn file_pieces(&self, max_source_bytes: u64) -> Vec<(&NewFile, Vec<Piece>)> {
+        let mut pieces = self.rewrite.plan.pieces(max_source_bytes);
+        self.rewrite
+            .plan
+            .new_files
+            .iter()
+            .map(|new| {
+                let (mine, rest) = pieces.drain(..).partition(|p: &Piece| p.target.file == new.name);
+                pieces = rest;
+                (new, mine)
+            })
+            .collect()
+    }
 }
 
 /// Why a pack cannot be converted.

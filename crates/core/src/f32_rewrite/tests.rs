@@ -418,6 +418,39 @@ fn pieces_cover_each_copy_in_order() {
 }
 
 #[test]
+fn file_pieces_group_each_new_file_in_writing_order() {
+    let m = model(&[
+        (NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
+        (INIT, external_tensor("a", &[50], FLOAT16, "w.data", 0, 100)),
+        (INIT, external_tensor("b", &[30], FLOAT16, "w.data", 100, 60)),
+        (INIT, external_tensor("d", &[10], FLOAT16, "w.data", 160, 20)),
+    ]);
+    let mut o = options(u64::MAX);
+    o.max_shard_bytes = 300;
+    let plan = pack_conversion::GraphPlan {
+        graph: crate::pack::Graph::Transformer,
+        rewrite: rewrite(&m, &o).unwrap(),
+    };
+    let by_file = plan.file_pieces(32);
+    let summary: Vec<_> = by_file
+        .iter()
+        .map(|(new, pieces)| {
+            assert!(pieces.iter().all(|p| p.target.file == new.name));
+            (new.name.as_str(), pieces.iter().map(|p| (p.target.offset, p.target.length)).collect::<Vec<_>>())
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("m.f32-00000.data", vec![(0, 64), (64, 64), (128, 64), (192, 8)]),
+            ("m.f32-00001.data", vec![(0, 64), (64, 56), (128, 40)]),
+        ]
+    );
+    let total: usize = by_file.iter().map(|(_, p)| p.len()).sum();
+    assert_eq!(total, plan.rewrite.plan.pieces(32).len());
+}
+
+#[test]
 fn a_float32_graph_is_copied_byte_for_byte() {
     for variant in ["f32", "f32-vae32"] {
         for graph in crate::pack::Graph::ALL {
