@@ -375,8 +375,8 @@ impl super::rewrite::Node<'_> {
     }
 }
 
-#[test]
-fn shards_stay_under_the_limit_and_tensors_are_aligned() {
+/// Three float16 tensors (200, 120 and 40 bytes as float32) and new shards of at most 300 bytes.
+fn three_tensors_for_two_shards() -> (Vec<u8>, Options) {
     let m = model(&[
         (NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
         (INIT, external_tensor("a", &[50], FLOAT16, "w.data", 0, 100)),
@@ -385,6 +385,12 @@ fn shards_stay_under_the_limit_and_tensors_are_aligned() {
     ]);
     let mut o = options(u64::MAX);
     o.max_shard_bytes = 300;
+    (m, o)
+}
+
+#[test]
+fn shards_stay_under_the_limit_and_tensors_are_aligned() {
+    let (m, mut o) = three_tensors_for_two_shards();
     let plan = rewrite(&m, &o).unwrap().plan;
     let targets: Vec<_> = plan.copies.iter().map(|c| (c.target.file.as_str(), c.target.offset)).collect();
     assert_eq!(targets, [("m.f32-00000.data", 0), ("m.f32-00001.data", 0), ("m.f32-00001.data", 128)]);
@@ -419,14 +425,7 @@ fn pieces_cover_each_copy_in_order() {
 
 #[test]
 fn file_pieces_group_each_new_file_in_writing_order() {
-    let m = model(&[
-        (NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
-        (INIT, external_tensor("a", &[50], FLOAT16, "w.data", 0, 100)),
-        (INIT, external_tensor("b", &[30], FLOAT16, "w.data", 100, 60)),
-        (INIT, external_tensor("d", &[10], FLOAT16, "w.data", 160, 20)),
-    ]);
-    let mut o = options(u64::MAX);
-    o.max_shard_bytes = 300;
+    let (m, o) = three_tensors_for_two_shards();
     let plan = pack_conversion::GraphPlan {
         graph: crate::pack::Graph::Transformer,
         rewrite: rewrite(&m, &o).unwrap(),
