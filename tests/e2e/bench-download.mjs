@@ -138,7 +138,7 @@ try {
   const diskS = disk.ms / 1000;
   const hashS = hashed.ms / 1000;
   const cpuSum = (m) => Object.values(m.cpu).reduce((n, x) => n + x, 0);
-  table(
+  h.printTable(
     ['measure', 'bytes', 'seconds', 'MB/s', 'CPU s'],
     [
       ['(a) ingest into OPFS, verified (installPack -> packInstalled)', mb(ev.bytes) + ' MB', ingestS.toFixed(2), (ingestRate / 1e6).toFixed(1), cpuSum(ingestMem).toFixed(2)],
@@ -161,14 +161,14 @@ try {
   }
   rows.push(['sum: extension+gpu+network+storage+utility', mb(idle.medianSum), mb(ingestMem.peakSum), mb(rawMem.peakSum)]);
   rows.push(['sum: all processes', mb(idle.medianAll), mb(ingestMem.peakAll), mb(rawMem.peakAll)]);
-  table(['process', 'idle', 'peak during (a)', 'peak during (b)'], rows);
+  h.printTable(['process', 'idle', 'peak during (a)', 'peak during (b)'], rows);
   console.log('\nCPU seconds by process kind (node = the bench, the fake Hub serving the bytes, and (c)):');
   const cpuKinds = [...kinds, 'node'];
   const segments = [ingestMem, rawMem, diskMem, hashMem];
   const cpuRows = cpuKinds.map((k) => [k, ...segments.map((m) => (m.cpu[k] ?? 0).toFixed(2))]);
   cpuRows.push(['sum', ...segments.map((m) => cpuSum(m).toFixed(2))]);
   cpuRows.push([`cores busy on average (of ${cores})`, ...[ingestS, rawS, diskS, hashS].map((t, i) => (cpuSum(segments[i]) / t).toFixed(2))]);
-  table(['process', '(a)', '(b)', '(c)', '(d)'], cpuRows);
+  h.printTable(['process', '(a)', '(b)', '(c)', '(d)'], cpuRows);
   const above = ingestMem.peakSum - idle.medianSum;
   const aboveAll = ingestMem.peakAll - idle.medianAll;
   console.log(`\n(processes seen: ${[...sampler.seen.entries()].map(([k, n]) => `${k} ${n}`).join(', ')}; ${ingestMem.samples} samples during (a))`);
@@ -277,12 +277,4 @@ async function hashInWorker(total) {
 
 function mb(n) {
   return ((n ?? 0) / 1e6).toFixed(1);
-}
-
-function table(cols, rows) {
-  const widths = cols.map((c, i) => Math.max(c.length, ...rows.map((r) => String(r[i]).length)));
-  const line = (cells) => cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]) : String(c).padStart(widths[i]))).join('  ');
-  console.log(line(cols));
-  console.log(widths.map((w) => '-'.repeat(w)).join('  '));
-  for (const r of rows) console.log(line(r));
 }

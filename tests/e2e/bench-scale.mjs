@@ -92,7 +92,7 @@ const sizeRows = STEMS.map((stem) => {
   return [stem, gb(weights[stem]), PUBLISHED_GB[stem].toFixed(2), `${((ratio - 1) * 100).toFixed(1)}%`, Math.abs(ratio - 1) <= 0.1 ? 'yes' : 'NO'];
 });
 console.log('\npack: graph + external data, GB');
-table(['graph', 'this pack', 'published', 'difference', 'within 10%'], sizeRows);
+h.printTable(['graph', 'this pack', 'published', 'difference', 'within 10%'], sizeRows);
 if (o['export-only']) process.exit(0);
 
 // 2. install --------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ try {
   console.log(`\nbench scale: ${req.width}x${req.height}, ${req.steps} step(s), ${os.platform()} ${cpuCores()} cores, ORT build ${ortBuild}, adapter ${adapter?.description || '?'} (maxBufferSize ${adapter?.maxBufferSize}, maxStorageBufferBindingSize ${adapter?.maxStorageBufferBindingSize})`);
   console.log(`install: ${gb(installed.bytes)} GB in ${installS.toFixed(1)} s = ${(installed.bytes / installS / 1e6).toFixed(1)} MB/s; generation wall ${wallS.toFixed(1)} s (${end.type})`);
   console.log(`idle: extension renderer ${mb(idle.extension)} MB, GPU process ${mb(idle.gpu)} MB; peaks below are above idle, MB${stages?.length ? '' : ' (no timings: windows from progress events, create and run together)'}`);
-  table(['stage', 'weights MB', 'create s', 'run s', 'renderer create', 'x weights', 'renderer run', 'GPU create', 'GPU run'], rows);
+  h.printTable(['stage', 'weights MB', 'create s', 'run s', 'renderer create', 'x weights', 'renderer run', 'GPU create', 'GPU run'], rows);
 } catch (e) {
   if (!e.quiet) {
     console.error(`bench: ${e.stack ?? e}`);
@@ -280,13 +280,5 @@ async function stagesAlone(b, adapter, installed, installS) {
   report.stages = rows;
   console.log(`\nbench scale --stages: ${size}x${size}, ${params.steps} step(s), ${os.platform()} ${cpuCores()} cores, ORT build ${report.ortBuild}, adapter ${adapter?.description || '?'} (maxBufferSize ${adapter?.maxBufferSize}, maxStorageBufferBindingSize ${adapter?.maxStorageBufferBindingSize})`);
   console.log(`install: ${gb(installed.bytes)} GB in ${installS.toFixed(1)} s = ${(installed.bytes / installS / 1e6).toFixed(1)} MB/s; peaks are above the idle before each stage, MB`);
-  table(['stage', 'weights MB', 'create s', 'run s', 'renderer create', 'x weights', 'renderer run', 'GPU create', 'GPU run', 'outcome'], rows);
-}
-
-function table(cols, rows) {
-  const widths = cols.map((c, i) => Math.max(c.length, ...rows.map((r) => String(r[i]).length)));
-  const line = (cells) => cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]) : String(c).padStart(widths[i]))).join('  ');
-  console.log(line(cols));
-  console.log(widths.map((w) => '-'.repeat(w)).join('  '));
-  for (const r of rows) console.log(line(r));
+  h.printTable(['stage', 'weights MB', 'create s', 'run s', 'renderer create', 'x weights', 'renderer run', 'GPU create', 'GPU run', 'outcome'], rows);
 }

@@ -816,3 +816,12 @@ export async function setup(t, { pack = 'f32', install = true, backend, hubOptio
   }
   return ctx;
 }
+
+/** Prints `rows` under the headings `cols` as aligned columns (the benches' reports). */
+export function printTable(cols, rows) {
+  const widths = cols.map((c, i) => Math.max(c.length, ...rows.map((r) => String(r[i]).length)));
+  const line = (cells) => cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]) : String(c).padStart(widths[i]))).join('  ');
+  console.log(line(cols));
+  console.log(widths.map((w) => '-'.repeat(w)).join('  '));
+  for (const r of rows) console.log(line(r));
+}

@@ -98,8 +98,7 @@ pub async fn convert(
             if job.state.verified.contains(&new.name) {
                 continue;
             }
-            let file_pieces: Vec<&Piece> = pieces.iter().collect();
-            job.data_file(plan, new, &file_pieces).await?;
+            job.data_file(plan, new, &pieces).await?;
         }
         let name = converted_graph_name(plan.graph);
         if !job.state.verified.contains(&name) {
@@ -184,7 +183,7 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
         &mut self,
         plan: &GraphPlan,
         new: &NewFile,
-        pieces: &[&Piece],
+        pieces: &[Piece],
     ) -> Result<(), ConvertError> {
         for attempt in 0..2 {
             let file = SyncFile::open(self.dir, &new.name).await?;
@@ -231,7 +230,7 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
         plan: &GraphPlan,
         file: &SyncFile,
         new: &NewFile,
-        pieces: &[&Piece],
+        pieces: &[Piece],
     ) -> Result<bool, ConvertError> {
         if file.size()? != new.size {
             return Ok(false);

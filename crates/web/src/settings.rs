@@ -153,9 +153,6 @@ pub async fn take_reuse() -> Option<Reuse> {
     reuse
 }
 
-/// Asks for access to a pack source's host when it is not the Hub (whose hosts the manifest grants).
-/// Must be called synchronously within the click that asks for the download (Chrome's rule for
-/// permission requests); the promise resolves once the user answered.
 /// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);
 /// an empty field means the published pack's value.
 pub fn source_from_form() -> PackSource {
@@ -169,6 +166,9 @@ pub fn source_from_form() -> PackSource {
     }
 }
 
+/// Asks for access to a pack source's host when it is not the Hub (whose hosts the manifest grants).
+/// Must be called synchronously within the click that asks for the download (Chrome's rule for
+/// permission requests); the promise resolves once the user answered.
 pub fn request_host_permission(source: &PackSource) -> Option<js_sys::Promise> {
     if source.endpoint == PackSource::default().endpoint {
         return None;
