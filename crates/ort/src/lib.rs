@@ -61,6 +61,13 @@ extern "C" {
     static ENV: Object;
 }
 
+#[wasm_bindgen(module = "/src/chunked_blob.js")]
+extern "C" {
+    /// A `Blob` wrapped so that ORT reads it in chunks with `arrayBuffer()` (see `chunked_blob.js`).
+    #[wasm_bindgen(js_name = forOrt)]
+    fn for_ort(data: &JsValue) -> JsValue;
+}
+
 /// Why an ORT call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OrtError {
@@ -142,7 +149,7 @@ impl Session {
         for file in external {
             let entry = Object::new();
             set(&entry, "path", &file.path.as_str().into());
-            set(&entry, "data", &file.data);
+            set(&entry, "data", &for_ort(&file.data));
             files.push(&entry);
         }
         set(&options, "externalData", &files);
