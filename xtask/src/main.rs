@@ -232,14 +232,15 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
         println!("xtask: warning: icons/ is missing");
     }
 
-    // The webgpu bundle embeds the emscripten glue (ort-wasm-simd-threaded.asyncify.mjs) and only
-    // fetches the .wasm next to itself, so the separate .mjs is not shipped.
-    step("build: onnxruntime-web (webgpu bundle + asyncify wasm) -> dist/ort/");
+    // The JSPI bundle embeds the emscripten glue (ort-wasm-simd-threaded.jspi.mjs) and only fetches
+    // the .wasm next to itself, so the separate .mjs is not shipped. JSPI, not asyncify: the asyncify
+    // build reads every external-data file whole into memory before creating a session.
+    step("build: onnxruntime-web (JSPI bundle + wasm) -> dist/ort/");
     let ort = root.join("node_modules/onnxruntime-web");
     if !ort.is_dir() {
         return Err("node_modules/onnxruntime-web is missing: run `npm ci`".into());
     }
-    for f in ["ort.webgpu.bundle.min.mjs", "ort-wasm-simd-threaded.asyncify.wasm"] {
+    for f in ["ort.jspi.bundle.min.mjs", "ort-wasm-simd-threaded.jspi.wasm"] {
         copy_file(&ort.join("dist").join(f), &dist.join("ort").join(f))?;
     }
     // The npm package carries no LICENSE file; its package.json says MIT and its banner says

@@ -1,9 +1,9 @@
-//! The WebGPU device of one stage worker.
+//! What the WebGPU adapter offers, checked before a download and before each stage loads.
 //!
-//! Each stage opens its own device and destroys it when the stage ends: ORT Web does not give GPU memory
-//! back on `release()` alone, and a device cannot be shared across workers anyway.
+//! ORT opens the device itself, one per stage worker; terminating the worker frees it (ORT Web does
+//! not give GPU memory back on `release()` alone).
 
-use js_sys::{Array, Function, Reflect};
+use js_sys::{Function, Reflect};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -28,59 +28,16 @@ pub enum GpuError {
     /// A tensor larger than a buffer may be on this GPU.
     #[error("the model has a {largest_tensor}-byte tensor, but this GPU's {limit} is {available} bytes")]
     Limit { limit: &'static str, largest_tensor: u64, available: u64 },
-    #[error("opening the WebGPU device failed: {0}")]
-    Device(JsError),
 }
 
-/// Limits ORT's WebGPU EP benefits from; we ask for the adapter's maximum of each.
-const LIMITS: &[&str] = &[
-    "maxBufferSize",
-    "maxStorageBufferBindingSize",
-    "maxComputeWorkgroupStorageSize",
-    "maxComputeInvocationsPerWorkgroup",
-    "maxComputeWorkgroupSizeX",
-    "maxComputeWorkgroupSizeY",
-    "maxComputeWorkgroupSizeZ",
-    "maxComputeWorkgroupsPerDimension",
-    "maxStorageBuffersPerShaderStage",
-];
-
-/// An open `GPUDevice`.
-pub struct Device(JsValue);
-
-impl Device {
-    /// Opens a device. `needs_f16` is true when the graph about to load uses float16: without the
-    /// adapter's `shader-f16` that would fail (native EP) or silently compute zeros (JSEP), so refuse.
-    pub async fn open(needs_f16: bool, graph: &str) -> Result<Device, GpuError> {
-        let adapter = adapter().await?;
-        let has_f16 = has_feature(&adapter, "shader-f16");
-        if needs_f16 && !has_f16 {
-            return Err(GpuError::NoF16 { what: graph.to_owned() });
-        }
-        let features = Array::new();
-        if has_f16 {
-            features.push(&"shader-f16".into());
-        }
-        let adapter_limits = get(&adapter, "limits");
-        let limits =
-            LIMITS.iter().fold(Obj::new(), |limits, name| limits.set(name, get(&adapter_limits, name)));
-        let descriptor =
-            Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
-        let device = call_async(&adapter, "requestDevice", &descriptor).await.map_err(GpuError::Device)?;
-        Ok(Device(device))
+/// Checks that this adapter can run `graph` before ORT opens its device for it: a float16 graph
+/// (`needs_f16`) without the adapter's `shader-f16` would fail (native EP) or silently compute zeros.
+pub async fn check_stage(needs_f16: bool, graph: &str) -> Result<(), GpuError> {
+    let adapter = adapter().await?;
+    if needs_f16 && !has_feature(&adapter, "shader-f16") {
+        return Err(GpuError::NoF16 { what: graph.to_owned() });
     }
-
-    /// The `GPUDevice`, for ORT's execution-provider options.
-    pub fn js(&self) -> &JsValue {
-        &self.0
-    }
-
-    /// Destroys the device, freeing everything allocated on it.
-    pub fn destroy(self) {
-        if let Ok(destroy) = Reflect::get(&self.0, &"destroy".into()) {
-            let _ = destroy.unchecked_into::<Function>().call0(&self.0);
-        }
-    }
+    Ok(())
 }
 
 const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16. Use a GPU and browser \
