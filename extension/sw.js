@@ -2,15 +2,40 @@
 // not allowed in service workers), so they wait for the wasm module inside.
 import init, {
   serviceWorkerMessage, serviceWorkerInstalled, serviceWorkerMenuClick, serviceWorkerWake,
+  serviceWorkerStartup, serviceWorkerCommand, serviceWorkerNotificationClick,
 } from './pkg/imagine_web.js';
 
 const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
+
+// `sidePanel.open()` is allowed only while the user's gesture (menu click, shortcut) is being handled:
+// it must be called here, synchronously, before anything is awaited (the wasm module may still be
+// loading). Resolves to whether the studio opened; Rust falls back to a tab when it did not.
+function openStudioPanel(tab) {
+  try {
+    const windowId = tab?.windowId >= 0 ? tab.windowId : chrome.windows.WINDOW_ID_CURRENT;
+    return chrome.sidePanel.open({ windowId }).then(() => true, () => false);
+  } catch {
+    return Promise.resolve(false);
+  }
+}
 
 chrome.runtime.onMessage.addListener((message, sender, reply) => {
   ready.then(() => serviceWorkerMessage(message, sender)).then(reply, (e) => reply({ type: 'error', error: String(e) }));
   return true;
 });
 chrome.runtime.onInstalled.addListener(() => { ready.then(() => serviceWorkerInstalled()); });
-chrome.runtime.onStartup.addListener(() => { ready.then(() => serviceWorkerWake()); });
+chrome.runtime.onStartup.addListener(() => { ready.then(() => serviceWorkerStartup()); });
 chrome.alarms.onAlarm.addListener(() => { ready.then(() => serviceWorkerWake()); });
-chrome.contextMenus.onClicked.addListener((info) => { ready.then(() => serviceWorkerMenuClick(info)); });
+chrome.contextMenus.onClicked.addListener((info, tab) => {
+  const panel = openStudioPanel(tab);
+  ready.then(() => serviceWorkerMenuClick(info, panel));
+});
+chrome.commands.onCommand.addListener((command, tab) => {
+  if (command !== 'open-studio') return;
+  const panel = openStudioPanel(tab);
+  ready.then(() => serviceWorkerCommand(command, panel));
+});
+chrome.notifications.onClicked.addListener((id) => {
+  const panel = openStudioPanel(undefined);
+  ready.then(() => serviceWorkerNotificationClick(id, panel));
+});

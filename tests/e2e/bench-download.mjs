@@ -32,6 +32,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as h from './harness.mjs';
+import { startSampler, cpuCores } from './proc-memory.mjs';
 
 const { values: o } = parseArgs({
   options: {
@@ -133,7 +134,7 @@ try {
   const ratio = ingestRate / rawRate;
   const kinds = ['extension', 'gpu', 'network', 'storage', 'utility', 'renderer', 'browser'];
   const link = LINK ? `loopback paced at ${mb(LINK)} MB/s a response` : 'loopback';
-  console.log(`\nbench download: ${mb(total)} MB in ${files.length} files (${shards.length} shards), ${link}, ${process.platform} ${require_cores()} cores`);
+  console.log(`\nbench download: ${mb(total)} MB in ${files.length} files (${shards.length} shards), ${link}, ${process.platform} ${cpuCores()} cores`);
   const diskS = disk.ms / 1000;
   const hashS = hashed.ms / 1000;
   const cpuSum = (m) => Object.values(m.cpu).reduce((n, x) => n + x, 0);
@@ -149,7 +150,7 @@ try {
   // Any ingest fetches, writes and hashes every byte: at these costs it takes at least as long as the
   // slowest of (b), (c), (d) alone, and as their CPU time spread over every core. An estimate (OPFS
   // writes are not Node's), but it shows what this machine allows.
-  const cores = require_cores();
+  const cores = cpuCores();
   const floorS = Math.max(rawS, diskS, hashS, (cpuSum(rawMem) + cpuSum(diskMem) + cpuSum(hashMem)) / cores);
   // Paced responses are not CPU-bound: the estimate does not apply.
   if (!LINK) console.log(`\nestimated ceiling for (a) on this machine: max((b), (c), (d), CPU of (b)+(c)+(d) over ${cores} cores) = ${floorS.toFixed(2)} s, an ingest/raw ratio of at most ${(rawS / floorS).toFixed(3)}; (a) reaches ${(ingestS > 0 ? floorS / ingestS : 0).toFixed(3)} of that ceiling`);
@@ -207,9 +208,6 @@ async function install(page, hub) {
   return ev;
 }
 
-function require_cores() {
-  return fs.readFileSync('/proc/cpuinfo', 'utf8').split('\n').filter((l) => l.startsWith('processor')).length;
-}
 
 /** (c): writes `total` bytes to `file` in 1 MiB blocks, fsync every 4 MiB (as the download flushes), then removes it. */
 function writeToDisk(file, total) {
@@ -277,19 +275,6 @@ async function hashInWorker(total) {
   }
 }
 
-/** CPU seconds (user + system) a process has used so far. */
-function cpuSeconds(pid) {
-  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100)
-}
-
-/** CPU seconds this Node process (the bench and the fake Hub in it) has used so far. */
-function cpuOfNode() {
-  const { user, system } = process.cpuUsage();
-  return (user + system) / 1e6;
-}
-
 function mb(n) {
   return ((n ?? 0) / 1e6).toFixed(1);
 }
@@ -300,135 +285,4 @@ function table(cols, rows) {
   console.log(line(cols));
   console.log(widths.map((w) => '-'.repeat(w)).join('  '));
   for (const r of rows) console.log(line(r));
-}
-
-// ---------------------------------------------------------------------------------------------
-// RSS sampling of the browser launched on `profileDir` and its descendants
-
-function startSampler(profileDir, intervalMs) {
-  const seen = new Map();
-  let segment = [];
-  let running = true;
-  const kindOf = new Map();
-  const classify = (pid, cmd) => {
-    if (!cmd.includes('--type=')) return 'browser';
-    if (cmd.includes('--type=gpu-process')) return 'gpu';
-    if (cmd.includes('--type=utility')) {
-      if (/network\.mojom\.NetworkService/.test(cmd)) return 'network';
-      if (/storage\.mojom\.StorageService/.test(cmd)) return 'storage';
-      return 'utility';
-    }
-    if (cmd.includes('--type=renderer')) return cmd.includes('--extension-process') ? 'extension' : 'renderer';
-    return 'utility';
-  };
-  const findBrowser = () => {
-    for (const p of fs.readdirSync('/proc')) {
-      if (!/^\d+$/.test(p)) continue;
-      try {
-        const cmd = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').replace(/\0/g, ' ');
-        if (cmd.includes(`--user-data-dir=${profileDir}`) && !cmd.includes('--type=')) return Number(p);
-      } catch {}
-    }
-    return null;
-  };
-  // The process tree is walked once a second (all of /proc); in between only its processes are read,
-  // so that sampling takes little of the CPU the benchmark measures.
-  let tree = null;
-  let treeAt = 0;
-  const processes = (root) => {
-    if (!tree || Date.now() - treeAt > 1000) {
-      tree = walkTree(root);
-      treeAt = Date.now();
-    }
-    return tree;
-  };
-  const walkTree = (root) => {
-    const parent = new Map();
-    for (const p of fs.readdirSync('/proc')) {
-      if (!/^\d+$/.test(p)) continue;
-      try {
-        const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
-        parent.set(Number(p), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-      } catch {}
-    }
-    const tree = new Set([root]);
-    let grew = true;
-    while (grew) {
-      grew = false;
-      for (const [pid, pp] of parent) if (!tree.has(pid) && tree.has(pp)) tree.add(pid), (grew = true);
-    }
-    return tree;
-  };
-  const sample = (root) => {
-    const byKind = {};
-    const cpuByKind = {};
-    for (const pid of processes(root)) {
-      try {
-        if (!kindOf.has(pid)) {
-          const cmd = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ');
-          if (!cmd.includes('chrom')) continue; // crashpad handlers etc. are chromium too; shells are not
-          const k = classify(pid, cmd);
-          kindOf.set(pid, k);
-          seen.set(k, (seen.get(k) ?? 0) + 1);
-        }
-        const m = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-        if (m) byKind[kindOf.get(pid)] = (byKind[kindOf.get(pid)] ?? 0) + Number(m[1]) * 1024;
-        cpuByKind[kindOf.get(pid)] = (cpuByKind[kindOf.get(pid)] ?? 0) + cpuSeconds(pid);
-      } catch {}
-    }
-    cpuByKind.node = cpuOfNode();
-    return { rss: byKind, cpu: cpuByKind };
-  };
-  const root = findBrowser();
-  if (!root) throw new Error(`no browser process with --user-data-dir=${profileDir}`);
-  const loop = (async () => {
-    while (running) {
-      segment.push(sample(root));
-      await h.sleep(intervalMs);
-    }
-  })();
-  // The download's processes: the extension renderer (offscreen document, its workers, the popup), the
-  // GPU process, the network and storage services, other utilities. Not the browser process (added
-  // in the "with browser" sum) nor renderers of ordinary pages (none do anything here).
-  const sumOf = (s, all) => Object.entries(s).reduce((n, [k, v]) => n + (all || (k !== 'browser' && k !== 'renderer') ? v : 0), 0);
-  const median = (xs) => {
-    const a = [...xs].sort((x, y) => x - y);
-    return a.length ? a[Math.floor(a.length / 2)] : 0;
-  };
-  return {
-    seen,
-    /** Ends the current segment; returns its summary. */
-    mark() {
-      // A sample at each boundary, also when the segment's work kept the sampling loop waiting.
-      const last = sample(root);
-      segment.push(last);
-      const s = segment.map((x) => x.rss);
-      const cpuFirst = segment[0].cpu;
-      const cpuLast = last.cpu;
-      segment = [last];
-      const kinds = new Set(s.flatMap((x) => Object.keys(x)));
-      const med = {};
-      const peak = {};
-      for (const k of kinds) {
-        med[k] = median(s.map((x) => x[k] ?? 0));
-        peak[k] = Math.max(...s.map((x) => x[k] ?? 0));
-      }
-      const cpu = {};
-      for (const k of Object.keys(cpuLast)) cpu[k] = cpuLast[k] - (cpuFirst[k] ?? 0);
-      return {
-        samples: s.length,
-        cpu,
-        median: med,
-        peakByKind: peak,
-        medianSum: median(s.map((x) => sumOf(x, false))),
-        medianAll: median(s.map((x) => sumOf(x, true))),
-        peakSum: Math.max(0, ...s.map((x) => sumOf(x, false))),
-        peakAll: Math.max(0, ...s.map((x) => sumOf(x, true))),
-      };
-    },
-    async stop() {
-      running = false;
-      await loop;
-    },
-  };
 }

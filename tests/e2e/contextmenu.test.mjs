@@ -1,10 +1,13 @@
-// The context menu on a selection opens a result page that generates the selected text.
+// The context menu on a selection opens a result page that generates the selected text (headless, the
+// side panel cannot open without a user gesture, so the result page is the fallback shown).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from './harness.mjs';
 
-test('context menu on a selection opens result.html with the image', { timeout: 600_000 }, async (t) => {
+test('context menu on a selection opens result.html with the image, made with the saved defaults', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
+  // The defaults saved on the options page apply to images made from the context menu too.
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 320, steps: 2, schedule: 'linear-shift' } }));
   const sw = await h.currentServiceWorker(b.context, b.extensionId);
   const prompt = 'a lighthouse at dusk <b>bold</b>';
   const [tab] = await Promise.all([
@@ -31,6 +34,12 @@ test('context menu on a selection opens result.html with the image', { timeout: 
   await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, {
     timeout: h.GENERATION_TIMEOUT_MS,
   });
+  const job = url.searchParams.get('job');
+  const state = await h.endedJob(b.page, job);
+  assert.deepEqual(
+    [state.result.width, state.result.height, state.result.steps, state.result.schedule],
+    [256, 320, 2, 'linear-shift'],
+  );
   // The prompt is rendered as text, not as HTML.
   assert.equal((await tab.textContent('#prompt-text')).trim(), prompt);
   assert.equal(await tab.locator('#prompt-text b').count(), 0);

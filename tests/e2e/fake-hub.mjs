@@ -116,12 +116,39 @@ class Content {
   }
 }
 
+/**
+ * A file's content read from disk on demand (`disk: true` repos: packs of gigabytes are never held in
+ * memory). Same interface as Content.
+ */
+class FileContent extends Content {
+  constructor(file) {
+    super(null, null, 0);
+    this.file = file;
+    this.size = fs.statSync(file).size;
+  }
+  *read(start, end, chunk = 256 << 10) {
+    const fd = fs.openSync(this.file, 'r');
+    try {
+      for (let o = start; o < end; ) {
+        const buf = Buffer.allocUnsafe(Math.min(chunk, end - o));
+        const n = fs.readSync(fd, buf, 0, buf.length, o);
+        if (n <= 0) throw new Error(`${this.file}: short read at ${o}`);
+        yield n === buf.length ? buf : buf.subarray(0, n);
+        o += n;
+      }
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Repos and commits
 
 /**
  * Builds one commit of a repo from a spec:
  *   dir       a directory whose files (recursively) are the repo's files
+ *   disk      with dir: read its files from disk when served instead of holding them in memory
  *   files     { path: Buffer | string | { size, base?: Buffer } }: more files (a `{ size }` one is all filler)
  *   pad       { path: size }: pad these files with filler up to size
  *   extra     { path: Buffer | string }: files not in the pack (default: defaultExtras())
@@ -139,7 +166,7 @@ function buildCommit(repo, spec) {
       for (const e of fs.readdirSync(d, { withFileTypes: true })) {
         const rel = prefix ? `${prefix}/${e.name}` : e.name;
         if (e.isDirectory()) walk(path.join(d, e.name), rel);
-        else if (e.isFile()) put(rel, fs.readFileSync(path.join(d, e.name)));
+        else if (e.isFile()) put(rel, spec.disk ? new FileContent(path.join(d, e.name)) : fs.readFileSync(path.join(d, e.name)));
       }
     };
     walk(spec.dir, '');
@@ -154,7 +181,7 @@ function buildCommit(repo, spec) {
     const isObj = v && !Buffer.isBuffer(v) && typeof v === 'object';
     const base = isObj ? (v.base ?? null) : toBuf(v);
     const size = isObj ? v.size : Math.max(base.length, pad[p] ?? 0);
-    const c = new Content(`${repo}/${p}${spec.salt ?? ''}`, base, size);
+    const c = v instanceof FileContent ? v : new Content(`${repo}/${p}${spec.salt ?? ''}`, base, size);
     const lfs = LFS_PATTERN.test(p) && !(spec.git ?? []).includes(p);
     files.set(p, {
       path: p,

@@ -59,7 +59,8 @@ test('f32, f32-vae32 and f16 (wasm) packs match the reference', { timeout: 900_0
   });
 
   await t.test('f16 on the wasm backend', async () => {
-    // The float16 graphs need shader-f16, which SwiftShader lacks: install for the wasm backend.
+    // The float16 graphs on the wasm backend (on SwiftShader WebGPU, which lacks shader-f16, they run
+    // converted to float32: f32-conversion.test.mjs).
     await h.installPack(b.page, b.hub, 'fixtures/f16', { backend: 'wasm' });
     await generateAndCompare(b, { pack: 'f16', name: 'generate-f16-wasm', tol: F16_TOLERANCE, backend: 'wasm' });
   });

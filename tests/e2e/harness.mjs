@@ -301,6 +301,20 @@ export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS)
   };
 }
 
+/**
+ * The `job` reply once the job has ended (`done`, `failed`, `cancelled`). A page shows a result from the
+ * broadcast event while the service worker records it, so right after the event the job may still read
+ * as running for a moment.
+ */
+export async function endedJob(page, job, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const state = await api(page, { type: 'job', job });
+    if (state?.status !== 'running' || Date.now() > deadline) return state;
+    await sleep(100);
+  }
+}
+
 /** Like generate, but throws unless there is a result. */
 export async function generateOk(page, request, timeoutMs) {
   const r = await generate(page, request, timeoutMs);
@@ -784,7 +798,8 @@ export function sleep(ms) {
 /**
  * For a node:test test: starts a fake Hub serving the fixture packs (unless `pack` is null and
  * `hubOptions.repos` is not given), launches a fresh browser profile and installs `fixtures/<pack>`
- * (with `backend`; f16 defaults to 'wasm', whose graphs SwiftShader cannot run on WebGPU). Closes
+ * (with `backend`; f16 defaults to 'wasm', the float16 reference path; on WebGPU it is converted to
+ * float32 first, see f32-conversion.test.mjs). Closes
  * everything when the test ends. Returns launch()'s object plus `hub` and `repo`.
  */
 export async function setup(t, { pack = 'f32', install = true, backend, hubOptions = {}, ...launchOpts } = {}) {

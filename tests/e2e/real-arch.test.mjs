@@ -46,3 +46,57 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: TOLERANCE[activations], name: `real-arch-${activations}` });
   });
 }
+
+/** Records in the page when the conversion's first progress and the `installing` state arrive. */
+async function watchConversion(page) {
+  await page.evaluate(() => {
+    window.__conversion = {};
+    chrome.runtime.onMessage.addListener((m) => {
+      const c = window.__conversion;
+      if (m?.type === 'packProgress' && m.state === 'converting') c.first ??= performance.now();
+      if (m?.type === 'packProgress' && m.state === 'installing') c.installing ??= performance.now();
+      return false;
+    });
+  });
+}
+
+/** Milliseconds from the conversion's first progress to the `installing` state. */
+async function conversionMs(page) {
+  const c = await page.evaluate(() => window.__conversion);
+  return Math.round(c.installing - c.first);
+}
+
+/**
+ * The float16 pack on SwiftShader WebGPU, which lacks shader-f16: the extension converts its graphs to
+ * float32 at install. Compared with the reference of the float32-activation export of the same weights
+ * and seed (what the converted graphs compute, up to the float16 rounding of the weights the float16
+ * export stores) and, printed for the record, with the float16 pack's own reference. Tolerance: that of
+ * the float32 pack on WebGPU (TOLERANCE.float32 above: summation order, decoder upsampling), as the
+ * converted graphs compute in float32. Measured (2026-12-01) on ONNX Runtime's CPU, the graphs converted
+ * by `cargo run -p imagine-core --example convert_f16` against the float32 export's reference: 1 level,
+ * 12543 of 65536 pixels differ (the float16-rounded weights).
+ */
+const CONVERTED_TOLERANCE = 2;
+
+test('a tiny real-architecture float16 pack installs converted to float32 on WebGPU without shader-f16 and matches the reference', { timeout: 1_200_000 }, async (t) => {
+  const dir = await tinyPack('float16');
+  const f32Dir = await tinyPack('float32');
+  const repo = 'tiny/float16';
+  const b = await h.setup(t, { pack: null, install: false, hubOptions: { repos: { [repo]: { dir } } } });
+  await watchConversion(b.page);
+  await h.installPack(b.page, b.hub, repo, { timeoutMs: 600_000 });
+  const ms = await conversionMs(b.page);
+  const state = await h.packState(b.page);
+  assert.ok(state.installed.conversion, 'installed without its float32 conversion');
+  const converting = (await h.events(b.page)).filter((e) => e.type === 'packProgress' && e.state === 'converting');
+  const tree = await h.opfsTree(b.page);
+  const extra = Object.keys(tree).filter((p) => /\.f32(\.onnx|-\d{5}\.data)$/.test(p)).reduce((n, p) => n + tree[p], 0);
+  console.log(`tiny float16: conversion ${ms} ms; converted ${converting.at(-1)?.totalBytes} bytes; extra disk ${extra} bytes`);
+  const req = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
+  const { result } = await h.generateOk(b.page, req, 900_000);
+  const files = h.writeResult('real-arch-float16-converted', result);
+  const f16 = await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: 255, name: 'real-arch-float16-converted-ref16' });
+  console.log(`against the float16 pack's reference: ${f16}`);
+  const f32 = await h.compareWithReference({ packDir: f32Dir, traceJson: files.json, png: files.png, tol: CONVERTED_TOLERANCE, name: 'real-arch-float16-converted' });
+  console.log(`against the float32 export's reference: ${f32}`);
+});

@@ -17,7 +17,7 @@ test('a full storage.session: the job still ends done, its image readable after 
   await b.serviceWorker.evaluate((n) => chrome.storage.session.set({ filler: 'x'.repeat(n) }), SESSION_QUOTA - 100_000);
   const { reply, result } = await h.generateOk(b.page, { prompt: 'a red fox', width: 512, height: 512, steps: 1, seed: '5' });
   assert.ok(result.png.length > 100_000, `a smaller PNG than this test needs: ${result.png.length}`);
-  const done = await jobState(b.page, reply.job);
+  const done = await h.endedJob(b.page, reply.job);
   assert.equal(done.status, 'done', JSON.stringify(done, h.shorten));
   assert.equal(done.result.png, result.png);
 
@@ -26,5 +26,5 @@ test('a full storage.session: the job still ends done, its image readable after 
   assert.equal(again.status, 'done');
   assert.equal(again.result.png, result.png);
   const tree = await h.opfsTree(b.page);
-  assert.equal(tree[`results/${reply.job}.png`], h.pngBytes(result).length);
+  assert.equal(tree[`gallery/${reply.job}.png`], h.pngBytes(result).length);
 });

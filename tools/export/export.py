@@ -105,6 +105,9 @@ def torch_modules(cfg, activations, qwen, tr, vae, rope_float32=True, layernorm_
     """The three export-ready wrappers (copies; the float32 upstream models are left untouched)."""
     dt = getattr(torch, activations)
     te = models.TextEncoder(copy.deepcopy(qwen).to(dt), cfg.text_taps, cfg.vocab_wrap).eval()
+    if dt == torch.float32:
+        # float16 storage for the embedding table, as published (TextEncoder.store_table_as_f16_bytes)
+        te.store_table_as_f16_bytes()
     trm = models.Transformer(models.patch_transformer(copy.deepcopy(tr), rope_float32=rope_float32,
                                                       layernorm_float32=layernorm_float32).to(dt)).eval()
     dec = models.VaeDecoder(vae).eval()  # float32 always

@@ -180,12 +180,32 @@ class TextEncoder(nn.Module):
         self.qwen = qwen
         self.taps = tuple(taps)
         self.vocab_wrap = vocab_wrap
+        self.embed_f16_bytes = None
+
+    def store_table_as_f16_bytes(self):
+        """Keeps the embedding table as the bytes of its float16 values (uint8, [vocab, 2 * hidden],
+        little-endian), decoded to the activation dtype after the Gather (float16_bytes_to_float).
+
+        Why, under float32 activations: the full table (151936 x 2560) is 1.56 GB in float32, one tensor
+        above the 1 GiB maxBufferSize of SwiftShader and many GPUs, and makes the graph 3.0 GB instead
+        of the published 2.2 GB. A float16 table does not run there either: ORT Web's WebGPU Gather
+        takes float16 into a shader ("Program Gather requires f16 but the device does not support
+        it"); and ORT Web's CPU kernels cast neither int16 nor uint16. A uint8 Gather and Cast run on
+        ORT Web's CPU provider; the decode is integer and float32 arithmetic on the gathered rows only.
+        """
+        w = self.qwen.embed_tokens.weight.detach()
+        self.embed_f16_bytes = nn.Parameter(w.to(torch.float16).view(torch.uint8), requires_grad=False)
+        self.qwen.embed_tokens = None
+        return self
 
     def forward(self, input_ids, attention_mask):
         q = self.qwen
         if self.vocab_wrap:
             input_ids = torch.remainder(input_ids, q.config.vocab_size)
-        h = q.embed_tokens(input_ids)
+        if self.embed_f16_bytes is not None:
+            h = float16_bytes_to_float(F.embedding(input_ids, self.embed_f16_bytes)).to(q.norm.weight.dtype)
+        else:
+            h = q.embed_tokens(input_ids)
         s = input_ids.shape[1]
         position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0)
         # The mask transformers' create_causal_mask builds for sdpa: causal, and only real keys;
@@ -202,6 +222,22 @@ class TextEncoder(nn.Module):
         out = torch.stack([hidden[k] for k in self.taps], dim=1)
         b, c, s_, d = out.shape
         return out.permute(0, 2, 1, 3).reshape(b, s_, c * d)
+
+
+def float16_bytes_to_float(data):
+    """float16 values stored as little-endian bytes (uint8 [..., 2n]) -> float32 [..., n], with integer
+    and float32 operations only (no float16 anywhere, no bit casts: ONNX opset 18 has none). Exact for
+    finite values."""
+    x = data.to(torch.int32).unflatten(-1, (-1, 2))
+    bits = x[..., 0] + x[..., 1] * 256
+    negative = bits >= 32768
+    magnitude = torch.where(negative, bits - 32768, bits)
+    exponent = torch.div(magnitude, 1024, rounding_mode="floor")
+    mantissa = magnitude - exponent * 1024
+    normal = (mantissa + 1024).float() * torch.exp2(exponent.float() - 25.0)
+    subnormal = mantissa.float() * (2.0 ** -24)
+    value = torch.where(exponent == 0, subnormal, normal)
+    return torch.where(negative, -value, value)
 
 
 def text_encoder_reference(qwen, taps, input_ids, attention_mask, vocab_wrap):

@@ -23,11 +23,9 @@ def quiet():
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def torch_export(module, args, input_names, output_names, dynamic_shapes, path):
-    """torch.onnx.export with the dynamo exporter (the TorchScript one fails on aten::rms_norm).
-
-    Writes `path` with all weights in one external-data file beside it; returns the path.
-    """
+def torch_export_program(module, args, input_names, output_names, dynamic_shapes):
+    """torch.onnx.export with the dynamo exporter (the TorchScript one fails on aten::rms_norm),
+    optimized (constant folding etc.); returns the ONNXProgram, nothing written."""
     import torch
 
     quiet()
@@ -37,7 +35,12 @@ def torch_export(module, args, input_names, output_names, dynamic_shapes, path):
                                  opset_version=OPSET, optimize=True, verbose=False,
                                  external_data=True)
     quiet()
-    prog.save(path, external_data=True)
+    return prog
+
+
+def torch_export(module, args, input_names, output_names, dynamic_shapes, path):
+    """Writes `path` (torch_export_program) with all weights in one external-data file beside it."""
+    torch_export_program(module, args, input_names, output_names, dynamic_shapes).save(path, external_data=True)
     return path
 
 
@@ -136,41 +139,61 @@ def count_ops(model):
     return out
 
 
-def save_sharded(model, out_dir, stem, shard_bytes, min_bytes=1024):
-    """Saves <stem>.onnx with its initializers of >= min_bytes in <stem>-00000.data, -00001.data, ...
+def tensor_bytes(t):
+    """(length, chunks) of an in-memory initializer's little-endian bytes."""
+    if t.data_location == TensorProto.EXTERNAL:
+        raise ValueError(f"{t.name}: load external data first")
+    raw = onnx.numpy_helper.to_array(t)
+    raw = raw.astype(raw.dtype.newbyteorder("<")).tobytes() if raw.dtype.itemsize > 1 else raw.tobytes()
+    return len(raw), (raw,)
 
-    Tensors go in graph order, ALIGN-aligned; a new shard starts when the next tensor would take the
-    current one past shard_bytes (a single tensor larger than that gets a shard of its own). Writes
-    <stem>.manifest.json as tests/fixtures/make_packs.py does. Returns the shard names.
+
+def write_external(model, out_dir, shard_name, shard_bytes=None, min_bytes=1024, payload=tensor_bytes):
+    """Moves the initializers of >= min_bytes into external-data files, in graph order, ALIGN-aligned.
+
+    shard_name(i) names file i; with shard_bytes a new file starts when the next tensor would take the
+    current one past shard_bytes (a single tensor larger than that gets a file of its own); without,
+    everything goes to shard_name(0). payload(t) -> (length, iterable of bytes chunks): the tensor's
+    bytes, by default from the proto (the streamed exporter generates them instead, chunk by chunk).
+    Returns the file names.
     """
-    shards, cur, cur_len = [], None, 0
+    shards, fh, cur_len = [], None, 0
+    try:
+        for t in model.graph.initializer:
+            length, chunks = payload(t)
+            if length < min_bytes:
+                if t.data_location == TensorProto.EXTERNAL:  # small generated tensor: inline it
+                    t.data_location = TensorProto.DEFAULT
+                    del t.external_data[:]
+                    t.raw_data = b"".join(chunks)
+                continue
+            pad = (-cur_len) % ALIGN
+            if fh is None or (shard_bytes is not None and cur_len + pad + length > shard_bytes and cur_len > 0):
+                if fh is not None:
+                    fh.close()
+                shards.append(shard_name(len(shards)))
+                fh = open(os.path.join(out_dir, shards[-1]), "wb")
+                cur_len, pad = 0, 0
+            fh.write(b"\0" * pad)
+            off = cur_len + pad
+            n = 0
+            for c in chunks:
+                fh.write(c)
+                n += len(c)
+            assert n == length, (t.name, n, length)
+            cur_len = off + length
+            _set_external(t, shards[-1], off, length)
+    finally:
+        if fh is not None:
+            fh.close()
+    return shards
 
-    def open_shard():
-        name = f"{stem}-{len(shards):05d}.data"
-        shards.append(name)
-        return open(os.path.join(out_dir, name), "wb"), name
 
-    fh, name = None, None
-    for t in model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
-            raise ValueError(f"{t.name}: load external data first")
-        raw = onnx.numpy_helper.to_array(t)
-        raw = raw.astype(raw.dtype.newbyteorder("<")).tobytes() if raw.dtype.itemsize > 1 else raw.tobytes()
-        if len(raw) < min_bytes:
-            continue
-        pad = (-cur_len) % ALIGN
-        if fh is None or (cur_len + pad + len(raw) > shard_bytes and cur_len > 0):
-            if fh is not None:
-                fh.close()
-            fh, name = open_shard()
-            cur_len, pad = 0, 0
-        fh.write(b"\0" * pad)
-        off = cur_len + pad
-        fh.write(raw)
-        cur_len = off + len(raw)
-        _set_external(t, name, off, len(raw))
-    if fh is not None:
-        fh.close()
+def save_sharded(model, out_dir, stem, shard_bytes, min_bytes=1024, payload=tensor_bytes):
+    """Saves <stem>.onnx with its initializers of >= min_bytes in <stem>-00000.data, -00001.data, ...
+    (write_external) and <stem>.manifest.json as tests/fixtures/make_packs.py writes it. Returns the
+    shard names."""
+    shards = write_external(model, out_dir, lambda i: f"{stem}-{i:05d}.data", shard_bytes, min_bytes, payload)
     onnx.save(model, os.path.join(out_dir, f"{stem}.onnx"))
     with open(os.path.join(out_dir, f"{stem}.manifest.json"), "w", newline="\n") as f:
         json.dump({"shards": [{"path": s} for s in sorted(shards)]}, f, indent=2)
@@ -178,25 +201,12 @@ def save_sharded(model, out_dir, stem, shard_bytes, min_bytes=1024):
     return shards
 
 
-def save_single(model, out_dir, stem, min_bytes=1024):
+def save_single(model, out_dir, stem, min_bytes=1024, payload=tensor_bytes):
     """Saves <stem>.onnx with its large initializers in <stem>.onnx.data (no manifest), as the
     fixture packs' decoder does."""
-    name = f"{stem}.onnx.data"
-    n = 0
-    with open(os.path.join(out_dir, name), "wb") as fh:
-        for t in model.graph.initializer:
-            raw = onnx.numpy_helper.to_array(t)
-            raw = raw.astype(raw.dtype.newbyteorder("<")).tobytes() if raw.dtype.itemsize > 1 else raw.tobytes()
-            if len(raw) < min_bytes:
-                continue
-            pad = (-n) % ALIGN
-            fh.write(b"\0" * pad)
-            off = n + pad
-            fh.write(raw)
-            n = off + len(raw)
-            _set_external(t, name, off, len(raw))
+    shards = write_external(model, out_dir, lambda i: f"{stem}.onnx.data", None, min_bytes, payload)
     onnx.save(model, os.path.join(out_dir, f"{stem}.onnx"))
-    return [name]
+    return shards or [f"{stem}.onnx.data"]
 
 
 def _set_external(t, loc, off, length):

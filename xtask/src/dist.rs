@@ -25,6 +25,7 @@ const LOADED_BY_NAME: &[&str] = &[
     "offscreen.html",
     "result.html",
     "popup.html",
+    "studio.html",
     "stage-worker.js",
     "download-worker.js",
     "hash-worker.js",
@@ -332,7 +333,9 @@ mod tests {
             .any(|p| p.starts_with("icons/icon32.png is missing (named by manifest.json")));
         assert!(problems.iter().any(|p| p.starts_with("pkg/imagine_web_bg.wasm is missing")));
         assert!(
-            problems.iter().any(|p| p.starts_with("style.css is missing (named by popup.html")),
+            problems
+                .iter()
+                .any(|p| p.starts_with("style.css is missing (named by ") && p.contains("popup.html")),
             "{problems:?}"
         );
         assert_eq!(problems.len(), 4, "{problems:?}");

@@ -35,11 +35,17 @@ commands:
         --prompt P --out F.png   generate once, write the PNG, exit
         --width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm
         --profile DIR | --fresh  browser profile (default: target/imagine-profile)
-  bench generate [--runs N] [--size S] [--steps N]
-                         build, then time generations on the f32 fixture pack
+  bench generate [--runs N] [--size S] [--steps N] [--batch N]
+                         build, then time generations on the f32 fixture pack: a repeated
+                         prompt against its first image, a batch per image against one image
   bench download [--size-mb 2000] [--shards 4] [--link-mbps N]
                          build, then install a generated ~2 GB pack from a fake Hub on loopback:
                          ingest throughput vs raw fetch, peak memory above idle
+  bench scale [--size 256] [--steps 1] [--export-only] [--install-only] [--pack DIR]
+                         build, export (or reuse) the full-size float32 pack with random weights
+                         into target/scale-pack/ (tools/export/stream_export.py, about 15 min),
+                         install it from a fake Hub and generate one image: per stage session
+                         create and run time, renderer and GPU process memory; the install rate
   help                   this text
 
 options for run/bench/e2e:
@@ -112,12 +118,15 @@ fn dispatch(args: &[String]) -> Result {
         }
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
-                return Err(format!("bench needs a benchmark name (generate, download)\n{USAGE}"));
+                return Err(format!("bench needs a benchmark name (generate, download, scale)\n{USAGE}"));
             };
             let script = match what.as_str() {
                 "generate" => "tests/e2e/bench-generate.mjs",
                 "download" => "tests/e2e/bench-download.mjs",
-                other => return Err(format!("unknown benchmark `{other}` (known: generate, download)")),
+                "scale" => "tests/e2e/bench-scale.mjs",
+                other => {
+                    return Err(format!("unknown benchmark `{other}` (known: generate, download, scale)"))
+                }
             };
             let (no_build, rest) = split_flag(rest, "--no-build");
             let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::gallery::{GalleryItem, GalleryLimit};
+
 /// A request to the service worker. Each one gets exactly one [`Reply`]. A field the request does not
 /// have (a misspelt `widht`) is an error, not silently dropped (which is why the requests without
 /// fields are empty struct variants: serde checks no fields of a unit variant).
@@ -33,6 +35,54 @@ pub enum Request {
     Cancel { job: String },
     /// The state of one job: running (with its last progress), done (with its result) or failed.
     Job { job: String },
+    /// The gallery's images matching a prompt search, newest first, one page of them.
+    GalleryList(GalleryListRequest),
+    /// One gallery image: its PNG and parameters.
+    GalleryImage { id: String },
+    /// Removes one gallery image.
+    GalleryDelete { id: String },
+    /// Removes every gallery image.
+    GalleryClear {},
+    /// Writes a zip of every gallery image and their parameters to OPFS `exports/gallery.zip`.
+    GalleryExport {},
+    /// Sets the gallery's caps (a missing field keeps its value) and applies them at once.
+    GalleryLimit(GalleryLimitRequest),
+}
+
+/// `galleryList`: a case-insensitive substring of the prompt, and a page.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GalleryListRequest {
+    pub query: Option<String>,
+    /// Items to skip (default 0).
+    pub offset: Option<i64>,
+    /// Items to return: 1 to 500 (default 60).
+    pub limit: Option<i64>,
+}
+
+/// `galleryLimit`: the caps, each optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GalleryLimitRequest {
+    /// 1 to 10000 images.
+    pub max_items: Option<i64>,
+    /// 1 MiB to 64 GiB.
+    pub max_bytes: Option<i64>,
+}
+
+/// `galleryList`'s reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GalleryPage {
+    /// Newest first.
+    pub items: Vec<GalleryItem>,
+    /// Items matching the query (all of them, not only this page).
+    pub total: u32,
+    /// Items in the gallery.
+    pub count: u32,
+    /// Bytes of all the gallery's PNGs.
+    pub bytes_used: u64,
+    pub limit: GalleryLimit,
 }
 
 /// `generate`: what the caller asked for, before validation.
@@ -50,6 +100,8 @@ pub struct GenerateRequest {
     pub trace: bool,
     /// `webgpu` (default) or `wasm`. The wasm backend is never chosen silently.
     pub backend: Option<String>,
+    /// Images to make, 1 to 8 (default 1), with seeds `seed`, `seed + 1`, ...: one `result` event each.
+    pub count: Option<i64>,
 }
 
 /// A seed as it arrives in JSON.
@@ -90,6 +142,21 @@ pub enum Reply {
         job: String,
     },
     Job(JobState),
+    /// `galleryList`.
+    Gallery(GalleryPage),
+    /// `galleryImage`: the PNG as base64.
+    GalleryImage {
+        item: GalleryItem,
+        png: String,
+    },
+    /// `galleryExport`: where the zip is (an OPFS path), its size and how many images it holds.
+    GalleryExport {
+        file: String,
+        bytes: u64,
+        images: u32,
+    },
+    /// `galleryLimit`: the caps now in force.
+    GalleryLimit(GalleryLimit),
     /// The request was refused; `error` says what was wrong and what is allowed.
     Error {
         error: String,
@@ -176,6 +243,39 @@ pub struct PackPlan {
     pub commit: String,
     pub files: Vec<PackFile>,
     pub total_bytes: u64,
+    /// What running this pack in float32 costs on this GPU, which lacks `shader-f16`; absent when the
+    /// pack runs as it is (or no WebGPU adapter could be asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionCost>,
+}
+
+/// The cost of converting a float16 pack to float32 for an adapter without `shader-f16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionCost {
+    /// Bytes the converted graphs and tensors add on disk, beside the pack.
+    pub extra_disk_bytes: u64,
+    /// Weights of the largest stage on the GPU in float32 (one stage runs at a time; activations come
+    /// on top).
+    pub gpu_bytes: u64,
+}
+
+impl ConversionCost {
+    /// What users see before the download (the popup, beside the download size).
+    pub fn notice(&self) -> String {
+        format!(
+            "This GPU has no shader-f16: Imagine will run in float32, needing {} more disk and about {} \
+             of GPU memory.",
+            gigabytes(self.extra_disk_bytes),
+            gigabytes(self.gpu_bytes)
+        )
+    }
+}
+
+/// Bytes in GB (10^9), with one decimal; at least 0.1 GB for anything above zero.
+pub fn gigabytes(bytes: u64) -> String {
+    let tenths = bytes.div_ceil(100_000_000);
+    format!("{}.{} GB", tenths / 10, tenths % 10)
 }
 
 /// Bytes used and available to the extension (`navigator.storage.estimate`).
@@ -209,7 +309,10 @@ pub enum DownloadState {
     /// Resolving the revision, listing files, checking storage and the device.
     Checking,
     Downloading,
-    /// Every file is verified; the pack replaces the installed one as soon as no image is being made.
+    /// Every file is verified; the float16 graphs are being converted to float32 for this GPU, which
+    /// lacks `shader-f16` (`doneBytes` of `totalBytes` written).
+    Converting,
+    /// Every file is verified (and converted where needed); the pack replaces the installed one as soon as no image is being made.
     Installing,
     Paused,
     /// Stopped by an error; `resumePack` continues from what was kept.
@@ -219,7 +322,13 @@ pub enum DownloadState {
 impl DownloadState {
     /// Whether the download's worker is at work (not paused, not stopped by an error).
     pub fn is_active(self) -> bool {
-        matches!(self, DownloadState::Checking | DownloadState::Downloading | DownloadState::Installing)
+        matches!(
+            self,
+            DownloadState::Checking
+                | DownloadState::Downloading
+                | DownloadState::Converting
+                | DownloadState::Installing
+        )
     }
 }
 
@@ -256,20 +365,51 @@ pub struct DownloadProgress {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum JobState {
-    /// `prompt`: what is being drawn, so a page opened on the job can say so.
+    /// `prompt`: what is being drawn, so a page opened on the job can say so. `results`: the images
+    /// of a batch finished so far.
     Running {
         progress: Option<Progress>,
         #[serde(default)]
         prompt: String,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
+    /// `result`: the last image; `results`: every image of the job, in order.
     Done {
         result: GenerateResult,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
+    /// `results`: the images of a batch finished before it failed.
     Failed {
         error: String,
+        #[serde(default)]
+        results: Vec<GenerateResult>,
     },
-    Cancelled,
+    /// `results`: the images of a batch finished before the cancel.
+    Cancelled {
+        #[serde(default)]
+        results: Vec<GenerateResult>,
+    },
     Unknown,
+}
+
+impl JobState {
+    /// A failure with no image.
+    pub fn failed(error: impl Into<String>) -> JobState {
+        JobState::Failed { error: error.into(), results: Vec::new() }
+    }
+
+    /// The images finished so far.
+    pub fn results(&self) -> &[GenerateResult] {
+        match self {
+            JobState::Running { results, .. }
+            | JobState::Done { results, .. }
+            | JobState::Failed { results, .. }
+            | JobState::Cancelled { results } => results,
+            JobState::Unknown => &[],
+        }
+    }
 }
 
 /// One progress report of a running job.
@@ -280,6 +420,16 @@ pub struct Progress {
     /// 1-based step within the stage (the transformer has `steps` of them, the others 1).
     pub step: u32,
     pub steps: u32,
+    /// The image of the batch this is about, 0-based (the text encoder's is 0: it serves them all).
+    #[serde(default)]
+    pub image: u32,
+    /// Images in the batch.
+    #[serde(default = "one")]
+    pub images: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A finished image.
@@ -302,18 +452,42 @@ pub struct GenerateResult {
     pub trace: Option<Trace>,
     /// Where the time went, for benchmarks.
     pub timings: Option<Timings>,
+    /// This image's place in its batch, 0-based (its seed is the batch's first plus `index`).
+    #[serde(default)]
+    pub index: u32,
+    /// Images in the batch.
+    #[serde(default = "one")]
+    pub count: u32,
 }
 
 /// Time spent in one generation, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Timings {
-    /// Inside ORT's `InferenceSession.create`, all stages.
+    /// Inside ORT's `InferenceSession.create`, all stages (shared by the images of a batch).
     pub session_create_ms: f64,
-    /// Inside ORT's `run`, all stages.
+    /// Inside ORT's `run`, all stages: the prompt's encoding (none when its embeddings were cached) and
+    /// this image's denoising and decoding.
     pub run_ms: f64,
-    /// From the offscreen document receiving the job to the PNG being ready.
+    /// From the offscreen document starting the job to this PNG being ready.
     pub total_ms: f64,
+    /// The same per stage, in the order they ran (`cargo xtask bench scale` reads it).
+    #[serde(default)]
+    pub stages: Vec<StageTimings>,
+}
+
+/// Time spent inside ORT by one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTimings {
+    pub stage: Stage,
+    /// When its session creation began, in milliseconds since the Unix epoch (so that a benchmark
+    /// outside the browser can line its own samples up with the stage).
+    pub started_at_ms: f64,
+    /// Inside `InferenceSession.create`.
+    pub session_create_ms: f64,
+    /// Inside `run`, all runs.
+    pub run_ms: f64,
 }
 
 /// What the independent reference needs to recompute an image.
@@ -368,7 +542,7 @@ impl Event {
             }),
             Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => Some(String::new()),
             Event::PackProgress(p) => Some(match p.state {
-                DownloadState::Downloading if p.total_bytes > 0 => {
+                DownloadState::Downloading | DownloadState::Converting if p.total_bytes > 0 => {
                     format!("{}%", p.done_bytes.saturating_mul(100) / p.total_bytes)
                 }
                 _ => String::new(),
@@ -412,9 +586,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn gallery_requests_parse_and_refuse_unknown_fields() {
+        let list: Request =
+            serde_json::from_str(r#"{"type":"galleryList","query":"fox","limit":10}"#).unwrap();
+        let want = GalleryListRequest { query: Some("fox".into()), offset: None, limit: Some(10) };
+        assert_eq!(list, Request::GalleryList(want));
+        let clear: Request = serde_json::from_str(r#"{"type":"galleryClear"}"#).unwrap();
+        assert_eq!(clear, Request::GalleryClear {});
+        let e = serde_json::from_str::<Request>(r#"{"type":"galleryLimit","maxItem":3}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `maxItem`"), "{e}");
+        let e =
+            serde_json::from_str::<Request>(r#"{"type":"galleryDelete","id":"a","all":true}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `all`"), "{e}");
+    }
+
+    #[test]
+    fn the_conversion_notice_states_disk_and_gpu_memory_in_gb() {
+        let cost = ConversionCost { extra_disk_bytes: 1_234_567_890, gpu_bytes: 3_950_000_001 };
+        assert_eq!(
+            cost.notice(),
+            "This GPU has no shader-f16: Imagine will run in float32, needing 1.3 GB more disk and about 4.0 GB \
+             of GPU memory."
+        );
+        let tiny = ConversionCost { extra_disk_bytes: 5719, gpu_bytes: 0 };
+        assert!(tiny.notice().contains("needing 0.1 GB more disk and about 0.0 GB"), "{}", tiny.notice());
+        let json = serde_json::to_value(cost).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"extraDiskBytes": 1_234_567_890u64, "gpuBytes": 3_950_000_001u64})
+        );
+        assert_eq!(serde_json::to_value(DownloadState::Converting).unwrap(), "converting");
+        assert!(DownloadState::Converting.is_active());
+    }
+
+    #[test]
     fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
-        let progress =
-            |stage, step| Event::Progress { job: "j".into(), progress: Progress { stage, step, steps: 4 } };
+        let progress = |stage, step| Event::Progress {
+            job: "j".into(),
+            progress: Progress { stage, step, steps: 4, image: 0, images: 1 },
+        };
         assert_eq!(progress(Stage::Transformer, 2).badge().as_deref(), Some("2/4"));
         assert_eq!(progress(Stage::Decoder, 1).badge().as_deref(), Some("\u{2026}"));
         assert_eq!(Event::Cancelled { job: "j".into() }.badge().as_deref(), Some(""));
@@ -470,11 +680,11 @@ mod tests {
     fn events_serialize_with_type_tag() {
         let e = Event::Progress {
             job: "j1".into(),
-            progress: Progress { stage: Stage::Transformer, step: 2, steps: 4 },
+            progress: Progress { stage: Stage::Transformer, step: 2, steps: 4, image: 1, images: 4 },
         };
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
-            r#"{"type":"progress","job":"j1","progress":{"stage":"transformer","step":2,"steps":4}}"#
+            r#"{"type":"progress","job":"j1","progress":{"stage":"transformer","step":2,"steps":4,"image":1,"images":4}}"#
         );
     }
 }

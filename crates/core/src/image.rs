@@ -118,6 +118,39 @@ pub fn encode_png(rgba: &[u8], width: u32, height: u32, meta: &PngMeta) -> Resul
     Ok(out)
 }
 
+/// The generation parameters of a PNG written by [`encode_png`], from its text chunks (read without
+/// decoding the pixels); the error says what is missing.
+pub fn read_png_meta(bytes: &[u8]) -> Result<PngMeta, String> {
+    let reader =
+        png::Decoder::new(std::io::Cursor::new(bytes)).read_info().map_err(|e| format!("not a PNG: {e}"))?;
+    let info = reader.info();
+    let text = |keyword: &str| {
+        info.uncompressed_latin1_text.iter().find(|c| c.keyword == keyword).map(|c| c.text.clone())
+    };
+    if text("Software").as_deref() != Some(SOFTWARE) {
+        return Err(format!("not made by {SOFTWARE} (no Software text chunk)"));
+    }
+    let number = |keyword: &str| {
+        text(keyword).and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| format!("no {keyword} text chunk"))
+    };
+    let prompt = info
+        .utf8_text
+        .iter()
+        .find(|c| c.keyword == "prompt")
+        .and_then(|c| c.get_text().ok())
+        .ok_or("no prompt text chunk")?;
+    let small =
+        |keyword: &str| number(keyword).and_then(|n| u32::try_from(n).map_err(|e| format!("{keyword}: {e}")));
+    Ok(PngMeta {
+        prompt,
+        seed: number("seed")?,
+        width: small("width")?,
+        height: small("height")?,
+        steps: small("steps")?,
+        schedule: text("schedule").ok_or("no schedule text chunk")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,7 +197,7 @@ mod tests {
         };
         let png_bytes = encode_png(&rgba, width, height, &meta).unwrap();
 
-        let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes)).read_info().unwrap();
+        let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes.clone())).read_info().unwrap();
         let mut buf = vec![0; reader.output_buffer_size().unwrap()];
         let frame = reader.next_frame(&mut buf).unwrap();
         assert_eq!((frame.width, frame.height), (width, height));
@@ -177,6 +210,7 @@ mod tests {
         assert_eq!(itxt, vec![("prompt".to_owned(), meta.prompt.clone())]);
         let text: Vec<(&str, &str)> =
             info.uncompressed_latin1_text.iter().map(|c| (c.keyword.as_str(), c.text.as_str())).collect();
+        assert_eq!(read_png_meta(&png_bytes), Ok(meta.clone()));
         assert_eq!(
             text,
             vec![

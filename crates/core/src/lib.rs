@@ -23,8 +23,10 @@
 //! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
 //! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
-//! message API types, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
-//! installed one. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
+//! message API types, [`gallery`] the images kept on this machine (index, search, limits,
+//! export), and [`storage`] the layout of packs in OPFS and how a new pack replaces the
+//! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
+//! repeated prompt skip the text encoder. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
 //! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece.
 //!
 //! Numerics follow the upstream diffusers pipeline (`shared/docs/reference-pipeline.md`); each
@@ -36,7 +38,11 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
+pub mod embedding_cache;
 pub mod f32_rewrite;
+// Its item fields are the message API's (README documents them).
+#[allow(missing_docs)]
+pub mod gallery;
 pub mod hub;
 pub mod image;
 pub mod latents;
@@ -48,7 +54,7 @@ pub mod session;
 pub mod stages;
 pub mod storage;
 
-pub use image::{encode_png, to_rgba8, ImageError, PngMeta};
+pub use image::{encode_png, read_png_meta, to_rgba8, ImageError, PngMeta};
 pub use latents::{
     euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify, LengthError,
 };

@@ -27,6 +27,8 @@ pub const DEFAULT_SIZE: u32 = 512;
 pub const DEFAULT_STEPS: u32 = 4;
 /// Largest seed that a JSON number carries exactly (2^53); larger seeds come as strings.
 pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
+/// Most images one `generate` request makes (seeds in a row, each graph loaded once for all).
+pub const MAX_COUNT: u32 = 8;
 
 /// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -80,6 +82,14 @@ pub struct GenerateParams {
     pub trace: bool,
     /// Where the graphs run.
     pub backend: Backend,
+    /// Images to make, `1..=8`: seeds `seed`, `seed + 1`, ... (wrapping), one prompt encoding, one
+    /// load of each graph.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A u64 as a decimal string.
@@ -110,6 +120,11 @@ impl GenerateParams {
     /// The `steps + 1` sigmas of this run.
     pub fn sigmas(&self) -> Vec<f32> {
         self.schedule.sigmas(self.image_tokens(), self.steps)
+    }
+
+    /// The seed of image `index` of the batch: `seed + index`, wrapping past `u64::MAX`.
+    pub fn seed_of(&self, index: u32) -> u64 {
+        self.seed.wrapping_add(u64::from(index))
     }
 }
 
@@ -146,6 +161,12 @@ pub enum ParamError {
     Schedule {
         /// The name asked for.
         value: String,
+    },
+    /// An image count out of range.
+    #[error("count {value} is not allowed: count must be an integer from 1 to {MAX_COUNT}")]
+    Count {
+        /// The value asked for.
+        value: i64,
     },
     /// An unknown backend name.
     #[error("backend {value:?} is not known: backend must be \"webgpu\" (the default) or \"wasm\"")]
@@ -184,6 +205,13 @@ impl GenerateRequest {
                 Backend::from_name(name).ok_or_else(|| ParamError::Backend { value: name.to_owned() })?
             }
         };
+        let count = match self.count {
+            None => 1,
+            Some(v) => match u32::try_from(v) {
+                Ok(c) if (1..=MAX_COUNT).contains(&c) => c,
+                _ => return Err(ParamError::Count { value: v }),
+            },
+        };
         Ok(GenerateParams {
             prompt: self.prompt,
             width,
@@ -193,6 +221,7 @@ impl GenerateRequest {
             schedule,
             trace: self.trace,
             backend,
+            count,
         })
     }
 }
@@ -279,6 +308,7 @@ mod tests {
                 schedule: Schedule::Empirical,
                 trace: false,
                 backend: Backend::WebGpu,
+                count: 1,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));
@@ -361,6 +391,23 @@ mod tests {
              as a JSON number, or a decimal string from 0 to 18446744073709551615"
         );
         assert!(err(r#"{"seed":"abc"}"#).starts_with(r#"seed "abc" is not allowed"#));
+    }
+
+    #[test]
+    fn counts_and_the_seeds_of_a_batch() {
+        for ok in [1, 4, 8] {
+            assert_eq!(req(&format!(r#"{{"count":{ok}}}"#)).validate(0).unwrap().count, ok as u32);
+        }
+        assert_eq!(err(r#"{"count":0}"#), "count 0 is not allowed: count must be an integer from 1 to 8");
+        for bad in [-1, 9, 4294967297i64] {
+            assert!(err(&format!(r#"{{"count":{bad}}}"#)).starts_with(&format!("count {bad} ")));
+        }
+        let p = req(r#"{"count":3,"seed":"18446744073709551614"}"#).validate(0).unwrap();
+        assert_eq!([p.seed_of(0), p.seed_of(1), p.seed_of(2)], [u64::MAX - 1, u64::MAX, 0]);
+        // Params stored before `count` existed read as one image.
+        let mut text = serde_json::to_value(&p).unwrap();
+        text.as_object_mut().unwrap().remove("count");
+        assert_eq!(serde_json::from_value::<GenerateParams>(text).unwrap().count, 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! `tests/tokenizer_parity.rs` checks the browser's regex engine against Python `tokenizers`.
 
 use minijinja::{context, Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokenizers::Tokenizer;
 
@@ -24,8 +25,9 @@ pub const PAD_TOKEN_ID: i64 = 151643;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// A prompt ready for the text encoder.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A prompt ready for the text encoder (the offscreen document tokenizes and hands it to the worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EncodedPrompt {
     /// [`MAX_TOKENS`] token ids, right-padded with [`PAD_TOKEN_ID`].
     pub input_ids: Vec<i64>,
@@ -115,6 +117,15 @@ impl PromptEncoder {
         attention_mask.resize(MAX_TOKENS, 0);
         Ok(EncodedPrompt { input_ids, attention_mask, token_count, truncated: ids.len() > MAX_TOKENS })
     }
+
+    /// Tokens of the templated prompt before truncation: what the studio counts against
+    /// [`MAX_TOKENS`] as the user types (more than that means the tail will be cut).
+    pub fn count_tokens(&self, prompt: &str) -> Result<usize, PromptError> {
+        let text = self.apply_chat_template(prompt)?;
+        let encoding =
+            self.tokenizer.encode(text.as_str(), true).map_err(|e| PromptError::Tokenize(e.to_string()))?;
+        Ok(encoding.get_ids().len())
+    }
 }
 
 /// `chat_template` of `tokenizer_config.json`: a string, or a list of `{name, template}` of which
@@ -181,6 +192,9 @@ pub(crate) mod tests {
         let p = enc.encode(&"cat ".repeat(600)).unwrap();
         assert_eq!((p.token_count, p.truncated), (MAX_TOKENS, true));
         assert!(p.attention_mask.iter().all(|&m| m == 1));
+        // The count before truncation: what the studio shows against the cap.
+        assert!(enc.count_tokens(&"cat ".repeat(600)).unwrap() > MAX_TOKENS);
+        assert_eq!(enc.count_tokens("a cat").unwrap(), 14);
         // The encoder is reusable.
         assert_eq!(enc.encode("a cat").unwrap().token_count, 14);
     }

@@ -4,8 +4,11 @@
 //! ```text
 //! packs/state.json   which slot holds the installed pack (with its record) and which stages downloads
 //! packs/a/, packs/b/ the two slots: one holds the installed pack, the other a download in progress
-//! results/<job>.png  the images of the jobs the service worker keeps (their states live in
-//!                    `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//! gallery/           every finished image, `<job>.png` (`<job>-<i>.png` for image i > 0 of a
+//!                    batch), and its index (see `crate::gallery`); a job's
+//!                    state (in `chrome.storage.session`, whose 10 MiB would not hold a large PNG)
+//!                    points there
+//! cache/embeddings/  the prompt embeddings of recent prompts (`crate::embedding_cache`)
 //! ```
 //!
 //! A new pack is downloaded and verified in the staging slot while the installed one stays where it is.
@@ -17,22 +20,21 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
+use crate::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
 
 /// The directory of both slots and the state file.
 pub const PACKS_DIR: &str = "packs";
 /// The state file in [`PACKS_DIR`].
 pub const STATE_FILE: &str = "state.json";
-/// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`). Nothing reads them; they are
-/// removed wherever stray files are cleaned up.
-pub const LEGACY_DIRS: [&str; 2] = ["pack", "pack-staging"];
-/// The directory of job images: `<job>.png`.
-pub const RESULTS_DIR: &str = "results";
+/// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`, job images in `results/`,
+/// now in the gallery). Nothing reads them; they are removed wherever stray files are cleaned up.
+pub const LEGACY_DIRS: [&str; 3] = ["pack", "pack-staging", "results"];
 /// The two slots of the download record, in the staging slot (see the web crate's `download.rs`).
 pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
 
 /// File names a pack may not use: they would overwrite our own bookkeeping in the slot.
 pub fn is_reserved_name(path: &str) -> bool {
-    DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE
+    DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE || path == CONVERSION_STATE_FILE
 }
 
 /// One of the two pack directories.
@@ -75,13 +77,16 @@ pub struct PackRecord {
     pub files: Vec<PackFile>,
     /// Their total size.
     pub bytes: u64,
+    /// The float32 graphs made for an adapter without `shader-f16`, if any (in the same slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionRecord>,
 }
 
 impl PackRecord {
     /// The record of `files` from `source` at `commit`.
     pub fn new(source: PackSource, commit: String, files: Vec<PackFile>) -> PackRecord {
         let bytes = files.iter().map(|f| f.size).sum();
-        PackRecord { source, commit, files, bytes }
+        PackRecord { source, commit, files, bytes, conversion: None }
     }
 
     /// Whether this pack is what `plan` would download: then there is nothing to download.
@@ -141,7 +146,7 @@ mod tests {
             revision: "main".into(),
         };
         let files = vec![PackFile { path: "x.onnx".into(), size: 3, sha256: None, git_oid: None }];
-        PackRecord { source, commit: commit.into(), files, bytes: 3 }
+        PackRecord { source, commit: commit.into(), files, bytes: 3, conversion: None }
     }
 
     #[test]

@@ -56,9 +56,32 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = setBadgeText)]
     pub fn action_set_badge_text(details: &JsValue) -> Result<Promise, JsValue>;
 
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = openPopup)]
+    pub fn action_open_popup() -> Result<Promise, JsValue>;
+
     #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
     pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "notifications"], js_name = create)]
+    pub fn notifications_create(id: &str, options: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "notifications"], js_name = clear)]
+    pub fn notifications_clear(id: &str) -> Result<Promise, JsValue>;
+
+    /// `sidePanel.open()`: only within a user gesture (a click in a page, a menu click, a shortcut).
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "sidePanel"], js_name = open)]
+    pub fn side_panel_open(options: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "sidePanel"], js_name = setPanelBehavior)]
+    pub fn side_panel_set_panel_behavior(behavior: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = setPopup)]
+    pub fn action_set_popup(details: &JsValue) -> Result<Promise, JsValue>;
 }
+
+/// `chrome.windows.WINDOW_ID_CURRENT`: the window the calling page is in (the last focused one for the
+/// service worker).
+pub const WINDOW_ID_CURRENT: i32 = -2;
 
 /// `chrome.runtime.id`: this extension's id.
 pub fn runtime_id() -> String {

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
+use imagine_core::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
 use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, HubError, RateMeter};
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,7 @@ use web_sys::{
     ReadableStreamDefaultReader,
 };
 
+use crate::convert::{self, ConvertError, ConvertProgress};
 use crate::gpu::{self, GpuError};
 use crate::hasher::{HashError, HashWorker};
 use crate::hub_client::{self, check_status, FetchError, KeptFiles};
@@ -72,6 +74,9 @@ pub enum DownloadError {
     Hash(#[from] HashError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// Converting the float16 graphs to float32 for this GPU failed.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     /// A resumed request answered from another offset (transient).
@@ -195,7 +200,28 @@ async fn install(
     let mut store = RecordStore::load(staging).await;
     let verified_small_files = store.kept_small_files(staging).await;
     let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await?;
-    if let Some(installed) = opfs::pack_state().await?.installed.filter(|installed| installed.matches(&plan))
+    // Everything about the device is checked before the first byte is written: an adapter without
+    // shader-f16 gets the float16 graphs rewritten to float32 (refused here, naming the node, when the
+    // rewrite cannot do it).
+    let mut conversion = None;
+    if request.backend.as_deref() != Some("wasm") {
+        let adapter = gpu::adapter_info().await?;
+        let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
+        gpu::check_limits(adapter.limits, largest)?;
+        if needs_f16 && !adapter.has_f16 {
+            conversion =
+                Some((hub_client::conversion_plans(&graphs, &plan, adapter.limits)?, adapter.limits));
+        }
+    }
+    // An installed pack converted for other limits (or not converted) is not what this adapter runs.
+    let converted_as_needed = |installed: &PackRecord| match &conversion {
+        None => true,
+        Some((_, limits)) => installed.conversion.as_ref().is_some_and(|c| c.limits == *limits),
+    };
+    if let Some(installed) = opfs::pack_state()
+        .await?
+        .installed
+        .filter(|installed| installed.matches(&plan) && converted_as_needed(installed))
     {
         // This very pack is installed (a swap was interrupted after the state was written, or the same
         // commit was asked for again): nothing to download, and what is staged is not needed.
@@ -208,13 +234,11 @@ async fn install(
     let mut record = resumable.unwrap_or_else(|| DownloadRecord::new(&plan));
     report.record(&record);
 
-    // Everything is checked before the first byte is written.
     let usage = opfs::storage_use().await?;
-    hub::check_space(record.remaining_bytes(), usage.usage_bytes, usage.quota_bytes)?;
-    if request.backend.as_deref() != Some("wasm") {
-        let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
-        gpu::check_device(needs_f16, largest).await?;
-    }
+    let converted_bytes = conversion
+        .as_ref()
+        .map_or(0, |(plans, _)| hub_client::conversion_cost(&graphs, &plan, plans).extra_disk_bytes);
+    hub::check_space(record.remaining_bytes() + converted_bytes, usage.usage_bytes, usage.quota_bytes)?;
 
     if fresh {
         // A pack is never a mix of two revisions: nothing of another commit is kept.
@@ -252,6 +276,18 @@ async fn install(
     }
     // Closes the record files, which the swap removes.
     download.store.slots = None;
+    let converted = match &conversion {
+        Some((plans, limits)) => {
+            let (source, commit) = (download.record.source.clone(), download.record.commit.clone());
+            let reporter = &mut download.report;
+            let record = convert::convert(&download.dir, &commit, plans, *limits, |p| {
+                reporter.converting(&source, &commit, p)
+            })
+            .await?;
+            Some(record)
+        }
+        None => None,
+    };
     // A generation may be reading the installed pack: the offscreen document lets the new one replace
     // it only once no job runs, and holds the next jobs until it has.
     download.report.state = DownloadState::Installing;
@@ -260,7 +296,7 @@ async fn install(
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
     send(&DownloadReport::SwapReady);
     allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
-    swap(staging, &download.record).await
+    swap(staging, &download.record, converted).await
 }
 
 thread_local! {
@@ -649,20 +685,25 @@ impl RecordStore {
 /// previous pack's slot for the next download (see [`imagine_core::storage`]). Every step may be
 /// interrupted and repeated: until the state is written the old pack is installed and this download
 /// resumes to here; after it, the new pack is installed and a resumed download finds it so.
-async fn swap(staging: Slot, record: &DownloadRecord) -> Result<PackRecord, DownloadError> {
+async fn swap(
+    staging: Slot,
+    record: &DownloadRecord,
+    conversion: Option<ConversionRecord>,
+) -> Result<PackRecord, DownloadError> {
     let state = opfs::pack_state().await?;
     if state.staging != staging {
         return Err(DownloadError::StorageChanged);
     }
     let files = record.files.iter().map(|f| f.file.clone()).collect();
-    let installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
+    let mut installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
+    installed.conversion = conversion;
     opfs::failpoint("swap:before-state").await;
     let swapped = state.swapped(installed.clone());
     opfs::write_pack_state(&swapped).await?;
     opfs::failpoint("swap:after-state").await;
     opfs::clear_slot(swapped.staging).await?;
     let dir = opfs::slot_dir(staging, false).await?;
-    for name in RECORD_SLOTS {
+    for name in RECORD_SLOTS.into_iter().chain([CONVERSION_STATE_FILE]) {
         opfs::remove(&dir, name).await?;
     }
     Ok(installed)
@@ -689,6 +730,27 @@ impl Reporter {
         self.last_ms = now_ms();
         self.rate.push(self.last_ms, record.done_bytes());
         Self::post(record.to_progress(self.state, &self.rate, None));
+    }
+
+    /// Reports the conversion's progress, at most every [`REPORT_EVERY_MS`] until it is done.
+    fn converting(&mut self, source: &PackSource, commit: &str, p: &ConvertProgress) {
+        let first = self.state != DownloadState::Converting;
+        self.state = DownloadState::Converting;
+        if !first && now_ms() - self.last_ms < REPORT_EVERY_MS && p.done_bytes < p.total_bytes {
+            return;
+        }
+        self.last_ms = now_ms();
+        Self::post(DownloadProgress {
+            state: DownloadState::Converting,
+            source: source.clone(),
+            commit: Some(commit.to_owned()),
+            total_bytes: p.total_bytes,
+            done_bytes: p.done_bytes,
+            files: p.files.clone(),
+            bytes_per_second: 0.0,
+            seconds_left: None,
+            error: None,
+        });
     }
 
     /// Reports if the last report is old enough.

@@ -1,12 +1,15 @@
 //! What the WebGPU adapter offers, checked before a download and before each stage loads.
 //!
-//! ORT opens the device itself, one per stage worker; terminating the worker frees it (ORT Web does
-//! not give GPU memory back on `release()` alone).
+//! ORT opens the device itself, one per stage worker (asking for the adapter's limits and `shader-f16`
+//! where present); terminating the worker frees it, as ORT Web does not give GPU memory back on
+//! `release()` alone.
 
 use js_sys::{Function, Reflect};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
+
+use imagine_core::f32_rewrite::Limits;
 
 use crate::js::{get, JsError, Obj};
 
@@ -22,7 +25,8 @@ pub enum GpuError {
     Adapter(JsError),
     #[error("no WebGPU adapter is available on this device. Choose the wasm backend instead.")]
     NoAdapter,
-    /// `what` (a graph, or the model) uses float16 and the adapter lacks `shader-f16`.
+    /// `what` (a graph) uses float16, the adapter lacks `shader-f16`, and the installed pack has no
+    /// float32 conversion for this adapter.
     #[error("{what} uses float16, but {NO_F16}")]
     NoF16 { what: String },
     /// A tensor larger than a buffer may be on this GPU.
@@ -30,18 +34,9 @@ pub enum GpuError {
     Limit { limit: &'static str, largest_tensor: u64, available: u64 },
 }
 
-/// Checks that this adapter can run `graph` before ORT opens its device for it: a float16 graph
-/// (`needs_f16`) without the adapter's `shader-f16` would fail (native EP) or silently compute zeros.
-pub async fn check_stage(needs_f16: bool, graph: &str) -> Result<(), GpuError> {
-    let adapter = adapter().await?;
-    if needs_f16 && !has_feature(&adapter, "shader-f16") {
-        return Err(GpuError::NoF16 { what: graph.to_owned() });
-    }
-    Ok(())
-}
-
-const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16. Use a GPU and browser \
-                       with shader-f16, or choose the wasm backend (much slower).";
+const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and the installed pack was not \
+                       converted to float32 for it (it was installed for the wasm backend, or converted for a GPU \
+                       with other limits). Install the pack again for this GPU, or choose the wasm backend.";
 
 /// The WebGPU adapter, or what is missing.
 async fn adapter() -> Result<JsValue, GpuError> {
@@ -57,21 +52,70 @@ async fn adapter() -> Result<JsValue, GpuError> {
     Ok(adapter)
 }
 
-/// Checks, without opening a device, that this GPU can run a pack whose graphs need `shader-f16`
-/// (`needs_f16`) and whose largest tensor is `largest_tensor` bytes. Says what is missing otherwise.
-pub async fn check_device(needs_f16: bool, largest_tensor: u64) -> Result<(), GpuError> {
+/// What the WebGPU adapter offers that decides how a pack runs.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterInfo {
+    /// `shader-f16`: float16 graphs run as they are; without it they are converted to float32.
+    pub has_f16: bool,
+    /// The buffer limits every tensor must fit.
+    pub limits: Limits,
+}
+
+/// The adapter's features and limits, without opening a device.
+pub async fn adapter_info() -> Result<AdapterInfo, GpuError> {
     let adapter = adapter().await?;
-    if needs_f16 && !has_feature(&adapter, "shader-f16") {
-        return Err(GpuError::NoF16 { what: "the model".into() });
-    }
-    let limits = get(&adapter, "limits");
-    for limit in ["maxBufferSize", "maxStorageBufferBindingSize"] {
-        let available = get(&limits, limit).as_f64().unwrap_or(0.0) as u64;
+    Ok(AdapterInfo { has_f16: has_feature(&adapter, "shader-f16"), limits: buffer_limits(&adapter) })
+}
+
+/// Checks that a tensor of `largest_tensor` bytes fits this adapter's buffers; says which limit does
+/// not otherwise.
+pub fn check_limits(limits: Limits, largest_tensor: u64) -> Result<(), GpuError> {
+    for (limit, available) in [
+        ("maxBufferSize", limits.max_buffer_size),
+        ("maxStorageBufferBindingSize", limits.max_storage_buffer_binding_size),
+    ] {
         if available < largest_tensor {
             return Err(GpuError::Limit { limit, largest_tensor, available });
         }
     }
     Ok(())
+}
+
+/// What the options page reports about this device before anything is downloaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReport {
+    /// `GPUAdapterInfo`: vendor, architecture, description (each may be empty).
+    pub vendor: String,
+    pub architecture: String,
+    pub description: String,
+    pub shader_f16: bool,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+}
+
+/// The adapter's identity, `shader-f16` and the buffer limits that decide which packs fit.
+pub async fn device_report() -> Result<DeviceReport, GpuError> {
+    let adapter = adapter().await?;
+    let info = get(&adapter, "info");
+    let text = |key| get(&info, key).as_string().unwrap_or_default();
+    let limits = buffer_limits(&adapter);
+    Ok(DeviceReport {
+        vendor: text("vendor"),
+        architecture: text("architecture"),
+        description: text("description"),
+        shader_f16: has_feature(&adapter, "shader-f16"),
+        max_buffer_size: limits.max_buffer_size,
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+    })
+}
+
+fn buffer_limits(adapter: &JsValue) -> Limits {
+    let limits = get(adapter, "limits");
+    let limit = |name| get(&limits, name).as_f64().unwrap_or(0.0) as u64;
+    Limits {
+        max_storage_buffer_binding_size: limit("maxStorageBufferBindingSize"),
+        max_buffer_size: limit("maxBufferSize"),
+    }
 }
 
 fn has_feature(adapter: &JsValue, name: &str) -> bool {

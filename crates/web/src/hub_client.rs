@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use imagine_core::api::{PackFile, PackPlan, PackSource};
+use imagine_core::api::{ConversionCost, PackFile, PackPlan, PackSource};
+use imagine_core::f32_rewrite::pack_conversion::{self, GraphPlan, PackConversionError};
+use imagine_core::f32_rewrite::Limits;
 use imagine_core::hub::{self, GraphFiles, HubError};
 use imagine_core::pack::{Graph, PackError};
 use js_sys::{Function, Promise, Uint8Array};
@@ -42,6 +44,9 @@ pub enum FetchError {
     /// A fetched graph that breaks the pack contract (fatal).
     #[error("{graph}: {source}")]
     Graph { graph: String, source: PackError },
+    /// A float16 pack that cannot be converted to float32 for this GPU (fatal).
+    #[error("this GPU has no shader-f16, and the pack cannot be converted to float32 for it: {0}")]
+    Conversion(#[from] PackConversionError),
     /// The request could not be made (fatal).
     #[error(transparent)]
     Js(#[from] JsError),
@@ -205,4 +210,23 @@ pub fn device_needs(graphs: &[GraphFiles]) -> Result<(bool, u64), FetchError> {
         largest = largest.max(imagine_core::pack::largest_external_tensor(&files.onnx).map_err(broken)?);
     }
     Ok((needs_f16, largest))
+}
+
+/// The float32 rewrites of the pack's float16 graphs for an adapter without `shader-f16` with
+/// `limits` (refused, naming the graph, node and operator, when a graph cannot be rewritten).
+pub fn conversion_plans(
+    graphs: &[GraphFiles],
+    plan: &PackPlan,
+    limits: Limits,
+) -> Result<Vec<GraphPlan>, FetchError> {
+    let bytes: Vec<(Graph, &[u8])> = graphs.iter().map(|g| (g.graph, g.onnx.as_slice())).collect();
+    let listed: Vec<&str> = plan.files.iter().map(|f| f.path.as_str()).collect();
+    Ok(pack_conversion::plan_pack(&bytes, limits, &listed)?)
+}
+
+/// What converting costs on disk and on the GPU.
+pub fn conversion_cost(graphs: &[GraphFiles], plan: &PackPlan, plans: &[GraphPlan]) -> ConversionCost {
+    let bytes: Vec<(Graph, &[u8])> = graphs.iter().map(|g| (g.graph, g.onnx.as_slice())).collect();
+    let sizes: HashMap<&str, u64> = plan.files.iter().map(|f| (f.path.as_str(), f.size)).collect();
+    pack_conversion::cost(plans, &bytes, &sizes)
 }

@@ -5,18 +5,22 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage, Timings,
-    Trace,
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
+    StageTimings, Timings, Trace,
 };
-use imagine_core::GenerateParams;
-use js_sys::Uint8Array;
+use imagine_core::embedding_cache;
+use imagine_core::prompt::MAX_TOKENS;
+use imagine_core::stages::EMBED_WIDTH;
+use imagine_core::{EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
+use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::spawn_local;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
 use crate::js::{from_js, now_ms, to_js, JsError};
@@ -24,7 +28,7 @@ use crate::messaging::broadcast;
 use crate::opfs::OpfsError;
 use crate::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask,
+    StageOutput, StageReport, StageTask, StageTiming,
 };
 
 /// Why a command, a job or an install failed in the offscreen document.
@@ -53,6 +57,15 @@ pub enum OffscreenError {
     WrongOutput(&'static str),
     #[error("internal: a stage handed on nothing")]
     NoOutput,
+    /// A file shipped with the extension (the tokenizer) could not be read.
+    #[error("reading {path}: {source}")]
+    Asset { path: &'static str, source: JsError },
+    #[error("reading {path}: HTTP {status}")]
+    AssetStatus { path: &'static str, status: u16 },
+    #[error("loading the tokenizer failed: {0}")]
+    Tokenizer(PromptError),
+    #[error("encoding the prompt failed: {0}")]
+    Prompt(PromptError),
 }
 
 /// What reaches the offscreen document about a worker: what it posted, or what happened to it.
@@ -169,8 +182,9 @@ async fn run_queue() {
             next
         });
         let Some((job, params)) = next else { return };
+        // A finished job has broadcast its results already.
         let event = match run_job(&job, &params).await {
-            Ok(result) => Event::Result(result),
+            Ok(()) => continue,
             Err(StageFailure::Cancelled) => Event::Cancelled { job },
             Err(StageFailure::Error(error)) => Event::Failed { job, error: error.to_string() },
         };
@@ -221,109 +235,250 @@ impl From<JsError> for StageFailure {
     }
 }
 
-async fn progress(job: &str, stage: Stage, step: u32, steps: u32) {
-    broadcast(&Event::Progress { job: job.to_owned(), progress: Progress { stage, step, steps } }).await;
+async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, steps: u32) {
+    let progress = Progress { stage, step, steps, image, images };
+    broadcast(&Event::Progress { job: job.to_owned(), progress }).await;
 }
 
-async fn run_job(job: &str, params: &GenerateParams) -> Result<GenerateResult, StageFailure> {
+/// Runs a job: its `count` images, each graph loaded once for all of them; a `result` event is
+/// broadcast for each image as soon as it is decoded.
+async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure> {
     let started = now_ms();
+    let images = params.count;
 
-    progress(job, Stage::TextEncoder, 1, 1).await;
-    let task = StageTask::TextEncoder { params: params.clone() };
-    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, &task, None).await? else {
-        return Err(unexpected("text encoder"));
-    };
+    progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
+    let prompt = tokenize(&params.prompt).await?;
+    let (embeddings, encoder_timing) = prompt_embeddings(job, params, &prompt).await?;
 
-    progress(job, Stage::Transformer, 0, params.steps).await;
+    progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let task = StageTask::Transformer { params: params.clone() };
-    let (StageOutput::Transformer(denoised), latents) = run_stage(job, &task, Some(embeddings)).await? else {
+    let (StageOutput::Transformer(denoised), latents) =
+        run_stage(job, images, &task, Some(embeddings)).await?
+    else {
         return Err(unexpected("transformer"));
     };
 
-    progress(job, Stage::Decoder, 1, 1).await;
+    progress(job, Stage::Decoder, 0, images, 1, 1).await;
     let task = StageTask::Decoder { params: params.clone() };
-    let (StageOutput::Decoder { timing: decoded }, png) = run_stage(job, &task, Some(latents)).await? else {
-        return Err(unexpected("decoder"));
-    };
+    let mut decoder = StageRun::start(job, &task, latents.as_ref())?;
+    loop {
+        match decoder.next(images).await? {
+            Reported::Image { index, timing, png } => {
+                let timings = Timings {
+                    session_create_ms: encoder_timing.session_create_ms
+                        + denoised.timing.session_create_ms
+                        + timing.session_create_ms,
+                    run_ms: encoder_timing.run_ms
+                        + denoised.image_run_ms.get(index as usize).copied().unwrap_or_default()
+                        + timing.run_ms,
+                    total_ms: now_ms() - started,
+                    stages: [
+                        (Stage::TextEncoder, encoder_timing),
+                        (Stage::Transformer, denoised.timing),
+                        (Stage::Decoder, timing),
+                    ]
+                    .into_iter()
+                    .map(|(stage, t)| StageTimings {
+                        stage,
+                        started_at_ms: t.started_at_ms,
+                        session_create_ms: t.session_create_ms,
+                        run_ms: t.run_ms,
+                    })
+                    .collect(),
+                };
+                let trace = params.trace.then(|| Trace {
+                    input_ids: prompt.input_ids.clone(),
+                    attention_mask: prompt.attention_mask.clone(),
+                    sigmas: denoised.sigmas.clone(),
+                    noise: denoised.noise.get(index as usize).cloned().unwrap_or_default(),
+                });
+                use base64::Engine;
+                let result = GenerateResult {
+                    job: job.to_owned(),
+                    png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
+                    prompt: params.prompt.clone(),
+                    seed: params.seed_of(index).to_string(),
+                    width: params.width,
+                    height: params.height,
+                    steps: params.steps,
+                    schedule: params.schedule.name().to_owned(),
+                    token_count: prompt.token_count as u32,
+                    truncated: prompt.truncated,
+                    trace,
+                    timings: Some(timings),
+                    index,
+                    count: images,
+                };
+                broadcast(&Event::Result(result)).await;
+                if index + 1 < images {
+                    progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
+                }
+            }
+            Reported::Done(StageOutput::Decoder { .. }, _) => return Ok(()),
+            Reported::Done(..) => return Err(unexpected("decoder")),
+        }
+    }
+}
 
-    let stages = [encoded.timing, denoised.timing, decoded];
-    let timings = Timings {
-        session_create_ms: stages.iter().map(|t| t.session_create_ms).sum(),
-        run_ms: stages.iter().map(|t| t.run_ms).sum(),
-        total_ms: now_ms() - started,
+thread_local! {
+    /// The prompt encoder, loaded on the first job of this document (loading takes far longer than
+    /// encoding).
+    static PROMPT_ENCODER: RefCell<Option<Rc<PromptEncoder>>> = const { RefCell::new(None) };
+}
+
+/// The prompt's tokens, as the text encoder takes them; they also key the embedding cache.
+async fn tokenize(prompt: &str) -> Result<EncodedPrompt, OffscreenError> {
+    let encoder = match PROMPT_ENCODER.with_borrow(Clone::clone) {
+        Some(encoder) => encoder,
+        None => {
+            let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
+            let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
+            let encoder =
+                Rc::new(PromptEncoder::new(&tokenizer, &config).map_err(OffscreenError::Tokenizer)?);
+            PROMPT_ENCODER.set(Some(encoder.clone()));
+            encoder
+        }
     };
-    let trace = params.trace.then(|| Trace {
-        input_ids: encoded.input_ids,
-        attention_mask: encoded.attention_mask,
-        sigmas: denoised.sigmas,
-        noise: denoised.noise.unwrap_or_default(),
-    });
-    use base64::Engine;
-    Ok(GenerateResult {
-        job: job.to_owned(),
-        png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
-        prompt: params.prompt.clone(),
-        seed: params.seed.to_string(),
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        schedule: params.schedule.name().to_owned(),
-        token_count: encoded.token_count,
-        truncated: encoded.truncated,
-        trace,
-        timings: Some(timings),
-    })
+    encoder.encode(prompt).map_err(OffscreenError::Prompt)
+}
+
+/// A file shipped with the extension.
+async fn fetch_bytes(path: &'static str) -> Result<Vec<u8>, OffscreenError> {
+    let failed = |e: JsValue| OffscreenError::Asset { path, source: e.into() };
+    let window = web_sys::window().ok_or_else(|| failed(JsValue::from_str("no window")))?;
+    let response = JsFuture::from(window.fetch_with_str(path)).await.map_err(failed)?;
+    let response: web_sys::Response = response.unchecked_into();
+    if !response.ok() {
+        return Err(OffscreenError::AssetStatus { path, status: response.status() });
+    }
+    let buffer = JsFuture::from(response.array_buffer().map_err(failed)?).await.map_err(failed)?;
+    Ok(Uint8Array::new(&buffer).to_vec())
+}
+
+/// The prompt's embeddings (an `ArrayBuffer` of float32) and the text encoder's timing: from the cache
+/// when this pack has encoded these tokens before (no text-encoder worker at all), otherwise from the
+/// text-encoder worker, and then kept. The cache failing never fails the job: it is only a shortcut.
+async fn prompt_embeddings(
+    job: &str,
+    params: &GenerateParams,
+    prompt: &EncodedPrompt,
+) -> Result<(JsValue, StageTiming), StageFailure> {
+    let commit = crate::opfs::installed_pack().await.map(|(record, _)| record.commit);
+    let key = commit.as_ref().map(|commit| embedding_cache::key(commit, params.backend, prompt));
+    let values = MAX_TOKENS * EMBED_WIDTH;
+    if let (Some(commit), Some(key)) = (&commit, &key) {
+        match crate::opfs::embeddings::read_entry(commit, key, values).await {
+            Ok(Some(embeddings)) => {
+                let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
+                return Ok((buffer, StageTiming::default()));
+            }
+            Ok(None) => {}
+            Err(e) => warn(&format!("imagine: the embedding cache could not be read: {e}")),
+        }
+    }
+    let task = StageTask::TextEncoder { params: params.clone(), prompt: prompt.clone() };
+    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, params.count, &task, None).await?
+    else {
+        return Err(unexpected("text encoder"));
+    };
+    let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;
+    if let (Some(commit), Some(key)) = (&commit, &key) {
+        // Copied before the buffer is transferred to the transformer.
+        let copy = Float32Array::new(&embeddings).to_vec();
+        let (count, truncated) = (prompt.token_count as u32, prompt.truncated);
+        if let Err(e) = crate::opfs::embeddings::write_entry(commit, key, &copy, count, truncated).await {
+            warn(&format!("imagine: the prompt embeddings could not be cached: {e}"));
+        }
+    }
+    Ok((embeddings, encoded.timing))
+}
+
+fn warn(text: &str) {
+    web_sys::console::warn_1(&text.into());
 }
 
 fn unexpected(stage: &'static str) -> StageFailure {
     StageFailure::Error(OffscreenError::WrongOutput(stage))
 }
 
-/// Spawns a stage worker for `task`, relays its progress, and terminates it when the stage ends: its
-/// output and the buffer it hands on.
+/// Runs a stage that reports no images to its end: its output and the buffer it hands on.
 async fn run_stage(
     job: &str,
+    images: u32,
     task: &StageTask,
     data: Option<JsValue>,
-) -> Result<(StageOutput, JsValue), StageFailure> {
-    if STATE.with_borrow(|state| state.cancel_running) {
-        return Err(StageFailure::Cancelled);
+) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
+    let mut run = StageRun::start(job, task, data.as_ref())?;
+    match run.next(images).await? {
+        Reported::Done(output, data) => Ok((output, data)),
+        Reported::Image { .. } => Err(unexpected("a stage other than the decoder")),
     }
-    let (worker, mut inbox, sender) = spawn_worker("stage-worker.js")?;
-    STATE.with_borrow_mut(|state| {
-        state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
-    });
-    let outcome = match protocol::post(&worker, task, data.as_ref()) {
-        Ok(()) => relay(job, &mut inbox).await,
-        Err(error) => Err(error.into()),
-    };
-    worker.terminate();
-    STATE.with_borrow_mut(|state| {
-        state.current.take_if(|current| current.job == job);
-    });
-    outcome
 }
 
-async fn relay(
-    job: &str,
-    inbox: &mut mpsc::UnboundedReceiver<Incoming>,
-) -> Result<(StageOutput, JsValue), StageFailure> {
-    while let Some(incoming) = inbox.next().await {
-        let posted = match incoming {
-            Incoming::Posted(posted) => posted,
-            Incoming::Crashed(error) => return Err(StageFailure::Error(error)),
-            Incoming::Stopped => return Err(StageFailure::Cancelled),
-        };
-        match protocol::read::<StageReport>(&posted)? {
-            (StageReport::Progress { step, steps }, _) => {
-                progress(job, Stage::Transformer, step, steps).await
-            }
-            (StageReport::Done { output }, Some(data)) => return Ok((output, data)),
-            (StageReport::Done { .. }, None) => return Err(OffscreenError::NoOutput.into()),
-            (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
+/// What a stage worker reported that its caller acts on (progress is relayed on the way).
+enum Reported {
+    /// The decoder finished image `index`: its PNG.
+    Image { index: u32, timing: StageTiming, png: JsValue },
+    /// The stage is done: its output, and the buffer it hands on if any.
+    Done(StageOutput, Option<JsValue>),
+}
+
+/// The worker of one stage of a job; dropping it terminates the worker.
+struct StageRun {
+    job: String,
+    worker: Worker,
+    inbox: mpsc::UnboundedReceiver<Incoming>,
+}
+
+impl StageRun {
+    /// Spawns a stage worker for `task` and hands it `data` (transferred).
+    fn start(job: &str, task: &StageTask, data: Option<&JsValue>) -> Result<StageRun, StageFailure> {
+        if STATE.with_borrow(|state| state.cancel_running) {
+            return Err(StageFailure::Cancelled);
         }
+        let (worker, inbox, sender) = spawn_worker("stage-worker.js")?;
+        STATE.with_borrow_mut(|state| {
+            state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
+        });
+        let run = StageRun { job: job.to_owned(), worker, inbox };
+        protocol::post(&run.worker, task, data)?;
+        Ok(run)
     }
-    Err(OffscreenError::StageStopped.into())
+
+    /// Relays the worker's progress until it reports an image or the end.
+    async fn next(&mut self, images: u32) -> Result<Reported, StageFailure> {
+        while let Some(incoming) = self.inbox.next().await {
+            let posted = match incoming {
+                Incoming::Posted(posted) => posted,
+                Incoming::Crashed(error) => return Err(StageFailure::Error(error)),
+                Incoming::Stopped => return Err(StageFailure::Cancelled),
+            };
+            match protocol::read::<StageReport>(&posted)? {
+                (StageReport::Progress { image, step, steps }, _) => {
+                    progress(&self.job, Stage::Transformer, image, images, step, steps).await
+                }
+                (StageReport::Image { index, timing }, Some(png)) => {
+                    return Ok(Reported::Image { index, timing, png })
+                }
+                (StageReport::Image { .. }, None) => return Err(OffscreenError::NoOutput.into()),
+                // For benchmarks, which read it from the worker's messages; the pipeline needs nothing.
+                (StageReport::SessionCreated { .. }, _) => {}
+                (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),
+                (StageReport::Error { message }, _) => return Err(OffscreenError::Reported(message).into()),
+            }
+        }
+        Err(OffscreenError::StageStopped.into())
+    }
+}
+
+impl Drop for StageRun {
+    fn drop(&mut self) {
+        self.worker.terminate();
+        let job = &self.job;
+        STATE.with_borrow_mut(|state| {
+            state.current.take_if(|current| current.job == *job);
+        });
+    }
 }
 
 type Spawned = (Worker, mpsc::UnboundedReceiver<Incoming>, mpsc::UnboundedSender<Incoming>);
@@ -457,6 +612,10 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 }
             }
             Ok(DownloadReport::Installed { pack }) => {
+                // Embeddings of the previous pack would never be used again.
+                if let Err(e) = crate::opfs::embeddings::clear().await {
+                    warn(&format!("imagine: the embedding cache could not be cleared: {e}"));
+                }
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
             Ok(DownloadReport::Error { message }) => break pack_failed(OffscreenError::Reported(message)),

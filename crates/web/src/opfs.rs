@@ -131,6 +131,22 @@ pub async fn remove(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<(
     }
 }
 
+/// The names of the entries of `dir`.
+pub async fn names(dir: &FileSystemDirectoryHandle) -> OpfsResult<Vec<String>> {
+    let iterator = dir.keys();
+    let mut names = Vec::new();
+    loop {
+        let next = iterator.next().map_err(|e| OpfsError::js(Op::Read, "a directory", e))?;
+        let step = await_js(next, Op::Read, "a directory").await?;
+        if get(&step, "done").as_bool().unwrap_or(true) {
+            return Ok(names);
+        }
+        if let Some(name) = get(&step, "value").as_string() {
+            names.push(name);
+        }
+    }
+}
+
 fn is_not_found(e: &JsValue) -> bool {
     get(e, "name").as_string().as_deref() == Some("NotFoundError")
 }
@@ -223,6 +239,121 @@ pub async fn remove_stray(keep_staging: bool) -> OpfsResult<()> {
         clear_slot(state.staging).await?;
     }
     Ok(())
+}
+
+/// The cache of prompt embeddings in `cache/embeddings/`: what is kept, for how long and how entries
+/// are checked is `imagine_core::embedding_cache`; this moves the bytes. Used by the offscreen document
+/// only (one job at a time, so the index is never written twice at once); the service worker clears it.
+pub mod embeddings {
+    use imagine_core::embedding_cache::{
+        decode_entry, encode_entry, entry_bytes, entry_file, Entry, Index, Loaded, CACHE_DIR, EMBEDDINGS_DIR,
+        INDEX_FILE, MAX_BYTES,
+    };
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen_futures::JsFuture;
+    use web_sys::{FileSystemDirectoryHandle, FileSystemGetDirectoryOptions};
+
+    use super::{await_js, is_not_found, read, remove, root, write_whole, Op, OpfsError, OpfsResult};
+
+    async fn directory() -> OpfsResult<FileSystemDirectoryHandle> {
+        let options = FileSystemGetDirectoryOptions::new();
+        options.set_create(true);
+        let cache = await_js(
+            root().await?.get_directory_handle_with_options(CACHE_DIR, &options),
+            Op::Open,
+            &format!("{CACHE_DIR}/"),
+        )
+        .await?
+        .unchecked_into::<FileSystemDirectoryHandle>();
+        Ok(await_js(
+            cache.get_directory_handle_with_options(EMBEDDINGS_DIR, &options),
+            Op::Open,
+            &format!("{CACHE_DIR}/{EMBEDDINGS_DIR}/"),
+        )
+        .await?
+        .unchecked_into())
+    }
+
+    /// A file's bytes, or `None` when it does not exist.
+    async fn read_if_there(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<Option<Vec<u8>>> {
+        match JsFuture::from(dir.get_file_handle(name)).await {
+            Ok(_) => Ok(Some(read(dir, name).await?)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(OpfsError::js(Op::Open, name, e)),
+        }
+    }
+
+    /// The cache's index for the pack at `commit`; an index of another pack (or unreadable) is removed
+    /// with every entry, and the cache starts empty.
+    async fn load(commit: &str) -> OpfsResult<(Index, FileSystemDirectoryHandle)> {
+        let dir = directory().await?;
+        match Index::load(read_if_there(&dir, INDEX_FILE).await?.as_deref(), commit) {
+            Loaded::Current(index) => Ok((index, dir)),
+            Loaded::Reset(index) => {
+                clear().await?;
+                Ok((index, directory().await?))
+            }
+        }
+    }
+
+    /// The cached embeddings `key` (of `values` values) of the pack at `commit`, marked as just used; `None`
+    /// when there are none or their file is missing, short or damaged (then the entry is dropped).
+    pub async fn read_entry(commit: &str, key: &str, values: usize) -> OpfsResult<Option<Vec<f32>>> {
+        let (mut index, dir) = load(commit).await?;
+        if index.touch(key).is_none() {
+            return Ok(None);
+        }
+        let checked = match read_if_there(&dir, &entry_file(key)).await {
+            Ok(Some(bytes)) => decode_entry(&bytes, values).map_err(|e| e.to_string()),
+            Ok(None) => Err("its file is missing".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        let found = match checked {
+            Ok(values) => Some(values),
+            Err(why) => {
+                web_sys::console::warn_1(&format!("imagine: cached embeddings {key} not used: {why}").into());
+                index.remove(key);
+                remove(&dir, &entry_file(key)).await?;
+                None
+            }
+        };
+        write_whole(&dir, INDEX_FILE, &index.to_bytes()).await?;
+        Ok(found)
+    }
+
+    /// Keeps `values` as the embeddings `key` of the pack at `commit`, dropping the least recently used
+    /// entries past the cap. Removals and the index come before the entry's file, so no file is ever
+    /// outside the index.
+    pub async fn write_entry(
+        commit: &str,
+        key: &str,
+        values: &[f32],
+        token_count: u32,
+        truncated: bool,
+    ) -> OpfsResult<()> {
+        let (mut index, dir) = load(commit).await?;
+        let entry = Entry {
+            key: key.to_owned(),
+            bytes: entry_bytes(values.len()),
+            token_count,
+            truncated,
+            last_used: 0,
+        };
+        let dropped = index.insert(entry, MAX_BYTES);
+        for old in &dropped {
+            remove(&dir, &entry_file(old)).await?;
+        }
+        write_whole(&dir, INDEX_FILE, &index.to_bytes()).await?;
+        if !dropped.iter().any(|old| old == key) {
+            write_whole(&dir, &entry_file(key), &encode_entry(values)).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the whole cache (the pack it was computed with is gone or replaced).
+    pub async fn clear() -> OpfsResult<()> {
+        remove(&root().await?, CACHE_DIR).await
+    }
 }
 
 /// The file that arms a [`failpoint`].

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackSource, PackStatus, Reply,
+    gigabytes, DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackStatus, Reply,
     Request, Seed,
 };
 use imagine_core::hub::format_bytes;
@@ -11,10 +11,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::chrome;
 use crate::i18n;
-use crate::js::{from_js, Obj};
+use crate::js::from_js;
 use crate::messaging::request;
+use crate::settings;
 use crate::view::{element, set_text, set_visible, JobView};
 
 /// The job shown by the popup survives closing and reopening it.
@@ -37,7 +37,16 @@ pub fn popup_main() {
     on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
     on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
+    // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
+    on_click("open-studio", || {
+        crate::studio::open_from_click(|| {
+            if let Some(window) = web_sys::window() {
+                let _ = window.close();
+            }
+        })
+    });
     spawn_local(async {
+        fill_form().await;
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
             show_job(job.clone());
@@ -95,23 +104,18 @@ async fn refresh_pack() {
     };
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
-        format!(
-            "Model installed ({}, commit {}), works offline.",
-            format_bytes(status.bytes),
-            &commit[..commit.len().min(7)]
-        )
+        i18n::t_args("popupModelInstalled", &[&format_bytes(status.bytes), &commit[..commit.len().min(7)]])
     } else if status.download.is_some() {
-        "Downloading the model\u{2026}".to_owned()
+        i18n::t("popupDownloadingModel")
     } else {
-        "The model is not installed yet.".to_owned()
+        i18n::t("popupNotInstalled")
     };
     set_text("pack-status", &text);
     set_text(
         "storage-used",
-        &format!(
-            "Storage used: {} of {} available to Imagine",
-            format_bytes(status.storage.usage_bytes),
-            format_bytes(status.storage.quota_bytes)
+        &i18n::t_args(
+            "popupStorageUsed",
+            &[&format_bytes(status.storage.usage_bytes), &format_bytes(status.storage.quota_bytes)],
         ),
     );
     set_visible("delete-pack", status.installed);
@@ -122,12 +126,23 @@ async fn refresh_pack() {
 
 /// Shows the size of the download before anything is written.
 async fn show_plan() {
-    set_text("pack-size", "Checking the download size\u{2026}");
-    let text = match request(&Request::PlanPack(source_from_form())).await {
+    set_text("pack-size", &i18n::t("popupCheckingSize"));
+    let text = match request(&Request::PlanPack(settings::source_from_form())).await {
         Reply::PackPlan(plan) => {
-            format!("{} in {} files, downloaded once.", format_bytes(plan.total_bytes), plan.files.len())
+            let size =
+                i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()]);
+            match plan.conversion {
+                Some(cost) => {
+                    let notice = i18n::t_args(
+                        "popupConversionNotice",
+                        &[&gigabytes(cost.extra_disk_bytes), &gigabytes(cost.gpu_bytes)],
+                    );
+                    format!("{size} {notice}")
+                }
+                None => size,
+            }
         }
-        Reply::Error { error } => format!("Could not check the download: {error}"),
+        Reply::Error { error } => i18n::t_args("popupCheckFailed", &[&error]),
         _ => String::new(),
     };
     set_text("pack-size", &text);
@@ -142,15 +157,19 @@ fn show_download(progress: Option<&DownloadProgress>) {
     set_visible("resume", !running);
     set_visible("install-form", false);
     let state = match p.state {
-        DownloadState::Checking => "Checking the model, storage and GPU\u{2026}",
-        DownloadState::Downloading => "Downloading",
-        DownloadState::Installing => "Verified; installing once no image is being made",
-        DownloadState::Paused => "Paused",
-        DownloadState::Failed => "Stopped",
+        DownloadState::Checking => "popupStateChecking",
+        DownloadState::Downloading => "popupStateDownloading",
+        DownloadState::Converting => "popupStateConverting",
+        DownloadState::Installing => "popupStateInstalling",
+        DownloadState::Paused => "popupStatePaused",
+        DownloadState::Failed => "popupStateStopped",
     };
     set_text(
         "download-done",
-        &format!("{state}: {} of {}", format_bytes(p.done_bytes), format_bytes(p.total_bytes)),
+        &i18n::t_args(
+            "popupDownloadDone",
+            &[&i18n::t(state), &format_bytes(p.done_bytes), &format_bytes(p.total_bytes)],
+        ),
     );
     let rate = if running && p.bytes_per_second > 0.0 {
         format!("{}/s", format_bytes(p.bytes_per_second as u64))
@@ -168,10 +187,11 @@ fn show_download(progress: Option<&DownloadProgress>) {
         let Ok(item) = document.create_element("li") else { continue };
         let mark = if file.verified { " \u{2713}" } else { "" };
         item.set_text_content(Some(&format!(
-            "{}: {} of {}{mark}",
-            file.path,
-            format_bytes(file.done_bytes),
-            format_bytes(file.size)
+            "{}{mark}",
+            i18n::t_args(
+                "popupDownloadDone",
+                &[&file.path, &format_bytes(file.done_bytes), &format_bytes(file.size)]
+            )
         )));
         let _ = list.append_child(&item);
     }
@@ -179,45 +199,49 @@ fn show_download(progress: Option<&DownloadProgress>) {
 
 fn describe_time_left(seconds: f64) -> String {
     match seconds.round() as u64 {
-        s if s < 90 => format!("about {s} s left"),
-        s if s < 90 * 60 => format!("about {} min left", (s + 30) / 60),
-        s => format!("about {:.1} h left", s as f64 / 3600.0),
-    }
-}
-
-fn source_from_form() -> PackSource {
-    let value = |id: &str| element::<HtmlInputElement>(id).value().trim().to_owned();
-    let defaults = PackSource::default();
-    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
-    PackSource {
-        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
-        repo: or_default(value("hub-repo"), defaults.repo),
-        revision: or_default(value("hub-revision"), defaults.revision),
+        s if s < 90 => i18n::t_args("popupSecondsLeft", &[&s.to_string()]),
+        s if s < 90 * 60 => i18n::t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
+        s => i18n::t_args("popupHoursLeft", &[&format!("{:.1}", s as f64 / 3600.0)]),
     }
 }
 
 /// The Install button. Hosts other than the Hub need a permission, which must be asked for
 /// synchronously within the click.
 fn install_clicked() {
-    let source = source_from_form();
-    let hub = PackSource::default().endpoint;
-    let permission = if source.endpoint == hub {
-        None
-    } else {
-        let origins = js_sys::Array::of1(&format!("{}/*", source.endpoint).into());
-        chrome::permissions_request(&Obj::new().set("origins", origins).build()).ok()
-    };
+    let source = settings::source_from_form();
+    let permission = settings::request_host_permission(&source);
     spawn_local(async move {
-        if let Some(permission) = permission {
-            // Refused or failed: the download may still work if the mirror allows CORS.
-            let _ = wasm_bindgen_futures::JsFuture::from(permission).await;
-        }
+        settings::host_permission_answered(permission).await;
         let install = InstallRequest::new(source, None);
         match request(&Request::InstallPack(install)).await {
             Reply::Error { error } => set_text("pack-status", &error),
             _ => refresh_pack().await,
         }
     });
+}
+
+/// Starts the form from the defaults and source saved on the options page, or from a gallery image's
+/// settings when the gallery asked to reuse them.
+async fn fill_form() {
+    let defaults = settings::defaults().await;
+    let set = |id: &str, value: &str| element::<HtmlInputElement>(id).set_value(value);
+    set("width", &defaults.width.to_string());
+    set("height", &defaults.height.to_string());
+    set("steps", &defaults.steps.to_string());
+    element::<HtmlSelectElement>("schedule").set_value(&defaults.schedule);
+    if let Some(source) = settings::source().await {
+        set("hub-endpoint", &source.endpoint);
+        set("hub-repo", &source.repo);
+        set("hub-revision", &source.revision);
+    }
+    if let Some(reuse) = settings::take_reuse().await {
+        element::<HtmlTextAreaElement>("prompt").set_value(&reuse.prompt);
+        set("width", &reuse.width.to_string());
+        set("height", &reuse.height.to_string());
+        set("steps", &reuse.steps.to_string());
+        set("seed", &reuse.seed);
+        element::<HtmlSelectElement>("schedule").set_value(&reuse.schedule);
+    }
 }
 
 async fn pack_action(action: Request) {
@@ -250,7 +274,7 @@ async fn generate() {
                 let _ = storage.set_item(JOB_KEY, &job);
             }
             show_job(job);
-            set_text("progress", "Starting\u{2026}");
+            set_text("progress", &i18n::t("starting"));
             set_running(true);
         }
         Reply::Error { error } => {

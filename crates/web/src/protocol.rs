@@ -15,7 +15,7 @@
 use imagine_core::api::{DownloadProgress, InstallRequest};
 use imagine_core::hub::HashCheckpoint;
 use imagine_core::storage::PackRecord;
-use imagine_core::GenerateParams;
+use imagine_core::{EncodedPrompt, GenerateParams};
 use js_sys::Array;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
@@ -65,15 +65,17 @@ pub enum OffscreenReply {
     Refused { error: String },
 }
 
-/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output).
+/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output). A
+/// batch (`params.count` images) runs each stage once, on one session, for all its images.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "camelCase")]
 pub enum StageTask {
-    /// The prompt to `prompt_embeds`.
-    TextEncoder { params: GenerateParams },
-    /// The denoising loop (`data`: the prompt embeddings, float32).
+    /// The prompt, tokenized by the offscreen document, to `prompt_embeds`.
+    TextEncoder { params: GenerateParams, prompt: EncodedPrompt },
+    /// The denoising loop of each image, seeds in a row (`data`: the prompt embeddings, float32).
     Transformer { params: GenerateParams },
-    /// The latents to a PNG (`data`: the final latents, float32).
+    /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
+    /// other).
     Decoder { params: GenerateParams },
 }
 
@@ -81,9 +83,14 @@ pub enum StageTask {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum StageReport {
-    /// Transformer step `step` of `steps` is done.
-    Progress { step: u32, steps: u32 },
-    /// The stage is done and its session released (`data`: its output buffer).
+    /// Transformer step `step` of `steps` of image `image` is done.
+    Progress { image: u32, step: u32, steps: u32 },
+    /// The decoder finished image `index` (`data`: its PNG); `timing`: its session's creation and
+    /// ORT's run for this image.
+    Image { index: u32, timing: StageTiming },
+    /// The stage's session is created (for benchmarks that watch a stage which may not finish).
+    SessionCreated { timing: StageTiming },
+    /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
     Done { output: StageOutput },
     /// The stage failed.
     Error { message: String },
@@ -102,20 +109,18 @@ pub enum StageOutput {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EncoderOutput {
-    pub input_ids: Vec<i64>,
-    pub attention_mask: Vec<i64>,
-    pub token_count: u32,
-    pub truncated: bool,
     pub timing: StageTiming,
 }
 
-/// What the transformer hands on (`data`: the final latents).
+/// What the transformer hands on (`data`: the final latents of every image).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TransformerOutput {
     pub sigmas: Vec<f32>,
-    /// Initial noise, float32 LE base64, when tracing.
-    pub noise: Option<String>,
+    /// Each image's initial noise, float32 LE base64, when tracing.
+    pub noise: Vec<String>,
+    /// Time in ORT's run for each image's denoising loop.
+    pub image_run_ms: Vec<f64>,
     pub timing: StageTiming,
 }
 
@@ -123,6 +128,8 @@ pub struct TransformerOutput {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTiming {
+    /// Milliseconds since the Unix epoch when the session creation began.
+    pub started_at_ms: f64,
     pub session_create_ms: f64,
     pub run_ms: f64,
 }
@@ -257,6 +264,36 @@ pub fn to_offscreen(command: &OffscreenCommand) -> JsValue {
     let object = to_js(command);
     let _ = js_sys::Reflect::set(&object, &"target".into(), &OFFSCREEN_TARGET.into());
     object
+}
+
+/// `chrome.storage.session` key of the [`StudioFocus`]: service worker → studio. The studio reads it
+/// when it opens and follows its changes, so a side panel that is just opening and one already open
+/// both show what the context menu or a notification asked for.
+pub const STUDIO_FOCUS_KEY: &str = "studioFocus";
+
+/// What the studio should show: a job (with its prompt, as text), or why the job could not start.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StudioFocus {
+    pub job: Option<String>,
+    #[serde(default)]
+    pub prompt: String,
+    pub error: Option<String>,
+    /// Changes on every request, so that asking twice for the same job is still a change.
+    #[serde(default)]
+    pub nonce: u64,
+}
+
+/// `chrome.storage.local` key of the toolbar button's choice ([`ToolbarOpens`]).
+pub const TOOLBAR_KEY: &str = "toolbarOpens";
+
+/// What the toolbar button opens: the studio in the side panel (default) or the quick-prompt popup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolbarOpens {
+    #[default]
+    Studio,
+    Popup,
 }
 
 #[cfg(test)]

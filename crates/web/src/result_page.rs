@@ -27,7 +27,7 @@ pub fn result_page_main() {
         return;
     }
     let Some(job) = param("job") else {
-        JobView { job: String::new() }.show_error("No image was asked for.");
+        JobView { job: String::new() }.show_error(&i18n::t("resultNoJob"));
         return;
     };
     VIEW.with_borrow_mut(|view| *view = Some(JobView { job: job.clone() }));
@@ -35,7 +35,7 @@ pub fn result_page_main() {
         if let Reply::Job(state) = request(&Request::Job { job }).await {
             match &state {
                 JobState::Running { prompt, .. } => set_text("prompt-text", prompt),
-                JobState::Done { result } => set_text("prompt-text", &result.prompt),
+                JobState::Done { result, .. } => set_text("prompt-text", &result.prompt),
                 _ => {}
             }
             VIEW.with_borrow(|view| view.as_ref().map(|v| v.show_state(&state)));

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, JobState, PackPlan, PackSource,
-    PackStatus, Reply, Request, Sender,
+    DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
+    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
 };
+use imagine_core::gallery;
 use imagine_core::hub::HubError;
 use imagine_core::{Backend, ParamError};
 use serde::{Deserialize, Serialize};
@@ -23,13 +24,17 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::chrome;
+use crate::gallery_store::{self, GalleryStoreError};
+use crate::gpu;
 use crate::hub_client::{self, FetchError};
 use crate::i18n;
 use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
 use crate::messaging::{self, send};
+use crate::notify;
 use crate::opfs::{self, OpfsError};
-use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, OFFSCREEN_TARGET};
-use imagine_core::storage::RESULTS_DIR;
+use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET};
+use crate::settings;
+use crate::studio;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.
@@ -74,6 +79,8 @@ pub enum ServiceWorkerError {
     /// A result whose PNG is not base64.
     #[error(transparent)]
     Image(#[from] base64::DecodeError),
+    #[error(transparent)]
+    Gallery(#[from] GalleryStoreError),
 }
 
 /// The context-menu item on selected text.
@@ -109,7 +116,8 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             // Events are what the offscreen document reports; nobody else's are recorded.
             Sender::Offscreen => {
                 if let Ok(event) = from_js::<Event>(&message) {
-                    record(event).await;
+                    record(event.clone()).await;
+                    notify::after_event(&event).await;
                 }
                 return Ok(JsValue::UNDEFINED);
             }
@@ -142,6 +150,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
             .set("contexts", js_sys::Array::of1(&"selection".into()))
             .build();
         chrome::context_menus_create(&item)?;
+        studio::apply_toolbar(studio::toolbar_choice().await).await;
         // After an update: files of an earlier storage layout, or of nothing, are removed.
         let _guard = lock_download().await;
         let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
@@ -161,27 +170,59 @@ pub fn service_worker_wake() -> js_sys::Promise {
     })
 }
 
-/// `chrome.contextMenus.onClicked`: generates from the selection and opens the result page.
+/// `chrome.runtime.onStartup`: the toolbar button's choice again, then what [`service_worker_wake`]
+/// does.
+#[wasm_bindgen(js_name = serviceWorkerStartup)]
+pub fn service_worker_startup() -> js_sys::Promise {
+    future_to_promise(async {
+        studio::apply_toolbar(studio::toolbar_choice().await).await;
+        resume_if_stalled().await;
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
+/// `chrome.contextMenus.onClicked`: generates from the selection and shows it in the studio, or in the
+/// result page when the side panel did not open (`panel`: the shim's `sidePanel.open()`, resolved to
+/// whether it opened).
 #[wasm_bindgen(js_name = serviceWorkerMenuClick)]
-pub fn service_worker_menu_click(info: JsValue) -> js_sys::Promise {
+pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sys::Promise {
     future_to_promise(async move {
         if get(&info, "menuItemId").as_string().as_deref() != Some(MENU_ID) {
             return Ok(JsValue::UNDEFINED);
         }
         let prompt = get(&info, "selectionText").as_string().unwrap_or_default();
+        let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
+        // The settings the user chose as defaults (options page), like every page that makes images.
+        let started = start_job(settings::defaults().await.request(prompt.clone())).await;
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
-        let page = match start_job(GenerateRequest { prompt, ..Default::default() }).await {
-            Ok((job, _)) => format!("result.html?job={job}"),
+        let (focus, page) = match started {
+            Ok((job, _)) => {
+                let page = format!("result.html?job={job}");
+                (StudioFocus { job: Some(job), prompt, ..Default::default() }, page)
+            }
             Err(error) => {
-                format!(
+                let page = format!(
                     "result.html?error={}",
                     String::from(js_sys::encode_uri_component(&error.to_string()))
-                )
+                );
+                (StudioFocus { prompt, error: Some(error.to_string()), ..Default::default() }, page)
             }
         };
-        let url = chrome::runtime_get_url(&page);
-        JsFuture::from(chrome::tabs_create(&Obj::new().set("url", url).build())?).await?;
+        studio::show(focus, opened, &page).await;
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
+/// `chrome.commands.onCommand` (`open-studio`): the studio, in a tab when the side panel did not open.
+#[wasm_bindgen(js_name = serviceWorkerCommand)]
+pub fn service_worker_command(command: String, panel: js_sys::Promise) -> js_sys::Promise {
+    future_to_promise(async move {
+        let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
+        if command == "open-studio" && !opened {
+            let url = chrome::runtime_get_url("studio.html");
+            JsFuture::from(chrome::tabs_create(&Obj::new().set("url", url).build())?).await?;
+        }
         Ok(JsValue::UNDEFINED)
     })
 }
@@ -223,6 +264,24 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
             Reply::Cancelled { job }
         }
         Request::Job { job } => Reply::Job(job_state(&job).await),
+        Request::GalleryList(request) => Reply::Gallery(gallery_store::list(request).await?),
+        Request::GalleryImage { id } => {
+            let (item, png) = gallery_store::image(&id).await?;
+            Reply::GalleryImage { item, png }
+        }
+        Request::GalleryDelete { id } => {
+            gallery_store::delete(&id).await?;
+            Reply::Done
+        }
+        Request::GalleryClear {} => {
+            gallery_store::clear().await?;
+            Reply::Done
+        }
+        Request::GalleryExport {} => {
+            let (file, bytes, images) = gallery_store::export().await?;
+            Reply::GalleryExport { file, bytes, images }
+        }
+        Request::GalleryLimit(request) => Reply::GalleryLimit(gallery_store::set_limit(request).await?),
     })
 }
 
@@ -254,7 +313,16 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
 
 async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
     let source = source.validate()?;
-    Ok(hub_client::plan(&source, &Default::default()).await?.0)
+    let (mut plan, graphs) = hub_client::plan(&source, &Default::default()).await?;
+    // On an adapter without shader-f16 the float16 graphs will run converted to float32: say what that
+    // costs (or why it cannot be done). Without WebGPU there is nothing to say here: the install says so.
+    if let Ok(adapter) = gpu::adapter_info().await {
+        if !adapter.has_f16 && hub_client::device_needs(&graphs)?.0 {
+            let plans = hub_client::conversion_plans(&graphs, &plan, adapter.limits)?;
+            plan.conversion = Some(hub_client::conversion_cost(&graphs, &plan, &plans));
+        }
+    }
+    Ok(plan)
 }
 
 async fn pause() -> Result<(), ServiceWorkerError> {
@@ -296,6 +364,8 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     // An unreadable state is replaced: deleting is how the user starts over.
     let state = opfs::pack_state().await.unwrap_or_default();
     opfs::write_pack_state(&state.deleted()).await?;
+    // The pack's cached prompt embeddings go with it.
+    opfs::embeddings::clear().await?;
     Ok(opfs::remove_stray(download.is_some()).await?)
 }
 
@@ -367,12 +437,13 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
         return Err(ServiceWorkerError::NoPack);
     }
     let job = format!("{:016x}", random_u64());
-    set_job(&job, &JobState::Running { progress: None, prompt: params.prompt.clone() }).await;
+    let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
+    set_job(&job, &running).await;
     let seed = params.seed.to_string();
     match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
-            set_job(&job, &JobState::Failed { error: error.to_string() }).await;
+            set_job(&job, &JobState::failed(error.to_string())).await;
             Err(error)
         }
     }
@@ -426,13 +497,21 @@ async fn record(event: Event) {
             let _ = JsFuture::from(promise).await;
         }
     }
+    // Each job event reads the job's state and writes it back; one at a time, so that no result of a
+    // batch is lost to the progress event that follows it.
+    let _guard = match &event {
+        Event::Progress { .. } | Event::Result(_) | Event::Failed { .. } | Event::Cancelled { .. } => {
+            Some(JOB_LOCK.with(Arc::clone).lock_owned().await)
+        }
+        _ => None,
+    };
     match event {
         Event::Progress { job, progress } => {
-            let prompt = match load(&job_key(&job)).await {
-                Some(JobState::Running { prompt, .. }) => prompt,
-                _ => String::new(),
+            let (prompt, results) = match load(&job_key(&job)).await {
+                Some(JobState::Running { prompt, results, .. }) => (prompt, results),
+                _ => Default::default(),
             };
-            set_job(&job, &JobState::Running { progress: Some(progress), prompt }).await
+            set_job(&job, &JobState::Running { progress: Some(progress), prompt, results }).await
         }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping; the image is kept in
@@ -440,20 +519,53 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
-            let state = match keep_image(&job, &png).await {
-                Ok(()) => JobState::Done { result },
+            let previous = load::<JobState>(&job_key(&job)).await;
+            let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
+            // The PNG first, then the job's state (which reads it), then the gallery's index: a page
+            // asking for the job is answered as soon as the image is on disk.
+            let kept = keep_image(&job, result.index, &png).await;
+            let state = match &kept {
                 Err(e) => JobState::Failed {
                     error: format!(
                         "the image was made but could not be kept ({e}); free some disk space and generate \
                          it again with seed {}",
                         result.seed
                     ),
+                    results,
                 },
+                // The last image of the batch ends the job.
+                Ok(_) if result.index + 1 >= result.count => {
+                    results.push(result.clone());
+                    JobState::Done { result: result.clone(), results }
+                }
+                Ok(_) => {
+                    let (progress, prompt) = match previous {
+                        Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
+                        _ => (None, result.prompt.clone()),
+                    };
+                    results.push(result.clone());
+                    JobState::Running { progress, prompt, results }
+                }
             };
             set_job(&job, &state).await;
+            if let Ok(bytes) = kept {
+                let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
+                if let Err(e) = gallery_store::add(&result, bytes, commit).await {
+                    web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
+                }
+            }
         }
-        Event::Failed { job, error } => set_job(&job, &JobState::Failed { error }).await,
-        Event::Cancelled { job } => set_job(&job, &JobState::Cancelled).await,
+        // A job whose last image is recorded is done, even if a cancel reached it before its worker ended.
+        Event::Failed { job, error } => {
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Failed { error, results }).await
+            }
+        }
+        Event::Cancelled { job } => {
+            if let Some(results) = finished_images(&job).await {
+                set_job(&job, &JobState::Cancelled { results }).await
+            }
+        }
         Event::PackProgress(progress) => {
             update_download(|d| {
                 // The worker moves a running download on (checking, downloading, installing); pausing
@@ -487,6 +599,8 @@ thread_local! {
     static DOWNLOAD_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
     /// Serialises opening the offscreen document.
     static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
+    /// Serialises the updates of job states from events.
+    static JOB_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
 }
 
 async fn lock_download() -> OwnedMutexGuard<()> {
@@ -509,40 +623,62 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
-/// A job's state; a finished job's image is read back from OPFS.
+/// The images of a batch recorded so far (without their PNGs); `None` when the job is done already.
+async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
+    match load::<JobState>(&job_key(job)).await {
+        Some(JobState::Done { .. }) => None,
+        state => Some(state.map(|state| state.results().to_vec()).unwrap_or_default()),
+    }
+}
+
+/// A job's state; its images are read back from OPFS.
 async fn job_state(job: &str) -> JobState {
-    match load(&job_key(job)).await {
-        Some(JobState::Done { mut result }) => match kept_image(job).await {
+    let Some(mut state) = load::<JobState>(&job_key(job)).await else { return JobState::Unknown };
+    // A state recorded before batches existed has its one image in `result` only.
+    if let JobState::Done { result, results } = &mut state {
+        if results.is_empty() {
+            results.push(result.clone());
+        }
+    }
+    let results = match &mut state {
+        JobState::Running { results, .. }
+        | JobState::Done { results, .. }
+        | JobState::Failed { results, .. }
+        | JobState::Cancelled { results } => results,
+        JobState::Unknown => return state,
+    };
+    for result in results.iter_mut() {
+        match kept_image(job, result.index).await {
             Ok(png) => {
                 use base64::Engine;
                 result.png = base64::engine::general_purpose::STANDARD.encode(png);
-                JobState::Done { result }
             }
-            Err(e) => JobState::Failed { error: format!("the image of this job is no longer kept ({e})") },
-        },
-        Some(state) => state,
-        None => JobState::Unknown,
+            Err(e) => return JobState::failed(format!("the image of this job is no longer kept ({e})")),
+        }
     }
+    if let JobState::Done { result, results } = &mut state {
+        if let Some(last) = results.last() {
+            *result = last.clone();
+        }
+    }
+    state
 }
 
 fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-fn image_name(job: &str) -> String {
-    format!("{job}.png")
-}
-
-/// Stores a job's PNG (base64, as the result event carries it) in `results/`.
-async fn keep_image(job: &str, png: &str) -> Result<(), ServiceWorkerError> {
+/// Keeps image `index` of a job (base64, as the result event carries it) in the gallery, which is
+/// where the job's images are read back from: one copy of the bytes. Returns the PNG's size.
+async fn keep_image(job: &str, index: u32, png: &str) -> Result<u64, ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    let dir = opfs::dir(RESULTS_DIR, true).await?;
-    Ok(opfs::write_whole(&dir, &image_name(job), &bytes).await?)
+    gallery_store::write_png(&gallery::image_id(job, index), &bytes).await?;
+    Ok(bytes.len() as u64)
 }
 
-async fn kept_image(job: &str) -> Result<Vec<u8>, OpfsError> {
-    opfs::read(&opfs::dir(RESULTS_DIR, false).await?, &image_name(job)).await
+async fn kept_image(job: &str, index: u32) -> Result<Vec<u8>, GalleryStoreError> {
+    gallery_store::png(&gallery::image_id(job, index)).await
 }
 
 /// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
@@ -551,9 +687,7 @@ async fn set_job(job: &str, state: &JobState) {
     let key = job_key(job);
     if let Err(e) = save(&key, state).await {
         let error = format!("the job's outcome could not be recorded: {e}");
-        if !matches!(state, JobState::Running { .. })
-            && save(&key, &JobState::Failed { error }).await.is_err()
-        {
+        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(error)).await.is_err() {
             web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
         }
     }
@@ -562,11 +696,9 @@ async fn set_job(job: &str, state: &JobState) {
         jobs.push(job.to_owned());
         while jobs.len() > KEPT_JOBS {
             let old = jobs.remove(0);
+            // Its image stays in the gallery.
             if let Ok(promise) = chrome::session_remove(&job_key(&old).into()) {
                 let _ = JsFuture::from(promise).await;
-            }
-            if let Ok(dir) = opfs::dir(RESULTS_DIR, false).await {
-                let _ = opfs::remove(&dir, &image_name(&old)).await;
             }
         }
         if let Err(e) = save(JOBS_KEY, &jobs).await {

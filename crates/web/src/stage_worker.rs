@@ -8,11 +8,13 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+use imagine_core::f32_rewrite::EmbeddingLookup;
 use imagine_core::image::PngMeta;
 use imagine_core::pack::{self, Graph, PackError};
-use imagine_core::prompt::{PromptEncoder, PromptError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::{Backend, DType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo};
+use imagine_core::{
+    Backend, DType, EncodedPrompt, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
+};
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -46,15 +48,6 @@ pub enum StageWorkerError {
     Gpu(#[from] GpuError),
     #[error("loading {graph} failed: {source}")]
     Load { graph: String, source: OrtError },
-    /// A file shipped with the extension (the tokenizer) could not be read.
-    #[error("reading {path}: {source}")]
-    Asset { path: &'static str, source: JsError },
-    #[error("reading {path}: HTTP {status}")]
-    AssetStatus { path: &'static str, status: u16 },
-    #[error("loading the tokenizer failed: {0}")]
-    Tokenizer(PromptError),
-    #[error("encoding the prompt failed: {0}")]
-    Prompt(PromptError),
     /// The pipeline itself (a graph that does not fit the contract, a failed run).
     #[error(transparent)]
     Stage(#[from] StageError),
@@ -71,13 +64,13 @@ pub fn stage_worker_main() {
         let message = event.data();
         spawn_local(async move {
             let outcome = match protocol::read::<StageTask>(&message) {
-                Ok((StageTask::TextEncoder { params }, _)) => text_encoder(&params).await,
+                Ok((StageTask::TextEncoder { params, prompt }, _)) => text_encoder(&params, &prompt).await,
                 Ok((StageTask::Transformer { params }, data)) => transformer(&params, data).await,
                 Ok((StageTask::Decoder { params }, data)) => decoder(&params, data).await,
                 Err(e) => Err(StageWorkerError::NotATask(e)),
             };
             match outcome {
-                Ok((output, data)) => report(&StageReport::Done { output }, Some(&data)),
+                Ok((output, data)) => report(&StageReport::Done { output }, data.as_ref()),
                 Err(error) => report(&StageReport::Error { message: error.to_string() }, None),
             }
         });
@@ -98,8 +91,8 @@ fn report(report: &StageReport, data: Option<&JsValue>) {
     }
 }
 
-/// A stage's output, and the buffer it hands on.
-type StageResult = Result<(StageOutput, JsValue), StageWorkerError>;
+/// A stage's output, and the buffer it hands on (the decoder hands its PNGs on one by one instead).
+type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 
 /// A session on the chosen backend; the pipeline runs it through
 /// [`imagine_core::Session`].
@@ -108,15 +101,16 @@ struct Stage {
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     timing: StageTiming,
+    /// Tables of the float32 conversion looked up here and fed as inputs.
+    lookups: Vec<(EmbeddingLookup, web_sys::File)>,
 }
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
     /// reads itself (the asyncify build reads each whole into memory first; see `imagine_ort`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
-        let (_, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
-        let name = graph.file_name();
-        let bytes = opfs::read(&dir, &name).await?;
+        let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
+        let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
         let mut external = Vec::new();
         for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
@@ -133,18 +127,18 @@ impl Stage {
         let provider = match backend {
             Backend::Wasm => Provider::Wasm,
             Backend::WebGpu => {
-                let needs_f16 = pack::declares_float16(&bytes).map_err(broken)?;
-                gpu::check_stage(needs_f16, &name).await?;
                 Provider::WebGpu
             }
         };
+        let started_at_ms = js_sys::Date::now();
         let started = now_ms();
         let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
         let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
-        let timing = StageTiming { session_create_ms: now_ms() - started, run_ms: 0.0 };
+        let timing = StageTiming { started_at_ms, session_create_ms: now_ms() - started, run_ms: 0.0 };
+        report(&StageReport::SessionCreated { timing }, None);
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { session, inputs, outputs, timing })
+        Ok(Stage { session, inputs, outputs, timing, lookups })
     }
 
     /// Releases the session; the worker is terminated next, which frees ORT's device.
@@ -168,6 +162,9 @@ impl imagine_core::Session for Stage {
         feeds: &[(&str, &Tensor)],
         fetches: &[&str],
     ) -> Result<Vec<Tensor>, SessionError> {
+        let looked_up = look_up(&self.lookups, feeds).await?;
+        let feeds: Vec<(&str, &Tensor)> =
+            feeds.iter().copied().chain(looked_up.iter().map(|(name, t)| (name.as_str(), t))).collect();
         let tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
         let named: Vec<(&str, &ort::Tensor)> =
             feeds.iter().zip(&tensors).map(|((name, _), t)| (*name, t)).collect();
@@ -178,6 +175,88 @@ impl imagine_core::Session for Stage {
         tensors.into_iter().for_each(ort::Tensor::dispose);
         outputs.map_err(session_error)?.iter().map(from_ort).collect()
     }
+}
+
+/// The graph `graph` runs as on `backend`: `(file name, bytes, tables to look up)`. On a WebGPU adapter
+/// without `shader-f16`, a float16 graph runs as the pack's float32 conversion made for this adapter's
+/// limits; without one it is refused before anything is loaded.
+async fn choose_graph(
+    record: &opfs::PackRecord,
+    dir: &web_sys::FileSystemDirectoryHandle,
+    graph: Graph,
+    backend: Backend,
+) -> Result<(String, Vec<u8>, Vec<(EmbeddingLookup, web_sys::File)>), StageWorkerError> {
+    let name = graph.file_name();
+    let bytes = opfs::read(dir, &name).await?;
+    if backend == Backend::Wasm {
+        return Ok((name, bytes, Vec::new()));
+    }
+    let adapter = gpu::adapter_info().await?;
+    let needs_f16 = pack::declares_float16(&bytes)
+        .map_err(|source| StageWorkerError::Graph { graph: name.clone(), source })?;
+    if adapter.has_f16 || !needs_f16 {
+        return Ok((name, bytes, Vec::new()));
+    }
+    let converted = record
+        .conversion
+        .as_ref()
+        .filter(|c| c.limits == adapter.limits)
+        .and_then(|c| c.graph(graph))
+        .ok_or(GpuError::NoF16 { what: name })?;
+    let mut lookups = Vec::new();
+    for lookup in &converted.lookups {
+        let table =
+            opfs::file(dir, &lookup.source.file).await.map_err(|e| StageWorkerError::ExternalData {
+                graph: converted.onnx.clone(),
+                file: lookup.source.file.clone(),
+                source: Box::new(e),
+            })?;
+        lookups.push((lookup.clone(), table));
+    }
+    Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
+}
+
+/// The float32 inputs of the tables that left a converted graph: the rows of the ids fed, read from
+/// the float16 table in its file (each distinct row once).
+async fn look_up(
+    lookups: &[(EmbeddingLookup, web_sys::File)],
+    feeds: &[(&str, &Tensor)],
+) -> Result<Vec<(String, Tensor)>, SessionError> {
+    let mut inputs = Vec::new();
+    for (lookup, table) in lookups {
+        let ids = feeds.iter().find(|(name, _)| *name == lookup.ids_input).map(|(_, t)| *t);
+        let Some(Tensor { dims, data: TensorData::Int64(ids) }) = ids else {
+            return Err(SessionError(format!(
+                "no int64 `{}` fed to look `{}` up",
+                lookup.ids_input, lookup.table
+            )));
+        };
+        let mut rows: std::collections::HashMap<u64, Vec<u8>> = std::collections::HashMap::new();
+        for &id in ids {
+            let range = lookup.row_range(id).map_err(|e| SessionError(e.to_string()))?;
+            if rows.contains_key(&range.offset) {
+                continue;
+            }
+            let end = range.offset + range.length;
+            let read = |e: JsValue| SessionError(format!("reading {}: {}", range.file, JsError::from(e)));
+            let slice = table.slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(read)?;
+            let buffer = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+            rows.insert(range.offset, Uint8Array::new(&buffer).to_vec());
+        }
+        let values = lookup
+            .gather(ids, |offset, out| match rows.get(&offset) {
+                Some(row) if row.len() == out.len() => {
+                    out.copy_from_slice(row);
+                    Ok(())
+                }
+                _ => Err(format!("the row at byte {offset} is cut short")),
+            })
+            .map_err(|e| SessionError(e.to_string()))?;
+        let mut shape = dims.clone();
+        shape.push(lookup.row_elements as i64);
+        inputs.push((lookup.input.clone(), Tensor::from_f32(FloatType::Float32, &values, &shape)));
+    }
+    Ok(inputs)
 }
 
 fn session_error(e: ort::OrtError) -> SessionError {
@@ -204,17 +283,6 @@ fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
     Ok(Tensor { dims: tensor.dims(), data })
 }
 
-async fn fetch_bytes(path: &'static str) -> Result<Vec<u8>, StageWorkerError> {
-    let failed = |e: JsValue| StageWorkerError::Asset { path, source: e.into() };
-    let response = JsFuture::from(worker_scope().fetch_with_str(path)).await.map_err(failed)?;
-    let response: web_sys::Response = response.unchecked_into();
-    if !response.ok() {
-        return Err(StageWorkerError::AssetStatus { path, status: response.status() });
-    }
-    let buffer = JsFuture::from(response.array_buffer().map_err(failed)?).await.map_err(failed)?;
-    Ok(Uint8Array::new(&buffer).to_vec())
-}
-
 fn f32_buffer(values: &[f32]) -> JsValue {
     Float32Array::from(values).buffer().into()
 }
@@ -228,45 +296,43 @@ fn f32_from_buffer(data: Option<JsValue>, what: &'static str) -> Result<Vec<f32>
     }
 }
 
-/// Stage 1: chat template, tokens, `prompt_embeds`.
-async fn text_encoder(params: &GenerateParams) -> StageResult {
-    let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
-    let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-    let encoder = PromptEncoder::new(&tokenizer, &config).map_err(StageWorkerError::Tokenizer)?;
-    let encoded = encoder.encode(&params.prompt).map_err(StageWorkerError::Prompt)?;
-
+/// Stage 1: `prompt_embeds` of the prompt the offscreen document tokenized.
+async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt) -> StageResult {
     let mut stage = Stage::open(Graph::TextEncoder, params.backend).await?;
-    let embeddings = stages::encode_prompt(&mut stage, &encoded).await?;
+    let embeddings = stages::encode_prompt(&mut stage, prompt).await?;
     let timing = stage.close().await;
-    let output = EncoderOutput {
-        input_ids: encoded.input_ids,
-        attention_mask: encoded.attention_mask,
-        token_count: encoded.token_count as u32,
-        truncated: encoded.truncated,
-        timing,
-    };
-    Ok((StageOutput::TextEncoder(output), f32_buffer(&embeddings)))
+    Ok((StageOutput::TextEncoder(EncoderOutput { timing }), Some(f32_buffer(&embeddings))))
 }
 
-/// Stage 2: the denoising loop, one progress report per step.
+/// Stage 2: the denoising loop of each image of the batch on one session, one progress report per
+/// step; the final latents of all images, one after the other.
 async fn transformer(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
-    let denoise = DenoiseParams {
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        seed: params.seed,
-        schedule: params.schedule,
-    };
-
     let mut stage = Stage::open(Graph::Transformer, params.backend).await?;
     let steps = params.steps;
-    let progress = |step: u32| report(&StageReport::Progress { step, steps }, None);
-    let denoised = stages::denoise(&mut stage, embeddings, &denoise, progress).await?;
+    let mut latents = Vec::new();
+    let (mut noise, mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new(), Vec::new());
+    for image in 0..params.count {
+        let denoise = DenoiseParams {
+            width: params.width,
+            height: params.height,
+            steps,
+            seed: params.seed_of(image),
+            schedule: params.schedule,
+        };
+        let before = stage.timing.run_ms;
+        let progress = |step: u32| report(&StageReport::Progress { image, step, steps }, None);
+        let denoised = stages::denoise(&mut stage, embeddings.clone(), &denoise, progress).await?;
+        image_run_ms.push(stage.timing.run_ms - before);
+        if params.trace {
+            noise.push(base64_f32(&denoised.noise));
+        }
+        latents.extend_from_slice(&denoised.latents);
+        sigmas = denoised.sigmas;
+    }
     let timing = stage.close().await;
-    let noise = params.trace.then(|| base64_f32(&denoised.noise));
-    let output = TransformerOutput { sigmas: denoised.sigmas, noise, timing };
-    Ok((StageOutput::Transformer(output), f32_buffer(&denoised.latents)))
+    let output = TransformerOutput { sigmas, noise, image_run_ms, timing };
+    Ok((StageOutput::Transformer(output), Some(f32_buffer(&latents))))
 }
 
 /// Float32 values as little-endian bytes in base64 (the trace format).
@@ -276,22 +342,31 @@ pub fn base64_f32(values: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Stage 3: unpack the latents into the layout the decoder declares, decode, and encode the PNG.
+/// Stage 3: each image's latents unpacked into the layout the decoder declares, decoded and encoded
+/// as a PNG, which is handed on at once (`Image`).
 async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
     let latents = f32_from_buffer(data, "latents")?;
-    let meta = PngMeta {
-        prompt: params.prompt.clone(),
-        seed: params.seed,
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        schedule: params.schedule.name().to_owned(),
-    };
-
+    let count = params.count.max(1) as usize;
+    if latents.is_empty() || latents.len() % count != 0 {
+        return Err(StageWorkerError::MissingInput("the latents of every image"));
+    }
     let mut stage = Stage::open(Graph::Decoder, params.backend).await?;
-    let sample = stages::decode(&mut stage, &latents, params.width, params.height).await?;
+    for (index, latents) in (0..params.count).zip(latents.chunks_exact(latents.len() / count)) {
+        let meta = PngMeta {
+            prompt: params.prompt.clone(),
+            seed: params.seed_of(index),
+            width: params.width,
+            height: params.height,
+            steps: params.steps,
+            schedule: params.schedule.name().to_owned(),
+        };
+        let before = stage.timing.run_ms;
+        let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
+        let timing = StageTiming { run_ms: stage.timing.run_ms - before, ..stage.timing };
+        let png = stages::encode_image(&sample, &meta)?;
+        let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
+        report(&StageReport::Image { index, timing }, Some(&buffer));
+    }
     let timing = stage.close().await;
-    let png = stages::encode_image(&sample, &meta)?;
-    let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
-    Ok((StageOutput::Decoder { timing }, buffer))
+    Ok((StageOutput::Decoder { timing }, None))
 }

@@ -5,6 +5,8 @@ use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
 use wasm_bindgen::prelude::*;
 use web_sys::{Document, HtmlElement, HtmlImageElement};
 
+use crate::i18n;
+
 /// The page's document.
 pub fn document() -> Document {
     web_sys::window().and_then(|w| w.document()).expect("pages have a document")
@@ -26,12 +28,28 @@ pub fn set_visible(id: &str, visible: bool) {
 }
 
 /// A human description of a progress report.
+/// Appends a `<dt>name</dt><dd>value</dd>` pair to `list` for each row, as text.
+pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
+    let document = document();
+    for (name, value) in rows {
+        let (Ok(dt), Ok(dd)) = (document.create_element("dt"), document.create_element("dd")) else {
+            continue;
+        };
+        dt.set_text_content(Some(&name));
+        dd.set_text_content(Some(&value));
+        let _ = list.append_child(&dt);
+        let _ = list.append_child(&dd);
+    }
+}
+
 pub fn describe(progress: &Progress) -> String {
     match progress.stage {
-        Stage::TextEncoder => "Encoding the prompt\u{2026}".to_owned(),
-        Stage::Transformer if progress.step == 0 => "Loading the image model\u{2026}".to_owned(),
-        Stage::Transformer => format!("Step {} of {}", progress.step, progress.steps),
-        Stage::Decoder => "Decoding the image\u{2026}".to_owned(),
+        Stage::TextEncoder => i18n::t("progressEncoding"),
+        Stage::Transformer if progress.step == 0 => i18n::t("progressLoadingModel"),
+        Stage::Transformer => {
+            i18n::t_args("progressStep", &[&progress.step.to_string(), &progress.steps.to_string()])
+        }
+        Stage::Decoder => i18n::t("progressDecoding"),
     }
 }
 
@@ -57,7 +75,7 @@ impl JobView {
                 true
             }
             Event::Cancelled { job } if *job == self.job => {
-                set_text("progress", "Cancelled.");
+                set_text("progress", &i18n::t("progressCancelled"));
                 true
             }
             _ => false,
@@ -68,23 +86,23 @@ impl JobView {
     pub fn show_state(&self, state: &JobState) -> bool {
         match state {
             JobState::Running { progress, .. } => {
-                set_text("progress", &progress.as_ref().map_or("Starting\u{2026}".to_owned(), describe));
+                set_text("progress", &progress.as_ref().map_or_else(|| i18n::t("starting"), describe));
                 false
             }
-            JobState::Done { result } => {
+            JobState::Done { result, .. } => {
                 self.show_result(result);
                 true
             }
-            JobState::Failed { error } => {
+            JobState::Failed { error, .. } => {
                 self.show_error(error);
                 true
             }
-            JobState::Cancelled => {
-                set_text("progress", "Cancelled.");
+            JobState::Cancelled { .. } => {
+                set_text("progress", &i18n::t("progressCancelled"));
                 true
             }
             JobState::Unknown => {
-                self.show_error("This image is no longer available.");
+                self.show_error(&i18n::t("jobGone"));
                 true
             }
         }
@@ -106,16 +124,19 @@ impl JobView {
         download.set_href(&url);
         download.set_download(&format!("imagine-{}.png", result.seed));
         set_visible("save-png", true);
-        set_text("progress", "Done.");
-        let mut meta = format!(
-            "{}\u{00d7}{}, {} steps, {}, seed {}",
-            result.width, result.height, result.steps, result.schedule, result.seed
+        set_text("progress", &i18n::t("progressDone"));
+        let mut meta = i18n::t_args(
+            "viewMeta",
+            &[
+                &result.width.to_string(),
+                &result.height.to_string(),
+                &result.steps.to_string(),
+                &result.schedule,
+                &result.seed,
+            ],
         );
         if result.truncated {
-            meta.push_str(&format!(
-                ". The prompt was longer than the model reads: only its first {} tokens were used.",
-                result.token_count
-            ));
+            meta.push_str(&i18n::t_args("viewTruncated", &[&result.token_count.to_string()]));
         }
         set_text("meta", &meta);
     }

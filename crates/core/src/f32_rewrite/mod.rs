@@ -106,17 +106,19 @@
 //! dependency, and the same wire-format rules as [`crate::pack`]'s reader.
 
 mod ops;
+pub mod pack_conversion;
 mod rewrite;
 mod wire;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use ops::supported_operators;
 pub use rewrite::{remaining_float16, rewrite};
 
 /// The adapter limits a tensor must fit (`GPUAdapter.limits`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Limits {
     /// `maxStorageBufferBindingSize`.
     pub max_storage_buffer_binding_size: u64,
@@ -194,7 +196,7 @@ pub struct Rewrite {
 }
 
 /// A byte range in a file of the pack.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Range {
     /// The file's name in the pack (normalized, [`crate::pack::validate_relative_path`]).
@@ -228,7 +230,7 @@ pub struct NewFile {
 }
 
 /// A float16 table that left the graph: the web side gathers its rows and feeds them as `input`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EmbeddingLookup {
     /// The new float32 graph input (the removed Gather's output name), shaped like `ids_input` plus

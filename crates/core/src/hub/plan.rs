@@ -126,5 +126,5 @@ pub fn plan(
         }
     }
     let total_bytes = files.iter().map(|f| f.size).sum();
-    Ok(PackPlan { source: source.clone(), commit: commit.to_owned(), files, total_bytes })
+    Ok(PackPlan { source: source.clone(), commit: commit.to_owned(), files, total_bytes, conversion: None })
 }

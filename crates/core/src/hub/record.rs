@@ -170,6 +170,7 @@ mod tests {
             commit: "a".repeat(40),
             total_bytes: sizes.iter().sum(),
             files,
+            conversion: None,
         }
     }
 

@@ -1,0 +1,354 @@
+//! The gallery page: every kept image as a grid, newest first, searchable by prompt; a large view
+//! with the parameters; reuse, delete one or all, export all as a zip.
+//!
+//! While the large view is open the page's URL carries `?view=<id>`, which is how the service worker
+//! knows not to drop that image when the gallery is over its limit (`gallery::viewed_ids`). Thumbnails
+//! are read straight from the PNG files in OPFS (same origin), so no image is copied through messages
+//! to draw the grid; every change goes through the message API.
+
+use std::cell::RefCell;
+
+use imagine_core::api::{Event, GalleryListRequest, Reply, Request};
+use imagine_core::gallery::{self, GalleryItem, EXPORT_DIR, EXPORT_FILE, GALLERY_DIR};
+use imagine_core::hub::format_bytes;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
+
+use crate::i18n::{self, t, t_args};
+use crate::js::{from_js, sleep_ms};
+use crate::messaging::request;
+use crate::opfs;
+use crate::settings::{self, Reuse};
+use crate::view::{document, element, fill_definitions, set_text, set_visible};
+
+#[derive(Default)]
+struct State {
+    /// What the grid shows, newest first.
+    items: Vec<GalleryItem>,
+    /// Object URLs of the thumbnails, revoked when the grid is redrawn.
+    urls: Vec<String>,
+    /// The item in the large view.
+    viewing: Option<GalleryItem>,
+    /// Bumped on each reload, so an older reply that arrives late is dropped.
+    generation: u32,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Entry point of `gallery.js`.
+#[wasm_bindgen(js_name = galleryPageMain)]
+pub fn gallery_page_main() {
+    i18n::localize_page();
+    on("search", "input", || spawn_local(reload()));
+    on("more", "click", || spawn_local(load_more()));
+    on("export", "click", || spawn_local(export()));
+    on("clear", "click", ask_clear);
+    on("confirm-yes", "click", || {
+        dialog("confirm").close();
+        spawn_local(clear());
+    });
+    on("confirm-no", "click", || dialog("confirm").close());
+    on("reuse", "click", || spawn_local(reuse()));
+    on("delete", "click", || spawn_local(delete_viewed()));
+    on("viewer-close", "click", || dialog("viewer").close());
+    on("viewer", "close", viewer_closed);
+    spawn_local(async {
+        reload().await;
+        let view = web_sys::window()
+            .and_then(|w| w.location().search().ok())
+            .and_then(|search| web_sys::UrlSearchParams::new_with_str(&search).ok())
+            .and_then(|params| params.get("view"));
+        if let Some(id) = view {
+            open(id).await;
+        }
+    });
+}
+
+/// `chrome.runtime.onMessage` on the gallery page: a new image shows up at once.
+#[wasm_bindgen(js_name = galleryPageEvent)]
+pub fn gallery_page_event(message: JsValue) {
+    if let Ok(Event::Result(result)) = from_js::<Event>(&message) {
+        // The service worker stores the image when it gets the same event: wait until it is listed.
+        spawn_local(async move {
+            for _ in 0..20 {
+                reload().await;
+                // A search the new prompt may not match: one reload is all it needs.
+                if query().is_some() || STATE.with_borrow(|s| s.items.iter().any(|i| i.id == result.job)) {
+                    return;
+                }
+                sleep_ms(250).await;
+            }
+        });
+    }
+}
+
+fn on(id: &str, event: &str, action: impl Fn() + 'static) {
+    let closure = Closure::<dyn Fn()>::new(action);
+    let _ =
+        element::<HtmlElement>(id).add_event_listener_with_callback(event, closure.as_ref().unchecked_ref());
+    closure.forget();
+}
+
+fn dialog(id: &str) -> web_sys::HtmlDialogElement {
+    element(id)
+}
+
+fn show_error(error: Option<&str>) {
+    set_text("gallery-error", error.unwrap_or_default());
+    set_visible("gallery-error", error.is_some());
+}
+
+fn query() -> Option<String> {
+    Some(element::<HtmlInputElement>("search").value()).filter(|q| !q.trim().is_empty())
+}
+
+/// Redraws the grid from the first page.
+async fn reload() {
+    let generation = STATE.with_borrow_mut(|s| {
+        s.generation += 1;
+        for url in s.urls.drain(..) {
+            let _ = web_sys::Url::revoke_object_url(&url);
+        }
+        s.items.clear();
+        s.generation
+    });
+    element::<HtmlElement>("grid").set_text_content(None);
+    fetch_page(generation, 0).await;
+}
+
+async fn load_more() {
+    let (generation, offset) = STATE.with_borrow(|s| (s.generation, s.items.len()));
+    fetch_page(generation, offset as i64).await;
+}
+
+async fn fetch_page(generation: u32, offset: i64) {
+    let list = GalleryListRequest { query: query(), offset: Some(offset), limit: None };
+    let page = match request(&Request::GalleryList(list)).await {
+        Reply::Gallery(page) => page,
+        Reply::Error { error } => return show_error(Some(&error)),
+        other => return show_error(Some(&format!("{other:?}"))),
+    };
+    if STATE.with_borrow(|s| s.generation) != generation {
+        return;
+    }
+    show_error(None);
+    let limit = page.limit;
+    set_text(
+        "usage",
+        &t_args(
+            "galleryUsage",
+            &[
+                &page.count.to_string(),
+                &format_bytes(page.bytes_used),
+                &limit.max_items.to_string(),
+                &format_bytes(limit.max_bytes),
+            ],
+        ),
+    );
+    for item in &page.items {
+        add_thumbnail(item);
+    }
+    let shown = STATE.with_borrow_mut(|s| {
+        s.items.extend(page.items);
+        s.items.len()
+    });
+    set_visible("empty", page.count == 0);
+    set_visible("more", (shown as u32) < page.total);
+    if page.count > 0 && page.total == 0 {
+        set_text("usage", &t_args("galleryNoMatch", &[&page.count.to_string()]));
+    }
+}
+
+fn add_thumbnail(item: &GalleryItem) {
+    let document = document();
+    let (Ok(li), Ok(button), Ok(img)) =
+        (document.create_element("li"), document.create_element("button"), document.create_element("img"))
+    else {
+        return;
+    };
+    let _ = button.set_attribute("type", "button");
+    let _ = button.set_attribute("class", "thumb");
+    let _ = button.set_attribute("data-id", &item.id);
+    // The prompt is set as an attribute's text, never parsed as HTML.
+    let _ = img.set_attribute("alt", &item.prompt);
+    let _ = img.set_attribute("width", &item.width.to_string());
+    let _ = img.set_attribute("height", &item.height.to_string());
+    let _ = button.append_child(&img);
+    let _ = li.append_child(&button);
+    let _ = element::<HtmlElement>("grid").append_child(&li);
+    let id = item.id.clone();
+    let closure = Closure::<dyn Fn()>::new(move || spawn_local(open(id.clone())));
+    button.unchecked_ref::<HtmlElement>().set_onclick(Some(closure.as_ref().unchecked_ref()));
+    closure.forget();
+    let img: HtmlImageElement = img.unchecked_into();
+    let id = item.id.clone();
+    spawn_local(async move {
+        let Ok(dir) = opfs::dir(GALLERY_DIR, false).await else { return };
+        let Ok(file) = opfs::file(&dir, &gallery::image_file(&id)).await else { return };
+        if let Ok(url) = web_sys::Url::create_object_url_with_blob(&file) {
+            img.set_src(&url);
+            STATE.with_borrow_mut(|s| s.urls.push(url));
+        }
+    });
+}
+
+/// Opens the large view of `id`.
+async fn open(id: String) {
+    let (item, png) = match request(&Request::GalleryImage { id: id.clone() }).await {
+        Reply::GalleryImage { item, png } => (item, png),
+        Reply::Error { error } => return show_error(Some(&error)),
+        _ => return,
+    };
+    let url = format!("data:image/png;base64,{png}");
+    let image = element::<HtmlImageElement>("viewer-image");
+    image.set_src(&url);
+    let _ = image.set_attribute("alt", &item.prompt);
+    set_text("viewer-prompt", &item.prompt);
+    set_text("viewer-status", "");
+    let save = element::<HtmlAnchorElement>("viewer-save");
+    save.set_href(&url);
+    save.set_download(&format!("imagine-{}.png", item.seed));
+    show_params(&item);
+    set_view_url(Some(&item.id));
+    STATE.with_borrow_mut(|s| s.viewing = Some(item));
+    let viewer = dialog("viewer");
+    if !viewer.open() {
+        let _ = viewer.show_modal();
+    }
+}
+
+fn show_params(item: &GalleryItem) {
+    let list = element::<HtmlElement>("viewer-params");
+    list.set_text_content(None);
+    let created =
+        js_sys::Date::new(&JsValue::from_f64(item.created)).to_locale_string("default", &JsValue::UNDEFINED);
+    let mut rows = vec![
+        (t("seed"), item.seed.clone()),
+        (t("gallerySize"), format!("{} \u{00d7} {}", item.width, item.height)),
+        (t("steps"), item.steps.to_string()),
+        (t("schedule"), item.schedule.clone()),
+        (t("galleryCreated"), String::from(created)),
+        (t("galleryFileSize"), format_bytes(item.bytes)),
+    ];
+    if let Some(timings) = &item.timings {
+        rows.push((t("galleryTime"), format!("{:.1} s", timings.total_ms / 1000.0)));
+    }
+    if let Some(commit) = &item.pack_commit {
+        rows.push((t("galleryPack"), commit.chars().take(12).collect()));
+    }
+    fill_definitions(&list, rows);
+}
+
+/// Puts `?view=<id>` in the page's URL (or takes it out), without reloading.
+fn set_view_url(id: Option<&str>) {
+    let Some(window) = web_sys::window() else { return };
+    let url = match id {
+        Some(id) => format!("gallery.html?view={id}"),
+        None => "gallery.html".to_owned(),
+    };
+    if let Ok(history) = window.history() {
+        let _ = history.replace_state_with_url(&JsValue::NULL, "", Some(&url));
+    }
+}
+
+fn viewer_closed() {
+    set_view_url(None);
+    let id = STATE.with_borrow_mut(|s| s.viewing.take().map(|i| i.id));
+    // Focus goes back to the thumbnail the view was opened from.
+    if let Some(id) = id {
+        if let Ok(Some(button)) = document().query_selector(&format!("button.thumb[data-id=\"{id}\"]")) {
+            let _ = button.unchecked_into::<HtmlElement>().focus();
+        }
+    }
+}
+
+async fn reuse() {
+    let Some(item) = STATE.with_borrow(|s| s.viewing.clone()) else { return };
+    let reuse = Reuse {
+        prompt: item.prompt,
+        width: item.width,
+        height: item.height,
+        steps: item.steps,
+        seed: item.seed,
+        schedule: item.schedule,
+    };
+    if let Err(e) = settings::save_reuse(&reuse).await {
+        set_text("viewer-status", &e.to_string());
+        return;
+    }
+    set_text("viewer-status", &t("galleryReused"));
+    // Opens the toolbar popup where the browser allows it; otherwise the settings wait there.
+    if let Ok(promise) = crate::chrome::action_open_popup() {
+        let _ = JsFuture::from(promise).await;
+    }
+}
+
+async fn delete_viewed() {
+    let Some(id) = STATE.with_borrow(|s| s.viewing.as_ref().map(|i| i.id.clone())) else { return };
+    match request(&Request::GalleryDelete { id }).await {
+        Reply::Done => {
+            dialog("viewer").close();
+            reload().await;
+        }
+        Reply::Error { error } => set_text("viewer-status", &error),
+        _ => {}
+    }
+}
+
+fn ask_clear() {
+    let count = STATE.with_borrow(|s| s.items.len());
+    if count == 0 && query().is_none() {
+        return;
+    }
+    set_text("confirm-text", &t("galleryClearQuestion"));
+    let confirm = dialog("confirm");
+    let _ = confirm.show_modal();
+    // The safe choice has the focus.
+    let _ = element::<HtmlButtonElement>("confirm-no").focus();
+}
+
+async fn clear() {
+    match request(&Request::GalleryClear {}).await {
+        Reply::Error { error } => show_error(Some(&error)),
+        _ => reload().await,
+    }
+    let _ = element::<HtmlButtonElement>("export").focus();
+}
+
+/// Asks for the zip, then hands it to the browser's download and removes the OPFS copy.
+async fn export() {
+    set_text("usage", &t("galleryExporting"));
+    let (file, images) = match request(&Request::GalleryExport {}).await {
+        Reply::GalleryExport { file, images, .. } => (file, images),
+        Reply::Error { error } => return show_error(Some(&error)),
+        _ => return,
+    };
+    let saved = async {
+        let dir = opfs::dir(EXPORT_DIR, false).await?;
+        let bytes = opfs::read(&dir, EXPORT_FILE).await?;
+        opfs::remove(&dir, EXPORT_FILE).await?;
+        Ok::<_, opfs::OpfsError>(bytes)
+    };
+    let bytes = match saved.await {
+        Ok(bytes) => bytes,
+        Err(e) => return show_error(Some(&format!("{file}: {e}"))),
+    };
+    let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(bytes.as_slice()));
+    let options = web_sys::BlobPropertyBag::new();
+    options.set_type("application/zip");
+    let Ok(blob) = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &options) else {
+        return;
+    };
+    let Ok(url) = web_sys::Url::create_object_url_with_blob(&blob) else { return };
+    if let Ok(link) = document().create_element("a") {
+        let link: HtmlAnchorElement = link.unchecked_into();
+        link.set_href(&url);
+        link.set_download("imagine-gallery.zip");
+        link.click();
+    }
+    set_text("usage", &t_args("galleryExported", &[&images.to_string(), &format_bytes(bytes.len() as u64)]));
+    STATE.with_borrow_mut(|s| s.urls.push(url));
+}

@@ -1,0 +1,209 @@
+//! The options page: defaults for new images, the gallery's limits, the model (source, download,
+//! storage, delete) and what this device offers before anything is downloaded (WebGPU adapter,
+//! `shader-f16`, buffer limits, storage quota).
+
+use imagine_core::api::{Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, Reply, Request};
+use imagine_core::hub::format_bytes;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::spawn_local;
+use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
+
+use crate::i18n::{self, t, t_args};
+use crate::js::from_js;
+use crate::messaging::request;
+use crate::settings::{self, Defaults};
+use crate::view::{element, fill_definitions, set_text, set_visible};
+use crate::{gpu, opfs};
+
+const MIB: i64 = 1 << 20;
+
+/// Entry point of `options.js`.
+#[wasm_bindgen(js_name = optionsPageMain)]
+pub fn options_page_main() {
+    i18n::localize_page();
+    on_click("save-defaults", || spawn_local(save_defaults()));
+    on_click("save-limit", || spawn_local(save_limit()));
+    on_click("save-source", || source_clicked(false));
+    on_click("install", || source_clicked(true));
+    on_click("delete-pack", || {
+        spawn_local(async {
+            if let Reply::Error { error } = request(&Request::DeletePack {}).await {
+                show_model_error(Some(&error));
+            }
+            refresh_model().await;
+        })
+    });
+    spawn_local(async {
+        let defaults = settings::defaults().await;
+        input("default-width").set_value(&defaults.width.to_string());
+        input("default-height").set_value(&defaults.height.to_string());
+        input("default-steps").set_value(&defaults.steps.to_string());
+        element::<HtmlSelectElement>("default-schedule").set_value(&defaults.schedule);
+        if let Some(source) = settings::source().await {
+            input("hub-endpoint").set_value(&source.endpoint);
+            input("hub-repo").set_value(&source.repo);
+            input("hub-revision").set_value(&source.revision);
+        }
+        let list = GalleryListRequest { limit: Some(1), ..Default::default() };
+        if let Reply::Gallery(page) = request(&Request::GalleryList(list)).await {
+            input("max-items").set_value(&page.limit.max_items.to_string());
+            input("max-megabytes").set_value(&(page.limit.max_bytes / MIB as u64).to_string());
+        }
+        refresh_model().await;
+        device_report().await;
+    });
+}
+
+/// `chrome.runtime.onMessage` on the options page: the model's state follows downloads.
+#[wasm_bindgen(js_name = optionsPageEvent)]
+pub fn options_page_event(message: JsValue) {
+    if let Ok(Event::PackInstalled { .. } | Event::PackFailed { .. } | Event::PackProgress(_)) =
+        from_js::<Event>(&message)
+    {
+        spawn_local(refresh_model());
+    }
+}
+
+fn on_click(id: &str, action: impl Fn() + 'static) {
+    let closure = Closure::<dyn Fn()>::new(action);
+    element::<HtmlElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
+    closure.forget();
+}
+
+fn input(id: &str) -> HtmlInputElement {
+    element(id)
+}
+
+fn number(id: &str) -> Option<i64> {
+    input(id).value().trim().parse().ok()
+}
+
+async fn save_defaults() {
+    let schedule = element::<HtmlSelectElement>("default-schedule").value();
+    let text = match Defaults::validate(
+        number("default-width"),
+        number("default-height"),
+        number("default-steps"),
+        schedule,
+    ) {
+        Ok(defaults) => match settings::save_defaults(&defaults).await {
+            Ok(()) => t("optionsSaved"),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    set_text("defaults-status", &text);
+}
+
+async fn save_limit() {
+    let limit = GalleryLimitRequest {
+        max_items: number("max-items"),
+        max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MIB)),
+    };
+    let text = match request(&Request::GalleryLimit(limit)).await {
+        Reply::GalleryLimit(limit) => {
+            t_args("optionsLimitSaved", &[&limit.max_items.to_string(), &format_bytes(limit.max_bytes)])
+        }
+        Reply::Error { error } => error,
+        other => format!("{other:?}"),
+    };
+    set_text("limit-status", &text);
+}
+
+/// Save source / Download: the host permission is asked for within the click, then the source is
+/// checked, saved, and (`install`) downloaded.
+fn source_clicked(install: bool) {
+    let source = match settings::source_from_form().validate() {
+        Ok(source) => source,
+        Err(e) => return show_model_error(Some(&e.to_string())),
+    };
+    let permission = settings::request_host_permission(&source);
+    spawn_local(async move {
+        settings::host_permission_answered(permission).await;
+        if let Err(e) = settings::save_source(&source).await {
+            return show_model_error(Some(&e.to_string()));
+        }
+        show_model_error(None);
+        if install {
+            if let Reply::Error { error } =
+                request(&Request::InstallPack(InstallRequest::new(source, None))).await
+            {
+                show_model_error(Some(&error));
+            }
+        } else {
+            set_text("model-status", &t("optionsSourceSaved"));
+        }
+        refresh_model().await;
+    });
+}
+
+fn show_model_error(error: Option<&str>) {
+    set_text("model-error", error.unwrap_or_default());
+    set_visible("model-error", error.is_some());
+}
+
+async fn refresh_model() {
+    let Reply::PackStatus(status) = request(&Request::PackStatus {}).await else { return };
+    let text = if status.installed {
+        let commit = status.commit.as_deref().unwrap_or_default();
+        let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
+        t_args("optionsModelInstalled", &[repo, &commit[..commit.len().min(7)], &format_bytes(status.bytes)])
+    } else if let Some(download) = &status.download {
+        t_args(
+            "optionsModelDownloading",
+            &[&format_bytes(download.done_bytes), &format_bytes(download.total_bytes)],
+        )
+    } else {
+        t("optionsModelNone")
+    };
+    set_text("model-status", &text);
+    set_text(
+        "storage-status",
+        &t_args(
+            "optionsStorage",
+            &[&format_bytes(status.storage.usage_bytes), &format_bytes(status.storage.quota_bytes)],
+        ),
+    );
+    set_visible("delete-pack", status.installed);
+}
+
+/// The adapter, `shader-f16`, the buffer limits and the storage quota, as a list of name and value.
+async fn device_report() {
+    let mut rows: Vec<(String, String)> = Vec::new();
+    match gpu::device_report().await {
+        Ok(report) => {
+            let adapter = [report.vendor.as_str(), report.architecture.as_str()]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(" / ");
+            rows.push((t("optionsAdapter"), if adapter.is_empty() { t("optionsUnknown") } else { adapter }));
+            if !report.description.is_empty() {
+                rows.push((t("optionsAdapterDescription"), report.description));
+            }
+            let f16 = if report.shader_f16 { t("optionsYes") } else { t("optionsNo") };
+            rows.push(("shader-f16".into(), f16));
+            rows.push(("maxBufferSize".into(), format_bytes(report.max_buffer_size)));
+            rows.push((
+                "maxStorageBufferBindingSize".into(),
+                format_bytes(report.max_storage_buffer_binding_size),
+            ));
+            if !report.shader_f16 {
+                rows.push((t("optionsVerdict"), t("optionsNoF16")));
+            }
+        }
+        Err(e) => rows.push((t("optionsAdapter"), e.to_string())),
+    }
+    if let Ok(storage) = opfs::storage_use().await {
+        rows.push((
+            t("optionsQuota"),
+            t_args(
+                "optionsStorage",
+                &[&format_bytes(storage.usage_bytes), &format_bytes(storage.quota_bytes)],
+            ),
+        ));
+    }
+    let list = element::<HtmlElement>("device-report");
+    list.set_text_content(None);
+    fill_definitions(&list, rows);
+}

@@ -1,0 +1,186 @@
+//! What the pages share through `chrome.storage`: the user's defaults and pack source (set on the
+//! options page, read by the popup and the studio), the settings of a gallery image to reuse, and the
+//! host permission a pack source other than the Hub needs.
+//!
+//! | area | key | value |
+//! |---|---|---|
+//! | `local` | `imagine.defaults` | [`Defaults`]: `{width, height, steps, schedule}` |
+//! | `local` | `imagine.source` | `PackSource`: `{endpoint, repo, revision}` |
+//! | `session` | `imagine.reuse` | [`Reuse`]: `{prompt, width, height, steps, seed, schedule}`, written by the gallery, read (and removed) by the page that opens next |
+
+use imagine_core::api::{GenerateRequest, PackSource, Seed};
+use imagine_core::ParamError;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use wasm_bindgen_futures::JsFuture;
+
+use crate::chrome;
+use crate::js::{from_js, get, to_js, JsError, Obj};
+
+/// `chrome.storage.local` key of the [`Defaults`].
+pub const DEFAULTS_KEY: &str = "imagine.defaults";
+/// `chrome.storage.local` key of the pack source the options page saved.
+pub const SOURCE_KEY: &str = "imagine.source";
+/// `chrome.storage.session` key of the [`Reuse`] the gallery wrote.
+pub const REUSE_KEY: &str = "imagine.reuse";
+
+/// The generation settings a new prompt starts with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Defaults {
+    pub width: u32,
+    pub height: u32,
+    pub steps: u32,
+    pub schedule: String,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults { width: 512, height: 512, steps: 4, schedule: "empirical".into() }
+    }
+}
+
+impl Defaults {
+    /// Checks the values as `generate` would (so a saved default is always one `generate` accepts).
+    pub fn validate(
+        width: Option<i64>,
+        height: Option<i64>,
+        steps: Option<i64>,
+        schedule: String,
+    ) -> Result<Defaults, ParamError> {
+        let request =
+            GenerateRequest { width, height, steps, schedule: Some(schedule), ..Default::default() };
+        let params = request.validate(0)?;
+        Ok(Defaults {
+            width: params.width,
+            height: params.height,
+            steps: params.steps,
+            schedule: params.schedule.name().to_owned(),
+        })
+    }
+
+    /// A `generate` request for `prompt` with these settings and a random seed.
+    pub fn request(&self, prompt: String) -> GenerateRequest {
+        GenerateRequest {
+            prompt,
+            width: Some(self.width.into()),
+            height: Some(self.height.into()),
+            steps: Some(self.steps.into()),
+            schedule: Some(self.schedule.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// A gallery image's prompt and settings, for the next page that makes images.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reuse {
+    pub prompt: String,
+    pub width: u32,
+    pub height: u32,
+    pub steps: u32,
+    /// Decimal u64.
+    pub seed: String,
+    pub schedule: String,
+}
+
+impl Reuse {
+    /// As a `generate` request.
+    pub fn request(&self) -> GenerateRequest {
+        GenerateRequest {
+            prompt: self.prompt.clone(),
+            width: Some(self.width.into()),
+            height: Some(self.height.into()),
+            steps: Some(self.steps.into()),
+            seed: Some(Seed::Text(self.seed.clone())),
+            schedule: Some(self.schedule.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+type StorageCall = fn(&wasm_bindgen::JsValue) -> Result<js_sys::Promise, wasm_bindgen::JsValue>;
+
+async fn read<T: DeserializeOwned>(get_items: StorageCall, key: &str) -> Option<T> {
+    let items = JsFuture::from(get_items(&key.into()).ok()?).await.ok()?;
+    let value = get(&items, key);
+    if value.is_undefined() {
+        return None;
+    }
+    from_js(&value).ok()
+}
+
+async fn write<T: Serialize>(set: StorageCall, key: &str, value: &T) -> Result<(), JsError> {
+    let items = Obj::new().set(key, to_js(value)).build();
+    JsFuture::from(set(&items)?).await?;
+    Ok(())
+}
+
+/// The saved defaults, or the built-in ones.
+pub async fn defaults() -> Defaults {
+    read(chrome::local_get, DEFAULTS_KEY).await.unwrap_or_default()
+}
+
+/// Saves the defaults.
+pub async fn save_defaults(defaults: &Defaults) -> Result<(), JsError> {
+    write(chrome::local_set, DEFAULTS_KEY, defaults).await
+}
+
+/// The saved pack source, if the user saved one.
+pub async fn source() -> Option<PackSource> {
+    read(chrome::local_get, SOURCE_KEY).await
+}
+
+/// Saves the pack source.
+pub async fn save_source(source: &PackSource) -> Result<(), JsError> {
+    write(chrome::local_set, SOURCE_KEY, source).await
+}
+
+/// Leaves a gallery image's settings for the next page.
+pub async fn save_reuse(reuse: &Reuse) -> Result<(), JsError> {
+    write(chrome::session_set, REUSE_KEY, reuse).await
+}
+
+/// Takes the settings the gallery left, if any (once: they are removed).
+pub async fn take_reuse() -> Option<Reuse> {
+    let reuse = read(chrome::session_get, REUSE_KEY).await;
+    if reuse.is_some() {
+        if let Ok(promise) = chrome::session_remove(&REUSE_KEY.into()) {
+            let _ = JsFuture::from(promise).await;
+        }
+    }
+    reuse
+}
+
+/// Asks for access to a pack source's host when it is not the Hub (whose hosts the manifest grants).
+/// Must be called synchronously within the click that asks for the download (Chrome's rule for
+/// permission requests); the promise resolves once the user answered.
+/// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);
+/// an empty field means the published pack's value.
+pub fn source_from_form() -> PackSource {
+    let value = |id: &str| crate::view::element::<web_sys::HtmlInputElement>(id).value().trim().to_owned();
+    let defaults = PackSource::default();
+    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
+    PackSource {
+        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
+        repo: or_default(value("hub-repo"), defaults.repo),
+        revision: or_default(value("hub-revision"), defaults.revision),
+    }
+}
+
+pub fn request_host_permission(source: &PackSource) -> Option<js_sys::Promise> {
+    if source.endpoint == PackSource::default().endpoint {
+        return None;
+    }
+    let origins = js_sys::Array::of1(&format!("{}/*", source.endpoint).into());
+    chrome::permissions_request(&Obj::new().set("origins", origins).build()).ok()
+}
+
+/// Waits for the answer to [`request_host_permission`]. Refused or failed is not an error: the
+/// download may still work if the mirror allows CORS.
+pub async fn host_permission_answered(permission: Option<js_sys::Promise>) {
+    if let Some(permission) = permission {
+        let _ = JsFuture::from(permission).await;
+    }
+}

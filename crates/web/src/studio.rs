@@ -1,0 +1,1196 @@
+//! The studio (`studio.html`): the side panel, or a tab. Prompt with a live token count against the
+//! 512-token cap (the core's own tokenizer and chat template, loaded once, when first needed), size
+//! presets, steps, seed, schedule; progress as a bar by stage with the elapsed time and an estimate from
+//! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
+//! and "reuse this seed".
+//!
+//! Also what the service worker uses to open the studio at a job ([`show`]) and to apply the toolbar
+//! button's choice ([`apply_toolbar`]).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use imagine_core::api::{
+    Event, GenerateRequest, GenerateResult, JobState, Progress, Reply, Request, Seed, Stage,
+};
+use imagine_core::prompt::{PromptEncoder, MAX_TOKENS};
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+use web_sys::{
+    HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement, HtmlSelectElement,
+    HtmlTextAreaElement,
+};
+
+use crate::chrome;
+use crate::i18n;
+use crate::js::{from_js, get, now_ms, random_u64, to_js, Obj};
+use crate::messaging::request;
+use crate::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
+use crate::view::{document, element, set_text, set_visible};
+
+/// `chrome.storage.local` key of the per-stage timings of finished runs, by image size.
+const TIMINGS_KEY: &str = "studioTimings";
+/// Runs kept per size for the estimate.
+const KEPT_RUNS: usize = 5;
+/// Images made by "4 variations".
+const VARIATIONS: i64 = 4;
+/// The prompt is counted this long after the last key press.
+const COUNT_DELAY_MS: i32 = 150;
+/// `localStorage` key of the form's settings, kept from one visit to the next.
+const SETTINGS_KEY: &str = "imagine.studio.settings";
+
+/// The form's settings as last used (the prompt is not kept).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct FormSettings {
+    width: String,
+    height: String,
+    steps: String,
+    seed_fixed: bool,
+    seed: String,
+    schedule: String,
+}
+
+fn save_settings() {
+    let settings = FormSettings {
+        width: input("width").value(),
+        height: input("height").value(),
+        steps: input("steps").value(),
+        seed_fixed: input("seed-fixed").checked(),
+        seed: input("seed").value(),
+        schedule: element::<HtmlSelectElement>("schedule").value(),
+    };
+    if let (Some(storage), Ok(text)) = (local_storage(), serde_json::to_string(&settings)) {
+        let _ = storage.set_item(SETTINGS_KEY, &text);
+    }
+}
+
+fn restore_settings() {
+    let Some(text) = local_storage().and_then(|s| s.get_item(SETTINGS_KEY).ok().flatten()) else { return };
+    let Ok(settings) = serde_json::from_str::<FormSettings>(&text) else { return };
+    for (id, value) in [("width", &settings.width), ("height", &settings.height), ("steps", &settings.steps)]
+    {
+        if !value.is_empty() {
+            input(id).set_value(value);
+        }
+    }
+    input("seed-fixed").set_checked(settings.seed_fixed);
+    input("seed").set_value(&settings.seed);
+    if !settings.schedule.is_empty() {
+        element::<HtmlSelectElement>("schedule").set_value(&settings.schedule);
+    }
+    custom_size_edited();
+}
+
+fn local_storage() -> Option<web_sys::Storage> {
+    web_sys::window()?.local_storage().ok().flatten()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening the studio (service worker side)
+
+/// Shows `focus` in the studio: `opened` says whether the side panel opened from the user's gesture;
+/// otherwise `fallback` (a page of the extension) opens in a new tab.
+pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
+    focus.nonce = random_u64() >> 11;
+    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
+    if let Ok(promise) = chrome::session_set(&items) {
+        let _ = JsFuture::from(promise).await;
+    }
+    if !opened {
+        let url = chrome::runtime_get_url(fallback);
+        if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
+            let _ = JsFuture::from(promise).await;
+        }
+    }
+}
+
+/// The toolbar button's choice, as stored (the studio by default).
+pub async fn toolbar_choice() -> ToolbarOpens {
+    let Ok(promise) = chrome::local_get(&TOOLBAR_KEY.into()) else { return ToolbarOpens::default() };
+    let Ok(items) = JsFuture::from(promise).await else { return ToolbarOpens::default() };
+    from_js(&get(&items, TOOLBAR_KEY)).unwrap_or_default()
+}
+
+/// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. The service worker
+/// applies the choice again on install and start-up, so it holds whatever Chrome keeps of it across a
+/// restart.
+pub async fn apply_toolbar(choice: ToolbarOpens) {
+    let studio = choice == ToolbarOpens::Studio;
+    let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
+    let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
+    for call in [chrome::side_panel_set_panel_behavior(&behavior), chrome::action_set_popup(&popup)] {
+        let done = match call {
+            Ok(promise) => JsFuture::from(promise).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            web_sys::console::warn_1(&e);
+        }
+    }
+}
+
+/// Opens the studio in the side panel from a click in a page (the click is the gesture Chrome asks
+/// for; the call must happen before anything is awaited), else in a tab. Used by the popup.
+pub fn open_from_click(then: impl FnOnce() + 'static) {
+    let options = Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build();
+    let opening = chrome::side_panel_open(&options);
+    spawn_local(async move {
+        let opened = match opening {
+            Ok(promise) => JsFuture::from(promise).await.is_ok(),
+            Err(_) => false,
+        };
+        if !opened {
+            let url = chrome::runtime_get_url("studio.html");
+            if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
+                let _ = JsFuture::from(promise).await;
+            }
+        }
+        then();
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure parts: sizes, token counts, estimates
+
+/// The size presets: (message key, width, height). Every value is a multiple of 16 in 256..=1536.
+pub const PRESETS: [(&str, u32, u32); 4] = [
+    ("studioSquare", 512, 512),
+    ("studioSquareLarge", 1024, 1024),
+    ("studioPortrait", 768, 1024),
+    ("studioLandscape", 1024, 768),
+];
+
+/// What the token counter says: the count, and whether the end of the prompt would be cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCount {
+    pub tokens: usize,
+    pub over: bool,
+    /// At 90 % of the cap or more.
+    pub near: bool,
+}
+
+impl TokenCount {
+    pub fn new(tokens: usize) -> Self {
+        TokenCount { tokens, over: tokens > MAX_TOKENS, near: tokens * 10 >= MAX_TOKENS * 9 }
+    }
+}
+
+/// Wall-clock time of each stage of one finished image, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTimes {
+    /// From the request to the first transformer report.
+    pub encode_ms: f64,
+    /// Loading the transformer (its report of step 0 to step 1).
+    pub load_ms: f64,
+    /// One denoising step.
+    pub step_ms: f64,
+    /// From the decoder's report to the image.
+    pub decode_ms: f64,
+}
+
+impl StageTimes {
+    /// The mean of `runs` (none: `None`).
+    pub fn mean(runs: &[StageTimes]) -> Option<StageTimes> {
+        if runs.is_empty() {
+            return None;
+        }
+        let n = runs.len() as f64;
+        let sum = |f: fn(&StageTimes) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        Some(StageTimes {
+            encode_ms: sum(|t| t.encode_ms),
+            load_ms: sum(|t| t.load_ms),
+            step_ms: sum(|t| t.step_ms),
+            decode_ms: sum(|t| t.decode_ms),
+        })
+    }
+
+    /// Milliseconds left of an image at `progress` (`None`: not started), `in_stage_ms` after the
+    /// report, with `steps` steps.
+    pub fn left_ms(&self, progress: Option<&Progress>, in_stage_ms: f64, steps: u32) -> f64 {
+        let steps_ms = |n: u32| self.step_ms * f64::from(n);
+        let left = match progress {
+            None => self.encode_ms - in_stage_ms + self.load_ms + steps_ms(steps) + self.decode_ms,
+            Some(p) => match p.stage {
+                Stage::TextEncoder => {
+                    self.encode_ms - in_stage_ms + self.load_ms + steps_ms(steps) + self.decode_ms
+                }
+                Stage::Transformer if p.step == 0 => {
+                    self.load_ms - in_stage_ms + steps_ms(steps) + self.decode_ms
+                }
+                Stage::Transformer => steps_ms(steps.saturating_sub(p.step)) - in_stage_ms + self.decode_ms,
+                Stage::Decoder => self.decode_ms - in_stage_ms,
+            },
+        };
+        left.max(0.0)
+    }
+
+    /// One whole image.
+    pub fn image_ms(&self, steps: u32) -> f64 {
+        self.encode_ms + self.load_ms + self.step_ms * f64::from(steps) + self.decode_ms
+    }
+}
+
+/// How far one image is, 0..1, by stage (when there is no estimate yet).
+pub fn stage_fraction(progress: Option<&Progress>) -> f64 {
+    match progress {
+        None => 0.0,
+        Some(p) => match p.stage {
+            Stage::TextEncoder => 0.05,
+            Stage::Transformer => 0.1 + 0.8 * f64::from(p.step) / f64::from(p.steps.max(1)),
+            Stage::Decoder => 0.92,
+        },
+    }
+}
+
+/// The key of a size in the stored timings.
+fn size_key(width: u32, height: u32) -> String {
+    format!("{width}x{height}")
+}
+
+/// Stored timings: size key -> the last runs.
+type TimingStore = BTreeMap<String, Vec<StageTimes>>;
+
+/// Adds a run, keeping the last [`KEPT_RUNS`] per size.
+fn remember(store: &mut TimingStore, key: String, run: StageTimes) {
+    let runs = store.entry(key).or_default();
+    runs.push(run);
+    if runs.len() > KEPT_RUNS {
+        runs.drain(..runs.len() - KEPT_RUNS);
+    }
+}
+
+/// "about 12 s left" and the like.
+fn describe_left(ms: f64) -> String {
+    let s = (ms / 1000.0).round() as u64;
+    if s < 90 {
+        i18n::t_args("studioSecondsLeft", &[&s.max(1).to_string()])
+    } else {
+        i18n::t_args("studioMinutesLeft", &[&((s + 30) / 60).to_string()])
+    }
+}
+
+fn describe_elapsed(ms: f64) -> String {
+    i18n::t_args("studioElapsed", &[&format!("{:.0}", (ms / 1000.0).floor())])
+}
+
+// ---------------------------------------------------------------------------------------------
+// The page
+
+/// The prompt encoder: loaded once, when first needed.
+enum Encoder {
+    NotLoaded,
+    Loading,
+    Ready(Box<PromptEncoder>),
+    Failed,
+}
+
+/// The job on screen.
+struct Run {
+    job: String,
+    count: u32,
+    steps: u32,
+    width: u32,
+    height: u32,
+    /// When the request was sent (`performance.now()`); `None` when the page opened on a running job
+    /// (its timings are then not recorded).
+    started: Option<f64>,
+    /// When the page began following it.
+    followed: f64,
+    progress: Option<Progress>,
+    /// The image the progress is about (0-based).
+    image: u32,
+    /// When the last progress report came.
+    progress_at: f64,
+    /// Marks for this run's per-stage timings: first transformer report, step 1, decoder report.
+    transformer_at: Option<f64>,
+    step1_at: Option<f64>,
+    decoder_at: Option<f64>,
+    ended: bool,
+}
+
+struct Studio {
+    encoder: Encoder,
+    /// Bumped on every edit of the prompt: a count is shown only if no later edit came.
+    edit: u64,
+    run: Option<Run>,
+    /// One slot per image of the batch on screen.
+    results: Vec<Option<GenerateResult>>,
+    selected: usize,
+    timings: TimingStore,
+}
+
+thread_local! {
+    static STUDIO: RefCell<Studio> = const { RefCell::new(Studio {
+        encoder: Encoder::NotLoaded,
+        edit: 0,
+        run: None,
+        results: Vec::new(),
+        selected: 0,
+        timings: TimingStore::new(),
+    }) };
+}
+
+fn with<R>(f: impl FnOnce(&mut Studio) -> R) -> R {
+    STUDIO.with_borrow_mut(f)
+}
+
+/// Entry point of `studio.js`.
+#[wasm_bindgen(js_name = studioMain)]
+pub fn studio_main() {
+    i18n::localize_page();
+    fill_presets();
+    restore_settings();
+    on("form", "submit", |event| {
+        event.prevent_default();
+        spawn_local(generate(GenerateForm::Form));
+    });
+    on("cancel", "click", |_| spawn_local(cancel()));
+    on("prompt", "input", |_| prompt_edited());
+    on("prompt", "focus", |_| spawn_local(ensure_encoder()));
+    on("seed-fixed", "change", |_| seed_mode_changed());
+    on("width", "input", |_| custom_size_edited());
+    on("height", "input", |_| custom_size_edited());
+    on("copy", "click", |_| copy_selected());
+    on("again", "click", |_| spawn_local(generate(GenerateForm::Again)));
+    on("variations", "click", |_| spawn_local(generate(GenerateForm::Variations)));
+    on("reuse-seed", "click", |_| reuse_seed());
+    on("toolbar-opens", "change", |_| {
+        let choice = match element::<HtmlSelectElement>("toolbar-opens").value().as_str() {
+            "popup" => ToolbarOpens::Popup,
+            _ => ToolbarOpens::Studio,
+        };
+        spawn_local(async move {
+            let items = Obj::new().set(TOOLBAR_KEY, to_js(&choice)).build();
+            if let Ok(promise) = chrome::local_set(&items) {
+                let _ = JsFuture::from(promise).await;
+            }
+            apply_toolbar(choice).await;
+        });
+    });
+    seed_mode_changed();
+    let timer = Closure::<dyn Fn()>::new(tick);
+    if let Some(window) = web_sys::window() {
+        let _ = window
+            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000);
+    }
+    timer.forget();
+    spawn_local(start());
+}
+
+async fn start() {
+    let choice = toolbar_choice().await;
+    element::<HtmlSelectElement>("toolbar-opens").set_value(if choice == ToolbarOpens::Popup {
+        "popup"
+    } else {
+        "studio"
+    });
+    show_shortcut().await;
+    let timings = load_timings().await;
+    with(|s| s.timings = timings);
+    if let Reply::PackStatus(status) = request(&Request::PackStatus {}).await {
+        set_visible("pack-note", !status.installed);
+    }
+    // A tab opened on a job (`?job=`) shows it; otherwise whatever the service worker asked for last.
+    let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
+    let job = web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get("job"));
+    match job {
+        Some(job) => follow(StudioFocus { job: Some(job), ..Default::default() }).await,
+        None => {
+            if let Some(focus) = stored_focus().await {
+                follow(focus).await;
+            }
+        }
+    }
+}
+
+/// `chrome.runtime.onMessage` in the studio: events only.
+#[wasm_bindgen(js_name = studioEvent)]
+pub fn studio_event(message: JsValue) {
+    let Ok(event) = from_js::<Event>(&message) else { return };
+    let ours = |job: &str| with(|s| s.run.as_ref().is_some_and(|r| r.job == job && !r.ended));
+    match event {
+        Event::Progress { job, progress } if ours(&job) => on_progress(progress),
+        Event::Result(result) if ours(&result.job) => on_result(result),
+        Event::Failed { job, error } if ours(&job) => {
+            end_run(false);
+            show_error(&error);
+        }
+        Event::Cancelled { job } if ours(&job) => {
+            end_run(false);
+            set_text("progress", &i18n::t("progressCancelled"));
+        }
+        Event::PackInstalled { .. } => set_visible("pack-note", false),
+        _ => {}
+    }
+}
+
+/// `chrome.storage.onChanged` in the studio: the service worker asks it to show a job.
+#[wasm_bindgen(js_name = studioStorageChanged)]
+pub fn studio_storage_changed(changes: JsValue, area: String) {
+    if area != "session" {
+        return;
+    }
+    let change = get(&changes, STUDIO_FOCUS_KEY);
+    if change.is_undefined() {
+        return;
+    }
+    let Ok(focus) = from_js::<StudioFocus>(&get(&change, "newValue")) else { return };
+    let same = with(|s| s.run.as_ref().is_some_and(|r| Some(&r.job) == focus.job.as_ref()));
+    if !same {
+        spawn_local(follow(focus));
+    }
+}
+
+fn on(id: &str, kind: &str, action: impl Fn(web_sys::Event) + 'static) {
+    let closure = Closure::<dyn Fn(web_sys::Event)>::new(action);
+    let _ =
+        element::<HtmlElement>(id).add_event_listener_with_callback(kind, closure.as_ref().unchecked_ref());
+    closure.forget();
+}
+
+fn input(id: &str) -> HtmlInputElement {
+    element(id)
+}
+
+/// Builds the preset radio buttons (label and pixel size, as text).
+fn fill_presets() {
+    let list = element::<HtmlElement>("presets");
+    let doc = document();
+    let add = |value: String, label: String, size: Option<String>, checked: bool| {
+        let Ok(wrapper) = doc.create_element("label") else { return };
+        wrapper.set_class_name("chip");
+        let Ok(radio) = doc.create_element("input") else { return };
+        let radio: HtmlInputElement = radio.unchecked_into();
+        radio.set_type("radio");
+        radio.set_name("size");
+        radio.set_value(&value);
+        radio.set_checked(checked);
+        let closure = Closure::<dyn Fn()>::new(preset_chosen);
+        let _ = radio.add_event_listener_with_callback("change", closure.as_ref().unchecked_ref());
+        closure.forget();
+        let _ = wrapper.append_child(&radio);
+        if let Ok(name) = doc.create_element("span") {
+            name.set_text_content(Some(&label));
+            let _ = wrapper.append_child(&name);
+        }
+        if let Some(size) = size {
+            if let Ok(px) = doc.create_element("span") {
+                px.set_class_name("px");
+                px.set_text_content(Some(&size));
+                let _ = wrapper.append_child(&px);
+            }
+        }
+        let _ = list.append_child(&wrapper);
+    };
+    for (i, (key, w, h)) in PRESETS.iter().enumerate() {
+        add(format!("{w}x{h}"), i18n::t(key), Some(format!("{w}\u{00d7}{h}")), i == 0);
+    }
+    add("custom".into(), i18n::t("studioCustom"), None, false);
+}
+
+fn preset_chosen() {
+    let Ok(Some(checked)) = document().query_selector("input[name=size]:checked") else { return };
+    let value = checked.unchecked_into::<HtmlInputElement>().value();
+    if let Some((w, h)) = value.split_once('x') {
+        input("width").set_value(w);
+        input("height").set_value(h);
+    }
+}
+
+/// Typing a size selects "custom", or the preset it matches.
+fn custom_size_edited() {
+    let size = format!("{}x{}", input("width").value().trim(), input("height").value().trim());
+    let Ok(radios) = document().query_selector_all("input[name=size]") else { return };
+    let mut matched = false;
+    for i in 0..radios.length() {
+        let Some(radio) = radios.item(i).map(|n| n.unchecked_into::<HtmlInputElement>()) else { continue };
+        let hit = radio.value() == size;
+        matched |= hit;
+        radio.set_checked(hit || (radio.value() == "custom" && !matched && i + 1 == radios.length()));
+    }
+}
+
+fn seed_mode_changed() {
+    let fixed = input("seed-fixed").checked();
+    let seed = input("seed");
+    seed.set_disabled(!fixed);
+    if fixed && seed.value().trim().is_empty() {
+        seed.set_value(&(random_u64() >> 11).to_string());
+    }
+}
+
+// --- tokens
+
+fn prompt_edited() {
+    let edit = with(|s| {
+        s.edit += 1;
+        s.edit
+    });
+    let closure = Closure::once_into_js(move || spawn_local(count_tokens(edit)));
+    if let Some(window) = web_sys::window() {
+        let _ = window
+            .set_timeout_with_callback_and_timeout_and_arguments_0(closure.unchecked_ref(), COUNT_DELAY_MS);
+    }
+}
+
+/// Loads the tokenizer and the chat template from the extension (once).
+async fn ensure_encoder() {
+    let load = with(|s| {
+        let idle = matches!(s.encoder, Encoder::NotLoaded);
+        if idle {
+            s.encoder = Encoder::Loading;
+        }
+        idle
+    });
+    if !load {
+        return;
+    }
+    set_text("token-count", &i18n::t("studioTokensLoading"));
+    let encoder = async {
+        let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
+        let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
+        PromptEncoder::new(&tokenizer, &config).map_err(|e| e.to_string())
+    }
+    .await;
+    match encoder {
+        Ok(encoder) => with(|s| s.encoder = Encoder::Ready(Box::new(encoder))),
+        Err(error) => {
+            web_sys::console::error_1(&error.into());
+            with(|s| s.encoder = Encoder::Failed);
+            set_text("token-count", &i18n::t("studioTokensUnavailable"));
+            return;
+        }
+    }
+    let edit = with(|s| s.edit);
+    count_tokens(edit).await;
+}
+
+async fn fetch_bytes(path: &str) -> Result<Vec<u8>, String> {
+    let window = web_sys::window().ok_or("no window")?;
+    let response = JsFuture::from(window.fetch_with_str(path)).await.map_err(|e| format!("{path}: {e:?}"))?;
+    let response: web_sys::Response = response.unchecked_into();
+    if !response.ok() {
+        return Err(format!("{path}: HTTP {}", response.status()));
+    }
+    let buffer = JsFuture::from(response.array_buffer().map_err(|e| format!("{e:?}"))?)
+        .await
+        .map_err(|e| format!("{path}: {e:?}"))?;
+    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
+}
+
+async fn count_tokens(edit: u64) {
+    if with(|s| s.edit != edit) {
+        return;
+    }
+    if with(|s| matches!(s.encoder, Encoder::NotLoaded)) {
+        // It counts the latest prompt once loaded.
+        spawn_local(ensure_encoder());
+        return;
+    }
+    let prompt = element::<HtmlTextAreaElement>("prompt").value();
+    let count = with(|s| match &s.encoder {
+        Encoder::Ready(encoder) => encoder.count_tokens(&prompt).ok().map(TokenCount::new),
+        _ => None,
+    });
+    let Some(count) = count else { return };
+    set_text(
+        "token-count",
+        &i18n::t_args("studioTokens", &[&count.tokens.to_string(), &MAX_TOKENS.to_string()]),
+    );
+    let counter = element::<HtmlElement>("token-count");
+    counter.set_class_name(if count.over {
+        "count over"
+    } else if count.near {
+        "count near"
+    } else {
+        "count"
+    });
+    set_visible("token-warning", count.over);
+    if count.over {
+        set_text(
+            "token-warning",
+            &i18n::t_args(
+                "studioTokensOver",
+                &[&MAX_TOKENS.to_string(), &(count.tokens - MAX_TOKENS).to_string()],
+            ),
+        );
+    }
+}
+
+// --- generating
+
+enum GenerateForm {
+    /// The form's settings.
+    Form,
+    /// The shown image's settings with a new random seed.
+    Again,
+    /// The shown image's settings, four images from the next seed on.
+    Variations,
+}
+
+fn form_request() -> GenerateRequest {
+    let number = |id: &str| input(id).value().trim().parse::<i64>().ok();
+    let seed = input("seed").value().trim().to_owned();
+    GenerateRequest {
+        prompt: element::<HtmlTextAreaElement>("prompt").value(),
+        width: number("width"),
+        height: number("height"),
+        steps: number("steps"),
+        seed: (input("seed-fixed").checked() && !seed.is_empty()).then_some(Seed::Text(seed)),
+        schedule: Some(element::<HtmlSelectElement>("schedule").value()),
+        ..Default::default()
+    }
+}
+
+fn selected_result() -> Option<GenerateResult> {
+    with(|s| s.results.get(s.selected).cloned().flatten())
+}
+
+fn request_like(result: &GenerateResult) -> GenerateRequest {
+    GenerateRequest {
+        prompt: result.prompt.clone(),
+        width: Some(i64::from(result.width)),
+        height: Some(i64::from(result.height)),
+        steps: Some(i64::from(result.steps)),
+        schedule: Some(result.schedule.clone()),
+        ..Default::default()
+    }
+}
+
+async fn generate(from: GenerateForm) {
+    let wanted = match from {
+        GenerateForm::Form => {
+            save_settings();
+            form_request()
+        }
+        GenerateForm::Again => match selected_result() {
+            Some(result) => request_like(&result),
+            None => return,
+        },
+        GenerateForm::Variations => match selected_result() {
+            Some(result) => {
+                let next = result.seed.parse::<u64>().unwrap_or(0).wrapping_add(1);
+                GenerateRequest {
+                    seed: Some(Seed::Text(next.to_string())),
+                    count: Some(VARIATIONS),
+                    ..request_like(&result)
+                }
+            }
+            None => return,
+        },
+    };
+    set_visible("error", false);
+    let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
+    let prompt = wanted.prompt.clone();
+    match wanted.clone().validate(0) {
+        Err(error) => show_error(&error.to_string()),
+        Ok(params) => match request(&Request::Generate(wanted)).await {
+            Reply::JobStarted { job, .. } => {
+                let run = Run {
+                    job: job.clone(),
+                    count,
+                    steps: params.steps,
+                    width: params.width,
+                    height: params.height,
+                    started: Some(now_ms()),
+                    followed: now_ms(),
+                    progress: None,
+                    image: 0,
+                    progress_at: now_ms(),
+                    transformer_at: None,
+                    step1_at: None,
+                    decoder_at: None,
+                    ended: false,
+                };
+                begin_run(run);
+                remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
+            }
+            Reply::Error { error } => show_error(&error),
+            other => show_error(&format!("unexpected reply {other:?}")),
+        },
+    }
+}
+
+async fn remember_focus(focus: StudioFocus) {
+    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
+    if let Ok(promise) = chrome::session_set(&items) {
+        let _ = JsFuture::from(promise).await;
+    }
+}
+
+async fn stored_focus() -> Option<StudioFocus> {
+    let items = JsFuture::from(chrome::session_get(&STUDIO_FOCUS_KEY.into()).ok()?).await.ok()?;
+    from_js(&get(&items, STUDIO_FOCUS_KEY)).ok()
+}
+
+/// Shows a job the service worker (context menu, notification) or an earlier visit asked for.
+async fn follow(focus: StudioFocus) {
+    if !focus.prompt.is_empty() {
+        element::<HtmlTextAreaElement>("prompt").set_value(&focus.prompt);
+        prompt_edited();
+    }
+    if let Some(error) = &focus.error {
+        show_error(error);
+        return;
+    }
+    let Some(job) = focus.job else { return };
+    let reply = request(&Request::Job { job: job.clone() }).await;
+    let Reply::Job(state) = &reply else { return };
+    let earlier = state.results().to_vec();
+    match state {
+        JobState::Running { progress, prompt, .. } => {
+            if !prompt.is_empty() {
+                element::<HtmlTextAreaElement>("prompt").set_value(prompt);
+                prompt_edited();
+            }
+            // Opened on a running job: its size comes with its first image.
+            begin_run(Run {
+                job,
+                count: 1,
+                steps: progress.as_ref().map_or(0, |p| p.steps),
+                width: 0,
+                height: 0,
+                started: None,
+                followed: now_ms(),
+                progress: progress.clone(),
+                image: 0,
+                progress_at: now_ms(),
+                transformer_at: None,
+                step1_at: None,
+                decoder_at: None,
+                ended: false,
+            });
+            for result in earlier {
+                on_result(result);
+            }
+            if let Some(progress) = progress.clone() {
+                on_progress(progress);
+            }
+        }
+        JobState::Done { result, .. } => {
+            let results = if earlier.is_empty() { vec![result.clone()] } else { earlier };
+            if element::<HtmlTextAreaElement>("prompt").value().is_empty() {
+                element::<HtmlTextAreaElement>("prompt").set_value(&result.prompt);
+                prompt_edited();
+            }
+            with(|s| {
+                s.run = None;
+                s.results = results.into_iter().map(Some).collect();
+                s.selected = 0;
+            });
+            show_results();
+        }
+        JobState::Failed { error, .. } => show_error(error),
+        JobState::Unknown => show_error(&i18n::t("jobGone")),
+        JobState::Cancelled { .. } => set_text("progress", &i18n::t("progressCancelled")),
+    }
+}
+
+fn begin_run(run: Run) {
+    let count = run.count as usize;
+    with(|s| {
+        s.run = Some(run);
+        s.results = vec![None; count];
+        s.selected = 0;
+    });
+    set_running(true);
+    set_visible("run", true);
+    set_visible("result", false);
+    set_text("progress", &i18n::t("starting"));
+    show_stages(None);
+    render_progress();
+}
+
+fn set_running(running: bool) {
+    element::<HtmlButtonElement>("generate").set_disabled(running);
+    set_visible("cancel", running);
+    for id in ["again", "variations"] {
+        element::<HtmlButtonElement>(id).set_disabled(running);
+    }
+}
+
+async fn cancel() {
+    let job = with(|s| s.run.as_ref().filter(|r| !r.ended).map(|r| r.job.clone()));
+    if let Some(job) = job {
+        request(&Request::Cancel { job }).await;
+    }
+}
+
+fn on_progress(progress: Progress) {
+    let now = now_ms();
+    with(|s| {
+        let Some(run) = s.run.as_mut() else { return };
+        if progress.images > run.count {
+            run.count = progress.images;
+            s.results.resize(progress.images as usize, None);
+        }
+        run.image = progress.image;
+        run.steps = progress.steps.max(run.steps);
+        if run.image == 0 {
+            if progress.stage == Stage::Transformer && run.transformer_at.is_none() {
+                run.transformer_at = Some(now);
+            }
+            if progress.stage == Stage::Transformer && progress.step == 1 && run.step1_at.is_none() {
+                run.step1_at = Some(now);
+            }
+            if progress.stage == Stage::Decoder && run.decoder_at.is_none() {
+                run.decoder_at = Some(now);
+            }
+        }
+        run.progress = Some(progress.clone());
+        run.progress_at = now;
+    });
+    show_stages(Some(&progress));
+    let (image, count) = with(|s| s.run.as_ref().map_or((0, 1), |r| (r.image, r.count)));
+    let mut text = describe(&progress);
+    if count > 1 {
+        text = i18n::t_args("studioImageOf", &[&(image + 1).to_string(), &count.to_string(), &text]);
+    }
+    set_text("progress", &text);
+    render_progress();
+}
+
+fn describe(progress: &Progress) -> String {
+    match progress.stage {
+        Stage::TextEncoder => i18n::t("progressEncoding"),
+        Stage::Transformer if progress.step == 0 => i18n::t("progressLoadingModel"),
+        Stage::Transformer => {
+            i18n::t_args("progressStep", &[&progress.step.to_string(), &progress.steps.to_string()])
+        }
+        Stage::Decoder => i18n::t("progressDecoding"),
+    }
+}
+
+/// Marks the stage list: done, current (`aria-current="step"`), to come.
+fn show_stages(progress: Option<&Progress>) {
+    let current = progress.map_or(0, |p| match p.stage {
+        Stage::TextEncoder => 0,
+        Stage::Transformer => 1,
+        Stage::Decoder => 2,
+    });
+    for (i, id) in ["stage-encode", "stage-steps", "stage-decode"].iter().enumerate() {
+        let item = element::<HtmlElement>(id);
+        let state = if progress.is_none() || i > current {
+            "todo"
+        } else if i == current {
+            "now"
+        } else {
+            "done"
+        };
+        item.set_class_name(state);
+        if state == "now" {
+            let _ = item.set_attribute("aria-current", "step");
+        } else {
+            let _ = item.remove_attribute("aria-current");
+        }
+    }
+}
+
+fn on_result(result: GenerateResult) {
+    let ended = with(|s| {
+        if s.run.is_none() {
+            return true;
+        }
+        if s.results.len() < result.count as usize {
+            s.results.resize(result.count as usize, None);
+        }
+        let slot = (result.index as usize).min(s.results.len() - 1);
+        s.results[slot] = Some(result.clone());
+        if s.results.iter().take(s.selected + 1).all(Option::is_none) || s.results[s.selected].is_none() {
+            s.selected = slot;
+        }
+        s.results.iter().all(Option::is_some)
+    });
+    show_results();
+    if ended {
+        record_timings();
+        end_run(true);
+    }
+}
+
+fn end_run(done: bool) {
+    with(|s| {
+        if let Some(run) = s.run.as_mut() {
+            run.ended = true;
+        }
+    });
+    set_running(false);
+    if done {
+        set_text("progress", &i18n::t("progressDone"));
+        element::<HtmlElement>("progress-bar").set_attribute("value", "1").ok();
+        set_text("timing", "");
+        set_visible("run", false);
+    }
+}
+
+fn record_timings() {
+    let sample = with(|s| {
+        let run = s.run.as_ref()?;
+        let started = run.started?;
+        if run.count != 1 {
+            return None;
+        }
+        let (transformer, step1, decoder) = (run.transformer_at?, run.step1_at?, run.decoder_at?);
+        let steps = f64::from(run.steps.max(1));
+        let times = StageTimes {
+            encode_ms: transformer - started,
+            load_ms: 0.0_f64.max(step1 - transformer - (decoder - step1) / steps),
+            step_ms: (decoder - step1) / (steps - 1.0).max(1.0),
+            decode_ms: now_ms() - decoder,
+        };
+        remember(&mut s.timings, size_key(run.width, run.height), times);
+        Some(s.timings.clone())
+    });
+    if let Some(timings) = sample {
+        spawn_local(async move {
+            let items = Obj::new().set(TIMINGS_KEY, to_js(&timings)).build();
+            if let Ok(promise) = chrome::local_set(&items) {
+                let _ = JsFuture::from(promise).await;
+            }
+        });
+    }
+}
+
+async fn load_timings() -> TimingStore {
+    let Ok(promise) = chrome::local_get(&TIMINGS_KEY.into()) else { return TimingStore::new() };
+    let Ok(items) = JsFuture::from(promise).await else { return TimingStore::new() };
+    from_js(&get(&items, TIMINGS_KEY)).unwrap_or_default()
+}
+
+/// Every second while a job runs: the bar, the elapsed time and the estimate.
+fn tick() {
+    if with(|s| s.run.as_ref().is_some_and(|r| !r.ended)) {
+        render_progress();
+    }
+}
+
+fn render_progress() {
+    let now = now_ms();
+    let view = with(|s| {
+        let run = s.run.as_ref().filter(|r| !r.ended)?;
+        let history = StageTimes::mean(s.timings.get(&size_key(run.width, run.height)).map_or(&[], |v| v));
+        let elapsed = now - run.started.unwrap_or(run.followed);
+        let in_stage = now - if run.progress.is_some() { run.progress_at } else { run.followed };
+        let images_left = run.count.saturating_sub(run.image + 1);
+        let left = history.map(|h| {
+            h.left_ms(run.progress.as_ref(), in_stage, run.steps)
+                + f64::from(images_left) * (h.image_ms(run.steps) - h.encode_ms)
+        });
+        let own = match left {
+            Some(left) if elapsed + left > 0.0 => elapsed / (elapsed + left),
+            _ => stage_fraction(run.progress.as_ref()),
+        };
+        let fraction = (f64::from(run.image) + own.min(1.0)) / f64::from(run.count.max(1));
+        Some((fraction.min(1.0), elapsed, left))
+    });
+    let Some((fraction, elapsed, left)) = view else { return };
+    let bar = element::<HtmlElement>("progress-bar");
+    let _ = bar.set_attribute("value", &format!("{fraction:.3}"));
+    let mut timing = describe_elapsed(elapsed);
+    if let Some(left) = left {
+        timing.push_str(" \u{00b7} ");
+        timing.push_str(&describe_left(left));
+    }
+    set_text("timing", &timing);
+}
+
+// --- results
+
+fn show_error(error: &str) {
+    set_text("error", error);
+    set_visible("error", true);
+}
+
+/// The selected image large, the batch as a grid of buttons when it has more than one.
+fn show_results() {
+    let (results, selected) = with(|s| (s.results.clone(), s.selected));
+    let Some(Some(result)) = results.get(selected).cloned() else { return };
+    set_visible("result", true);
+    let url = format!("data:image/png;base64,{}", result.png);
+    let image: HtmlImageElement = element("image");
+    image.set_src(&url);
+    image.set_alt(&result.prompt);
+    let save: web_sys::HtmlAnchorElement = element("save-png");
+    save.set_href(&url);
+    save.set_download(&format!("imagine-{}.png", result.seed));
+    let mut meta = i18n::t_args(
+        "studioMeta",
+        &[
+            &format!("{}\u{00d7}{}", result.width, result.height),
+            &result.steps.to_string(),
+            &result.schedule,
+            &result.seed,
+        ],
+    );
+    if result.truncated {
+        meta.push(' ');
+        meta.push_str(&i18n::t_args("studioTruncated", &[&result.token_count.to_string()]));
+    }
+    set_text("meta", &meta);
+    let grid = element::<HtmlElement>("grid");
+    grid.set_text_content(None);
+    set_visible("grid", results.len() > 1);
+    if results.len() > 1 {
+        let doc = document();
+        for (i, slot) in results.iter().enumerate() {
+            let Ok(button) = doc.create_element("button") else { continue };
+            let button: HtmlButtonElement = button.unchecked_into();
+            button.set_type("button");
+            button.set_class_name(if i == selected { "thumb selected" } else { "thumb" });
+            let _ = button.set_attribute("aria-pressed", if i == selected { "true" } else { "false" });
+            match slot {
+                Some(r) => {
+                    let _ = button.set_attribute("aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
+                    if let Ok(img) = doc.create_element("img") {
+                        let _ = img.set_attribute("src", &format!("data:image/png;base64,{}", r.png));
+                        let _ = img.set_attribute("alt", "");
+                        let _ = button.append_child(&img);
+                    }
+                    let closure = Closure::<dyn Fn()>::new(move || {
+                        with(|s| s.selected = i);
+                        show_results();
+                        // The grid was drawn anew: keep the keyboard focus on the chosen image.
+                        let chosen = document().query_selector(&format!("#grid .thumb:nth-child({})", i + 1));
+                        if let Ok(Some(button)) = chosen {
+                            let _ = button.unchecked_into::<HtmlElement>().focus();
+                        }
+                    });
+                    button.set_onclick(Some(closure.as_ref().unchecked_ref()));
+                    closure.forget();
+                }
+                None => {
+                    button.set_disabled(true);
+                    let _ = button.set_attribute("aria-label", &i18n::t("studioPending"));
+                }
+            }
+            let _ = grid.append_child(&button);
+        }
+    }
+}
+
+/// Copies the shown PNG to the clipboard. The blob is made at once, within the click, as Chrome wants.
+fn copy_selected() {
+    let Some(result) = selected_result() else { return };
+    use base64::Engine;
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&result.png) else { return };
+    let status = |key: &str| set_text("action-status", &i18n::t(key));
+    let copied = (|| -> Result<js_sys::Promise, JsValue> {
+        let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(bytes.as_slice()));
+        let options = web_sys::BlobPropertyBag::new();
+        options.set_type("image/png");
+        let blob = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &options)?;
+        let record = Obj::new().set("image/png", blob).build();
+        let item = web_sys::ClipboardItem::new_with_record_from_str_to_blob_promise(record.unchecked_ref())?;
+        let window = web_sys::window().ok_or(JsValue::NULL)?;
+        Ok(window.navigator().clipboard().write(&js_sys::Array::of1(&item)))
+    })();
+    spawn_local(async move {
+        match copied {
+            Ok(promise) => match JsFuture::from(promise).await {
+                Ok(_) => status("studioCopied"),
+                Err(e) => {
+                    web_sys::console::warn_1(&e);
+                    status("studioCopyFailed")
+                }
+            },
+            Err(_) => status("studioCopyFailed"),
+        }
+    });
+}
+
+fn reuse_seed() {
+    let Some(result) = selected_result() else { return };
+    input("seed-fixed").set_checked(true);
+    seed_mode_changed();
+    input("seed").set_value(&result.seed);
+    set_text("action-status", &i18n::t_args("studioSeedReused", &[&result.seed]));
+}
+
+async fn show_shortcut() {
+    let Some(commands) = get_commands().await else { return };
+    let shortcut = commands
+        .iter()
+        .find(|c| get(c, "name").as_string().as_deref() == Some("open-studio"))
+        .and_then(|c| get(&c, "shortcut").as_string())
+        .filter(|s| !s.is_empty());
+    let text = match shortcut {
+        Some(keys) => i18n::t_args("studioShortcut", &[&keys]),
+        None => i18n::t("studioNoShortcut"),
+    };
+    set_text("shortcut", &text);
+}
+
+async fn get_commands() -> Option<js_sys::Array> {
+    let commands = get(&get(&js_sys::global(), "chrome"), "commands");
+    let get_all: js_sys::Function = get(&commands, "getAll").dyn_into().ok()?;
+    let promise: js_sys::Promise = get_all.call0(&commands).ok()?.dyn_into().ok()?;
+    JsFuture::from(promise).await.ok()?.dyn_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_allowed_sizes() {
+        for (_, w, h) in PRESETS {
+            for v in [w, h] {
+                assert!(v % 16 == 0 && (256..=1536).contains(&v), "{v}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_token_count_warns_near_and_over_the_cap() {
+        assert_eq!(TokenCount::new(14), TokenCount { tokens: 14, over: false, near: false });
+        assert!(TokenCount::new(470).near && !TokenCount::new(470).over);
+        assert!(!TokenCount::new(512).over && TokenCount::new(513).over);
+    }
+
+    /// A progress report as the API sends it (so the test does not depend on every field).
+    fn p(stage: &str, step: u32) -> Progress {
+        serde_json::from_value(serde_json::json!({"stage": stage, "step": step, "steps": 4})).unwrap()
+    }
+
+    #[test]
+    fn estimates_follow_the_stages() {
+        let t = StageTimes { encode_ms: 1000.0, load_ms: 2000.0, step_ms: 500.0, decode_ms: 1000.0 };
+        assert_eq!(t.image_ms(4), 6000.0);
+        assert_eq!(t.left_ms(None, 0.0, 4), 6000.0);
+        assert_eq!(t.left_ms(Some(&p("transformer", 0)), 500.0, 4), 4500.0);
+        assert_eq!(t.left_ms(Some(&p("transformer", 2)), 100.0, 4), 1900.0);
+        assert_eq!(t.left_ms(Some(&p("decoder", 1)), 5000.0, 4), 0.0);
+        let mean = StageTimes::mean(&[t, StageTimes { step_ms: 1500.0, ..t }]).unwrap();
+        assert_eq!(mean.step_ms, 1000.0);
+        assert_eq!(StageTimes::mean(&[]), None);
+    }
+
+    #[test]
+    fn only_the_last_runs_are_kept() {
+        let mut store = TimingStore::new();
+        for i in 0..8 {
+            remember(
+                &mut store,
+                "512x512".into(),
+                StageTimes { step_ms: f64::from(i), ..Default::default() },
+            );
+        }
+        let runs = &store["512x512"];
+        assert_eq!(runs.len(), KEPT_RUNS);
+        assert_eq!(runs[0].step_ms, 3.0);
+    }
+
+    #[test]
+    fn the_fraction_without_history_moves_by_stage() {
+        let fractions = [
+            stage_fraction(None),
+            stage_fraction(Some(&p("textEncoder", 1))),
+            stage_fraction(Some(&p("transformer", 2))),
+            stage_fraction(Some(&p("decoder", 1))),
+        ];
+        assert!(fractions.windows(2).all(|w| w[0] < w[1]), "{fractions:?}");
+    }
+}

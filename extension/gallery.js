@@ -1,0 +1,5 @@
+import init, { galleryPageMain, galleryPageEvent } from './pkg/imagine_web.js';
+
+const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
+chrome.runtime.onMessage.addListener((message) => { ready.then(() => galleryPageEvent(message)); return false; });
+ready.then(() => galleryPageMain());

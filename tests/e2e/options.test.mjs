@@ -1,0 +1,91 @@
+// The options page: defaults (saved, checked, used by the popup), the pack source, the gallery's
+// limit, the device report before any download, and deleting the model.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from './harness.mjs';
+
+async function report(page) {
+  await page.waitForFunction(() => document.querySelectorAll('#device-report dt').length >= 4, null, { timeout: 30_000 });
+  return page.$$eval('#device-report dt', (dts) => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
+}
+
+test('options: defaults reach the popup, the device report, the gallery limit, delete the model', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const manifest = await b.page.evaluate(() => chrome.runtime.getManifest());
+  assert.equal(manifest.options_ui.page, 'options.html');
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+
+  await t.test('the device report names the SwiftShader adapter, shader-f16 no, the limits and the quota', async () => {
+    const r = await report(options);
+    assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
+    assert.equal(r['shader-f16'], 'no');
+    assert.match(r.maxBufferSize, /\d/);
+    assert.match(r.maxStorageBufferBindingSize, /\d/);
+    assert.match(r.Storage, /used of/);
+  });
+
+  await t.test('defaults are checked, saved, and the popup starts from them', async () => {
+    await options.waitForFunction(() => document.querySelector('#default-width').value === '512');
+    await options.fill('#default-width', '300');
+    await options.click('#save-defaults');
+    await options.waitForFunction(() => /width/.test(document.querySelector('#defaults-status').textContent));
+    assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.defaults')), {});
+    await options.fill('#default-width', '768');
+    await options.fill('#default-height', '384');
+    await options.fill('#default-steps', '6');
+    await options.selectOption('#default-schedule', 'linear-shift');
+    await options.click('#save-defaults');
+    await options.waitForFunction(() => document.querySelector('#defaults-status').textContent === 'Saved.');
+    const stored = await options.evaluate(() => chrome.storage.local.get('imagine.defaults'));
+    assert.deepEqual(stored['imagine.defaults'], { width: 768, height: 384, steps: 6, schedule: 'linear-shift' });
+    await b.page.reload();
+    await b.page.waitForFunction(() => document.querySelector('#width').value === '768');
+    assert.equal(await b.page.inputValue('#height'), '384');
+    assert.equal(await b.page.inputValue('#steps'), '6');
+    assert.equal(await b.page.inputValue('#schedule'), 'linear-shift');
+  });
+
+  await t.test('the source is saved and the popup offers it', async () => {
+    await options.fill('#hub-revision', 'v1.0');
+    await options.click('#save-source');
+    await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'Source saved.');
+    const stored = await options.evaluate(() => chrome.storage.local.get('imagine.source'));
+    assert.deepEqual(stored['imagine.source'], { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b-onnx-webgpu', revision: 'v1.0' });
+    await b.page.reload();
+    await b.page.waitForFunction(() => document.querySelector('#hub-revision').value === 'v1.0');
+  });
+
+  await t.test('the gallery limit is set through the message API', async () => {
+    await options.fill('#max-items', '7');
+    await options.fill('#max-megabytes', '64');
+    await options.click('#save-limit');
+    await options.waitForFunction(() => /^Saved: at most 7 images/.test(document.querySelector('#limit-status').textContent));
+    const page = await h.api(b.page, { type: 'galleryList' });
+    assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64 << 20 });
+    await options.fill('#max-items', '0');
+    await options.click('#save-limit');
+    await options.waitForFunction(() => /maxItems 0 is not allowed/.test(document.querySelector('#limit-status').textContent));
+  });
+
+  await t.test('screenshots in light and dark', async () => {
+    await options.reload();
+    await report(options);
+    fs.mkdirSync(h.OUT, { recursive: true });
+    for (const scheme of ['light', 'dark']) {
+      await options.emulateMedia({ colorScheme: scheme });
+      await options.screenshot({ path: path.join(h.OUT, `options-${scheme}.png`), fullPage: true });
+    }
+    await options.emulateMedia({ colorScheme: null });
+  });
+
+  await t.test('delete model', async () => {
+    await options.waitForFunction(() => /^Installed: fixtures\/f32/.test(document.querySelector('#model-status').textContent));
+    await options.click('#delete-pack');
+    await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'The model is not installed yet.');
+    assert.equal((await h.packStatus(b.page)).installed, false);
+    assert.equal(await options.isHidden('#delete-pack'), true);
+  });
+});
