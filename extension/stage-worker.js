@@ -1,5 +1,5 @@
 // Stage worker entry: ORT ships inside the extension and is exposed to the Rust bindings as globalThis.ort.
-import * as ort from './ort/ort.webgpu.bundle.min.mjs';
+import * as ort from './ort/ort.jspi.bundle.min.mjs';
 import init, { stageWorkerMain } from './pkg/imagine_web.js';
 
 globalThis.ort = ort;

@@ -31,8 +31,8 @@ const LOADED_BY_NAME: &[&str] = &[
     "hash-worker.js",
     "pkg/imagine_web.js",
     "pkg/imagine_web_bg.wasm",
-    "ort/ort.webgpu.bundle.min.mjs",
-    "ort/ort-wasm-simd-threaded.asyncify.wasm",
+    "ort/ort.jspi.bundle.min.mjs",
+    "ort/ort-wasm-simd-threaded.jspi.wasm",
     "tokenizer/tokenizer.json",
     "tokenizer/tokenizer_config.json",
 ];

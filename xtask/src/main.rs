@@ -46,10 +46,10 @@ commands:
                          into target/scale-pack/ (tools/export/stream_export.py, about 15 min),
                          install it from a fake Hub and generate one image: per stage session
                          create and run time, renderer and GPU process memory; the install rate
-  bench soak [--runs 12] [--ort asyncify|jspi] [--timeout-s 120]
+  bench soak [--runs 12] [--ort jspi|asyncify] [--ort-dist DIR] [--timeout-s 120]
                          build, then generate `runs` images in one browser, two fixture packs
-                         installed in turn, with the stage workers on ORT's asyncify or JSPI
-                         build; says how many finished and whether a stopped worker still answers
+                         installed in turn, with the stage workers on ORT's JSPI (shipped) or
+                         asyncify build, or on another onnxruntime-web dist/; says how many finished
   help                   this text
 
 options for run/bench/e2e:
@@ -143,13 +143,6 @@ fn dispatch(args: &[String]) -> Result {
                 build(&root, false, &tools)?;
             }
             step(&format!("bench: node {script}"));
-            if what == "soak" {
-                // Node 20 has a global WebSocket (the script's DevTools connection) only behind a flag.
-                let mut args =
-                    vec!["--experimental-websocket".to_owned(), root.join(script).display().to_string()];
-                args.extend(rest);
-                return run_cmd(script, Command::new("node").args(args));
-            }
             node_script(&root, script, &rest)
         }
         "help" | "-h" | "--help" => {
@@ -257,14 +250,15 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
         println!("xtask: warning: icons/ is missing");
     }
 
-    // The webgpu bundle embeds the emscripten glue (ort-wasm-simd-threaded.asyncify.mjs) and only
-    // fetches the .wasm next to itself, so the separate .mjs is not shipped.
-    step("build: onnxruntime-web (webgpu bundle + asyncify wasm) -> dist/ort/");
+    // The JSPI bundle embeds the emscripten glue (ort-wasm-simd-threaded.jspi.mjs) and only fetches
+    // the .wasm next to itself, so the separate .mjs is not shipped. JSPI, not asyncify: the asyncify
+    // build reads every external-data file whole into memory before creating a session.
+    step("build: onnxruntime-web (JSPI bundle + wasm) -> dist/ort/");
     let ort = root.join("node_modules/onnxruntime-web");
     if !ort.is_dir() {
         return Err("node_modules/onnxruntime-web is missing: run `npm ci`".into());
     }
-    for f in ["ort.webgpu.bundle.min.mjs", "ort-wasm-simd-threaded.asyncify.wasm"] {
+    for f in ["ort.jspi.bundle.min.mjs", "ort-wasm-simd-threaded.jspi.wasm"] {
         copy_file(&ort.join("dist").join(f), &dist.join("ort").join(f))?;
     }
     // The npm package carries no LICENSE file; its package.json says MIT and its banner says

@@ -8,11 +8,13 @@
 //! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors,
 //! `run` and `release`.
 //!
-//! What loading costs in memory: the build we ship (`ort.webgpu.bundle.min.mjs` with the asyncify wasm)
-//! reads every external-data `File` whole into JS memory (`blob.arrayBuffer()`), all of a session's files
-//! at once, before the session is created, so a stage holds its weights in the worker on top of the GPU
-//! copy until the session exists. Only ORT's JSPI build reads a `File` one initializer at a time
-//! (`shared/docs/scale.md`, section 1).
+//! What loading costs in memory: the build we ship is ORT's JSPI build (`ort.jspi.bundle.min.mjs`), which
+//! reads an external-data `File` one initializer at a time. The asyncify build would read every file of
+//! a session whole into JS memory before creating it, holding the weights twice while a stage loads.
+//! Each `Blob` goes to ORT as a `ChunkedBlob` (`chunked_blob.js`), read in chunks with `arrayBuffer()`
+//! rather than with the BYOB stream reads that now and then never settle in a Chromium worker.
+//! ORT opens its own `GPUDevice`: a device passed in is imported into a wgpu instance that cannot wait
+//! on it with timeouts, which ORT's synchronous downloads need (onnxruntime #32257).
 
 pub use imagine_core::{DType, Dim, TensorInfo};
 use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
@@ -96,8 +98,9 @@ impl From<JsValue> for OrtError {
 /// Which ORT execution provider runs a session.
 #[derive(Debug, Clone)]
 pub enum Provider {
-    /// The native WebGPU EP on the given device (the caller owns it and destroys it).
-    WebGpu(JsValue),
+    /// The native WebGPU EP on a device ORT opens itself (asking for the adapter's limits and
+    /// `shader-f16` where present). It lives as long as the worker: terminating the worker frees it.
+    WebGpu,
     /// ORT's CPU backend in wasm.
     Wasm,
 }
@@ -134,11 +137,8 @@ impl Session {
         let options = Object::new();
         let providers = Array::new();
         match provider {
-            Provider::WebGpu(device) => {
-                let ep = Object::new();
-                set(&ep, "name", &"webgpu".into());
-                set(&ep, "device", device);
-                providers.push(&ep);
+            Provider::WebGpu => {
+                providers.push(&"webgpu".into());
             }
             Provider::Wasm => {
                 providers.push(&"wasm".into());

@@ -1,9 +1,10 @@
-//! The WebGPU device of one stage worker.
+//! What the WebGPU adapter offers, checked before a download and before each stage loads.
 //!
-//! Each stage opens its own device and destroys it when the stage ends: ORT Web does not give GPU memory
-//! back on `release()` alone, and a device cannot be shared across workers anyway.
+//! ORT opens the device itself, one per stage worker (asking for the adapter's limits and `shader-f16`
+//! where present); terminating the worker frees it, as ORT Web does not give GPU memory back on
+//! `release()` alone.
 
-use js_sys::{Array, Function, Reflect};
+use js_sys::{Function, Reflect};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -31,63 +32,6 @@ pub enum GpuError {
     /// A tensor larger than a buffer may be on this GPU.
     #[error("the model has a {largest_tensor}-byte tensor, but this GPU's {limit} is {available} bytes")]
     Limit { limit: &'static str, largest_tensor: u64, available: u64 },
-    #[error("opening the WebGPU device failed: {0}")]
-    Device(JsError),
-}
-
-/// Limits ORT's WebGPU EP benefits from; we ask for the adapter's maximum of each.
-const LIMITS: &[&str] = &[
-    "maxBufferSize",
-    "maxStorageBufferBindingSize",
-    "maxComputeWorkgroupStorageSize",
-    "maxComputeInvocationsPerWorkgroup",
-    "maxComputeWorkgroupSizeX",
-    "maxComputeWorkgroupSizeY",
-    "maxComputeWorkgroupSizeZ",
-    "maxComputeWorkgroupsPerDimension",
-    "maxStorageBuffersPerShaderStage",
-];
-
-/// An open `GPUDevice`, and what its adapter offers.
-pub struct Device {
-    device: JsValue,
-    /// Whether the adapter has `shader-f16` (asked for when it does).
-    pub has_f16: bool,
-    /// The adapter's buffer limits (asked for in full).
-    pub limits: Limits,
-}
-
-impl Device {
-    /// Opens a device with `shader-f16` when the adapter has it and the adapter's largest limits. A
-    /// float16 graph must not be loaded on one without `shader-f16` (it would fail, or compute zeros
-    /// on JSEP): the caller loads the pack's float32 conversion instead ([`Device::has_f16`]).
-    pub async fn open() -> Result<Device, GpuError> {
-        let adapter = adapter().await?;
-        let has_f16 = has_feature(&adapter, "shader-f16");
-        let features = Array::new();
-        if has_f16 {
-            features.push(&"shader-f16".into());
-        }
-        let adapter_limits = get(&adapter, "limits");
-        let limits =
-            LIMITS.iter().fold(Obj::new(), |limits, name| limits.set(name, get(&adapter_limits, name)));
-        let descriptor =
-            Obj::new().set("requiredFeatures", features).set("requiredLimits", limits.build()).build();
-        let device = call_async(&adapter, "requestDevice", &descriptor).await.map_err(GpuError::Device)?;
-        Ok(Device { device, has_f16, limits: buffer_limits(&adapter) })
-    }
-
-    /// The `GPUDevice`, for ORT's execution-provider options.
-    pub fn js(&self) -> &JsValue {
-        &self.device
-    }
-
-    /// Destroys the device, freeing everything allocated on it.
-    pub fn destroy(self) {
-        if let Ok(destroy) = Reflect::get(&self.device, &"destroy".into()) {
-            let _ = destroy.unchecked_into::<Function>().call0(&self.device);
-        }
-    }
 }
 
 const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and the installed pack was not \

@@ -3,8 +3,8 @@
 //! Messages: [`StageTask`] in (with the previous stage's output buffer), [`StageReport`] out (with this
 //! stage's output buffer), see `crate::protocol`.
 //!
-//! Each stage releases its session and destroys its GPU device before it reports `done`; the offscreen
-//! document then terminates the worker, which also returns the wasm heap.
+//! Each stage releases its session before it reports `done`; the offscreen document then terminates
+//! the worker, which frees the GPU device ORT opened in it and the wasm heap.
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
@@ -23,7 +23,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-use crate::gpu::{self, Device, GpuError};
+use crate::gpu::{self, GpuError};
 use crate::js::{now_ms, JsError};
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{
@@ -95,11 +95,10 @@ fn report(report: &StageReport, data: Option<&JsValue>) {
 /// A stage's output, and the buffer it hands on (the decoder hands its PNGs on one by one instead).
 type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 
-/// A session on the chosen backend, with the device it owns; the pipeline runs it through
+/// A session on the chosen backend; the pipeline runs it through
 /// [`imagine_core::Session`].
 struct Stage {
     session: Session,
-    device: Option<Device>,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     timing: StageTiming,
@@ -109,7 +108,7 @@ struct Stage {
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
-    /// reads itself (the asyncify build reads each whole into memory first; see `imagine_ort`).
+    /// reads itself, one initializer at a time (see `imagine_ort`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
@@ -126,38 +125,26 @@ impl Stage {
             };
             external.push(ExternalData { path: location, data: data.into() });
         }
-        let (provider, device) = match backend {
-            Backend::Wasm => (Provider::Wasm, None),
+        let provider = match backend {
+            Backend::Wasm => Provider::Wasm,
             Backend::WebGpu => {
-                let device = Device::open().await?;
-                (Provider::WebGpu(device.js().clone()), Some(device))
+                Provider::WebGpu
             }
         };
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
         let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
-        let session = match created {
-            Ok(session) => session,
-            Err(e) => {
-                if let Some(device) = device {
-                    device.destroy();
-                }
-                return Err(StageWorkerError::Load { graph: name, source: e });
-            }
-        };
+        let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
         let timing = StageTiming { started_at_ms, session_create_ms: now_ms() - started, run_ms: 0.0 };
         report(&StageReport::SessionCreated { timing }, None);
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { session, device, inputs, outputs, timing, lookups })
+        Ok(Stage { session, inputs, outputs, timing, lookups })
     }
 
-    /// Releases the session and destroys the device; the worker is terminated next.
+    /// Releases the session; the worker is terminated next, which frees ORT's device.
     async fn close(self) -> StageTiming {
         let _ = self.session.release().await;
-        if let Some(device) = self.device {
-            device.destroy();
-        }
         self.timing
     }
 }
