@@ -1,7 +1,7 @@
 // `cargo xtask bench scale`: the full-size pack through the extension, on this machine.
 //
 //   node tests/e2e/bench-scale.mjs [--pack DIR] [--size 256] [--steps 1] [--export-only] [--install-only]
-//                                  [--interval-ms 200] [--timeout-min 180]
+//                                  [--interval-ms 200] [--timeout-min 180] [--stages LIST [--create-only]]
 //
 // 1. Export (or reuse): a full-size pack with random weights and float32 activations, written by
 //    tools/export/stream_export.py (the graphs export.py writes, in about one tensor of memory), under
@@ -21,8 +21,9 @@
 // --stages decoder,transformer,textEncoder: instead of a generation, each stage on its own, in that
 // order: the extension's stage worker (stage-worker.js) started from the extension page, given the
 // task the offscreen document would give it and a made-up input of the right size (zero prompt
-// embeddings, small random latents), each ended after --timeout-min. For when one stage cannot run
-// (or takes hours) on this machine and the others are still to be measured.
+// embeddings, small random latents), each ended after --timeout-min, or 1 s after its session exists
+// with --create-only. For when one stage cannot run (or takes hours) on this machine and the others
+// are still to be measured.
 
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -42,6 +43,7 @@ const { values: o } = parseArgs({
     'interval-ms': { type: 'string', default: '200' },
     'timeout-min': { type: 'string', default: '180' },
     stages: { type: 'string', default: '' },
+    'create-only': { type: 'boolean', default: false },
   },
 });
 const DEFAULT_PACK = path.join(h.ROOT, 'target/scale-pack/pack');
@@ -222,7 +224,7 @@ async function stagesAlone(b, adapter, installed, installS) {
     log(`${stage} alone ...`);
     const t = Date.now();
     const r = await b.page.evaluate(
-      ({ stage, params, size, timeoutMs }) =>
+      ({ stage, params, size, timeoutMs, createOnly }) =>
         new Promise((resolve) => {
           const w = new Worker('stage-worker.js', { type: 'module' });
           const tokens = (size / 16) * (size / 16);
@@ -234,8 +236,10 @@ async function stagesAlone(b, adapter, installed, installS) {
           const end = (x) => (clearTimeout(timer), w.terminate(), resolve(x));
           w.onmessage = (e) => {
             const m = e.data;
-            if (m?.kind === 'sessionCreated') created = m.timing;
-            else if (m?.kind === 'done') end({ output: m.output });
+            if (m?.kind === 'sessionCreated') {
+              created = m.timing;
+              if (createOnly) setTimeout(() => end({ error: 'ended once created (--create-only)', created }), 1000);
+            } else if (m?.kind === 'done') end({ output: m.output });
             else if (m?.kind === 'error') end({ error: m.error });
           };
           w.onerror = (e) => end({ error: `worker error: ${e.message}` });
@@ -255,7 +259,7 @@ async function stagesAlone(b, adapter, installed, installS) {
             w.postMessage(msg, [data]);
           } else w.postMessage(msg);
         }),
-      { stage, params, size, timeoutMs: Number(o['timeout-min']) * 60_000 },
+      { stage, params, size, timeoutMs: Number(o['timeout-min']) * 60_000, createOnly: o['create-only'] },
     );
     const tEnd = Date.now();
     await h.sleep(1000);
@@ -270,7 +274,7 @@ async function stagesAlone(b, adapter, installed, installS) {
       const created = timing.startedAtMs + timing.sessionCreateMs;
       const ext = above([timing.startedAtMs, created], 'extension');
       const outcome = r.output ? `ok in ${s(tEnd - t)} s` : `run ${r.error} (${s(tEnd - t)} s)`;
-      row = [stage, mb(bytes), s(timing.sessionCreateMs), r.output ? s(timing.runMs) : `>${s(tEnd - created)}`, ext, (Number(ext) * 1e6 / bytes).toFixed(2), above([created, tEnd], 'extension'), above([timing.startedAtMs, created], 'gpu'), above([created, tEnd], 'gpu'), outcome];
+      row = [stage, mb(bytes), s(timing.sessionCreateMs), r.output ? s(timing.runMs) : o['create-only'] ? '-' : `>${s(tEnd - created)}`, ext, (Number(ext) * 1e6 / bytes).toFixed(2), above([created, tEnd], 'extension'), above([timing.startedAtMs, created], 'gpu'), above([created, tEnd], 'gpu'), outcome];
     } else {
       row = [stage, mb(bytes), '-', '-', above([t, tEnd], 'extension'), '-', '-', above([t, tEnd], 'gpu'), '-', `${r.error} (${s(tEnd - t)} s; memory: the whole stage)`];
     }
