@@ -2,6 +2,7 @@
 //
 //   node tests/e2e/bench-scale.mjs [--pack DIR] [--size 256] [--steps 1] [--export-only] [--install-only]
 //                                  [--interval-ms 200] [--timeout-min 180] [--stages LIST [--create-only]]
+//                                  [--memory VmRSS|RssAnon]
 //
 // 1. Export (or reuse): a full-size pack with random weights and float32 activations, written by
 //    tools/export/stream_export.py (the graphs export.py writes, in about one tensor of memory), under
@@ -11,7 +12,7 @@
 //    extension, timed (the install rate).
 // 3. Generate: one --size x --size, --steps image on the default backend (WebGPU; SwiftShader here).
 //    Stage start times, session-create and run times come from the result's `timings.stages`.
-// Memory (proc-memory.mjs): VmRSS of the extension's renderer process (the offscreen document and
+// Memory (proc-memory.mjs): VmRSS (or with --memory RssAnon, anonymous memory only) of the extension's renderer process (the offscreen document and
 // the stage workers in it) and of the GPU process, sampled every --interval-ms; idle = the median of
 // the 3 s before the generation. For each stage: the peak above idle while its session is created and
 // while it runs, next to its weight bytes.
@@ -44,6 +45,7 @@ const { values: o } = parseArgs({
     'timeout-min': { type: 'string', default: '180' },
     stages: { type: 'string', default: '' },
     'create-only': { type: 'boolean', default: false },
+    memory: { type: 'string', default: 'VmRSS' },
   },
 });
 const DEFAULT_PACK = path.join(h.ROOT, 'target/scale-pack/pack');
@@ -103,7 +105,7 @@ const t0 = Date.now();
 const hub = await h.startHub({ repos: { [REPO]: { dir: PACK, disk: true, extra: {} } } });
 log(`fake Hub ${hub.url}: ${h.packFiles(hub, REPO).length} pack files hashed in ${s(Date.now() - t0)} s`);
 const b = await h.launch();
-const sampler = startSampler(b.profileDir, Number(o['interval-ms']));
+const sampler = startSampler(b.profileDir, Number(o['interval-ms']), o.memory);
 let exit = 0;
 const report = { exportS, ortBuild };
 try {
@@ -283,6 +285,6 @@ async function stagesAlone(b, adapter, installed, installS) {
   }
   report.stages = rows;
   console.log(`\nbench scale --stages: ${size}x${size}, ${params.steps} step(s), ${os.platform()} ${cpuCores()} cores, ORT build ${report.ortBuild}, adapter ${adapter?.description || '?'} (maxBufferSize ${adapter?.maxBufferSize}, maxStorageBufferBindingSize ${adapter?.maxStorageBufferBindingSize})`);
-  console.log(`install: ${gb(installed.bytes)} GB in ${installS.toFixed(1)} s = ${(installed.bytes / installS / 1e6).toFixed(1)} MB/s; peaks are above the idle before each stage, MB`);
+  console.log(`install: ${gb(installed.bytes)} GB in ${installS.toFixed(1)} s = ${(installed.bytes / installS / 1e6).toFixed(1)} MB/s; peaks (${o.memory}) are above the idle before each stage, MB`);
   h.printTable(['stage', 'weights MB', 'create s', 'run s', 'renderer create', 'x weights', 'renderer run', 'GPU create', 'GPU run', 'outcome'], rows);
 }

@@ -30,9 +30,12 @@ function cpuOfNode() {
 /**
  * Samples the browser launched on `profileDir` and its descendants every `intervalMs` until stop().
  * mark() ends a segment and summarises it; `history` keeps every sample as { t (ms since the epoch),
- * rss: { kind: bytes } } for benchmarks that cut the timeline afterwards (summarize()).
+ * rss: { kind: bytes } } for benchmarks that cut the timeline afterwards (summarize()). `field`: the
+ * line of /proc/PID/status read as a process's memory (VmRSS; RssAnon leaves out shared memory, such
+ * as the buffers a renderer shares with the GPU process).
  */
-export function startSampler(profileDir, intervalMs) {
+export function startSampler(profileDir, intervalMs, field = 'VmRSS') {
+  const memoryLine = new RegExp(`${field}:\\s+(\\d+) kB`);
   const seen = new Map();
   const history = [];
   let segment = [];
@@ -99,7 +102,7 @@ export function startSampler(profileDir, intervalMs) {
           kindOf.set(pid, k);
           seen.set(k, (seen.get(k) ?? 0) + 1);
         }
-        const m = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+        const m = memoryLine.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
         if (m) byKind[kindOf.get(pid)] = (byKind[kindOf.get(pid)] ?? 0) + Number(m[1]) * 1024;
         cpuByKind[kindOf.get(pid)] = (cpuByKind[kindOf.get(pid)] ?? 0) + cpuSeconds(pid);
       } catch {}

@@ -127,9 +127,7 @@ impl Stage {
         }
         let provider = match backend {
             Backend::Wasm => Provider::Wasm,
-            Backend::WebGpu => {
-                Provider::WebGpu
-            }
+            Backend::WebGpu => Provider::WebGpu,
         };
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
