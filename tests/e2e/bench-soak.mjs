@@ -27,7 +27,8 @@ if (!BUNDLES[o.ort]) throw new Error(`--ort: ${o.ort} (allowed: asyncify, jspi)`
 /** dist/, or a copy of it whose stage workers load the chosen bundle. */
 function extensionDir() {
   const shim = path.join(h.DIST, 'stage-worker.js');
-  const shipped = Object.keys(BUNDLES).find((k) => fs.readFileSync(shim, 'utf8').includes(`./ort/${BUNDLES[k][0]}`));
+  const imports = fs.readFileSync(shim, 'utf8');
+  const shipped = Object.keys(BUNDLES).find((k) => imports.includes(`./ort/${BUNDLES[k][0]}`));
   if (!shipped) throw new Error(`${shim} imports none of ${Object.values(BUNDLES).map((b) => b[0]).join(', ')}`);
   if (o.ort === shipped && path.resolve(o['ort-dist']) === ORT_DIST) return h.DIST;
   const dir = path.join(h.ROOT, 'target/dist-soak');

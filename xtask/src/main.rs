@@ -46,7 +46,8 @@ commands:
                          into target/scale-pack/ (tools/export/stream_export.py, about 15 min),
                          install it from a fake Hub and generate one image: per stage session
                          create and run time, renderer and GPU process memory; the install rate.
-                         --stages LIST [--create-only] [--timeout-min M]: each stage alone instead
+                         --stages LIST [--create-only] [--timeout-min M] [--memory VmRSS|RssAnon]:
+                         each stage alone instead
   bench soak [--runs 12] [--ort jspi|asyncify] [--ort-dist DIR] [--timeout-s 120]
                          build, then generate `runs` images in one browser, two fixture packs
                          installed in turn, with the stage workers on ORT's JSPI (shipped) or
