@@ -54,6 +54,7 @@ pub mod schedule;
 pub mod session;
 pub mod stages;
 pub mod storage;
+pub mod table_lookup;
 
 pub use image::{encode_png, read_png_meta, to_rgba8, ImageError, PngMeta};
 pub use latents::{

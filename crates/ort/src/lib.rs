@@ -5,8 +5,8 @@
 //! the contexts that don't run models (the service worker, pages) never load ORT at all.
 //!
 //! What is covered is what the pipeline needs: creating a session from graph bytes with its external
-//! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors,
-//! `run` and `release`.
+//! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors
+//! (and tensors of a looked-up table's type, from its bytes), `run` and `release`.
 //!
 //! What loading costs in memory: the build we ship is ORT's JSPI build (`ort.jspi.bundle.min.mjs`), which
 //! reads an external-data `File` one initializer at a time. The asyncify build would read every file of
@@ -16,8 +16,12 @@
 //! ORT opens its own `GPUDevice`: a device passed in is imported into a wgpu instance that cannot wait
 //! on it with timeouts, which ORT's synchronous downloads need (onnxruntime #32257).
 
+pub use imagine_core::table_lookup::ElemType;
 pub use imagine_core::{DType, Dim, TensorInfo};
-use js_sys::{Array, BigInt64Array, Float32Array, Object, Promise, Reflect, Uint16Array, Uint8Array};
+use js_sys::{
+    Array, BigInt64Array, Float32Array, Int32Array, Int8Array, Object, Promise, Reflect, Uint16Array,
+    Uint8Array,
+};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
@@ -233,6 +237,21 @@ impl Tensor {
                 expected: "float32 or float16",
             }),
         }
+    }
+
+    /// A tensor of `elem_type` from its little-endian bytes, as an ONNX file stores them.
+    pub fn from_bytes(elem_type: ElemType, bytes: &[u8], dims: &[i64]) -> Result<Tensor, OrtError> {
+        // A fresh buffer, so every view starts aligned.
+        let buffer = Uint8Array::from(bytes).buffer();
+        let data: JsValue = match elem_type {
+            ElemType::Float32 => Float32Array::new(&buffer).into(),
+            ElemType::Uint8 => Uint8Array::new(&buffer).into(),
+            ElemType::Int8 => Int8Array::new(&buffer).into(),
+            ElemType::Int32 => Int32Array::new(&buffer).into(),
+            ElemType::Int64 => BigInt64Array::new(&buffer).into(),
+            ElemType::Float16 => Uint16Array::new(&buffer).into(),
+        };
+        Self::build(elem_type.ort_name(), data, dims)
     }
 
     /// An int64 tensor.

@@ -8,13 +8,14 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
-use imagine_core::f32_rewrite::EmbeddingLookup;
+use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
 use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
+use imagine_core::table_lookup::{self, TableLookup};
 use imagine_core::{
-    Backend, DType, EncodedPrompt, FloatType, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
+    Backend, DType, EncodedPrompt, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
 };
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
@@ -42,6 +43,9 @@ pub enum StageWorkerError {
     /// A graph of the installed pack that breaks the pack contract.
     #[error("{graph}: {source}")]
     Graph { graph: String, source: PackError },
+    /// A graph whose tables could not be taken out (it is not a readable ONNX model).
+    #[error("{graph}: {source}")]
+    Tables { graph: String, source: imagine_core::f32_rewrite::RewriteError },
     /// A file a graph's external data is in.
     #[error("{graph} needs {file}: {source}")]
     ExternalData { graph: String, file: String, source: Box<OpfsError> },
@@ -102,27 +106,32 @@ struct Stage {
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     timing: StageTiming,
-    /// Tables of the float32 conversion looked up here and fed as inputs.
+    /// Tables of the float32 conversion looked up here and fed as float32 inputs.
     lookups: Vec<(EmbeddingLookup, web_sys::File)>,
+    /// Tables taken out of the graph (`imagine_core::table_lookup`), fed as they are stored.
+    tables: Vec<(TableLookup, web_sys::File)>,
 }
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
-    /// reads itself, one initializer at a time (see `imagine_ort`).
+    /// reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
+    /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
+        let (bytes, taken_out) = table_lookup::take_out(&bytes)
+            .map_err(|source| StageWorkerError::Tables { graph: name.clone(), source })?;
+        let mut tables = Vec::new();
+        for table in taken_out {
+            let file = open_external(&dir, &name, &table.source.file).await?;
+            tables.push((table, file));
+        }
         let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
         let mut external = Vec::new();
         for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
             // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
             let pack::ExternalFile { location, file } = external_file;
-            let data = match opfs::file(&dir, &file).await {
-                Ok(data) => data,
-                Err(e) => {
-                    return Err(StageWorkerError::ExternalData { graph: name, file, source: Box::new(e) })
-                }
-            };
+            let data = open_external(&dir, &name, &file).await?;
             external.push(ExternalData { path: location, data: data.into() });
         }
         let provider = match backend {
@@ -137,7 +146,7 @@ impl Stage {
         report(&StageReport::SessionCreated { timing }, None);
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { session, inputs, outputs, timing, lookups })
+        Ok(Stage { session, inputs, outputs, timing, lookups, tables })
     }
 
     /// Releases the session; the worker is terminated next, which frees ORT's device.
@@ -161,12 +170,13 @@ impl imagine_core::Session for Stage {
         feeds: &[(&str, &Tensor)],
         fetches: &[&str],
     ) -> Result<Vec<Tensor>, SessionError> {
-        let looked_up = look_up(&self.lookups, feeds).await?;
-        let feeds: Vec<(&str, &Tensor)> =
-            feeds.iter().copied().chain(looked_up.iter().map(|(name, t)| (name.as_str(), t))).collect();
-        let tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
-        let named: Vec<(&str, &ort::Tensor)> =
-            feeds.iter().zip(&tensors).map(|((name, _), t)| (*name, t)).collect();
+        let mut names: Vec<String> = feeds.iter().map(|(name, _)| (*name).to_owned()).collect();
+        let mut tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
+        for (name, tensor) in look_up(&self.lookups, &self.tables, feeds).await? {
+            names.push(name);
+            tensors.push(tensor);
+        }
+        let named: Vec<(&str, &ort::Tensor)> = names.iter().map(String::as_str).zip(&tensors).collect();
         let started = now_ms();
         let outputs = self.session.run(&named, fetches).await;
         self.timing.run_ms += now_ms() - started;
@@ -204,58 +214,87 @@ async fn choose_graph(
         .ok_or(GpuError::NoF16 { what: name })?;
     let mut lookups = Vec::new();
     for lookup in &converted.lookups {
-        let table =
-            opfs::file(dir, &lookup.source.file).await.map_err(|e| StageWorkerError::ExternalData {
-                graph: converted.onnx.clone(),
-                file: lookup.source.file.clone(),
-                source: Box::new(e),
-            })?;
-        lookups.push((lookup.clone(), table));
+        lookups.push((lookup.clone(), open_external(dir, &converted.onnx, &lookup.source.file).await?));
     }
     Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
 }
 
-/// The float32 inputs of the tables that left a converted graph: the rows of the ids fed, read from
-/// the float16 table in its file (each distinct row once).
+/// Opens `file`, which `graph` needs.
+async fn open_external(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    graph: &str,
+    file: &str,
+) -> Result<web_sys::File, StageWorkerError> {
+    opfs::file(dir, file).await.map_err(|e| StageWorkerError::ExternalData {
+        graph: graph.to_owned(),
+        file: file.to_owned(),
+        source: Box::new(e),
+    })
+}
+
+/// The inputs of the tables that left the graph, named: the rows of the ids fed, read from each
+/// table's file (each distinct row once); the float32 conversion's tables converted to float32.
 async fn look_up(
     lookups: &[(EmbeddingLookup, web_sys::File)],
+    tables: &[(TableLookup, web_sys::File)],
     feeds: &[(&str, &Tensor)],
-) -> Result<Vec<(String, Tensor)>, SessionError> {
+) -> Result<Vec<(String, ort::Tensor)>, SessionError> {
+    let ids_of = |ids_input: &str, table: &str| match feeds.iter().find(|(name, _)| *name == ids_input) {
+        Some((_, Tensor { dims, data: TensorData::Int64(ids) })) => Ok((dims, ids)),
+        _ => Err(SessionError(format!("no int64 `{ids_input}` fed to look `{table}` up"))),
+    };
+    let failed = |e: imagine_core::f32_rewrite::LookupError| SessionError(e.to_string());
     let mut inputs = Vec::new();
-    for (lookup, table) in lookups {
-        let ids = feeds.iter().find(|(name, _)| *name == lookup.ids_input).map(|(_, t)| *t);
-        let Some(Tensor { dims, data: TensorData::Int64(ids) }) = ids else {
-            return Err(SessionError(format!(
-                "no int64 `{}` fed to look `{}` up",
-                lookup.ids_input, lookup.table
-            )));
-        };
-        let mut rows: std::collections::HashMap<u64, Vec<u8>> = std::collections::HashMap::new();
-        for &id in ids {
-            let range = lookup.row_range(id).map_err(|e| SessionError(e.to_string()))?;
-            if rows.contains_key(&range.offset) {
-                continue;
-            }
-            let end = range.offset + range.length;
-            let read = |e: JsValue| SessionError(format!("reading {}: {}", range.file, JsError::from(e)));
-            let slice = table.slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(read)?;
-            let buffer = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
-            rows.insert(range.offset, Uint8Array::new(&buffer).to_vec());
-        }
-        let values = lookup
-            .gather(ids, |offset, out| match rows.get(&offset) {
-                Some(row) if row.len() == out.len() => {
-                    out.copy_from_slice(row);
-                    Ok(())
-                }
-                _ => Err(format!("the row at byte {offset} is cut short")),
-            })
-            .map_err(|e| SessionError(e.to_string()))?;
+    for (lookup, file) in lookups {
+        let (dims, ids) = ids_of(&lookup.ids_input, &lookup.table)?;
+        let rows = read_rows(file, ids.iter().map(|&id| lookup.row_range(id))).await?;
+        let values = lookup.gather(ids, |offset, out| copy_row(&rows, offset, out)).map_err(failed)?;
         let mut shape = dims.clone();
         shape.push(lookup.row_elements as i64);
-        inputs.push((lookup.input.clone(), Tensor::from_f32(FloatType::Float32, &values, &shape)));
+        inputs.push((lookup.input.clone(), ort::Tensor::from_f32(&values, &shape).map_err(session_error)?));
+    }
+    for (table, file) in tables {
+        let (dims, ids) = ids_of(&table.ids_input, &table.table)?;
+        let rows = read_rows(file, ids.iter().map(|&id| table.row_range(id))).await?;
+        let bytes = table.gather(ids, |offset, out| copy_row(&rows, offset, out)).map_err(failed)?;
+        let tensor = ort::Tensor::from_bytes(table.elem_type, &bytes, &table.input_dims(dims));
+        inputs.push((table.input.clone(), tensor.map_err(session_error)?));
     }
     Ok(inputs)
+}
+
+/// Each distinct row of `ranges` read from `file`, by its offset.
+async fn read_rows(
+    file: &web_sys::File,
+    ranges: impl Iterator<Item = Result<Range, imagine_core::f32_rewrite::LookupError>>,
+) -> Result<std::collections::HashMap<u64, Vec<u8>>, SessionError> {
+    let mut rows = std::collections::HashMap::new();
+    for range in ranges {
+        let range = range.map_err(|e| SessionError(e.to_string()))?;
+        if rows.contains_key(&range.offset) {
+            continue;
+        }
+        let read = |e: JsValue| SessionError(format!("reading {}: {}", range.file, JsError::from(e)));
+        let end = range.offset + range.length;
+        let slice = file.slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(read)?;
+        let buffer = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+        rows.insert(range.offset, Uint8Array::new(&buffer).to_vec());
+    }
+    Ok(rows)
+}
+
+fn copy_row(
+    rows: &std::collections::HashMap<u64, Vec<u8>>,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), String> {
+    match rows.get(&offset) {
+        Some(row) if row.len() == out.len() => {
+            out.copy_from_slice(row);
+            Ok(())
+        }
+        _ => Err(format!("the row at byte {offset} is cut short")),
+    }
 }
 
 fn session_error(e: ort::OrtError) -> SessionError {

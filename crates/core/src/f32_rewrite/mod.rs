@@ -107,7 +107,7 @@
 
 mod ops;
 pub mod pack_conversion;
-mod rewrite;
+pub(crate) mod rewrite;
 mod wire;
 
 use serde::{Deserialize, Serialize};
@@ -279,16 +279,7 @@ impl EmbeddingLookup {
 
     /// Where row `id` lies in `source.file`, with Gather's rule for negative ids.
     pub fn row_range(&self, id: i64) -> Result<Range, LookupError> {
-        let rows = i64::try_from(self.rows).unwrap_or(i64::MAX);
-        let row = if id < 0 { id + rows } else { id };
-        if !(0..rows).contains(&row) {
-            return Err(LookupError::Id { id, table: self.table.clone(), rows: self.rows });
-        }
-        Ok(Range {
-            file: self.source.file.clone(),
-            offset: self.source.offset + row as u64 * self.row_bytes(),
-            length: self.row_bytes(),
-        })
+        crate::table_lookup::row_range(&self.table, &self.source, self.rows, self.row_bytes(), id)
     }
 
     /// The graph input's values for `ids` (row-major, `ids.len() * row_elements` floats). `read`
@@ -296,26 +287,15 @@ impl EmbeddingLookup {
     pub fn gather(
         &self,
         ids: &[i64],
-        mut read: impl FnMut(u64, &mut [u8]) -> Result<(), String>,
+        read: impl FnMut(u64, &mut [u8]) -> Result<(), String>,
     ) -> Result<Vec<f32>, LookupError> {
-        let width = self.row_elements as usize;
-        let mut out = vec![0f32; ids.len() * width];
-        let mut raw = vec![0u8; self.row_bytes() as usize];
-        let mut seen: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-        for (i, &id) in ids.iter().enumerate() {
-            let range = self.row_range(id)?;
-            if let Some(&first) = seen.get(&range.offset) {
-                out.copy_within(first * width..(first + 1) * width, i * width);
-                continue;
-            }
-            read(range.offset, &mut raw)
-                .map_err(|error| LookupError::Read { table: self.table.clone(), error })?;
-            for (o, h) in out[i * width..(i + 1) * width].iter_mut().zip(raw.chunks_exact(2)) {
-                *o = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
-            }
-            seen.insert(range.offset, i);
-        }
-        Ok(out)
+        let row_bytes = self.row_bytes() as usize;
+        let raw =
+            crate::table_lookup::gather_rows(ids, row_bytes, |id| self.row_range(id), &self.table, read)?;
+        Ok(raw
+            .chunks_exact(2)
+            .map(|h| half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32())
+            .collect())
     }
 }
 

@@ -10,6 +10,7 @@ use super::{
     TensorCopy,
 };
 use crate::pack::validate_relative_path;
+use crate::table_lookup::{ElemType, TableLookup};
 
 // Field numbers in onnx.proto.
 const MODEL_GRAPH: u64 = 7;
@@ -526,9 +527,10 @@ pub(super) fn shape_dims(value_info: &[u8]) -> Result<Option<Vec<&[u8]>>, Rewrit
     Ok(None)
 }
 
-/// A float32 graph input `name` shaped like `ids` plus `trailing` dims.
-fn lookup_input(name: &str, ids: &[u8], trailing: &[u64]) -> Result<Vec<u8>, RewriteError> {
-    let mut tensor = varint_field(TENSOR_TYPE_ELEM_TYPE, FLOAT);
+/// A graph input `name` of element type `elem_type` (an ONNX `DataType`) shaped like `ids` plus
+/// `trailing` dims.
+fn lookup_input(name: &str, elem_type: u64, ids: &[u8], trailing: &[u64]) -> Result<Vec<u8>, RewriteError> {
+    let mut tensor = varint_field(TENSOR_TYPE_ELEM_TYPE, elem_type);
     if let Some(dims) = shape_dims(ids)? {
         let mut shape: Vec<u8> = dims.concat();
         for &d in trailing {
@@ -693,7 +695,7 @@ fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), Rew
                     let row_elements = t.dims[1..].iter().product::<u64>();
                     for g in gathers {
                         let ids = g.inputs[1];
-                        new_inputs.push(lookup_input(g.outputs[0], inputs[ids], &t.dims[1..])?);
+                        new_inputs.push(lookup_input(g.outputs[0], FLOAT, inputs[ids], &t.dims[1..])?);
                         lookups.push(EmbeddingLookup {
                             input: g.outputs[0].to_owned(),
                             ids_input: ids.to_owned(),
@@ -918,4 +920,101 @@ pub fn remaining_float16(model: &[u8]) -> Result<Vec<String>, RewriteError> {
         }
     }
     Ok(found)
+}
+
+/// Takes every external table that only `Gather(table, ids, axis=0)`s with graph-input `ids` read out
+/// of `model` (a ModelProto): the Gathers and the table go, and each Gather's output becomes a graph
+/// input of the table's element type. Tables of other element types, and tables anything else reads,
+/// stay. The model comes back unchanged (and no lookups) when there is none.
+pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
+    const WHAT: &str = "GraphProto";
+    let fields = wire::parse(model, "ModelProto")?;
+    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
+        Some(f) => f.bytes("ModelProto")?,
+        None => return Err(RewriteError::Model("it has no graph".into())),
+    };
+    let graph_fields = wire::parse(graph, WHAT)?;
+    let mut nodes = Vec::new();
+    let mut tensors = Vec::new();
+    let mut inputs: HashMap<&str, &[u8]> = HashMap::new();
+    let mut outputs: HashSet<&str> = HashSet::new();
+    for f in &graph_fields {
+        match f.number {
+            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
+            GRAPH_INITIALIZER => tensors.push(read_tensor(f.bytes(WHAT)?)?),
+            GRAPH_INPUT => {
+                let b = f.bytes(WHAT)?;
+                inputs.insert(value_info_name(b)?, b);
+            }
+            GRAPH_OUTPUT => {
+                outputs.insert(value_info_name(f.bytes(WHAT)?)?);
+            }
+            _ => {}
+        }
+    }
+    let initializer_names: HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+
+    let mut lookups = Vec::new();
+    let mut new_inputs = Vec::new();
+    let mut removed_nodes: HashSet<usize> = HashSet::new();
+    for t in &tensors {
+        let (Some(elem_type), Some(External { file, offset, length: Some(length) })) =
+            (ElemType::from_onnx(t.data_type), &t.external)
+        else {
+            continue;
+        };
+        if t.segmented || t.elements().ok().and_then(|n| n.checked_mul(elem_type.bytes())) != Some(*length) {
+            continue;
+        }
+        let Ok(gathers) = lookup_gathers(t, &nodes, &inputs, &initializer_names, &outputs) else { continue };
+        for g in gathers {
+            let ids = g.inputs[1];
+            new_inputs.push(lookup_input(g.outputs[0], t.data_type, inputs[ids], &t.dims[1..])?);
+            lookups.push(TableLookup {
+                input: g.outputs[0].to_owned(),
+                ids_input: ids.to_owned(),
+                table: t.name.clone(),
+                elem_type,
+                source: Range { file: file.clone(), offset: *offset, length: *length },
+                rows: t.dims[0],
+                row_dims: t.dims[1..].to_vec(),
+            });
+            removed_nodes.insert(g.index);
+        }
+    }
+    if lookups.is_empty() {
+        return Ok((model.to_vec(), lookups));
+    }
+
+    let removed_tables: HashSet<&str> = lookups.iter().map(|l| l.table.as_str()).collect();
+    let new_input_names: HashSet<&str> = lookups.iter().map(|l| l.input.as_str()).collect();
+    let mut out = Vec::with_capacity(graph.len());
+    let mut node_index = 0;
+    for f in &graph_fields {
+        let keep = match f.number {
+            GRAPH_NODE => {
+                node_index += 1;
+                !removed_nodes.contains(&(node_index - 1))
+            }
+            GRAPH_INITIALIZER => !removed_tables.contains(read_tensor(f.bytes(WHAT)?)?.name.as_str()),
+            GRAPH_INPUT => !removed_tables.contains(value_info_name(f.bytes(WHAT)?)?),
+            GRAPH_VALUE_INFO => !new_input_names.contains(value_info_name(f.bytes(WHAT)?)?),
+            _ => true,
+        };
+        if keep {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    for input in &new_inputs {
+        wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
+    }
+    let mut model_out = Vec::with_capacity(model.len());
+    for f in &fields {
+        if f.number == MODEL_GRAPH {
+            wire::put_bytes_field(&mut model_out, MODEL_GRAPH, &out);
+        } else {
+            model_out.extend_from_slice(f.raw);
+        }
+    }
+    Ok((model_out, lookups))
 }
