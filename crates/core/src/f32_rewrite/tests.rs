@@ -633,7 +633,7 @@ fn a_table_leaves_the_graph_in_its_own_type() {
         rows: 5,
         row_dims: vec![3],
     };
-    assert_eq!(lookups, [lookup.clone()]);
+    assert_eq!(lookups, std::slice::from_ref(&lookup));
     assert_eq!(lookup.input_dims(&[1, 4]), [1, 4, 3]);
 
     // The stage worker's part: the rows' bytes as stored, each distinct row read once.
