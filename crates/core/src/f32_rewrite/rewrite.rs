@@ -613,19 +613,26 @@ pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError>
     }
     let graph = graph.ok_or_else(|| RewriteError::Model("it has no graph".into()))?;
     let (new_graph, plan) = rewrite_graph(graph, options)?;
-    let mut out = Vec::with_capacity(model.len() + new_graph.len().saturating_sub(graph.len()) + 16);
-    for f in &fields {
-        if f.number == MODEL_GRAPH {
-            wire::put_bytes_field(&mut out, MODEL_GRAPH, &new_graph);
-        } else {
-            out.extend_from_slice(f.raw);
-        }
-    }
+    let out = with_graph(&fields, &new_graph);
     let left = remaining_float16(&out)?;
     if !left.is_empty() {
         return Err(RewriteError::Leftover(left.join("; ")));
     }
     Ok(Rewrite { graph: out, plan })
+}
+
+/// The model of `fields` (a parsed ModelProto) with `graph` in place of its graph, every other field
+/// copied as it was.
+fn with_graph(fields: &[Field], graph: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(fields.iter().map(|f| f.raw.len()).sum::<usize>() + graph.len());
+    for f in fields {
+        if f.number == MODEL_GRAPH {
+            wire::put_bytes_field(&mut out, MODEL_GRAPH, graph);
+        } else {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    out
 }
 
 fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), RewriteError> {
@@ -989,14 +996,17 @@ pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), Re
     let removed_tables: HashSet<&str> = lookups.iter().map(|l| l.table.as_str()).collect();
     let new_input_names: HashSet<&str> = lookups.iter().map(|l| l.input.as_str()).collect();
     let mut out = Vec::with_capacity(graph.len());
-    let mut node_index = 0;
+    let (mut node_index, mut tensor_index) = (0, 0);
     for f in &graph_fields {
         let keep = match f.number {
             GRAPH_NODE => {
                 node_index += 1;
                 !removed_nodes.contains(&(node_index - 1))
             }
-            GRAPH_INITIALIZER => !removed_tables.contains(read_tensor(f.bytes(WHAT)?)?.name.as_str()),
+            GRAPH_INITIALIZER => {
+                tensor_index += 1;
+                !removed_tables.contains(tensors[tensor_index - 1].name.as_str())
+            }
             GRAPH_INPUT => !removed_tables.contains(value_info_name(f.bytes(WHAT)?)?),
             GRAPH_VALUE_INFO => !new_input_names.contains(value_info_name(f.bytes(WHAT)?)?),
             _ => true,
@@ -1008,13 +1018,5 @@ pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), Re
     for input in &new_inputs {
         wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
     }
-    let mut model_out = Vec::with_capacity(model.len());
-    for f in &fields {
-        if f.number == MODEL_GRAPH {
-            wire::put_bytes_field(&mut model_out, MODEL_GRAPH, &out);
-        } else {
-            model_out.extend_from_slice(f.raw);
-        }
-    }
-    Ok((model_out, lookups))
+    Ok((with_graph(&fields, &out), lookups))
 }
