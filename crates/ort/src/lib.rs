@@ -5,14 +5,15 @@
 //! the contexts that don't run models (the service worker, pages) never load ORT at all.
 //!
 //! What is covered is what the pipeline needs: creating a session from graph bytes with its external
-//! data given as URLs or `File`s from OPFS, input and output metadata, float32 / float16 / int64 tensors
+//! data given as URLs, `Blob`s or OPFS file handles, input and output metadata, float32 / float16 / int64 tensors
 //! (and tensors of a looked-up table's type, from its bytes), `run` and `release`.
 //!
 //! What loading costs in memory: the build we ship is ORT's JSPI build (`ort.jspi.bundle.min.mjs`), which
 //! reads an external-data `File` one initializer at a time. The asyncify build would read every file of
 //! a session whole into JS memory before creating it, holding the weights twice while a stage loads.
-//! Each `Blob` goes to ORT as a `ChunkedBlob` (`chunked_blob.js`), read in chunks with `arrayBuffer()`
-//! rather than with the BYOB stream reads that now and then never settle in a Chromium worker.
+//! Each file goes to ORT as a `ChunkedBlob` (`chunked_blob.js`): read in chunks rather than with the BYOB
+//! stream reads that now and then never settle in a Chromium worker, and, for an OPFS file handle, into
+//! one reused buffer, so that reading the weights leaves no garbage behind.
 //! ORT opens its own `GPUDevice`: a device passed in is imported into a wgpu instance that cannot wait
 //! on it with timeouts, which ORT's synchronous downloads need (onnxruntime #32257).
 
@@ -69,9 +70,9 @@ extern "C" {
 
 #[wasm_bindgen(module = "/src/chunked_blob.js")]
 extern "C" {
-    /// A `Blob` wrapped so that ORT reads it in chunks with `arrayBuffer()` (see `chunked_blob.js`).
+    /// An OPFS file handle or a `Blob` wrapped so that ORT reads it in chunks (see `chunked_blob.js`).
     #[wasm_bindgen(js_name = forOrt)]
-    fn for_ort(data: &JsValue) -> JsValue;
+    fn for_ort(data: &JsValue) -> Promise;
 }
 
 /// Why an ORT call failed.
@@ -113,7 +114,8 @@ pub enum Provider {
 pub struct ExternalData {
     /// The location recorded in the graph.
     pub path: String,
-    /// A URL string, or a `Blob`/`File` (an OPFS file is disk-backed; ORT reads it itself).
+    /// A URL string, a `Blob`/`File`, or an OPFS `FileSystemFileHandle` (read in chunks into one reused
+    /// buffer through read-only sync access handles; ORT reads one initializer at a time).
     pub data: JsValue,
 }
 
@@ -153,7 +155,7 @@ impl Session {
         for file in external {
             let entry = Object::new();
             set(&entry, "path", &file.path.as_str().into());
-            set(&entry, "data", &for_ort(&file.data));
+            set(&entry, "data", &JsFuture::from(for_ort(&file.data)).await?);
             files.push(&entry);
         }
         set(&options, "externalData", &files);

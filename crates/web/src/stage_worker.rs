@@ -113,8 +113,8 @@ struct Stage {
 }
 
 impl Stage {
-    /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS `File`s, which ORT
-    /// reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
+    /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
+    /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
     /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
     async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
@@ -131,7 +131,8 @@ impl Stage {
         for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
             // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
             let pack::ExternalFile { location, file } = external_file;
-            let data = open_external(&dir, &name, &file).await?;
+            let handle = opfs::file_handle(&dir, &file, false).await;
+            let data = handle.map_err(|e| external_data_error(&name, &file, e))?;
             external.push(ExternalData { path: location, data: data.into() });
         }
         let provider = match backend {
@@ -225,11 +226,11 @@ async fn open_external(
     graph: &str,
     file: &str,
 ) -> Result<web_sys::File, StageWorkerError> {
-    opfs::file(dir, file).await.map_err(|e| StageWorkerError::ExternalData {
-        graph: graph.to_owned(),
-        file: file.to_owned(),
-        source: Box::new(e),
-    })
+    opfs::file(dir, file).await.map_err(|e| external_data_error(graph, file, e))
+}
+
+fn external_data_error(graph: &str, file: &str, source: opfs::OpfsError) -> StageWorkerError {
+    StageWorkerError::ExternalData { graph: graph.to_owned(), file: file.to_owned(), source: Box::new(source) }
 }
 
 /// The inputs of the tables that left the graph, named: the rows of the ids fed, read from each
