@@ -1,5 +1,5 @@
 // The stage workers run ORT's JSPI build, which reads external data one initializer at a time through
-// `ChunkedBlob` (crates/ort/src/chunked_blob.js).
+// `ChunkedBlob` (crates/ort/src/chunked_blob.js): in chunks, into one reused buffer, paced to the GPU.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -15,7 +15,7 @@ test('the stage workers import the JSPI build', () => {
   assert.match(shim, /from '\.\/ort\/ort\.jspi\.bundle\.min\.mjs'/);
 });
 
-test('ChunkedBlob: a Blob whose slices read back exactly, as plain streams', { timeout: 120_000 }, async (t) => {
+test('ChunkedBlob: slices read back exactly, as plain streams, through one reused buffer', { timeout: 120_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
   const snippets = path.join(h.DIST, 'pkg/snippets');
   const [dir] = fs.readdirSync(snippets).filter((d) => d.startsWith('imagine-ort-'));
@@ -30,7 +30,26 @@ test('ChunkedBlob: a Blob whose slices read back exactly, as plain streams', { t
     await writable.write(bytes);
     await writable.close();
     const file = await handle.getFile();
-    const wrapped = forOrt(file);
+    // Sync access handles exist only in dedicated workers (where the stage workers read through them);
+    // here the same reads go through a stand-in over `bytes` that records what it is asked.
+    const access = { opened: 0, closed: 0, modes: new Set(), buffers: new Set() };
+    const standIn = {
+      async createSyncAccessHandle(options) {
+        access.opened++;
+        access.modes.add(options?.mode);
+        return {
+          read(view, { at }) {
+            access.buffers.add(view.buffer);
+            const n = Math.max(0, Math.min(view.byteLength, bytes.length - at));
+            view.set(bytes.subarray(at, at + n));
+            return n;
+          },
+          close() {
+            access.closed++;
+          },
+        };
+      },
+    };
     const readAll = async (stream) => {
       let byob = true;
       try {
@@ -43,7 +62,7 @@ test('ChunkedBlob: a Blob whose slices read back exactly, as plain streams', { t
       for (;;) {
         const { done, value } = await reader.read();
         if (done) break;
-        parts.push(value);
+        parts.push(value.slice()); // as ORT does: each chunk is copied before the next read
       }
       const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
       parts.reduce((at, p) => (out.set(p, at), at + p.byteLength), 0);
@@ -51,28 +70,79 @@ test('ChunkedBlob: a Blob whose slices read back exactly, as plain streams', { t
     };
     const same = (a, start) => a.every((v, i) => v === bytes[start + i]);
     const results = [];
-    for (const [start, end] of [[0, 1024], [8 * 1024 * 1024 - 5, 16 * 1024 * 1024 + 9], [17920, 17920], [0, bytes.length]]) {
-      const { out, byob } = await readAll(wrapped.slice(start, end).stream());
-      results.push({ start, end, length: out.length, same: same(out, start), byob });
+    const wrapped = {
+      file: await forOrt(file),
+      handle: await forOrt(handle), // no sync access handle on a page: read with arrayBuffer()
+      'sync access handle': new ChunkedBlob(file, standIn),
+    };
+    for (const [how, blob] of Object.entries(wrapped)) {
+      const slices = [[0, 1024], [8 * 1024 * 1024 - 5, 16 * 1024 * 1024 + 9], [17920, 17920], [0, bytes.length]]
+        .map(([start, end]) => [start, end, blob.slice(start, end)]);
+      // A slice of a slice (ORT never takes one, Blob allows it): the offsets add up.
+      slices.push([1000, 3000, blob.slice(500, 9000).slice(500, 2500)]);
+      for (const [start, end, slice] of slices) {
+        const { out, byob } = await readAll(slice.stream());
+        results.push({ how, start, end, length: out.length, same: same(out, start), byob });
+      }
+    }
+    // A file shorter than its Blob says fails the read with a message, and still closes its handle.
+    const short = {
+      createSyncAccessHandle: async () => (access.opened++, { read: () => 0, close: () => access.closed++ }),
+    };
+    let shortError = '';
+    try {
+      await readAll(new ChunkedBlob(file, short).slice(0, 10).stream());
+    } catch (e) {
+      shortError = String(e);
     }
     await root.removeEntry('chunked-blob-test.bin');
     return {
-      isBlob: wrapped instanceof Blob,
-      isChunked: wrapped instanceof ChunkedBlob,
-      size: wrapped.size,
+      isBlob: Object.values(wrapped).every((w) => w instanceof Blob && w instanceof ChunkedBlob),
+      size: wrapped.handle.size,
       expectedSize: bytes.length,
-      notBlob: forOrt('https://example.invalid/w.data'),
+      notBlob: await forOrt('https://example.invalid/w.data'),
       results,
+      access: { opened: access.opened, closed: access.closed, modes: [...access.modes], buffers: access.buffers.size },
+      shortError,
     };
   }, url);
-  assert.ok(checks.isBlob && checks.isChunked, 'an OPFS File is handed to ORT as a ChunkedBlob, still a Blob');
+  assert.ok(checks.isBlob, 'OPFS files and file handles are handed to ORT as ChunkedBlobs, still Blobs');
   assert.equal(checks.size, checks.expectedSize);
   assert.equal(checks.notBlob, 'https://example.invalid/w.data', 'a URL is handed on as it is');
   for (const r of checks.results) {
-    assert.equal(r.length, r.end - r.start, `slice ${r.start}..${r.end}: length`);
-    assert.ok(r.same, `slice ${r.start}..${r.end}: bytes differ`);
-    assert.equal(r.byob, false, `slice ${r.start}..${r.end}: a BYOB reader was offered`);
+    const what = `${r.how}, slice ${r.start}..${r.end}`;
+    assert.equal(r.length, r.end - r.start, `${what}: length`);
+    assert.ok(r.same, `${what}: bytes differ`);
+    assert.equal(r.byob, false, `${what}: a BYOB reader was offered`);
   }
+  // One handle per non-empty slice, each closed, read-only, and every chunk read into the same buffer.
+  assert.deepEqual(checks.access, { opened: 5, closed: 5, modes: ['read-only'], buffers: 1 });
+  assert.match(checks.shortError, /the file ended 0 bytes in, 10 bytes early/);
+});
+
+test('ChunkedBlob: once 64 MiB are read, the next slice waits for the GPU queue', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const snippets = path.join(h.DIST, 'pkg/snippets');
+  const [dir] = fs.readdirSync(snippets).filter((d) => d.startsWith('imagine-ort-'));
+  const url = `/pkg/snippets/${dir}/src/chunked_blob.js`;
+  const waits = await b.page.evaluate(async (url) => {
+    const { forOrt } = await import(url);
+    const blob = await forOrt(new Blob([new Uint8Array(20 << 20)]));
+    // Opened after forOrt, as ORT opens its device: that device's queue is the one paced to.
+    const device = await (await navigator.gpu.requestAdapter()).requestDevice();
+    const waits = [];
+    const done = device.queue.onSubmittedWorkDone.bind(device.queue);
+    device.queue.onSubmittedWorkDone = () => (waits.push(read), done());
+    let read = 0;
+    for (let i = 0; i < 8; i++) {
+      const reader = blob.slice(0, 20 << 20).stream().getReader();
+      while (!(await reader.read()).done);
+      read += 20;
+    }
+    return waits;
+  }, url);
+  // 20 MiB slices: the 5th starts after 80 MiB, the 9th would after 160.
+  assert.deepEqual(waits, [80]);
 });
 
 test(`${GENERATIONS} generations in one browser, each through three JSPI stage workers`, { timeout: 900_000 }, async (t) => {

@@ -21,8 +21,8 @@
 const CHUNK_BYTES = 8 << 20;
 const PACE_BYTES = 64 << 20;
 
-// The buffer chunks are read into; null while a stream has it.
-let sharedChunk = new ArrayBuffer(0);
+// The buffer chunks are read into; null while a stream has it (another stream then takes a new one).
+let spareChunk = null;
 
 // The queue of the device ORT opens in this worker (it opens its own, see lib.rs), and the bytes read
 // since that queue was last seen idle.
@@ -87,7 +87,7 @@ export class ChunkedBlob extends Blob {
     const release = () => {
       access?.close();
       access = null;
-      if (chunk) sharedChunk = chunk;
+      if (chunk) spareChunk = chunk;
       chunk = null;
     };
     return new ReadableStream(
@@ -100,9 +100,8 @@ export class ChunkedBlob extends Blob {
           } catch {
             return; // read with arrayBuffer()
           }
-          const length = Math.min(CHUNK_BYTES, blob.size);
-          chunk = sharedChunk && sharedChunk.byteLength >= length ? sharedChunk : new ArrayBuffer(length);
-          sharedChunk = null;
+          chunk = spareChunk ?? new ArrayBuffer(CHUNK_BYTES);
+          spareChunk = null;
         },
         async pull(controller) {
           if (at >= blob.size) {

@@ -230,7 +230,11 @@ async fn open_external(
 }
 
 fn external_data_error(graph: &str, file: &str, source: opfs::OpfsError) -> StageWorkerError {
-    StageWorkerError::ExternalData { graph: graph.to_owned(), file: file.to_owned(), source: Box::new(source) }
+    StageWorkerError::ExternalData {
+        graph: graph.to_owned(),
+        file: file.to_owned(),
+        source: Box::new(source),
+    }
 }
 
 /// The inputs of the tables that left the graph, named: the rows of the ids fed, read from each
