@@ -10,16 +10,20 @@ import * as h from './harness.mjs';
  * good within the first 2 to 7 generations in `bench soak` (BENCHMARKS.md, "JSPI"). */
 const GENERATIONS = 8;
 
+/** A browser with no pack, and the URL its pages import `chunked_blob.js` from. */
+async function pageWithChunkedBlob(t) {
+  const b = await h.setup(t, { pack: null });
+  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
+  return { b, url: `/pkg/snippets/${dir}/src/chunked_blob.js` };
+}
+
 test('the stage workers import the JSPI build', () => {
   const shim = fs.readFileSync(path.join(h.DIST, 'stage-worker.js'), 'utf8');
   assert.match(shim, /from '\.\/ort\/ort\.jspi\.bundle\.min\.mjs'/);
 });
 
 test('ChunkedBlob: slices read back exactly, as plain streams, through one reused buffer', { timeout: 120_000 }, async (t) => {
-  const b = await h.setup(t, { pack: null });
-  const snippets = path.join(h.DIST, 'pkg/snippets');
-  const [dir] = fs.readdirSync(snippets).filter((d) => d.startsWith('imagine-ort-'));
-  const url = `/pkg/snippets/${dir}/src/chunked_blob.js`;
+  const { b, url } = await pageWithChunkedBlob(t);
   const checks = await b.page.evaluate(async (url) => {
     const { ChunkedBlob, forOrt } = await import(url);
     // 20 MiB + 3 bytes of a known pattern: slices cross the 8 MiB chunks.
@@ -121,10 +125,7 @@ test('ChunkedBlob: slices read back exactly, as plain streams, through one reuse
 });
 
 test('ChunkedBlob: once 64 MiB are read, the next slice waits for the GPU queue', { timeout: 120_000 }, async (t) => {
-  const b = await h.setup(t, { pack: null });
-  const snippets = path.join(h.DIST, 'pkg/snippets');
-  const [dir] = fs.readdirSync(snippets).filter((d) => d.startsWith('imagine-ort-'));
-  const url = `/pkg/snippets/${dir}/src/chunked_blob.js`;
+  const { b, url } = await pageWithChunkedBlob(t);
   const waits = await b.page.evaluate(async (url) => {
     const { forOrt } = await import(url);
     const blob = await forOrt(new Blob([new Uint8Array(20 << 20)]));
