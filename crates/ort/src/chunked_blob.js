@@ -113,16 +113,14 @@ export class ChunkedBlob extends Blob {
           let bytes;
           if (access) {
             bytes = new Uint8Array(chunk, 0, length);
-            let read;
             try {
-              read = access.read(bytes, { at: offset + at });
+              const read = access.read(bytes, { at: offset + at });
+              if (read !== length) {
+                throw new Error(`the file ended ${offset + at + read} bytes in, ${length - read} bytes early`);
+              }
             } catch (e) {
               release();
               throw e;
-            }
-            if (read !== length) {
-              release();
-              throw new Error(`the file ended ${offset + at + read} bytes in, ${length - read} bytes early`);
             }
           } else {
             bytes = new Uint8Array(await blob.slice(at, at + length).arrayBuffer());

@@ -5,11 +5,11 @@
 //! the contexts that don't run models (the service worker, pages) never load ORT at all.
 //!
 //! What is covered is what the pipeline needs: creating a session from graph bytes with its external
-//! data given as URLs, `Blob`s or OPFS file handles, input and output metadata, float32 / float16 / int64 tensors
-//! (and tensors of a looked-up table's type, from its bytes), `run` and `release`.
+//! data given as URLs, `Blob`s or OPFS file handles, input and output metadata, float32 / float16 /
+//! int64 tensors (and tensors of a looked-up table's type, from its bytes), `run` and `release`.
 //!
 //! What loading costs in memory: the build we ship is ORT's JSPI build (`ort.jspi.bundle.min.mjs`), which
-//! reads an external-data `File` one initializer at a time. The asyncify build would read every file of
+//! reads an external-data file one initializer at a time. The asyncify build would read every file of
 //! a session whole into JS memory before creating it, holding the weights twice while a stage loads.
 //! Each file goes to ORT as a `ChunkedBlob` (`chunked_blob.js`): read in chunks rather than with the BYOB
 //! stream reads that now and then never settle in a Chromium worker, and, for an OPFS file handle, into
