@@ -24,7 +24,8 @@
 // task the offscreen document would give it and a made-up input of the right size (zero prompt
 // embeddings, small random latents), each ended after --timeout-min, or 1 s after its session exists
 // with --create-only. For when one stage cannot run (or takes hours) on this machine and the others
-// are still to be measured.
+// are still to be measured. First comes what ORT itself costs a renderer: a one-node graph created and
+// run in a browser of its own (ortAlone).
 
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -58,6 +59,8 @@ const PUBLISHED_GB = { text_encoder_q4: 2.2, transformer_q8: 4.14, vae_decoder: 
 const PYTHON = path.join(h.ROOT, 'target/export-venv/bin/python');
 const EXPORTER = ['stream_export.py', 'export.py', 'models.py', 'onnx_tools.py'].map((f) => path.join(h.ROOT, 'tools/export', f));
 const EXPORT_ARGS = ['--config', 'full', '--activations', 'float32', '--seed', '0'];
+// An ONNX model of one node, y = x + x on float32[4] (ir_version 8, opset 17), as onnx.helper writes it.
+const ONE_NODE_MODEL = 'CAgSADo1Cg4KAXgKAXgSAXkiA0FkZBIBZ1oPCgF4EgoKCAgBEgQKAggEYg8KAXkSCgoICAESBAoCCARCBAoAEBE=';
 
 const log = (m) => console.log(`bench: ${m}`);
 const gb = (n) => (n / 1e9).toFixed(2);
@@ -214,11 +217,46 @@ fs.mkdirSync(h.OUT, { recursive: true });
 fs.writeFileSync(path.join(h.OUT, 'bench-scale.json'), JSON.stringify(report, null, 2) + '\n');
 process.exit(exit);
 
+/**
+ * What ONNX Runtime Web itself costs a renderer, whatever the weights: in a browser of its own (so that
+ * what a renderer keeps after it neither adds to nor hides the stages' peaks), an extension page imports
+ * the shipped ORT build, creates a session of ONE_NODE_MODEL on WebGPU and runs it. The row --stages
+ * prints first.
+ */
+async function ortAlone() {
+  const b = await h.launch({ page: 'options.html' });
+  const own = startSampler(b.profileDir, Number(o['interval-ms']), o.memory);
+  try {
+    await h.sleep(3000);
+    const idle = medianBetween(own.history, Date.now() - 3000, Date.now());
+    const t = Date.now();
+    const r = await b.page.evaluate(async (model) => {
+      const ort = await import('./ort/ort.jspi.bundle.min.mjs');
+      const t0 = performance.now();
+      const session = await ort.InferenceSession.create(Uint8Array.from(atob(model), (c) => c.charCodeAt(0)), { executionProviders: ['webgpu'] });
+      const t1 = performance.now();
+      const { y } = await session.run({ x: new ort.Tensor('float32', Float32Array.of(1, 2, 3, 4), [4]) });
+      const out = Array.from(await y.getData());
+      return { createMs: t1 - t0, runMs: performance.now() - t1, out };
+    }, ONE_NODE_MODEL);
+    const tEnd = Date.now();
+    await h.sleep(1000);
+    if (r.out.join() !== '2,4,6,8') throw new Error(`ORT alone: y = x + x gave ${r.out} for x = 1,2,3,4`);
+    const above = (w, kind) => mb(Math.max(0, (peakBetween(own.history, ...w).peak[kind] ?? 0) - (idle[kind] ?? 0)));
+    const row = ['ORT alone (y = x + x)', '0', s(r.createMs), s(r.runMs), above([t, tEnd], 'extension'), '-', '-', above([t, tEnd], 'gpu'), '-', 'an extension page of a browser of its own'];
+    log(row.join(' | '));
+    return row;
+  } finally {
+    await own.stop();
+    await b.close();
+  }
+}
+
 /** --stages: each stage alone in the extension's stage worker, started from the extension page. */
 async function stagesAlone(b, adapter, installed, installS) {
   const size = Number(o.size);
   const params = { prompt: 'a red fox in the snow', width: size, height: size, steps: Number(o.steps), seed: '1', schedule: 'empirical', trace: false, backend: 'webgpu' };
-  const rows = [];
+  const rows = [await ortAlone()];
   for (const stage of o.stages.split(',')) {
     if (!STAGE_OF[stage]) throw new Error(`--stages: unknown stage ${stage} (textEncoder, transformer, decoder)`);
     await h.sleep(3000);
