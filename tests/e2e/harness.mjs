@@ -658,6 +658,9 @@ export async function stopServiceWorker(context, page, { timeoutMs = 15_000 } = 
  * gets no answer. What is always known is its parent: `parentId` is the offscreen document's target
  * (type `background_page`, url `.../offscreen.html`). So stage workers are identified by their
  * parent; a worker appears in the list as soon as it is constructed and disappears when terminated.
+ * Chromium 148 (Debian's in December 2026) has no `parentId` in a target's info at all; there, a
+ * worker without a url and without a parent is taken for the offscreen document's (the only context
+ * of the extension that starts workers).
  */
 export async function listWorkers(context) {
   const cdp = await browserSession(context);
@@ -716,14 +719,9 @@ export function watchWorkers(context, { intervalMs = 100 } = {}) {
   };
 }
 
-/** The workers whose parent is the extension's offscreen document (stage and pack workers). */
-export async function offscreenWorkers(context) {
-  return (await listWorkers(context)).filter((w) => w.parentUrl.includes('/offscreen.html'));
-}
-
-/** Whether a worker is a stage (or pack) worker: its parent is the offscreen document. */
+/** Whether a worker is a stage (or pack) worker: its parent is the offscreen document (see listWorkers). */
 export function isStageWorker(w) {
-  return w.parentUrl.includes('/offscreen.html') || w.url.includes('stage-worker');
+  return w.parentUrl.includes('/offscreen.html') || w.url.includes('stage-worker') || (w.parentId === null && w.url === '');
 }
 
 // ---------------------------------------------------------------------------------------------
