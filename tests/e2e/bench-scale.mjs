@@ -66,6 +66,11 @@ const log = (m) => console.log(`bench: ${m}`);
 const gb = (n) => (n / 1e9).toFixed(2);
 const mb = (n) => ((n ?? 0) / 1e6).toFixed(0);
 const s = (ms) => (typeof ms === 'number' ? (ms / 1000).toFixed(1) : '-');
+/** The peak of `kind` in the window [from, to] of `history` above `idle`, in MB; '-' without samples. */
+function peakAbove(history, idle, [from, to], kind) {
+  const { peak, samples } = peakBetween(history, from, to);
+  return samples ? mb(Math.max(0, (peak[kind] ?? 0) - (idle[kind] ?? 0))) : '-';
+}
 
 // 1. export or reuse ----------------------------------------------------------------------------
 const stampFile = path.join(path.dirname(PACK), 'stamp.json');
@@ -188,11 +193,7 @@ try {
     for (const p of progress) if (!starts.length || starts.at(-1).stage !== p.stage) starts.push(p);
     starts.forEach((p, i) => windows.push({ stage: p.stage, create: [p.t, starts[i + 1]?.t ?? tEnd], run: null }));
   }
-  const above = (w, kind) => {
-    if (!w) return '-';
-    const { peak, samples } = peakBetween(sampler.history, w[0], w[1]);
-    return samples ? mb(Math.max(0, (peak[kind] ?? 0) - (idle[kind] ?? 0))) : '-';
-  };
+  const above = (w, kind) => (w ? peakAbove(sampler.history, idle, w, kind) : '-');
   const rows = windows.map((w) => {
     const bytes = weights[STAGE_OF[w.stage]];
     const ext = above(w.create, 'extension');
@@ -242,7 +243,7 @@ async function ortAlone() {
     const tEnd = Date.now();
     await h.sleep(1000);
     if (r.out.join() !== '2,4,6,8') throw new Error(`ORT alone: y = x + x gave ${r.out} for x = 1,2,3,4`);
-    const above = (w, kind) => mb(Math.max(0, (peakBetween(own.history, ...w).peak[kind] ?? 0) - (idle[kind] ?? 0)));
+    const above = (w, kind) => peakAbove(own.history, idle, w, kind);
     const row = ['ORT alone (y = x + x)', '0', s(r.createMs), s(r.runMs), above([t, tEnd], 'extension'), '-', '-', above([t, tEnd], 'gpu'), '-', 'an extension page of a browser of its own'];
     log(row.join(' | '));
     return row;
@@ -305,10 +306,7 @@ async function stagesAlone(b, adapter, installed, installS) {
     await h.sleep(1000);
     const timing = r.output?.timing ?? r.created;
     const bytes = weights[STAGE_OF[stage]];
-    const above = (w, kind) => {
-      const { peak, samples } = peakBetween(sampler.history, w[0], w[1]);
-      return samples ? mb(Math.max(0, (peak[kind] ?? 0) - (idle[kind] ?? 0))) : '-';
-    };
+    const above = (w, kind) => peakAbove(sampler.history, idle, w, kind);
     let row;
     if (timing) {
       const created = timing.startedAtMs + timing.sessionCreateMs;
