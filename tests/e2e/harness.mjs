@@ -29,6 +29,13 @@ export const OUT = path.join(ROOT, 'tests/e2e/out');
 export const GENERATION_TIMEOUT_MS = 180_000;
 /** A pack install from loopback. */
 export const INSTALL_TIMEOUT_MS = 120_000;
+/**
+ * The longest a job may go without an event (a stage's start, a step, an image) before its test fails,
+ * naming the stage it was in. The longest quiet stretch in the browser tests is the tiny
+ * real-architecture decoder's one run at 256x256 on SwiftShader, about 80 s here (2026-12-02); a stage
+ * that never ends fails within minutes, not at the test file's timeout.
+ */
+export const STALL_MS = 300_000;
 
 /** The flags every launch uses. */
 export function chromiumArgs(extDir = DIST) {
@@ -281,17 +288,15 @@ export function fileDone(status, p) {
 /**
  * Starts a generation and waits for its result (or failure). Returns
  * { reply, result, failed, wallMs }: result is the `result` event (or null), failed the `failed` event.
+ * Throws when the job has not ended within `timeoutMs`, or when it sent no event for `stallMs` (the
+ * error names the stage it was in).
  */
-export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS) {
+export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS, { stallMs = STALL_MS } = {}) {
   await collectEvents(page);
   const t0 = Date.now();
   const reply = await api(page, { type: 'generate', ...request });
   if (reply?.type !== 'jobStarted') return { reply, result: null, failed: null, wallMs: Date.now() - t0 };
-  const ev = await waitForEvent(
-    page,
-    (e) => e.job === reply.job && ['result', 'failed', 'cancelled'].includes(e.type),
-    timeoutMs,
-  );
+  const ev = await waitForJobEnd(page, reply.job, timeoutMs, stallMs);
   const wallMs = Date.now() - t0;
   return {
     reply,
@@ -299,6 +304,35 @@ export async function generate(page, request, timeoutMs = GENERATION_TIMEOUT_MS)
     failed: ev.type === 'result' ? null : ev,
     wallMs,
   };
+}
+
+/**
+ * The event that ended `job` (`result`, `failed` or `cancelled`). Throws after `timeoutMs`, or once the
+ * job has sent no event for `stallMs`, naming the stage of its last progress event.
+ */
+export async function waitForJobEnd(page, job, timeoutMs = GENERATION_TIMEOUT_MS, stallMs = STALL_MS) {
+  await collectEvents(page);
+  const t0 = Date.now();
+  let seen = 0;
+  let lastEventAt = t0;
+  for (;;) {
+    const evs = (await events(page)).filter((e) => e.job === job);
+    const end = evs.find((e) => ['result', 'failed', 'cancelled'].includes(e.type));
+    if (end) return end;
+    const now = Date.now();
+    if (evs.length > seen) [seen, lastEventAt] = [evs.length, now];
+    const stalled = now - lastEventAt > stallMs;
+    if (stalled || now - t0 > timeoutMs) {
+      const progress = evs.filter((e) => e.type === 'progress').at(-1)?.progress;
+      const stage = progress
+        ? `stage ${progress.stage} (step ${progress.step}/${progress.steps}, image ${progress.image + 1}/${progress.images})`
+        : 'no stage started';
+      const why = stalled ? `no event for ${Math.round((now - lastEventAt) / 1000)} s` : `not ended within ${timeoutMs} ms`;
+      const last = evs.slice(-5).map((e) => JSON.stringify(e, shorten)).join('\n  ');
+      throw new Error(`job ${job}: ${why}, in ${stage}; last events:\n  ${last}`);
+    }
+    await sleep(250);
+  }
 }
 
 /**

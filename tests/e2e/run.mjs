@@ -158,7 +158,7 @@ try {
       if (line && line !== shown) console.log(`run:   ${line}`);
       shown = line || shown;
     }, 250);
-    const r = await h.generate(b.page, req, 24 * 3600_000).finally(() => clearInterval(printer));
+    const r = await h.generate(b.page, req, 24 * 3600_000, { stallMs: Infinity }).finally(() => clearInterval(printer));
     if (!r.result) {
       console.error(`run: generation failed: ${JSON.stringify(r.failed ?? r.reply, h.shorten)}`);
       exitCode = 1;

@@ -536,11 +536,25 @@ fn e2e(root: &Path, names: &[String]) -> Result {
     if files.is_empty() {
         return Err("no tests/e2e/*.test.mjs".into());
     }
-    step(&format!("e2e: node --test ({} files)", files.len()));
+    step(&format!("e2e: node --test ({} files) in {}", files.len(), chromium_version()));
     run_cmd(
         "node --test",
-        Command::new("node").args(["--test", "--test-concurrency=1", "--test-timeout=1200000"]).args(&files),
+        Command::new("node")
+            .args(["--test", "--test-concurrency=1", "--test-timeout=1200000"])
+            .args(["--test-reporter=spec", "--test-reporter-destination=stdout"])
+            .args(["--test-reporter=./tests/e2e/file-durations.mjs", "--test-reporter-destination=stdout"])
+            .args(&files),
     )
+}
+
+/// What the browser tests' Chromium says of its version (the harness's `$IMAGINE_CHROMIUM` or Debian's).
+fn chromium_version() -> String {
+    let chromium = env::var("IMAGINE_CHROMIUM").unwrap_or_else(|_| "/usr/lib/chromium/chromium".into());
+    match Command::new(&chromium).arg("--version").output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        Ok(out) => format!("{chromium} (--version failed: {})", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("{chromium} (not started: {e})"),
+    }
 }
 
 const ORT_LICENSE: &str = "MIT License

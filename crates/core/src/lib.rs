@@ -46,6 +46,7 @@ pub mod gallery;
 pub mod hub;
 pub mod image;
 pub mod latents;
+pub mod matmul_blocks;
 pub mod message;
 pub mod pack;
 pub mod params;

@@ -224,7 +224,7 @@ impl Localize for StageWorkerError {
             StageWorkerError::NoPack => Message::new("errStageNoPack", []),
             StageWorkerError::Opfs(e) => e.message(),
             StageWorkerError::Graph { graph, source } => detail(arg(graph), cause(source)),
-            StageWorkerError::Tables { graph, source } => detail(arg(graph), arg(source)),
+            StageWorkerError::GraphEdit { graph, source } => detail(arg(graph), arg(source)),
             StageWorkerError::ExternalData { graph, file, source } => {
                 Message::new("errStageExternalData", [arg(graph), arg(file), cause(source.as_ref())])
             }

@@ -10,6 +10,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
+use imagine_core::matmul_blocks;
 use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
@@ -43,9 +44,10 @@ pub enum StageWorkerError {
     /// A graph of the installed pack that breaks the pack contract.
     #[error("{graph}: {source}")]
     Graph { graph: String, source: PackError },
-    /// A graph whose tables could not be taken out (it is not a readable ONNX model).
+    /// A graph that could not be edited before its session is created (tables taken out, blocks of 32):
+    /// it is not a readable ONNX model.
     #[error("{graph}: {source}")]
-    Tables { graph: String, source: imagine_core::f32_rewrite::RewriteError },
+    GraphEdit { graph: String, source: imagine_core::f32_rewrite::RewriteError },
     /// A file a graph's external data is in.
     #[error("{graph} needs {file}: {source}")]
     ExternalData { graph: String, file: String, source: Box<OpfsError> },
@@ -120,7 +122,7 @@ impl Stage {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
-            .map_err(|source| StageWorkerError::Tables { graph: name.clone(), source })?;
+            .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
         let mut tables = Vec::new();
         for table in taken_out {
             let file = open_external(&dir, &name, &table.source.file).await?;
@@ -135,9 +137,14 @@ impl Stage {
             let data = handle.map_err(|e| external_data_error(&name, &file, e))?;
             external.push(ExternalData { path: location, data: data.into() });
         }
-        let provider = match backend {
-            Backend::Wasm => Provider::Wasm,
-            Backend::WebGpu => Provider::WebGpu,
+        let (bytes, provider) = match backend {
+            Backend::Wasm => (bytes, Provider::Wasm),
+            // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
+            Backend::WebGpu => {
+                let (bytes, _) = matmul_blocks::to_block_32(&bytes)
+                    .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
+                (bytes, Provider::WebGpu)
+            }
         };
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();

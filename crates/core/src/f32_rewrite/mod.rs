@@ -107,6 +107,7 @@
 
 mod ops;
 pub mod pack_conversion;
+pub(crate) mod reblock;
 pub(crate) mod rewrite;
 mod wire;
 

@@ -13,65 +13,65 @@ use crate::pack::validate_relative_path;
 use crate::table_lookup::{ElemType, TableLookup};
 
 // Field numbers in onnx.proto.
-const MODEL_GRAPH: u64 = 7;
-const MODEL_TRAINING_INFO: u64 = 20;
-const MODEL_FUNCTIONS: u64 = 25;
-const GRAPH_NODE: u64 = 1;
-const GRAPH_INITIALIZER: u64 = 5;
-const GRAPH_INPUT: u64 = 11;
-const GRAPH_OUTPUT: u64 = 12;
-const GRAPH_VALUE_INFO: u64 = 13;
-const GRAPH_SPARSE_INITIALIZER: u64 = 15;
-const NODE_INPUT: u64 = 1;
-const NODE_OUTPUT: u64 = 2;
-const NODE_NAME: u64 = 3;
-const NODE_OP_TYPE: u64 = 4;
-const NODE_ATTRIBUTE: u64 = 5;
-const NODE_DOMAIN: u64 = 7;
-const ATTR_NAME: u64 = 1;
-const ATTR_I: u64 = 3;
-const ATTR_T: u64 = 5;
-const ATTR_G: u64 = 6;
-const ATTR_TENSORS: u64 = 10;
-const ATTR_GRAPHS: u64 = 11;
-const ATTR_TP: u64 = 14;
-const ATTR_TYPE_PROTOS: u64 = 15;
-const ATTR_TYPE: u64 = 20;
-const ATTR_SPARSE_TENSOR: u64 = 22;
-const ATTR_SPARSE_TENSORS: u64 = 23;
-const ATTR_TYPE_GRAPH: u64 = 5;
-const ATTR_TYPE_GRAPHS: u64 = 10;
-const TENSOR_DIMS: u64 = 1;
-const TENSOR_DATA_TYPE: u64 = 2;
-const TENSOR_SEGMENT: u64 = 3;
-const TENSOR_FLOAT_DATA: u64 = 4;
-const TENSOR_INT32_DATA: u64 = 5;
-const TENSOR_NAME: u64 = 8;
-const TENSOR_RAW_DATA: u64 = 9;
-const TENSOR_EXTERNAL_DATA: u64 = 13;
-const TENSOR_DATA_LOCATION: u64 = 14;
-const SPARSE_VALUES: u64 = 1;
-const ENTRY_KEY: u64 = 1;
-const ENTRY_VALUE: u64 = 2;
-const VALUE_INFO_NAME: u64 = 1;
-const VALUE_INFO_TYPE: u64 = 2;
-const TYPE_TENSOR: u64 = 1;
-const TYPE_SEQUENCE: u64 = 4;
-const TYPE_MAP: u64 = 5;
-const TYPE_SPARSE_TENSOR: u64 = 8;
-const TYPE_OPTIONAL: u64 = 9;
-const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
-const TENSOR_TYPE_SHAPE: u64 = 2;
-const SEQUENCE_ELEM_TYPE: u64 = 1;
-const MAP_VALUE_TYPE: u64 = 2;
-const OPTIONAL_ELEM_TYPE: u64 = 1;
-const SHAPE_DIM: u64 = 1;
-const DIM_VALUE: u64 = 1;
-const DATA_LOCATION_EXTERNAL: u64 = 1;
+pub(super) const MODEL_GRAPH: u64 = 7;
+pub(super) const MODEL_TRAINING_INFO: u64 = 20;
+pub(super) const MODEL_FUNCTIONS: u64 = 25;
+pub(super) const GRAPH_NODE: u64 = 1;
+pub(super) const GRAPH_INITIALIZER: u64 = 5;
+pub(super) const GRAPH_INPUT: u64 = 11;
+pub(super) const GRAPH_OUTPUT: u64 = 12;
+pub(super) const GRAPH_VALUE_INFO: u64 = 13;
+pub(super) const GRAPH_SPARSE_INITIALIZER: u64 = 15;
+pub(super) const NODE_INPUT: u64 = 1;
+pub(super) const NODE_OUTPUT: u64 = 2;
+pub(super) const NODE_NAME: u64 = 3;
+pub(super) const NODE_OP_TYPE: u64 = 4;
+pub(super) const NODE_ATTRIBUTE: u64 = 5;
+pub(super) const NODE_DOMAIN: u64 = 7;
+pub(super) const ATTR_NAME: u64 = 1;
+pub(super) const ATTR_I: u64 = 3;
+pub(super) const ATTR_T: u64 = 5;
+pub(super) const ATTR_G: u64 = 6;
+pub(super) const ATTR_TENSORS: u64 = 10;
+pub(super) const ATTR_GRAPHS: u64 = 11;
+pub(super) const ATTR_TP: u64 = 14;
+pub(super) const ATTR_TYPE_PROTOS: u64 = 15;
+pub(super) const ATTR_TYPE: u64 = 20;
+pub(super) const ATTR_SPARSE_TENSOR: u64 = 22;
+pub(super) const ATTR_SPARSE_TENSORS: u64 = 23;
+pub(super) const ATTR_TYPE_GRAPH: u64 = 5;
+pub(super) const ATTR_TYPE_GRAPHS: u64 = 10;
+pub(super) const TENSOR_DIMS: u64 = 1;
+pub(super) const TENSOR_DATA_TYPE: u64 = 2;
+pub(super) const TENSOR_SEGMENT: u64 = 3;
+pub(super) const TENSOR_FLOAT_DATA: u64 = 4;
+pub(super) const TENSOR_INT32_DATA: u64 = 5;
+pub(super) const TENSOR_NAME: u64 = 8;
+pub(super) const TENSOR_RAW_DATA: u64 = 9;
+pub(super) const TENSOR_EXTERNAL_DATA: u64 = 13;
+pub(super) const TENSOR_DATA_LOCATION: u64 = 14;
+pub(super) const SPARSE_VALUES: u64 = 1;
+pub(super) const ENTRY_KEY: u64 = 1;
+pub(super) const ENTRY_VALUE: u64 = 2;
+pub(super) const VALUE_INFO_NAME: u64 = 1;
+pub(super) const VALUE_INFO_TYPE: u64 = 2;
+pub(super) const TYPE_TENSOR: u64 = 1;
+pub(super) const TYPE_SEQUENCE: u64 = 4;
+pub(super) const TYPE_MAP: u64 = 5;
+pub(super) const TYPE_SPARSE_TENSOR: u64 = 8;
+pub(super) const TYPE_OPTIONAL: u64 = 9;
+pub(super) const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
+pub(super) const TENSOR_TYPE_SHAPE: u64 = 2;
+pub(super) const SEQUENCE_ELEM_TYPE: u64 = 1;
+pub(super) const MAP_VALUE_TYPE: u64 = 2;
+pub(super) const OPTIONAL_ELEM_TYPE: u64 = 1;
+pub(super) const SHAPE_DIM: u64 = 1;
+pub(super) const DIM_VALUE: u64 = 1;
+pub(super) const DATA_LOCATION_EXTERNAL: u64 = 1;
 
 // TensorProto.DataType.
-const FLOAT: u64 = 1;
-const FLOAT16: u64 = 10;
+pub(super) const FLOAT: u64 = 1;
+pub(super) const FLOAT16: u64 = 10;
 
 /// Attribute names that hold a dtype in some operator: one of them naming float16 on an operator
 /// whose table entry does not list it is refused rather than left.
@@ -81,14 +81,14 @@ const DTYPE_ATTRIBUTE_NAMES: &[&str] = &["to", "dtype", "output_dtype", "stash_t
 const ALIGN: u64 = 64;
 
 /// What to do with one field of a message being copied.
-enum Edit {
+pub(super) enum Edit {
     Keep,
     Drop,
     Replace(Vec<u8>),
 }
 
 /// Copies a message, applying `edit` to each field. `None` when nothing changed.
-fn edit_message(
+pub(super) fn edit_message(
     bytes: &[u8],
     what: &'static str,
     mut edit: impl FnMut(&Field) -> Result<Edit, RewriteError>,
@@ -108,13 +108,13 @@ fn edit_message(
     Ok(changed.then_some(out))
 }
 
-fn bytes_field(number: u64, payload: &[u8]) -> Vec<u8> {
+pub(super) fn bytes_field(number: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 6);
     wire::put_bytes_field(&mut out, number, payload);
     out
 }
 
-fn varint_field(number: u64, v: u64) -> Vec<u8> {
+pub(super) fn varint_field(number: u64, v: u64) -> Vec<u8> {
     let mut out = Vec::new();
     wire::put_varint_field(&mut out, number, v);
     out
@@ -315,7 +315,7 @@ impl Node<'_> {
         matches!(self.domain, "" | "ai.onnx") && self.op_type == op_type
     }
 
-    fn int_attribute(&self, name: &str) -> Option<u64> {
+    pub(super) fn int_attribute(&self, name: &str) -> Option<u64> {
         let a = self.attributes.iter().find(|a| a.name == name)?;
         a.fields.iter().find(|f| f.number == ATTR_I).and_then(|f| f.varint("AttributeProto").ok())
     }
@@ -623,7 +623,7 @@ pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError>
 
 /// The model of `fields` (a parsed ModelProto) with `graph` in place of its graph, every other field
 /// copied as it was.
-fn with_graph(fields: &[Field], graph: &[u8]) -> Vec<u8> {
+pub(super) fn with_graph(fields: &[Field], graph: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(fields.iter().map(|f| f.raw.len()).sum::<usize>() + graph.len());
     for f in fields {
         if f.number == MODEL_GRAPH {

@@ -912,3 +912,104 @@ fn the_qwen3_embedding_table_at_full_size() {
         r#"cannot rewrite tensor "embed" to float32: its float32 form (1555824640 bytes) does not fit one GPU buffer (1073741824 bytes), and it cannot be looked up outside the graph: node 2 "lm_head" (ai.onnx::MatMul) reads it, and only Gathers of its rows can be looked up"#
     );
 }
+
+// ------------------------------------------------------------------------------------------------
+// MatMulNBits re-blocked to 32 (`reblock`). What the re-blocked graphs compute, against the originals
+// on ONNX Runtime, is checked in tools/export/tests/test_matmul_blocks.py.
+
+/// A model of one `MatMulNBits` (K, N, bits, block) importing the default opset `opset`, its B external,
+/// 4-bit zero points inline; `extra` nodes after it.
+fn matmul_nbits_model(k: u64, n: u64, bits: u64, block: u64, opset: u64, extra: &[Vec<u8>]) -> Vec<u8> {
+    let blocks = k.div_ceil(block);
+    let blob = block * bits / 8;
+    let attrs = [attr_int("K", k), attr_int("N", n), attr_int("bits", bits), attr_int("block_size", block)];
+    let mut fields = vec![
+        (INIT, external_tensor("B", &[n, blocks, blob], UINT8, "w.data", 64, n * blocks * blob)),
+        (INIT, raw_tensor("scales", &[n, blocks], FLOAT, &floats(&vec![0.5; (n * blocks) as usize]))),
+        (
+            INIT,
+            raw_tensor("zp", &[n, blocks.div_ceil(2)], UINT8, &vec![0x98; (n * blocks.div_ceil(2)) as usize]),
+        ),
+        (NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales", "zp"], &["y"], &attrs)),
+        (INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(k)])),
+        (OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(n)])),
+    ];
+    fields.extend(extra.iter().map(|e| (NODE, e.clone())));
+    let mut m = model(&fields);
+    let mut opset_import = msg(&[(1, b"")]);
+    put_varint_field(&mut opset_import, 2, opset);
+    put_bytes_field(&mut m, 8, &opset_import);
+    m
+}
+
+fn matmul_nbits_node(model: &[u8]) -> (Vec<String>, u64) {
+    let nodes = graph_fields(model, NODE);
+    let mm = nodes.iter().map(|n| read_node(n, 0).unwrap()).find(|n| n.op_type == "MatMulNBits").unwrap();
+    let inputs = mm.inputs.iter().map(|i| (*i).to_owned()).collect();
+    (inputs, mm.int_attribute("block_size").unwrap())
+}
+
+#[test]
+fn matmul_nbits_of_block_128_becomes_block_32_with_b_untouched() {
+    let m = matmul_nbits_model(256, 4, 4, 128, 21, &[]);
+    let (out, changed) = reblock::to_block_32(&m).unwrap();
+    assert_eq!(changed, 1);
+    let (inputs, block) = matmul_nbits_node(&out);
+    assert_eq!(block, 32);
+    // B is read where it was, as [N, K / 32, 16 bytes]; scales and zero points come from added nodes.
+    assert_eq!(inputs[..2], ["a", "B"]);
+    assert!(
+        inputs[2].starts_with("imagine_block32_") && inputs[3].starts_with("imagine_block32_"),
+        "{inputs:?}"
+    );
+    let b = graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap()).find(|t| t.name == "B").unwrap();
+    assert_eq!(b.dims, [4, 8, 16]);
+    let external = b.external.unwrap();
+    assert_eq!((external.file.as_str(), external.offset, external.length), ("w.data", 64, Some(4 * 2 * 64)));
+    // The added nodes come first (they read only initializers), and every node keeps its unknown fields.
+    let nodes = graph_fields(&out, NODE);
+    let ops: Vec<String> = nodes.iter().map(|n| read_node(n, 0).unwrap().op_type.to_owned()).collect();
+    assert_eq!(ops.last().map(String::as_str), Some("MatMulNBits"));
+    assert!(ops.iter().filter(|o| *o == "Expand").count() == 2, "{ops:?}");
+    assert!(nodes.last().unwrap().ends_with(UNKNOWN));
+    // Every name an added node reads is an initializer or an earlier node's output.
+    let mut known: Vec<String> =
+        graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap().name).collect();
+    known.push("a".into());
+    for n in &nodes {
+        let n = read_node(n, 0).unwrap();
+        for i in &n.inputs {
+            assert!(known.iter().any(|k| k == i), "{} reads {i}, which nothing made before it", n.name);
+        }
+        known.extend(n.outputs.iter().map(|o| (*o).to_owned()));
+    }
+}
+
+#[test]
+fn matmul_nbits_that_cannot_be_reblocked_stay() {
+    let unchanged = |m: Vec<u8>, why: &str| {
+        let (out, changed) = reblock::to_block_32(&m).unwrap();
+        assert_eq!((changed, out == m), (0, true), "{why}");
+    };
+    unchanged(matmul_nbits_model(256, 4, 4, 32, 21, &[]), "block 32 already");
+    unchanged(matmul_nbits_model(256, 4, 4, 16, 21, &[]), "a block below 32");
+    unchanged(matmul_nbits_model(256, 4, 2, 128, 21, &[]), "2 bits");
+    unchanged(matmul_nbits_model(256, 4, 4, 128, 12, &[]), "an opset without Slice and Expand as used");
+    let other = node("other", "", "Identity", &["B"], &["b2"], &[]);
+    unchanged(matmul_nbits_model(256, 4, 4, 128, 21, &[other]), "another node reads B");
+    let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 4), attr_int("block_size", 128)];
+    let g_idx = node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales", "", "g"], &["y"], &attrs);
+    unchanged(matmul_nbits_model(256, 4, 4, 128, 21, &[g_idx]), "a node with g_idx (and B read twice)");
+}
+
+#[test]
+fn a_k_that_is_not_a_multiple_of_the_block_slices_the_padding_off() {
+    // K 64 in blocks of 128: one padded block per column; blocks of 32: two, 32 bytes of each column.
+    let (out, changed) = reblock::to_block_32(&matmul_nbits_model(64, 4, 4, 128, 21, &[])).unwrap();
+    assert_eq!(changed, 1);
+    let (inputs, block) = matmul_nbits_node(&out);
+    assert_eq!(block, 32);
+    assert!(inputs[1].starts_with("imagine_block32_"), "{inputs:?}");
+    let b = graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap()).find(|t| t.name == "B").unwrap();
+    assert_eq!(b.dims, [4, 1, 64], "the stored B is read as it is");
+}

@@ -1,0 +1,398 @@
+//! `MatMulNBits` re-blocked to 32 (see [`crate::matmul_blocks`] for why): the graph edit.
+
+use std::collections::{HashMap, HashSet};
+
+use super::rewrite::{
+    bytes_field, edit_message, read_node, read_tensor, value_info_name, varint_field, with_graph, Edit, Node,
+    Tensor, ATTR_I, ATTR_NAME, ATTR_TYPE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_NODE, GRAPH_OUTPUT,
+    MODEL_GRAPH, NODE_ATTRIBUTE, NODE_INPUT, NODE_NAME, NODE_OP_TYPE, NODE_OUTPUT, TENSOR_DATA_TYPE,
+    TENSOR_DIMS, TENSOR_NAME, TENSOR_RAW_DATA,
+};
+use super::wire;
+use super::RewriteError;
+
+/// The block size ONNX Runtime Web's tiled WebGPU kernel takes.
+pub const TARGET_BLOCK: u64 = 32;
+
+// Field numbers in onnx.proto that only this module reads or writes.
+const MODEL_OPSET_IMPORT: u64 = 8;
+const OPSET_DOMAIN: u64 = 1;
+const OPSET_VERSION: u64 = 2;
+const ATTR_TYPE_INT: u64 = 2;
+
+// TensorProto.DataType.
+const UINT8: u64 = 2;
+const INT32: u64 = 6;
+const INT64: u64 = 7;
+
+/// The default-domain opset the added nodes need (Slice, Reshape and Expand as inputs-driven ops).
+const MIN_OPSET: u64 = 13;
+
+/// Rewrites every `MatMulNBits` of `model` (a ModelProto) whose block size is a power of two above 32
+/// to block 32, exactly; the new model and how many nodes changed. The model comes back as it was
+/// (and 0) when no node qualifies.
+pub(crate) fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
+    const WHAT: &str = "GraphProto";
+    let fields = wire::parse(model, "ModelProto")?;
+    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
+        Some(f) => f.bytes("ModelProto")?,
+        None => return Err(RewriteError::Model("it has no graph".into())),
+    };
+    if default_opset(&fields)? < MIN_OPSET {
+        return Ok((model.to_vec(), 0));
+    }
+    let graph_fields = wire::parse(graph, WHAT)?;
+    let mut nodes = Vec::new();
+    let mut tensors = Vec::new();
+    let mut graph_io: HashSet<&str> = HashSet::new();
+    for f in &graph_fields {
+        match f.number {
+            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
+            GRAPH_INITIALIZER => tensors.push(read_tensor(f.bytes(WHAT)?)?),
+            GRAPH_INPUT | GRAPH_OUTPUT => {
+                graph_io.insert(value_info_name(f.bytes(WHAT)?)?);
+            }
+            _ => {}
+        }
+    }
+    let initializers: HashMap<&str, &Tensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut readers: HashMap<&str, usize> = HashMap::new();
+    for name in nodes.iter().flat_map(|n| n.inputs.iter()) {
+        *readers.entry(name).or_default() += 1;
+    }
+    let exclusive = |name: &str| readers.get(name) == Some(&1) && !graph_io.contains(name);
+
+    let mut added = Added::default();
+    let mut edited_nodes: HashMap<usize, Vec<u8>> = HashMap::new();
+    let mut new_dims: HashMap<&str, [u64; 3]> = HashMap::new();
+    for node in &nodes {
+        let Some(plan) = Plan::of(node, &initializers) else { continue };
+        let prefix = format!("imagine_block32_{}_", node.index);
+        let mut inputs: Vec<String> = node.inputs.iter().map(|i| (*i).to_owned()).collect();
+        let b = node.inputs[1];
+        if plan.blocks * plan.ratio == plan.blocks_32 {
+            // B keeps its bytes: blocks of 32 are the blocks of the old size cut in `ratio`.
+            if !exclusive(b) {
+                continue;
+            }
+            new_dims.insert(b, [plan.n, plan.blocks_32, plan.blob_32()]);
+        } else {
+            // K is not a multiple of the old block: drop each row's padding past K.
+            let rows = added.reshape(&prefix, "b_rows", b, &[plan.n, plan.blocks * plan.blob()]);
+            let kept = added.slice_columns(&prefix, "b_kept", &rows, plan.blocks_32 * plan.blob_32());
+            inputs[1] = added.reshape(&prefix, "b", &kept, &[plan.n, plan.blocks_32, plan.blob_32()]);
+        }
+        inputs[2] = added.repeat_blocks(&prefix, "scales", node.inputs[2], &plan, plan.ratio, plan.blocks_32);
+        if let Some(zero_points) = plan.zero_points {
+            inputs[3] = match zero_points {
+                ZeroPoints::Packed4 => {
+                    // Each 32-block's nibble is its old block's, and `ratio` is even: a byte of the new
+                    // zero points holds two nibbles of the same old block, `z | z << 4`.
+                    let z = added.unpack_nibbles(&prefix, node.inputs[3], &plan);
+                    added.repeat_blocks(
+                        &prefix,
+                        "zero_points",
+                        &z,
+                        &plan,
+                        plan.ratio / 2,
+                        plan.blocks_32.div_ceil(2),
+                    )
+                }
+                ZeroPoints::PerBlock => added.repeat_blocks(
+                    &prefix,
+                    "zero_points",
+                    node.inputs[3],
+                    &plan,
+                    plan.ratio,
+                    plan.blocks_32,
+                ),
+            };
+        }
+        edited_nodes.insert(node.index, edit_node(node, &inputs)?);
+    }
+    if edited_nodes.is_empty() {
+        return Ok((model.to_vec(), 0));
+    }
+
+    let mut out = Vec::with_capacity(graph.len() + added.nodes.iter().map(Vec::len).sum::<usize>());
+    let (mut node_index, mut tensor_index, mut added_written) = (0, 0, false);
+    for f in &graph_fields {
+        match f.number {
+            GRAPH_NODE => {
+                // The added nodes read only constants: before every other node keeps the order topological.
+                if !added_written {
+                    for n in &added.nodes {
+                        wire::put_bytes_field(&mut out, GRAPH_NODE, n);
+                    }
+                    added_written = true;
+                }
+                match edited_nodes.get(&node_index) {
+                    Some(n) => wire::put_bytes_field(&mut out, GRAPH_NODE, n),
+                    None => out.extend_from_slice(f.raw),
+                }
+                node_index += 1;
+            }
+            GRAPH_INITIALIZER => {
+                match new_dims.get(tensors[tensor_index].name.as_str()) {
+                    Some(dims) => {
+                        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, &with_dims(f.bytes(WHAT)?, dims)?)
+                    }
+                    None => out.extend_from_slice(f.raw),
+                }
+                tensor_index += 1;
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    for t in &added.tensors {
+        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
+    }
+    Ok((with_graph(&fields, &out), edited_nodes.len()))
+}
+
+/// The version of the default ONNX domain the model imports (0 when none is declared).
+fn default_opset(fields: &[wire::Field]) -> Result<u64, RewriteError> {
+    const WHAT: &str = "OperatorSetIdProto";
+    let mut version = 0;
+    for f in fields.iter().filter(|f| f.number == MODEL_OPSET_IMPORT) {
+        let (mut domain, mut v) = ("", 0);
+        for g in wire::parse(f.bytes("ModelProto")?, WHAT)? {
+            match g.number {
+                OPSET_DOMAIN => domain = g.string(WHAT)?,
+                OPSET_VERSION => v = g.varint(WHAT)?,
+                _ => {}
+            }
+        }
+        if matches!(domain, "" | "ai.onnx") {
+            version = v;
+        }
+    }
+    Ok(version)
+}
+
+/// How the zero points of a node are laid out.
+#[derive(Clone, Copy)]
+enum ZeroPoints {
+    /// uint8, two 4-bit values a byte, each column's run padded to whole bytes.
+    Packed4,
+    /// One element per block: uint8 for 8 bits, or the scales' float type.
+    PerBlock,
+}
+
+/// One `MatMulNBits` that can be re-blocked, and its sizes.
+struct Plan {
+    n: u64,
+    bits: u64,
+    block: u64,
+    /// Blocks of the old size per column, and of 32.
+    blocks: u64,
+    blocks_32: u64,
+    /// Blocks of 32 in one old block.
+    ratio: u64,
+    zero_points: Option<ZeroPoints>,
+}
+
+impl Plan {
+    /// The plan for `node`, or `None` when it is not a `MatMulNBits` this rewrite handles (any other
+    /// block size, 2 bits, `g_idx`, a B that is not a uint8 initializer of the documented shape, zero
+    /// points whose type is not known from an initializer).
+    fn of(node: &Node, initializers: &HashMap<&str, &Tensor>) -> Option<Plan> {
+        if node.domain != "com.microsoft" || node.op_type != "MatMulNBits" {
+            return None;
+        }
+        let (k, n) = (node.int_attribute("K")?, node.int_attribute("N")?);
+        let (bits, block) = (node.int_attribute("bits")?, node.int_attribute("block_size")?);
+        if !matches!(bits, 4 | 8) || block <= TARGET_BLOCK || !block.is_power_of_two() || k == 0 || n == 0 {
+            return None;
+        }
+        let present = |i: usize| node.inputs.get(i).copied().filter(|name| !name.is_empty());
+        if present(4).is_some() || present(2).is_none() {
+            return None;
+        }
+        let blocks = k.div_ceil(block);
+        let plan = Plan {
+            n,
+            bits,
+            block,
+            blocks,
+            blocks_32: k.div_ceil(TARGET_BLOCK),
+            ratio: block / TARGET_BLOCK,
+            zero_points: None,
+        };
+        let b = initializers.get(present(1)?)?;
+        if b.data_type != UINT8 || b.dims != [n, blocks, plan.blob()] {
+            return None;
+        }
+        let zero_points = match present(3) {
+            None => None,
+            Some(name) => Some(match initializers.get(name)?.data_type {
+                UINT8 if bits == 4 => ZeroPoints::Packed4,
+                _ => ZeroPoints::PerBlock,
+            }),
+        };
+        Some(Plan { zero_points, ..plan })
+    }
+
+    /// Bytes of one block of B, at the old size and at 32.
+    fn blob(&self) -> u64 {
+        self.block * self.bits / 8
+    }
+
+    fn blob_32(&self) -> u64 {
+        TARGET_BLOCK * self.bits / 8
+    }
+}
+
+/// The nodes and constant initializers added in front of the re-blocked nodes.
+#[derive(Default)]
+struct Added {
+    nodes: Vec<Vec<u8>>,
+    tensors: Vec<Vec<u8>>,
+}
+
+impl Added {
+    /// Adds `op_type(inputs) -> prefix + name` (default domain, integer attributes); the output name.
+    fn node(
+        &mut self,
+        prefix: &str,
+        name: &str,
+        op_type: &str,
+        inputs: &[&str],
+        attributes: &[(&str, u64)],
+    ) -> String {
+        let output = format!("{prefix}{name}");
+        let mut n = Vec::new();
+        for i in inputs {
+            wire::put_bytes_field(&mut n, NODE_INPUT, i.as_bytes());
+        }
+        wire::put_bytes_field(&mut n, NODE_OUTPUT, output.as_bytes());
+        wire::put_bytes_field(&mut n, NODE_NAME, output.as_bytes());
+        wire::put_bytes_field(&mut n, NODE_OP_TYPE, op_type.as_bytes());
+        for (attribute, value) in attributes {
+            n.extend(bytes_field(NODE_ATTRIBUTE, &int_attribute(attribute, *value)));
+        }
+        self.nodes.push(n);
+        output
+    }
+
+    /// Adds a constant initializer `prefix + name` with little-endian `raw` data; its name.
+    fn constant(&mut self, prefix: &str, name: &str, data_type: u64, dims: &[u64], raw: Vec<u8>) -> String {
+        let name = format!("{prefix}{name}");
+        let mut t = Vec::new();
+        for d in dims {
+            wire::put_varint_field(&mut t, TENSOR_DIMS, *d);
+        }
+        wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
+        wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
+        wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
+        self.tensors.push(t);
+        name
+    }
+
+    fn int64s(&mut self, prefix: &str, name: &str, values: &[u64]) -> String {
+        let raw = values.iter().flat_map(|v| (*v as i64).to_le_bytes()).collect();
+        self.constant(prefix, name, INT64, &[values.len() as u64], raw)
+    }
+
+    fn reshape(&mut self, prefix: &str, name: &str, input: &str, shape: &[u64]) -> String {
+        let shape = self.int64s(prefix, &format!("{name}_shape"), shape);
+        self.node(prefix, name, "Reshape", &[input, &shape], &[])
+    }
+
+    /// The first `keep` columns of a 2-D `input`.
+    fn slice_columns(&mut self, prefix: &str, name: &str, input: &str, keep: u64) -> String {
+        let starts = self.int64s(prefix, &format!("{name}_starts"), &[0]);
+        let ends = self.int64s(prefix, &format!("{name}_ends"), &[keep]);
+        let axes = self.int64s(prefix, &format!("{name}_axes"), &[1]);
+        self.node(prefix, name, "Slice", &[input, &starts, &ends, &axes], &[])
+    }
+
+    /// `input`, one value per old block of each column ([N, blocks] or flat), with every value
+    /// repeated `times` and each column cut to `keep` values: [N, keep].
+    fn repeat_blocks(
+        &mut self,
+        prefix: &str,
+        name: &str,
+        input: &str,
+        plan: &Plan,
+        times: u64,
+        keep: u64,
+    ) -> String {
+        let column = self.reshape(prefix, &format!("{name}_per_block"), input, &[plan.n, plan.blocks, 1]);
+        let repeat = self.int64s(prefix, &format!("{name}_repeat"), &[1, 1, times]);
+        let repeated = self.node(prefix, &format!("{name}_repeated"), "Expand", &[&column, &repeat], &[]);
+        let flat = self.reshape(prefix, &format!("{name}_flat"), &repeated, &[plan.n, plan.blocks * times]);
+        if plan.blocks * times == keep {
+            flat
+        } else {
+            self.slice_columns(prefix, name, &flat, keep)
+        }
+    }
+
+    /// 4-bit zero points ([N, ceil(blocks / 2)] bytes, low nibble first) as one uint8 byte per old block
+    /// holding its nibble twice (`z * 17`): [N, blocks]. Computed in int32, which every ONNX Runtime
+    /// build has `Mod`, `Div` and `Mul` kernels for.
+    fn unpack_nibbles(&mut self, prefix: &str, input: &str, plan: &Plan) -> String {
+        let bytes = plan.blocks.div_ceil(2);
+        let wide = self.node(prefix, "zp_int", "Cast", &[input], &[("to", INT32)]);
+        let column = self.reshape(prefix, "zp_bytes", &wide, &[plan.n, bytes, 1]);
+        let sixteen = self.constant(prefix, "zp_16", INT32, &[], 16i32.to_le_bytes().to_vec());
+        let low = self.node(prefix, "zp_low", "Mod", &[&column, &sixteen], &[]);
+        let high = self.node(prefix, "zp_high", "Div", &[&column, &sixteen], &[]);
+        let pairs = self.node(prefix, "zp_pairs", "Concat", &[&low, &high], &[("axis", 2)]);
+        let nibbles = self.reshape(prefix, "zp_nibbles", &pairs, &[plan.n, bytes * 2]);
+        let nibbles = if bytes * 2 == plan.blocks {
+            nibbles
+        } else {
+            self.slice_columns(prefix, "zp_blocks", &nibbles, plan.blocks)
+        };
+        let seventeen = self.constant(prefix, "zp_17", INT32, &[], 17i32.to_le_bytes().to_vec());
+        let doubled = self.node(prefix, "zp_doubled", "Mul", &[&nibbles, &seventeen], &[]);
+        self.node(prefix, "zp_per_block", "Cast", &[&doubled], &[("to", UINT8)])
+    }
+}
+
+fn int_attribute(name: &str, value: u64) -> Vec<u8> {
+    let mut a = bytes_field(ATTR_NAME, name.as_bytes());
+    a.extend(varint_field(ATTR_I, value));
+    a.extend(varint_field(ATTR_TYPE, ATTR_TYPE_INT));
+    a
+}
+
+/// `node` with `inputs` in place of its inputs and `block_size` 32.
+fn edit_node(node: &Node, inputs: &[String]) -> Result<Vec<u8>, RewriteError> {
+    let mut input = 0;
+    let edited = edit_message(node.bytes, "NodeProto", |f| {
+        Ok(match f.number {
+            NODE_INPUT => {
+                input += 1;
+                Edit::Replace(bytes_field(NODE_INPUT, inputs[input - 1].as_bytes()))
+            }
+            NODE_ATTRIBUTE => {
+                let fields = wire::parse(f.bytes("NodeProto")?, "AttributeProto")?;
+                let is_block = fields
+                    .iter()
+                    .any(|a| a.number == ATTR_NAME && a.value == wire::Value::Bytes(&b"block_size"[..]));
+                if is_block {
+                    Edit::Replace(bytes_field(NODE_ATTRIBUTE, &int_attribute("block_size", TARGET_BLOCK)))
+                } else {
+                    Edit::Keep
+                }
+            }
+            _ => Edit::Keep,
+        })
+    })?;
+    Ok(edited.unwrap_or_else(|| node.bytes.to_vec()))
+}
+
+/// A TensorProto with `dims` in place of its dims.
+fn with_dims(tensor: &[u8], dims: &[u64]) -> Result<Vec<u8>, RewriteError> {
+    let mut out = edit_message(tensor, "TensorProto", |f| {
+        Ok(if f.number == TENSOR_DIMS { Edit::Drop } else { Edit::Keep })
+    })?
+    .unwrap_or_else(|| tensor.to_vec());
+    for d in dims {
+        wire::put_varint_field(&mut out, TENSOR_DIMS, *d);
+    }
+    Ok(out)
+}
