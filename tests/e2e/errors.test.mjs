@@ -19,6 +19,17 @@ test('invalid sizes and steps are refused', { timeout: 300_000 }, async (t) => {
   await refuse({ steps: 51 }, '1', '50');
 });
 
+test('a stage that never ends fails its test once the job is quiet for the stall time, naming the stage', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t);
+  await h.armFailpoint(b.page, 'stage:session-created');
+  const started = Date.now();
+  await assert.rejects(
+    h.generate(b.page, { ...base, prompt: 'a stalled fox' }, 600_000, { stallMs: 10_000 }),
+    (e) => /no event for 1\d s, in stage textEncoder/.test(e.message),
+  );
+  assert.ok(Date.now() - started < 120_000, `took ${Date.now() - started} ms`);
+});
+
 test('a 3000-word prompt is truncated to 512 tokens', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const words = Array.from({ length: 3000 }, (_, i) => ['red', 'fox', 'snow', 'tree', 'light'][i % 5]).join(' ');

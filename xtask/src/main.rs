@@ -52,6 +52,10 @@ commands:
                          build, then generate `runs` images in one browser, two fixture packs
                          installed in turn, with the stage workers on ORT's JSPI (shipped) or
                          asyncify build, or on another onnxruntime-web dist/; says how many finished
+  bench blocks [--k 128] [--n 2560] [--bits 4] [--tokens 512] [--runs 2]
+                         build, then one MatMulNBits at block 128 against the same node
+                         re-blocked to 32 (what stage workers run on WebGPU), on ORT Web's
+                         WebGPU backend in Chromium: session and run times, their ratio
   help                   this text
 
 options for run/bench/e2e:
@@ -125,7 +129,7 @@ fn dispatch(args: &[String]) -> Result {
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
                 return Err(format!(
-                    "bench needs a benchmark name (generate, download, scale, soak)\n{USAGE}"
+                    "bench needs a benchmark name (generate, download, scale, soak, blocks)\n{USAGE}"
                 ));
             };
             let script = match what.as_str() {
@@ -133,9 +137,10 @@ fn dispatch(args: &[String]) -> Result {
                 "download" => "tests/e2e/bench-download.mjs",
                 "scale" => "tests/e2e/bench-scale.mjs",
                 "soak" => "tests/e2e/bench-soak.mjs",
+                "blocks" => "tests/e2e/bench-blocks.mjs",
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}` (known: generate, download, scale, soak)"
+                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks)"
                     ))
                 }
             };

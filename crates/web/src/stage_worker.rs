@@ -152,6 +152,8 @@ impl Stage {
         let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
         let timing = StageTiming { started_at_ms, session_create_ms: now_ms() - started, run_ms: 0.0 };
         report(&StageReport::SessionCreated { timing }, None);
+        // Lets a test hold a stage for ever, as a kernel that never returns would.
+        opfs::failpoint("stage:session-created").await;
         let inputs = session.inputs();
         let outputs = session.outputs();
         Ok(Stage { session, inputs, outputs, timing, lookups, tables })
