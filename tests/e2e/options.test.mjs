@@ -22,6 +22,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     const r = await report(options);
     assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
     assert.equal(r['shader-f16'], 'no');
+    assert.equal(r['Found by asking for'], 'the high-performance GPU');
     assert.match(r.maxBufferSize, /\d/);
     assert.match(r.maxStorageBufferBindingSize, /\d/);
     assert.match(r.Storage, /used of/);
@@ -88,4 +89,70 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     assert.equal((await h.packStatus(b.page)).installed, false);
     assert.equal(await options.isHidden('#delete-pack'), true);
   });
+});
+
+/** The URL extension pages import `gpu_adapter.js` from (a wasm-bindgen snippet of the web crate). */
+function gpuAdapterUrl() {
+  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-web-'));
+  return `/pkg/snippets/${dir}/src/gpu_adapter.js`;
+}
+
+test('the adapter is looked for with high-performance, then no preference, then low-power', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const url = gpuAdapterUrl();
+  const orders = await b.page.evaluate(async (url) => {
+    const { requestAnyAdapter } = await import(url);
+    // A stand-in GPU that offers an adapter for the preferences in `offers` only, and records the asks.
+    const ask = async (offers, options) => {
+      const asked = [];
+      const gpu = { async requestAdapter(o) { asked.push(o.powerPreference ?? 'none'); return offers.includes(o.powerPreference ?? 'none') ? { offered: o.powerPreference ?? 'none' } : null; } };
+      const found = await requestAnyAdapter(gpu, options);
+      return { asked, found: found.powerPreference, adapter: found.adapter?.offered ?? null };
+    };
+    return {
+      first: await ask(['high-performance', 'low-power']),
+      none: await ask(['none', 'low-power']),
+      low: await ask(['low-power']),
+      nothing: await ask([]),
+      askedLow: await ask(['high-performance', 'low-power'], { powerPreference: 'low-power' }),
+    };
+  }, url);
+  assert.deepEqual(orders.first, { asked: ['high-performance'], found: 'high-performance', adapter: 'high-performance' });
+  assert.deepEqual(orders.none, { asked: ['high-performance', 'none'], found: 'default', adapter: 'none' });
+  assert.deepEqual(orders.low, { asked: ['high-performance', 'none', 'low-power'], found: 'low-power', adapter: 'low-power' });
+  assert.deepEqual(orders.nothing, { asked: ['high-performance', 'none', 'low-power'], found: null, adapter: null });
+  assert.deepEqual(orders.askedLow, { asked: ['low-power'], found: 'low-power', adapter: 'low-power' });
+
+  // Patched as the stage workers patch it (for ONNX Runtime's own request): a real adapter although
+  // high-performance gives none.
+  const patched = await b.page.evaluate(async (url) => {
+    const asked = [];
+    const real = GPU.prototype.requestAdapter;
+    GPU.prototype.requestAdapter = function (o = {}) {
+      asked.push(o.powerPreference ?? 'none');
+      return o.powerPreference === 'high-performance' ? Promise.resolve(null) : real.call(this, o);
+    };
+    const { findAnyAdapter } = await import(url);
+    findAnyAdapter();
+    findAnyAdapter(); // idempotent: one level of fallback, not two
+    const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
+    return { asked, isAdapter: adapter instanceof GPUAdapter };
+  }, url);
+  assert.deepEqual(patched, { asked: ['high-performance', 'none'], isAdapter: true });
+});
+
+test('the device report says which preference found the adapter when high-performance finds none', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  // As on a GPU machine whose Chrome offers its GPU only for other preferences.
+  await b.context.addInitScript(() => {
+    const real = GPU.prototype.requestAdapter;
+    GPU.prototype.requestAdapter = function (o = {}) {
+      return o.powerPreference === 'high-performance' ? Promise.resolve(null) : real.call(this, o);
+    };
+  });
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  const r = await report(options);
+  assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
+  assert.equal(r['Found by asking for'], "the browser's default GPU (none for high performance)");
 });

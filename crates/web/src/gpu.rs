@@ -4,14 +4,14 @@
 //! where present); terminating the worker frees it, as ORT Web does not give GPU memory back on
 //! `release()` alone.
 
-use js_sys::{Function, Reflect};
+use js_sys::{Function, Promise, Reflect};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use imagine_core::f32_rewrite::Limits;
 
-use crate::js::{get, JsError, Obj};
+use crate::js::{get, JsError};
 
 /// What keeps this browser or GPU from running a pack on WebGPU; each message says what to do.
 #[derive(Debug, Error)]
@@ -38,18 +38,31 @@ const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and 
                        converted to float32 for it (it was installed for the wasm backend, or converted for a GPU \
                        with other limits). Install the pack again for this GPU, or choose the wasm backend.";
 
-/// The WebGPU adapter, or what is missing.
-async fn adapter() -> Result<JsValue, GpuError> {
+#[wasm_bindgen(module = "/src/gpu_adapter.js")]
+extern "C" {
+    #[wasm_bindgen(catch, js_name = requestAnyAdapter)]
+    fn request_any_adapter(gpu: &JsValue) -> Result<Promise, JsValue>;
+
+    /// Makes every `requestAdapter` in this global, ONNX Runtime's too, try each power preference
+    /// (`gpu_adapter.js`). The stage workers call it before ORT opens its device.
+    #[wasm_bindgen(js_name = findAnyAdapter)]
+    pub fn find_any_adapter();
+}
+
+/// The WebGPU adapter and the power preference that found it (`high-performance`, `default` or
+/// `low-power`, tried in that order), or what is missing.
+async fn adapter() -> Result<(JsValue, String), GpuError> {
     let gpu = get(&get(&js_sys::global(), "navigator"), "gpu");
     if gpu.is_undefined() {
         return Err(GpuError::NoWebGpu);
     }
-    let options = Obj::new().set("powerPreference", "high-performance").build();
-    let adapter = call_async(&gpu, "requestAdapter", &options).await.map_err(GpuError::Adapter)?;
+    let found = request_any_adapter(&gpu).map_err(|e| GpuError::Adapter(e.into()))?;
+    let found = JsFuture::from(found).await.map_err(|e| GpuError::Adapter(e.into()))?;
+    let adapter = get(&found, "adapter");
     if adapter.is_null() || adapter.is_undefined() {
         return Err(GpuError::NoAdapter);
     }
-    Ok(adapter)
+    Ok((adapter, get(&found, "powerPreference").as_string().unwrap_or_default()))
 }
 
 /// What the WebGPU adapter offers that decides how a pack runs.
@@ -63,7 +76,7 @@ pub struct AdapterInfo {
 
 /// The adapter's features and limits, without opening a device.
 pub async fn adapter_info() -> Result<AdapterInfo, GpuError> {
-    let adapter = adapter().await?;
+    let (adapter, _) = adapter().await?;
     Ok(AdapterInfo { has_f16: has_feature(&adapter, "shader-f16"), limits: buffer_limits(&adapter) })
 }
 
@@ -88,6 +101,8 @@ pub struct DeviceReport {
     pub vendor: String,
     pub architecture: String,
     pub description: String,
+    /// The power preference that found it: `high-performance`, `default` (none) or `low-power`.
+    pub power_preference: String,
     pub shader_f16: bool,
     pub max_buffer_size: u64,
     pub max_storage_buffer_binding_size: u64,
@@ -95,7 +110,7 @@ pub struct DeviceReport {
 
 /// The adapter's identity, `shader-f16` and the buffer limits that decide which packs fit.
 pub async fn device_report() -> Result<DeviceReport, GpuError> {
-    let adapter = adapter().await?;
+    let (adapter, power_preference) = adapter().await?;
     let info = get(&adapter, "info");
     let text = |key| get(&info, key).as_string().unwrap_or_default();
     let limits = buffer_limits(&adapter);
@@ -103,6 +118,7 @@ pub async fn device_report() -> Result<DeviceReport, GpuError> {
         vendor: text("vendor"),
         architecture: text("architecture"),
         description: text("description"),
+        power_preference,
         shader_f16: has_feature(&adapter, "shader-f16"),
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
@@ -125,10 +141,4 @@ fn has_feature(adapter: &JsValue, name: &str) -> bool {
         .and_then(|has| has.unchecked_into::<Function>().call1(&features, &name.into()).ok())
         .and_then(|v| v.as_bool())
         .unwrap_or(false)
-}
-
-async fn call_async(target: &JsValue, method: &str, argument: &JsValue) -> Result<JsValue, JsError> {
-    let function: Function = get(target, method).unchecked_into();
-    let promise = function.call1(target, argument)?;
-    Ok(JsFuture::from(js_sys::Promise::from(promise)).await?)
 }

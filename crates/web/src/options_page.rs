@@ -181,6 +181,12 @@ async fn device_report() {
             if !report.description.is_empty() {
                 rows.push((t("optionsAdapterDescription"), report.description));
             }
+            let preference = match report.power_preference.as_str() {
+                "high-performance" => t("optionsPowerHigh"),
+                "low-power" => t("optionsPowerLow"),
+                _ => t("optionsPowerDefault"),
+            };
+            rows.push((t("optionsPowerPreference"), preference));
             let f16 = if report.shader_f16 { t("optionsYes") } else { t("optionsNo") };
             rows.push(("shader-f16".into(), f16));
             rows.push(("maxBufferSize".into(), format_bytes(report.max_buffer_size)));

@@ -67,6 +67,8 @@ pub enum StageWorkerError {
 #[wasm_bindgen(js_name = stageWorkerMain)]
 pub fn stage_worker_main() {
     imagine_ort::configure(1);
+    // ORT asks for a high-performance adapter only; some machines offer their GPU for another preference.
+    gpu::find_any_adapter();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
         let message = event.data();
         spawn_local(async move {
