@@ -136,9 +136,18 @@ test('the adapter is looked for with high-performance, then no preference, then 
     findAnyAdapter();
     findAnyAdapter(); // idempotent: one level of fallback, not two
     const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
-    return { asked, isAdapter: adapter instanceof GPUAdapter };
+    const patchedAsked = asked.splice(0);
+    // The options page's probe, in a context patched so: it still says which preference found it.
+    const { requestAnyAdapter } = await import(url);
+    const found = await requestAnyAdapter(navigator.gpu);
+    return { asked: patchedAsked, isAdapter: adapter instanceof GPUAdapter, probe: found.powerPreference, probeAsked: asked };
   }, url);
-  assert.deepEqual(patched, { asked: ['high-performance', 'none'], isAdapter: true });
+  assert.deepEqual(patched, {
+    asked: ['high-performance', 'none'],
+    isAdapter: true,
+    probe: 'default',
+    probeAsked: ['high-performance', 'none'],
+  });
 });
 
 test('the device report says which preference found the adapter when high-performance finds none', { timeout: 120_000 }, async (t) => {

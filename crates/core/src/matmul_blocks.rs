@@ -30,8 +30,8 @@
 //!   weights, 12 % of the text encoder's int4 ones).
 //!
 //! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
-//! initializer of the documented shape or that another node reads too, zero points that are not an
-//! initializer. The wasm backend is left alone: its kernels have no such cliff.
+//! initializer of the documented shape or that another node reads too, scales or zero points that are
+//! not initializers of one value per block. The wasm backend is left alone: its kernels have no such cliff.
 //! Tests: `f32_rewrite/tests.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
 //! graphs against the originals on ONNX Runtime).
 

@@ -9,7 +9,7 @@ export const POWER_PREFERENCES = ['high-performance', undefined, 'low-power'];
 
 /** `{ adapter, powerPreference }`: the first adapter `gpu` gives for `options` with each power preference
  * in turn (the one asked for first, if any); `adapter` is null when none gives one. */
-export async function requestAnyAdapter(gpu, options = {}, request = gpu.requestAdapter) {
+export async function requestAnyAdapter(gpu, options = {}, request = gpu.requestAdapter.unpatched ?? gpu.requestAdapter) {
   const asked = options.powerPreference;
   const order = asked ? [asked, ...POWER_PREFERENCES.filter((p) => p !== asked)] : POWER_PREFERENCES;
   for (const powerPreference of order) {
@@ -22,11 +22,12 @@ export async function requestAnyAdapter(gpu, options = {}, request = gpu.request
 /** Makes every `requestAdapter` in this global (ONNX Runtime's too) fall back as `requestAnyAdapter`
  * does. Idempotent. */
 export function findAnyAdapter() {
-  if (typeof GPU === 'undefined' || GPU.prototype.requestAdapter.findsAnyAdapter) return;
+  if (typeof GPU === 'undefined' || GPU.prototype.requestAdapter.unpatched) return;
   const request = GPU.prototype.requestAdapter;
   const anyAdapter = async function (options = {}) {
     return (await requestAnyAdapter(this, options, request)).adapter;
   };
-  anyAdapter.findsAnyAdapter = true;
+  // What `requestAnyAdapter` calls, so that it reports the preference that found the adapter.
+  anyAdapter.unpatched = request;
   GPU.prototype.requestAdapter = anyAdapter;
 }

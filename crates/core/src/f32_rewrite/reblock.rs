@@ -194,8 +194,8 @@ struct Plan {
 
 impl Plan {
     /// The plan for `node`, or `None` when it is not a `MatMulNBits` this rewrite handles (any other
-    /// block size, 2 bits, `g_idx`, a B that is not a uint8 initializer of the documented shape, zero
-    /// points whose type is not known from an initializer).
+    /// block size, 2 bits, `g_idx`, a B that is not a uint8 initializer of the documented shape, scales
+    /// or zero points that are not initializers of one value per block).
     fn of(node: &Node, initializers: &HashMap<&str, &Tensor>) -> Option<Plan> {
         if node.domain != "com.microsoft" || node.op_type != "MatMulNBits" {
             return None;
@@ -223,12 +223,27 @@ impl Plan {
         if b.data_type != UINT8 || b.dims != [n, blocks, plan.blob()] {
             return None;
         }
+        // One value per block of each column (`per_column` of them), counted without overflow.
+        let fits = |t: &Tensor, per_column: u64| {
+            let elements = t.dims.iter().try_fold(1u64, |e, &d| e.checked_mul(d));
+            elements.is_some() && elements == n.checked_mul(per_column)
+        };
+        if !fits(initializers.get(present(2)?)?, blocks) {
+            return None;
+        }
         let zero_points = match present(3) {
             None => None,
-            Some(name) => Some(match initializers.get(name)?.data_type {
-                UINT8 if bits == 4 => ZeroPoints::Packed4,
-                _ => ZeroPoints::PerBlock,
-            }),
+            Some(name) => {
+                let z = initializers.get(name)?;
+                let (layout, per_column) = match z.data_type {
+                    UINT8 if bits == 4 => (ZeroPoints::Packed4, blocks.div_ceil(2)),
+                    _ => (ZeroPoints::PerBlock, blocks),
+                };
+                if !fits(z, per_column) {
+                    return None;
+                }
+                Some(layout)
+            }
         };
         Some(Plan { zero_points, ..plan })
     }
