@@ -376,23 +376,13 @@ fn int_attribute(name: &str, value: u64) -> Vec<u8> {
 
 /// `node` with `inputs` in place of its inputs and `block_size` 32.
 fn edit_node(node: &Node, inputs: &[String]) -> Result<Vec<u8>, RewriteError> {
-    let mut input = 0;
+    let mut inputs = inputs.iter();
+    let mut attributes = node.attributes.iter();
     let edited = edit_message(node.bytes, "NodeProto", |f| {
         Ok(match f.number {
-            NODE_INPUT => {
-                input += 1;
-                Edit::Replace(bytes_field(NODE_INPUT, inputs[input - 1].as_bytes()))
-            }
-            NODE_ATTRIBUTE => {
-                let fields = wire::parse(f.bytes("NodeProto")?, "AttributeProto")?;
-                let is_block = fields
-                    .iter()
-                    .any(|a| a.number == ATTR_NAME && a.value == wire::Value::Bytes(&b"block_size"[..]));
-                if is_block {
-                    Edit::Replace(bytes_field(NODE_ATTRIBUTE, &int_attribute("block_size", TARGET_BLOCK)))
-                } else {
-                    Edit::Keep
-                }
+            NODE_INPUT => Edit::Replace(bytes_field(NODE_INPUT, inputs.next().map_or("", |i| i).as_bytes())),
+            NODE_ATTRIBUTE if attributes.next().is_some_and(|a| a.name == "block_size") => {
+                Edit::Replace(bytes_field(NODE_ATTRIBUTE, &int_attribute("block_size", TARGET_BLOCK)))
             }
             _ => Edit::Keep,
         })
