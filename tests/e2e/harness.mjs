@@ -10,6 +10,8 @@
 //   IMAGINE_PACKS     the fixture packs (default: <repo>/tests/fixtures/packs)
 //   IMAGINE_CHROMIUM  the Chromium binary (default: /usr/lib/chromium/chromium)
 //   IMAGINE_HEADLESS=1  headless even when $DISPLAY is set
+//   IMAGINE_WEBGPU    swiftshader (default: the CPU adapter every machine has) or vulkan (a real GPU
+//                     through Vulkan, as on a Linux machine with an NVIDIA GPU and no display)
 
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
@@ -37,15 +39,29 @@ export const INSTALL_TIMEOUT_MS = 120_000;
  */
 export const STALL_MS = 300_000;
 
+/**
+ * WebGPU's flags by IMAGINE_WEBGPU. swiftshader: WebGPU without a GPU (`--enable-unsafe-webgpu` gives the
+ * SwiftShader adapter; the other two don't hurt). vulkan: headless Chromium on a real GPU; without
+ * `--disable-vulkan-surface` Vulkan fails to start there and only SwiftShader is left (measured on an
+ * NVIDIA H200, Chromium 156, 2026-12-02).
+ */
+export const WEBGPU_ARGS = {
+  swiftshader: ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader', '--use-webgpu-adapter=swiftshader'],
+  vulkan: ['--enable-unsafe-webgpu', '--ignore-gpu-blocklist', '--use-angle=vulkan', '--enable-features=Vulkan', '--disable-vulkan-surface'],
+};
+
+export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
+  const args = WEBGPU_ARGS[kind];
+  if (!args) throw new Error(`IMAGINE_WEBGPU=${kind}: expected one of ${Object.keys(WEBGPU_ARGS).join(', ')}`);
+  return args;
+}
+
 /** The flags every launch uses. */
 export function chromiumArgs(extDir = DIST) {
   return [
     `--disable-extensions-except=${extDir}`,
     `--load-extension=${extDir}`,
-    // WebGPU without a GPU: this one flag gives the SwiftShader adapter; the next two don't hurt.
-    '--enable-unsafe-webgpu',
-    '--enable-unsafe-swiftshader',
-    '--use-webgpu-adapter=swiftshader',
+    ...webgpuArgs(),
     // As root on a machine without a user namespace sandbox.
     '--no-sandbox',
     '--disable-gpu-sandbox',
@@ -362,11 +378,11 @@ export function pngBytes(result) {
   return Buffer.from(result.png, 'base64');
 }
 
-/** Writes `<name>.png` and `<name>.json` (the result without the png) to tests/e2e/out/. */
-export function writeResult(name, result) {
-  fs.mkdirSync(OUT, { recursive: true });
-  const png = path.join(OUT, `${name}.png`);
-  const json = path.join(OUT, `${name}.json`);
+/** Writes `<name>.png` and `<name>.json` (the result without the png) to `dir` (tests/e2e/out/). */
+export function writeResult(name, result, dir = OUT) {
+  fs.mkdirSync(dir, { recursive: true });
+  const png = path.join(dir, `${name}.png`);
+  const json = path.join(dir, `${name}.json`);
   fs.writeFileSync(png, pngBytes(result));
   const { png: _png, ...rest } = result;
   fs.writeFileSync(json, JSON.stringify(rest, null, 1));

@@ -47,25 +47,6 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
   });
 }
 
-/** Records in the page when the conversion's first progress and the `installing` state arrive. */
-async function watchConversion(page) {
-  await page.evaluate(() => {
-    window.__conversion = {};
-    chrome.runtime.onMessage.addListener((m) => {
-      const c = window.__conversion;
-      if (m?.type === 'packProgress' && m.state === 'converting') c.first ??= performance.now();
-      if (m?.type === 'packProgress' && m.state === 'installing') c.installing ??= performance.now();
-      return false;
-    });
-  });
-}
-
-/** Milliseconds from the conversion's first progress to the `installing` state. */
-async function conversionMs(page) {
-  const c = await page.evaluate(() => window.__conversion);
-  return Math.round(c.installing - c.first);
-}
-
 /**
  * The float16 pack on SwiftShader WebGPU, which lacks shader-f16: the extension converts its graphs to
  * float32 at install. Compared with the reference of the float32-activation export of the same weights
@@ -78,25 +59,43 @@ async function conversionMs(page) {
  */
 const CONVERTED_TOLERANCE = 2;
 
-test('a tiny real-architecture float16 pack installs converted to float32 on WebGPU without shader-f16 and matches the reference', { timeout: 1_200_000 }, async (t) => {
+test('the browser mode of the GPU bench, on the tiny float16 pack: installed converted to float32 without shader-f16, every image of the plan made, the images match the reference and a perturbed input fails', { timeout: 1_200_000 }, async () => {
   const dir = await tinyPack('float16');
   const f32Dir = await tinyPack('float32');
-  const repo = 'tiny/float16';
-  const b = await h.setup(t, { pack: null, install: false, hubOptions: { repos: { [repo]: { dir } } } });
-  await watchConversion(b.page);
-  await h.installPack(b.page, b.hub, repo, { timeoutMs: 600_000 });
-  const ms = await conversionMs(b.page);
-  const state = await h.packState(b.page);
-  assert.ok(state.installed.conversion, 'installed without its float32 conversion');
-  const converting = (await h.events(b.page)).filter((e) => e.type === 'packProgress' && e.state === 'converting');
-  const tree = await h.opfsTree(b.page);
-  const extra = Object.keys(tree).filter((p) => /\.f32(\.onnx|-\d{5}\.data)$/.test(p)).reduce((n, p) => n + tree[p], 0);
-  console.log(`tiny float16: conversion ${ms} ms; converted ${converting.at(-1)?.totalBytes} bytes; extra disk ${extra} bytes`);
-  const req = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
-  const { result } = await h.generateOk(b.page, req, 900_000);
-  const files = h.writeResult('real-arch-float16-converted', result);
-  const f16 = await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: 255, name: 'real-arch-float16-converted-ref16' });
-  console.log(`against the float16 pack's reference: ${f16}`);
-  const f32 = await h.compareWithReference({ packDir: f32Dir, traceJson: files.json, png: files.png, tol: CONVERTED_TOLERANCE, name: 'real-arch-float16-converted' });
-  console.log(`against the float32 export's reference: ${f32}`);
+  const out = path.join(h.OUT, 'bench-gpu-tiny');
+  fs.rmSync(out, { recursive: true, force: true });
+  // SwiftShader has no shader-f16 with any flag: the float16 images run on the wasm backend here.
+  const args = ['tests/e2e/bench-gpu.mjs', '--pack', dir, '--out', out, '--size', '256', '--large', '256', '--steps', '2', '--batch', '2',
+    '--f16-backend', 'wasm', '--reference', '--tolerance-f16', String(TOLERANCE.float16), '--tolerance-f32', String(CONVERTED_TOLERANCE), '--threads', '1'];
+  const r = await h.run(process.execPath, args, { timeoutMs: 1_100_000 });
+  console.log(r.stdout.split('\n').filter((l) => !l.startsWith('bench gpu: ')).join('\n'));
+  assert.equal(r.code, 0, `bench-gpu.mjs failed (${r.code}):\n${r.stdout.slice(-4000)}\n${r.stderr.slice(-4000)}`);
+  const report = JSON.parse(fs.readFileSync(path.join(out, 'bench-gpu.json'), 'utf8'));
+
+  assert.equal(report.launches.default.adapter.shaderF16, false);
+  assert.ok(report.plan.conversion.extraDiskBytes > 0, JSON.stringify(report.plan));
+  assert.ok(report.install.conversionSeconds > 0, JSON.stringify(report.install));
+  assert.equal(report.install.extraDiskBytes, report.plan.conversion.extraDiskBytes);
+  assert.deepEqual(report.images.map((i) => [i.name, i.count, i.outcome]), [
+    ['f32-cold', 1, 'result'], ['f16-cold', 1, 'result'], ['f16-repeat', 1, 'result'], ['f16-batch', 2, 'result'], ['f16-large', 1, 'result'],
+  ]);
+  // Every stage's time is accounted for: the transformer runs once per step and image, the text
+  // encoder is skipped where the prompt's embeddings were cached.
+  const stage = (image, name) => report.stages.find((x) => x.image === report.images.find((i) => i.name === image).label && x.stage === name);
+  for (const image of ['f32-cold', 'f16-cold', 'f16-large']) {
+    for (const name of ['textEncoder', 'transformer', 'decoder']) {
+      const x = stage(image, name);
+      assert.ok(x.workerStartMs > 0 && x.prepareMs >= 0 && x.sessionCreateMs > 0 && x.wallMs >= x.sessionCreateMs, JSON.stringify(x));
+      assert.ok(x.rendererPeakAboveIdle !== undefined && x.gpuMemoryPeak === null, JSON.stringify(x));
+    }
+    assert.equal(stage(image, 'transformer').runsMs.length, 2);
+  }
+  assert.equal(stage('f16-repeat', 'textEncoder').cached, true);
+  assert.equal(stage('f16-batch', 'transformer').runsMs.length, 4);
+  assert.deepEqual(report.comparisons.map((c) => [c.name, c.expect, c.outcome]), [
+    ['f32-cold', 'pass', 'pass'], ['f16-cold', 'pass', 'pass'], ['f16-cold-perturbed', 'fail', 'fail'],
+  ]);
+  // The converted graphs compute the float32 export's function: the closer reference.
+  const f32 = await h.compareWithReference({ packDir: f32Dir, traceJson: path.join(out, 'f32-cold.json'), png: path.join(out, 'f32-cold.png'), tol: CONVERTED_TOLERANCE, name: 'real-arch-float16-converted' });
+  console.log(`converted, against the float32 export's reference: ${f32}`);
 });

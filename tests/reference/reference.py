@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent reference for one Imagine generation: recomputes the image from a trace.
 
-    python3 tests/reference/reference.py --pack DIR --trace TRACE.json --out OUT.png [--raw OUT.npy]
+    python3 tests/reference/reference.py --pack DIR --trace TRACE.json --out OUT.png [--raw OUT.npy] [--threads N]
 
 TRACE.json is a `GenerateResult` (crates/core/src/api.rs; a `{"status":"done","result":{...}}` job state
 or a `{"type":"result",...}` event is accepted too). From it only width, height, steps, schedule and
@@ -113,13 +113,14 @@ ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor
 
 
 class Graph:
-    def __init__(self, pack, stem):
+    def __init__(self, pack, stem, threads=0):
         import onnxruntime as ort
         path = os.path.join(pack, f"{stem}.onnx")
         if not os.path.isfile(path):
             raise PipelineError(f"{stem}: {path} not found")
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        so.intra_op_num_threads = threads  # 0: onnxruntime's default (one per core)
         self.stem = stem
         self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i for i in self.sess.get_inputs()}
@@ -144,7 +145,7 @@ class Graph:
 # the pipeline
 # ----------------------------------------------------------------------------------------------
 
-def generate(pack, input_ids, attention_mask, sigmas, noise, width, height, log=None):
+def generate(pack, input_ids, attention_mask, sigmas, noise, width, height, log=None, threads=0):
     """Runs text encoder, the Euler loop and the decoder. Returns the decoder's float32 sample."""
     h, w = height // 16, width // 16
     n = h * w
@@ -154,14 +155,14 @@ def generate(pack, input_ids, attention_mask, sigmas, noise, width, height, log=
     x = np.asarray(noise, np.float32).reshape(1, n, 128).copy()
     t0 = time.perf_counter()
 
-    te = Graph(pack, "text_encoder_q4")
+    te = Graph(pack, "text_encoder_q4", threads)
     emb = te.run({"input_ids": ids, "attention_mask": mask}, "prompt_embeds")
     if emb.shape != (1, ids.shape[1], 7680):
         raise PipelineError(f"text_encoder_q4: prompt_embeds has shape {emb.shape}")
     del te
     t1 = time.perf_counter()
 
-    tr = Graph(pack, "transformer_q8")
+    tr = Graph(pack, "transformer_q8", threads)
     t_ids, i_ids = txt_ids(ids.shape[1]), img_ids(h, w)
     for i in range(len(sigmas) - 1):
         v = tr.run({"hidden_states": x, "encoder_hidden_states": emb,
@@ -174,7 +175,7 @@ def generate(pack, input_ids, attention_mask, sigmas, noise, width, height, log=
     del tr
     t2 = time.perf_counter()
 
-    dec = Graph(pack, "vae_decoder")
+    dec = Graph(pack, "vae_decoder", threads)
     if len(dec.inputs) != 1:
         raise PipelineError(f"vae_decoder: expected one input, found {list(dec.inputs)}")
     (name, info), = dec.inputs.items()
@@ -269,13 +270,14 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output PNG (RGBA)")
     ap.add_argument("--raw", help="also save the decoder's float32 sample [1,3,H,W] as .npy")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="onnxruntime's threads per graph (default: one per core)")
     args = ap.parse_args(argv)
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
     try:
         doc = load_trace(args.trace)
         ids, mask, sigmas, noise = check_trace(doc)
         sample = generate(args.pack, ids, mask, sigmas, noise, int(doc["width"]), int(doc["height"]),
-                          log=log)
+                          log=log, threads=args.threads)
     except PipelineError as e:
         print(f"reference: error: {e}", file=sys.stderr)
         return 2

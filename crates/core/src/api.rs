@@ -486,18 +486,26 @@ pub struct Timings {
     pub stages: Vec<StageTimings>,
 }
 
-/// Time spent inside ORT by one stage.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Where one stage's time went. Instants are milliseconds since the Unix epoch, so that a benchmark
+/// outside the browser can line its own samples up with the stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTimings {
     pub stage: Stage,
-    /// When its session creation began, in milliseconds since the Unix epoch (so that a benchmark
-    /// outside the browser can line its own samples up with the stage).
+    /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
+    #[serde(default)]
+    pub worker_created_at_ms: f64,
+    /// When the worker had loaded and received its task.
+    #[serde(default)]
+    pub task_at_ms: f64,
+    /// When its session creation began (the graph read from storage and prepared).
     pub started_at_ms: f64,
     /// Inside `InferenceSession.create`.
     pub session_create_ms: f64,
-    /// Inside `run`, all runs.
+    /// Inside `run`: all runs of this image (the transformer: of the whole batch), and each one.
     pub run_ms: f64,
+    #[serde(default)]
+    pub runs_ms: Vec<f64>,
 }
 
 /// What the independent reference needs to recompute an image.

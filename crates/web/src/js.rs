@@ -105,7 +105,16 @@ pub fn random_u64() -> u64 {
 
 /// Milliseconds from `performance.now()`.
 pub fn now_ms() -> f64 {
-    get(&js_sys::global(), "performance").unchecked_into::<web_sys::Performance>().now()
+    performance().now()
+}
+
+/// When this context (page or worker) was created, in milliseconds since the Unix epoch.
+pub fn time_origin_ms() -> f64 {
+    performance().time_origin()
+}
+
+fn performance() -> web_sys::Performance {
+    get(&js_sys::global(), "performance").unchecked_into()
 }
 
 /// Waits `ms` milliseconds (any context: window, worker or service worker).

@@ -274,16 +274,19 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
                         + timing.run_ms,
                     total_ms: now_ms() - started,
                     stages: [
-                        (Stage::TextEncoder, encoder_timing),
-                        (Stage::Transformer, denoised.timing),
+                        (Stage::TextEncoder, encoder_timing.clone()),
+                        (Stage::Transformer, denoised.timing.clone()),
                         (Stage::Decoder, timing),
                     ]
                     .into_iter()
                     .map(|(stage, t)| StageTimings {
                         stage,
+                        worker_created_at_ms: t.worker_created_at_ms,
+                        task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,
                         session_create_ms: t.session_create_ms,
                         run_ms: t.run_ms,
+                        runs_ms: t.runs_ms,
                     })
                     .collect(),
                 };

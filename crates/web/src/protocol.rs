@@ -125,14 +125,20 @@ pub struct TransformerOutput {
     pub timing: StageTiming,
 }
 
-/// Time spent inside ORT during one stage.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+/// Where one stage's time went. Instants are milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTiming {
-    /// Milliseconds since the Unix epoch when the session creation began.
+    /// The worker's creation (its `performance.timeOrigin`).
+    pub worker_created_at_ms: f64,
+    /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.
+    pub task_at_ms: f64,
+    /// When the session creation began (after the graph was read and edited).
     pub started_at_ms: f64,
     pub session_create_ms: f64,
+    /// Inside ORT's `run`, all runs, and each run.
     pub run_ms: f64,
+    pub runs_ms: Vec<f64>,
 }
 
 /// Offscreen document → download worker.

@@ -26,7 +26,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
 use crate::gpu::{self, GpuError};
-use crate::js::{now_ms, JsError};
+use crate::js::{now_ms, time_origin_ms, JsError};
 use crate::opfs::{self, OpfsError};
 use crate::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
@@ -71,11 +71,14 @@ pub fn stage_worker_main() {
     gpu::find_any_adapter();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
         let message = event.data();
+        let arrived = Arrival::now();
         spawn_local(async move {
             let outcome = match protocol::read::<StageTask>(&message) {
-                Ok((StageTask::TextEncoder { params, prompt }, _)) => text_encoder(&params, &prompt).await,
-                Ok((StageTask::Transformer { params }, data)) => transformer(&params, data).await,
-                Ok((StageTask::Decoder { params }, data)) => decoder(&params, data).await,
+                Ok((StageTask::TextEncoder { params, prompt }, _)) => {
+                    text_encoder(&params, &prompt, arrived).await
+                }
+                Ok((StageTask::Transformer { params }, data)) => transformer(&params, data, arrived).await,
+                Ok((StageTask::Decoder { params }, data)) => decoder(&params, data, arrived).await,
                 Err(e) => Err(StageWorkerError::NotATask(e)),
             };
             match outcome {
@@ -91,6 +94,19 @@ pub fn stage_worker_main() {
 
 fn worker_scope() -> DedicatedWorkerGlobalScope {
     js_sys::global().unchecked_into()
+}
+
+/// When this worker was created and when its task arrived (epoch milliseconds): what starting it cost.
+#[derive(Clone, Copy)]
+struct Arrival {
+    worker_created_at_ms: f64,
+    task_at_ms: f64,
+}
+
+impl Arrival {
+    fn now() -> Arrival {
+        Arrival { worker_created_at_ms: time_origin_ms(), task_at_ms: js_sys::Date::now() }
+    }
 }
 
 /// Reports to the offscreen document, transferring `data` if given.
@@ -120,7 +136,7 @@ impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
     /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
     /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
-    async fn open(graph: Graph, backend: Backend) -> Result<Stage, StageWorkerError> {
+    async fn open(graph: Graph, backend: Backend, arrived: Arrival) -> Result<Stage, StageWorkerError> {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -152,8 +168,14 @@ impl Stage {
         let started = now_ms();
         let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
         let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
-        let timing = StageTiming { started_at_ms, session_create_ms: now_ms() - started, run_ms: 0.0 };
-        report(&StageReport::SessionCreated { timing }, None);
+        let timing = StageTiming {
+            worker_created_at_ms: arrived.worker_created_at_ms,
+            task_at_ms: arrived.task_at_ms,
+            started_at_ms,
+            session_create_ms: now_ms() - started,
+            ..StageTiming::default()
+        };
+        report(&StageReport::SessionCreated { timing: timing.clone() }, None);
         // Lets a test hold a stage for ever, as a kernel that never returns would.
         opfs::failpoint("stage:session-created").await;
         let inputs = session.inputs();
@@ -191,7 +213,9 @@ impl imagine_core::Session for Stage {
         let named: Vec<(&str, &ort::Tensor)> = names.iter().map(String::as_str).zip(&tensors).collect();
         let started = now_ms();
         let outputs = self.session.run(&named, fetches).await;
-        self.timing.run_ms += now_ms() - started;
+        let ran = now_ms() - started;
+        self.timing.run_ms += ran;
+        self.timing.runs_ms.push(ran);
         // Free the inputs' copies now rather than at garbage collection: one per step adds up.
         tensors.into_iter().for_each(ort::Tensor::dispose);
         outputs.map_err(session_error)?.iter().map(from_ort).collect()
@@ -351,8 +375,8 @@ fn f32_from_buffer(data: Option<JsValue>, what: &'static str) -> Result<Vec<f32>
 }
 
 /// Stage 1: `prompt_embeds` of the prompt the offscreen document tokenized.
-async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt) -> StageResult {
-    let mut stage = Stage::open(Graph::TextEncoder, params.backend).await?;
+async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt, arrived: Arrival) -> StageResult {
+    let mut stage = Stage::open(Graph::TextEncoder, params.backend, arrived).await?;
     let embeddings = stages::encode_prompt(&mut stage, prompt).await?;
     let timing = stage.close().await;
     Ok((StageOutput::TextEncoder(EncoderOutput { timing }), Some(f32_buffer(&embeddings))))
@@ -360,9 +384,9 @@ async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt) -> StageR
 
 /// Stage 2: the denoising loop of each image of the batch on one session, one progress report per
 /// step; the final latents of all images, one after the other.
-async fn transformer(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
+async fn transformer(params: &GenerateParams, data: Option<JsValue>, arrived: Arrival) -> StageResult {
     let embeddings = f32_from_buffer(data, "prompt embeddings")?;
-    let mut stage = Stage::open(Graph::Transformer, params.backend).await?;
+    let mut stage = Stage::open(Graph::Transformer, params.backend, arrived).await?;
     let steps = params.steps;
     let mut latents = Vec::new();
     let (mut noise, mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new(), Vec::new());
@@ -398,13 +422,13 @@ pub fn base64_f32(values: &[f32]) -> String {
 
 /// Stage 3: each image's latents unpacked into the layout the decoder declares, decoded and encoded
 /// as a PNG, which is handed on at once (`Image`).
-async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult {
+async fn decoder(params: &GenerateParams, data: Option<JsValue>, arrived: Arrival) -> StageResult {
     let latents = f32_from_buffer(data, "latents")?;
     let count = params.count.max(1) as usize;
     if latents.is_empty() || latents.len() % count != 0 {
         return Err(StageWorkerError::MissingInput("the latents of every image"));
     }
-    let mut stage = Stage::open(Graph::Decoder, params.backend).await?;
+    let mut stage = Stage::open(Graph::Decoder, params.backend, arrived).await?;
     for (index, latents) in (0..params.count).zip(latents.chunks_exact(latents.len() / count)) {
         let meta = PngMeta {
             prompt: params.prompt.clone(),
@@ -414,9 +438,13 @@ async fn decoder(params: &GenerateParams, data: Option<JsValue>) -> StageResult 
             steps: params.steps,
             schedule: params.schedule.name().to_owned(),
         };
-        let before = stage.timing.run_ms;
+        let (before, runs_before) = (stage.timing.run_ms, stage.timing.runs_ms.len());
         let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
-        let timing = StageTiming { run_ms: stage.timing.run_ms - before, ..stage.timing };
+        let timing = StageTiming {
+            run_ms: stage.timing.run_ms - before,
+            runs_ms: stage.timing.runs_ms[runs_before..].to_vec(),
+            ..stage.timing.clone()
+        };
         let png = stages::encode_image(&sample, &meta)?;
         let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
         report(&StageReport::Image { index, timing }, Some(&buffer));

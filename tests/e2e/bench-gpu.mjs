@@ -1,0 +1,347 @@
+// The extension itself on a real GPU: `tools/gpu-bench/browser.sh` runs this on the GPU machine (the
+// release build in Chromium on the H200); `real-arch.test.mjs` runs it here on SwiftShader with the tiny
+// real-architecture pack.
+//
+//   node tests/e2e/bench-gpu.mjs --pack DIR [--out DIR] [--size 512] [--large 1024] [--steps 4] [--batch 4]
+//        [--f16-args "--enable-dawn-features=vulkan_enable_f16_on_nvidia"] [--f16-backend webgpu|wasm]
+//        [--reference] [--tolerance-f16 N] [--tolerance-f32 N] [--max-pixels N] [--threads N]
+//
+// With IMAGINE_WEBGPU=vulkan (harness.mjs) Chromium runs on the GPU. A float16 pack exported like the
+// published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
+//   1. without shader-f16 (Chromium's default on Linux + NVIDIA): the install through the extension
+//      (resolve, plan, download, verify, the float32 conversion, swap): its rate, the conversion's time
+//      and extra disk; then one cold --size image (prompt A, seed 42), traced;
+//   2. with shader-f16 (Chromium started with --f16-args; if the adapter still lacks it, again with
+//      `allow_unsafe_apis` added; with neither it runs on --f16-backend if given, else is skipped), the
+//      same installed pack: a cold --size image (prompt B, seed 42, traced), the same prompt again with
+//      seed 43 (embeddings cached, traced), a batch of --batch variations (seeds 44...), one cold --large
+//      image (prompt C);
+//   3. --reference: tests/reference/reference.py (onnxruntime, CPU) recomputes the two cold --size
+//      images from their traces on the pack's own graphs, and compare.py compares each with the
+//      extension's; then the check is run once with one input perturbed (the cold image of step 2
+//      against a reference fed the noise of seed 43 instead of 42), which must fail.
+// Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
+// preparing the graph (reading it, the block-32 edit), session creation, each run, the stage's wall
+// time; the peak memory above idle of the extension's renderer (offscreen document and stage workers)
+// and of the GPU process, and the GPU's memory in use (`nvidia-smi`, when there is one).
+// Writes OUT/bench-gpu.json, the PNGs and the traces; prints the tables BENCHMARKS.md shows. Exits 1
+// when an image failed or a comparison did not come out as expected.
+
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import * as h from './harness.mjs';
+import { medianBetween, peakBetween, startSampler } from './proc-memory.mjs';
+
+const { values: o } = parseArgs({
+  options: {
+    pack: { type: 'string' },
+    out: { type: 'string', default: path.join(h.OUT, 'bench-gpu') },
+    size: { type: 'string', default: '512' },
+    large: { type: 'string', default: '1024' },
+    steps: { type: 'string', default: '4' },
+    batch: { type: 'string', default: '4' },
+    'f16-args': { type: 'string', default: '--enable-dawn-features=vulkan_enable_f16_on_nvidia' },
+    'f16-backend': { type: 'string' },
+    reference: { type: 'boolean', default: false },
+    'tolerance-f16': { type: 'string', default: '8' },
+    'tolerance-f32': { type: 'string', default: '8' },
+    'max-pixels': { type: 'string', default: '0' },
+    threads: { type: 'string', default: String(Math.max(1, Math.floor(os.cpus().length / 3))) },
+    'interval-ms': { type: 'string', default: '200' },
+    'timeout-min': { type: 'string', default: '20' },
+  },
+});
+if (!o.pack) throw new Error('--pack DIR is required (a pack exported by tools/export)');
+const PACK = path.resolve(o.pack);
+const OUT = path.resolve(o.out);
+const REPO = 'bench/flux2-klein-4b';
+const SIZE = Number(o.size);
+const STEPS = Number(o.steps);
+const PROMPTS = { a: 'a red fox in the snow, morning light', b: 'a lighthouse on a cliff at dusk, oil painting', c: 'a bowl of ramen on a wooden table, photograph' };
+const TIMEOUT_MS = Number(o['timeout-min']) * 60_000;
+fs.mkdirSync(OUT, { recursive: true });
+
+const log = (m) => console.log(`bench gpu: ${m}`);
+const s = (ms) => (typeof ms === 'number' && Number.isFinite(ms) ? (ms / 1000).toFixed(2) : '-');
+const mb = (n) => (typeof n === 'number' ? (n / 1e6).toFixed(0) : '-');
+const report = { startedAt: new Date().toISOString(), pack: {}, launches: {}, images: [], stages: [], comparisons: [] };
+
+// The pack's graphs, by stem.
+for (const f of fs.readdirSync(PACK)) {
+  const stem = /^(text_encoder_q4|transformer_q8|vae_decoder)/.exec(f)?.[1];
+  if (stem) report.pack[stem] = (report.pack[stem] ?? 0) + fs.statSync(path.join(PACK, f)).size;
+}
+
+const gpuMemory = startGpuMemorySampler(Number(o['interval-ms']));
+const t0 = Date.now();
+const hub = await h.startHub({ repos: { [REPO]: { dir: PACK, disk: true, extra: {} } } });
+report.hubHashS = (Date.now() - t0) / 1000;
+log(`fake Hub ${hub.url}: ${h.packFiles(hub, REPO).length} files hashed in ${report.hubHashS.toFixed(1)} s`);
+const profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-bench-gpu-'));
+let failed = false;
+try {
+  // 1. Chromium as it starts by default: no shader-f16 on Linux + NVIDIA --------------------------------
+  await withBrowser('default', [], async (b, sampler) => {
+    const plan = await h.api(b.page, { type: 'planPack', endpoint: hub.url, repo: REPO, revision: 'main' });
+    if (plan?.type !== 'packPlan') throw new Error(`planPack: ${JSON.stringify(plan, h.shorten)}`);
+    report.plan = { totalBytes: plan.totalBytes, conversion: plan.conversion ?? null };
+    log(`plan: ${JSON.stringify(report.plan)}`);
+    report.install = await install(b, sampler);
+    await image(b, sampler, { label: 'cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, name: 'f32-cold' });
+  });
+
+  // 2. Chromium with shader-f16 ------------------------------------------------------------------------
+  const f16Args = o['f16-args'].split(/\s+/).filter(Boolean);
+  const unsafe = f16Args.map((a) => (a.startsWith('--enable-dawn-features=') ? `${a},allow_unsafe_apis` : a));
+  let ran = false;
+  for (const [name, args] of [['f16', f16Args], ['f16-unsafe', unsafe]]) {
+    if (ran || (name === 'f16-unsafe' && unsafe.join() === f16Args.join())) continue;
+    await withBrowser(name, args, async (b, sampler, adapter) => {
+      const backend = adapter?.shaderF16 ? undefined : o['f16-backend'];
+      if (!adapter?.shaderF16 && !backend) return log(`${name}: the adapter has no shader-f16 with ${args.join(' ')}`);
+      if (!adapter?.shaderF16 && name === 'f16' && unsafe.join() !== f16Args.join()) return log(`${name}: no shader-f16; trying allow_unsafe_apis`);
+      ran = true;
+      const extra = backend ? { backend } : {};
+      const tag = backend ? ` (${backend}: no shader-f16)` : '';
+      await image(b, sampler, { label: `cold${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '42', trace: true, name: 'f16-cold', ...extra });
+      await image(b, sampler, { label: `repeat: same prompt, new seed${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '43', trace: true, name: 'f16-repeat', ...extra });
+      await image(b, sampler, { label: `batch of ${o.batch}${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '44', count: Number(o.batch), name: 'f16-batch', ...extra });
+      await image(b, sampler, { label: `cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f16-large', ...extra });
+    });
+  }
+  if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
+
+  // 3. the independent reference --------------------------------------------------------------------------
+  if (o.reference) await compareAll();
+} catch (e) {
+  failed = true;
+  console.error(`bench gpu: ${e.stack ?? e}`);
+} finally {
+  await hub.close();
+  report.gpuMemory = await gpuMemory.stop();
+  fs.rmSync(profileDir, { recursive: true, force: true });
+}
+printReport();
+fs.writeFileSync(path.join(OUT, 'bench-gpu.json'), JSON.stringify(report, null, 1) + '\n');
+process.exit(failed || report.images.some((i) => i.outcome !== 'result') || report.comparisons.some((c) => !c.asExpected) ? 1 : 0);
+
+// ---------------------------------------------------------------------------------------------------
+
+/** Launches Chromium on the bench's profile with `args` added, samples its memory, runs `fn`, closes it. */
+async function withBrowser(name, args, fn) {
+  const b = await h.launch({ profileDir, args });
+  const sampler = startSampler(profileDir, Number(o['interval-ms']));
+  try {
+    const version = b.context.browser()?.version();
+    const adapter = await adapterReport(b.page);
+    report.launches[name] = { args, version, adapter };
+    log(`${name}: Chromium ${version}, flags ${[...h.webgpuArgs(), ...args].join(' ')}; adapter ${JSON.stringify(adapter)}`);
+    await collectProgress(b.page);
+    await fn(b, sampler, adapter);
+  } finally {
+    await sampler.stop();
+    await b.close({ keepProfile: true });
+  }
+}
+
+/** What the stage workers will get: the first adapter by power preference (as gpu_adapter.js asks). */
+function adapterReport(page) {
+  return page.evaluate(async () => {
+    if (!navigator.gpu) return null;
+    for (const powerPreference of ['high-performance', undefined, 'low-power']) {
+      const a = await navigator.gpu.requestAdapter({ powerPreference });
+      if (!a) continue;
+      const i = a.info ?? {};
+      return {
+        powerPreference: powerPreference ?? 'default',
+        vendor: i.vendor, architecture: i.architecture, description: i.description,
+        shaderF16: a.features.has('shader-f16'), subgroups: a.features.has('subgroups'),
+        maxBufferSize: a.limits.maxBufferSize, maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize,
+      };
+    }
+    return null;
+  });
+}
+
+/** Records in the page when each install state is first reported. */
+function collectProgress(page) {
+  return page.evaluate(() => {
+    window.__installStates = {};
+    chrome.runtime.onMessage.addListener((m) => {
+      if (m?.type === 'packProgress') window.__installStates[m.state] ??= Date.now();
+      return false;
+    });
+  });
+}
+
+async function install(b, sampler) {
+  await h.sleep(2000);
+  const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
+  const t = Date.now();
+  const reply = await h.startInstall(b.page, hub, REPO);
+  if (reply?.type !== 'installStarted') throw new Error(`installPack: ${JSON.stringify(reply)}`);
+  const installed = await h.waitForInstall(b.page, TIMEOUT_MS);
+  const end = Date.now();
+  const states = await b.page.evaluate(() => window.__installStates);
+  const tree = await h.opfsTree(b.page);
+  const converted = Object.keys(tree).filter((p) => /\.f32(\.onnx|-\d{5}\.data)$/.test(p));
+  const downloadEnd = states.converting ?? states.installing ?? end;
+  const peak = peakBetween(sampler.history, t, end).peak;
+  const r = {
+    bytes: installed.bytes,
+    seconds: (end - t) / 1000,
+    downloadSeconds: (downloadEnd - t) / 1000,
+    downloadMBps: installed.bytes / ((downloadEnd - t) / 1000) / 1e6,
+    conversionSeconds: states.converting ? ((states.installing ?? end) - states.converting) / 1000 : null,
+    extraDiskBytes: converted.reduce((n, p) => n + tree[p], 0),
+    rendererPeakAboveIdle: (peak.extension ?? 0) - (idle.extension ?? 0),
+  };
+  log(`installed ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s: download and verify ${r.downloadSeconds.toFixed(1)} s (${r.downloadMBps.toFixed(0)} MB/s), conversion ${r.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(r.extraDiskBytes)} MB`);
+  return r;
+}
+
+/** One generation request; records its wall time, each image's timings and the stages' memory. */
+async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
+  await h.sleep(2000);
+  const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
+  const gpuIdle = gpuMemory.median(Date.now() - 2000, Date.now());
+  const req = { width: size, height: size, steps: STEPS, count, ...rest };
+  log(`${label}: ${size}x${size}, ${STEPS} steps, ${count} image(s) ...`);
+  await h.collectEvents(b.page);
+  const t = Date.now();
+  const reply = await h.api(b.page, { type: 'generate', ...req });
+  if (reply?.type !== 'jobStarted') throw new Error(`generate: ${JSON.stringify(reply)}`);
+  const results = [];
+  let end;
+  for (;;) {
+    end = await h.waitForJobEnd(b.page, reply.job, TIMEOUT_MS, TIMEOUT_MS);
+    const evs = (await h.events(b.page)).filter((e) => e.job === reply.job && e.type === 'result');
+    if (end.type !== 'result' || evs.length >= count) {
+      results.push(...evs);
+      break;
+    }
+    await h.sleep(250);
+  }
+  const tEnd = Date.now();
+  const wallS = (tEnd - t) / 1000;
+  const entry = { label, name, size, steps: STEPS, count, wallS, outcome: results.length === count ? 'result' : end.type, error: end.error };
+  report.images.push(entry);
+  if (entry.outcome !== 'result') return log(`${label}: ${entry.outcome} after ${wallS.toFixed(1)} s: ${end.error ?? ''}`);
+  const last = results.at(-1);
+  entry.totalMs = last.timings.totalMs;
+  results.forEach((r, i) => h.writeResult(count > 1 ? `${name}-${i}` : name, r, OUT));
+  const stages = last.timings.stages;
+  stages.forEach((st, i) => {
+    if (!st.workerCreatedAtMs) return report.stages.push({ image: label, stage: st.stage, cached: true });
+    // From its worker's creation to the next stage's (the decoder: to the job's end).
+    const span = [st.workerCreatedAtMs, stages.slice(i + 1).find((x) => x.workerCreatedAtMs)?.workerCreatedAtMs ?? tEnd];
+    const peak = peakBetween(sampler.history, ...span).peak;
+    const gpu = gpuMemory.peak(...span);
+    report.stages.push({
+      image: label,
+      stage: st.stage,
+      workerStartMs: st.taskAtMs - st.workerCreatedAtMs,
+      prepareMs: st.startedAtMs - st.taskAtMs,
+      sessionCreateMs: st.sessionCreateMs,
+      runsMs: st.runsMs,
+      wallMs: span[1] - span[0],
+      rendererPeakAboveIdle: (peak.extension ?? 0) - (idle.extension ?? 0),
+      gpuProcessPeakAboveIdle: (peak.gpu ?? 0) - (idle.gpu ?? 0),
+      gpuMemoryPeak: gpu,
+      gpuMemoryAboveIdle: gpu == null || gpuIdle == null ? null : gpu - gpuIdle,
+    });
+  });
+  log(`${label}: ${wallS.toFixed(1)} s wall (${s(entry.totalMs)} s in the extension)`);
+}
+
+/** Reference runs (concurrently), then each comparison. */
+async function compareAll() {
+  const cold = path.join(OUT, 'f16-cold.json');
+  const checks = [
+    { name: 'f32-cold', what: 'cold image, float32 conversion, vs onnxruntime CPU on the float16 graphs', tol: o['tolerance-f32'], expect: 'pass' },
+    { name: 'f16-cold', what: 'cold image, shader-f16, vs onnxruntime CPU on the float16 graphs', tol: o['tolerance-f16'], expect: 'pass' },
+  ].filter((c) => fs.existsSync(path.join(OUT, `${c.name}.json`)));
+  if (fs.existsSync(cold) && fs.existsSync(path.join(OUT, 'f16-repeat.json'))) {
+    // One input perturbed: the noise of seed 43 (the repeat's) instead of 42.
+    const doc = JSON.parse(fs.readFileSync(cold, 'utf8'));
+    doc.trace.noise = JSON.parse(fs.readFileSync(path.join(OUT, 'f16-repeat.json'), 'utf8')).trace.noise;
+    fs.writeFileSync(path.join(OUT, 'f16-cold-perturbed.json'), JSON.stringify(doc));
+    checks.push({ name: 'f16-cold-perturbed', png: 'f16-cold', what: 'the same, the reference fed the noise of seed 43 instead of 42', tol: o['tolerance-f16'], expect: 'fail' });
+  }
+  log(`reference runs: ${checks.map((c) => c.name).join(', ')} (onnxruntime CPU, ${o.threads} threads each) ...`);
+  await Promise.all(checks.map(async (c) => {
+    const t = Date.now();
+    const args = ['tests/reference/reference.py', '--pack', PACK, '--trace', path.join(OUT, `${c.name}.json`), '--out', path.join(OUT, `${c.name}.ref.png`), '--threads', o.threads];
+    const r = await h.run('python3', args, { timeoutMs: TIMEOUT_MS });
+    c.referenceS = (Date.now() - t) / 1000;
+    c.referenceError = r.code === 0 ? null : (r.stderr || r.stdout).slice(-2000);
+  }));
+  for (const c of checks) {
+    const png = path.join(OUT, `${c.png ?? c.name}.png`);
+    const r = c.referenceError ? null : await h.run('python3', ['tests/reference/compare.py', png, path.join(OUT, `${c.name}.ref.png`), '--tol', c.tol, '--max-pixels', o['max-pixels']]);
+    const outcome = r?.code === 0 ? 'pass' : r?.code === 1 ? 'fail' : 'error';
+    const entry = { ...c, outcome, asExpected: outcome === c.expect, output: (r?.stdout ?? '').trim() || c.referenceError };
+    report.comparisons.push(entry);
+    log(`${c.what}: ${outcome} (expected ${c.expect}); reference ${c.referenceS.toFixed(0)} s; ${entry.output}`);
+  }
+}
+
+function printReport() {
+  const l = report.launches;
+  const any = l.f16 ?? l['f16-unsafe'] ?? l.default;
+  console.log(`\nbench gpu: Chromium ${any?.version ?? '?'}, ${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB; pack ${Object.entries(report.pack).map(([k, v]) => `${k} ${(v / 1e9).toFixed(2)} GB`).join(', ')}`);
+  for (const [name, x] of Object.entries(l)) console.log(`  ${name}: ${JSON.stringify(x.adapter)} (flags: ${x.args.join(' ') || 'none added'})`);
+  if (report.install) {
+    const i = report.install;
+    console.log(`install: ${(i.bytes / 1e9).toFixed(2)} GB in ${i.seconds.toFixed(1)} s; download and verify ${i.downloadSeconds.toFixed(1)} s = ${i.downloadMBps.toFixed(0)} MB/s; conversion ${i.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(i.extraDiskBytes)} MB; fake Hub hashing ${report.hubHashS.toFixed(1)} s`);
+  }
+  console.log('\nimages (wall: from the request to the last result event):');
+  h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
+  console.log('\nstages (s; memory MB: peak above the idle before the image; GPU memory: nvidia-smi, in use at the peak):');
+  h.printTable(
+    ['image', 'stage', 'worker start', 'prepare', 'create', 'runs', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
+    report.stages.map((x) => (x.cached
+      ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-']
+      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
+  );
+  if (report.comparisons.length) {
+    console.log('\ncomparisons with the independent reference (onnxruntime CPU):');
+    h.printTable(['check', 'tolerance', 'expected', 'outcome', 'reference s', 'difference'], report.comparisons.map((c) => [c.name, c.tol, c.expect, c.outcome, c.referenceS.toFixed(0), c.output.split('\n')[0]]));
+  }
+}
+
+/**
+ * The GPU's memory in use (bytes), from `nvidia-smi` every `intervalMs`; every query answers null where
+ * there is no nvidia-smi (this machine).
+ */
+function startGpuMemorySampler(intervalMs) {
+  const samples = [];
+  let child = null;
+  try {
+    child = spawn('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits', `-lms=${intervalMs}`], { stdio: ['ignore', 'pipe', 'ignore'] });
+    child.on('error', () => (child = null));
+    let rest = '';
+    child.stdout.on('data', (d) => {
+      const lines = (rest + d).split('\n');
+      rest = lines.pop();
+      for (const line of lines) if (/^\d+/.test(line.trim())) samples.push({ t: Date.now(), bytes: Number(line.trim()) * 2 ** 20 });
+    });
+  } catch {
+    child = null;
+  }
+  const between = (from, to) => samples.filter((x) => x.t >= from && x.t <= to).map((x) => x.bytes);
+  return {
+    peak: (from, to) => (between(from, to).length ? Math.max(...between(from, to)) : null),
+    median(from, to) {
+      const xs = between(from, to).sort((a, b) => a - b);
+      return xs.length ? xs[Math.floor(xs.length / 2)] : null;
+    },
+    async stop() {
+      child?.kill();
+      return samples.length ? { samples: samples.length, peak: Math.max(...samples.map((x) => x.bytes)) } : null;
+    },
+  };
+}

@@ -1,0 +1,97 @@
+#!/bin/bash
+# Browser mode, ON the GPU machine, from the repository root: the extension's release build in Chromium
+# on the GPU, driven by tests/e2e/bench-gpu.mjs (README.md, "Browser mode"). The same command is called
+# once per part that prepare-browser.sh made, back to back while the machine is warm, each call carrying
+# its part (.gpu/N); then again, carrying nothing, until it prints "bench finished". Each call:
+#   1. copies the part it carries to /tmp/gpu;
+#   2. once (part 1): unpacks the loaders, Node, playwright-core, the extension and the diffusers wheel,
+#      and starts the export of a full-size pack in the published form into /tmp/pack, in the
+#      background (it outlives the call): text encoder int4 and transformer int8 with float16
+#      activations, float32 decoder, random weights of seed 0, three processes at once;
+#   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
+#      waits for the export): bench-gpu.mjs with --reference;
+#   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
+#      report and the images to $OUT (results.tgz).
+set -u
+OUT=${OUT:-/tmp/out}
+LIMIT=${LIMIT:-570}
+W=/tmp/gpu
+PACK=/tmp/pack
+T0=$SECONDS
+mkdir -p $W/logs $OUT
+exec > >(tee -a $OUT/device.log) 2>&1
+echo "== $(date -u +%FT%TZ) browser.sh, limit $LIMIT s"
+for d in .gpu/*/; do [ -d "$d" ] && cp -rv "$d". $W/ | sed 's/^/copied /'; done
+
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+
+# ---- setup and export (part 1) -------------------------------------------------------------------------
+if [ ! -e $W/.setup ] && [ -e $W/node.xz ]; then
+  for f in $W/debs/*.deb $W/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+  ldconfig
+  xz -dc $W/node.xz > $W/node && chmod +x $W/node
+  mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules
+  rm -rf $W/dist && mkdir -p $W/dist && (cd $W/dist && python3 -m zipfile -e $W/extension.zip .)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/diffusers-*.whl || exit 1
+  touch $W/.setup
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nproc; free -g | head -2; df -h /tmp | tail -1
+  $W/node --version
+  echo "== setup done at $((SECONDS - T0)) s"
+fi
+if [ -e $W/.setup ] && [ ! -e $W/.export-started ]; then
+  touch $W/.export-started
+  mkdir -p $PACK
+  setsid bash -c '
+    T=$SECONDS; ok=1; pids=()
+    for job in "text_encoder_q4 float16" "transformer_q8 float16" "vae_decoder float32"; do
+      set -- $job
+      python3 tools/gpu-bench/export_stage.py --stem $1 --config full --activations $2 --out '$PACK' \
+        --threads 5 > '$W'/logs/export-$1.log 2>&1 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait $p || ok=0; done
+    echo "export: ok=$ok in $((SECONDS - T)) s" >> '$W'/logs/export.log
+    [ $ok = 1 ] && touch '$PACK'/.done || touch '$PACK'/.failed
+  ' < /dev/null > /dev/null 2>&1 &
+  echo "== export started in the background at $((SECONDS - T0)) s"
+fi
+
+# ---- Chromium and the bench ----------------------------------------------------------------------------
+parts=$(cat $W/parts 2>/dev/null || echo 99)
+have=$(ls $W/chromium.part.* 2>/dev/null | wc -l)
+if [ ! -x $W/chr/chromium/chromium ] && [ "$have" = "$parts" ]; then
+  cat $(ls $W/chromium.part.* | sort -t. -k3 -n) > $W/chromium.tar.xz
+  echo "$(cat $W/chromium.sha256)  $W/chromium.tar.xz" | sha256sum -c - || exit 1
+  mkdir -p $W/chr && xz -dc $W/chromium.tar.xz | tar -x -C $W/chr && rm -f $W/chromium.tar.xz $W/chromium.part.*
+  LD_LIBRARY_PATH=$W/chr/chromium/libs $W/chr/chromium/chromium --version
+fi
+if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
+  touch $W/.bench-started
+  # node_modules is not part of the tree that travels: put playwright-core back if a call lost it.
+  [ -d node_modules/playwright-core ] || { mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules; }
+  setsid bash -c '
+    while [ ! -e '$PACK'/.done ] && [ ! -e '$PACK'/.failed ]; do sleep 2; done
+    [ -e '$PACK'/.done ] || { echo "export failed" > '$W'/logs/bench.log; touch '$W'/.bench-done; exit; }
+    ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
+    export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \
+      IMAGINE_DIST='$W'/dist IMAGINE_WEBGPU=vulkan
+    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench --reference ${BENCH_ARGS:-} \
+      > '$W'/logs/bench.log 2>&1
+    echo "bench exit $?" >> '$W'/logs/bench.log
+    touch '$W'/.bench-done
+  ' < /dev/null > /dev/null 2>&1 &
+  echo "== bench started in the background at $((SECONDS - T0)) s"
+fi
+
+# ---- wait, then hand back what there is ----------------------------------------------------------------
+if [ -e $W/.bench-started ]; then
+  while [ ! -e $W/.bench-done ] && [ $((SECONDS - T0)) -lt $LIMIT ]; do sleep 5; done
+fi
+tail -n 2 $W/logs/export.log 2>/dev/null
+for s in text_encoder_q4 transformer_q8 vae_decoder; do grep -h "^$s" $W/logs/export-$s.log 2>/dev/null | tail -n 2; done
+tail -n 60 $W/logs/bench.log 2>/dev/null
+nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
+(cd $W/logs && tar czf $OUT/results.tgz .)
+[ -e $W/.bench-done ] && echo "== bench finished at $((SECONDS - T0)) s" || echo "== not finished at $((SECONDS - T0)) s: call again"

