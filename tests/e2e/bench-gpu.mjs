@@ -46,8 +46,11 @@ const { values: o } = parseArgs({
     'f16-args': { type: 'string', default: '--enable-dawn-features=vulkan_enable_f16_on_nvidia' },
     'f16-backend': { type: 'string' },
     reference: { type: 'boolean', default: false },
-    'tolerance-f16': { type: 'string', default: '8' },
-    'tolerance-f32': { type: 'string', default: '8' },
+    // Levels of 255 per channel; those of the tiny real-architecture packs (real-arch.test.mjs): the same
+    // graphs on both sides, summed in another order, rounded to float16 elsewhere. Measured at full size
+    // on the H200: 1 (BENCHMARKS.md).
+    'tolerance-f16': { type: 'string', default: '2' },
+    'tolerance-f32': { type: 'string', default: '2' },
     'max-pixels': { type: 'string', default: '0' },
     threads: { type: 'string', default: String(Math.max(1, Math.floor(os.cpus().length / 3))) },
     'interval-ms': { type: 'string', default: '200' },

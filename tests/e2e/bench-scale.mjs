@@ -54,7 +54,7 @@ const PACK = path.resolve(o.pack ?? DEFAULT_PACK);
 const REPO = 'bench/flux2-klein-4b-full-f32';
 const STEMS = ['text_encoder_q4', 'transformer_q8', 'vae_decoder'];
 const STAGE_OF = { textEncoder: 'text_encoder_q4', transformer: 'transformer_q8', decoder: 'vae_decoder' };
-// The published pack (cgb/flux2-klein-4b-onnx-webgpu), GB per graph: the pack card, /work/shared/docs/scale.md.
+// The published pack (cgb/flux2-klein-4b-onnx-webgpu), GB per graph: the pack card.
 const PUBLISHED_GB = { text_encoder_q4: 2.2, transformer_q8: 4.14, vae_decoder: 0.2 };
 const PYTHON = path.join(h.ROOT, 'target/export-venv/bin/python');
 const EXPORTER = ['stream_export.py', 'export.py', 'models.py', 'onnx_tools.py'].map((f) => path.join(h.ROOT, 'tools/export', f));

@@ -36,8 +36,8 @@ from torch import nn
 # --------------------------------------------------------------------------------------------------
 
 # Qwen3-4B, as published in Qwen/Qwen3-4B `config.json` (Qwen3ForCausalLM; the FLUX.2-klein-4B
-# repo's `text_encoder/config.json` carries the same numbers: hidden 2560, head_dim 128, bf16) and
-# repeated in /work/shared/docs/reference-pipeline.md, Part B section 9. Cut to 28 of its 36 layers.
+# repo's `text_encoder/config.json` carries the same numbers: hidden 2560, head_dim 128, bf16).
+# Cut to 28 of its 36 layers.
 QWEN3_4B = dict(
     vocab_size=151936,
     hidden_size=2560,
@@ -57,9 +57,8 @@ QWEN3_4B = dict(
 )
 
 # FLUX.2 [klein] 4B transformer: black-forest-labs/FLUX.2-klein-4B `transformer/config.json`, as
-# given in /work/shared/docs/scale.md section 3 (diffusers 0.42.1 `Flux2Transformer2DModel`; block
-# counts as in public FLUX.2 ports such as filipstrand/mflux and marcelcotta/iris.c, BFL's
-# `Klein4BParams`) and reference-pipeline.md Part B section 9. 3.88 B parameters.
+# diffusers 0.42.1 reads it (`Flux2Transformer2DModel`; block counts as in public FLUX.2 ports such
+# as filipstrand/mflux and marcelcotta/iris.c, BFL's `Klein4BParams`). 3.88 B parameters.
 KLEIN_4B_TRANSFORMER = dict(
     patch_size=1,
     in_channels=128,

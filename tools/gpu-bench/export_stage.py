@@ -7,7 +7,7 @@
 Same models, seeds, wrappers, export, quantisation and storage as `tools/export/export.py`
 (`export_pack`), graph by graph: `export_pack` builds all three models and exports them one after
 the other with 2 torch threads, about 7 minutes at full size on the GPU machine's CPU
-(/work/shared/docs/scale.md section 3). Here each process builds only its own model, exports it
+(measured there). Here each process builds only its own model, exports it
 without keeping a second copy (the float32 pack needs no copy: `export_pack` deep-copies so it can
 also cast to float16), frees the PyTorch model before loading the ONNX one, then quantises
 (int4 text encoder, int8 transformer, MatMulNBits block 128) and writes the shards. No verification

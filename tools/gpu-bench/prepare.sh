@@ -28,7 +28,7 @@ tar xzf webgpu-0.6.2.tgz -O package/dist/linux-x64/dawn.node | xz -T0 -6 > "$G/d
   python3 -m pip download -q --no-deps --only-binary=:all: -d . diffusers==0.42.1
 cp diffusers-0.42.1-py3-none-any.whl "$G/whl/"
 
-# Vulkan/GL loaders (the device image has none), as /work/.library/device/README.md says.
+# Vulkan/GL loaders (the GPU machine's image has none).
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 mkdir -p /tmp/amd64/partial
 ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
