@@ -22,7 +22,8 @@
 //      against a reference fed the noise of seed 43 instead of 42), which must fail.
 // Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
 // preparing the graph (reading it, the block-32 edit), session creation, each run, the stage's wall
-// time; the peak memory above idle of the extension's renderer (offscreen document and stage workers)
+// time (its worker's creation to the end of its work) and what of it was neither (waiting for the
+// stage before it, the messages between); the peak memory above idle of the extension's renderer (offscreen document and stage workers)
 // and of the GPU process, and the GPU's memory in use (`nvidia-smi`, when there is one).
 // Writes OUT/bench-gpu.json, the PNGs and the traces; prints the tables BENCHMARKS.md shows. Exits 1
 // when an image failed or a comparison did not come out as expected.
@@ -237,10 +238,11 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   entry.totalMs = last.timings.totalMs;
   results.forEach((r, i) => h.writeResult(count > 1 ? `${name}-${i}` : name, r, OUT));
   const stages = last.timings.stages;
-  stages.forEach((st, i) => {
+  stages.forEach((st) => {
     if (!st.workerCreatedAtMs) return report.stages.push({ image: label, stage: st.stage, cached: true });
-    // From its worker's creation to the next stage's (the decoder: to the job's end).
-    const span = [st.workerCreatedAtMs, stages.slice(i + 1).find((x) => x.workerCreatedAtMs)?.workerCreatedAtMs ?? tEnd];
+    // From its worker's creation to the end of its work. A stage loads while the one before it runs, so
+    // part of this is waiting for its input.
+    const span = [st.workerCreatedAtMs, st.finishedAtMs || tEnd];
     const peak = peakBetween(sampler.history, ...span).peak;
     const gpu = gpuMemory.peak(...span);
     report.stages.push({
@@ -251,6 +253,7 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
       sessionCreateMs: st.sessionCreateMs,
       runsMs: st.runsMs,
       wallMs: span[1] - span[0],
+      waitMs: span[1] - span[0] - (st.taskAtMs - st.workerCreatedAtMs) - (st.startedAtMs - st.taskAtMs) - st.sessionCreateMs - st.runsMs.reduce((a, x) => a + x, 0),
       rendererPeakAboveIdle: (peak.extension ?? 0) - (idle.extension ?? 0),
       gpuProcessPeakAboveIdle: (peak.gpu ?? 0) - (idle.gpu ?? 0),
       gpuMemoryPeak: gpu,
@@ -305,10 +308,10 @@ function printReport() {
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
   console.log('\nstages (s; memory MB: peak above the idle before the image; GPU memory: nvidia-smi, in use at the peak):');
   h.printTable(
-    ['image', 'stage', 'worker start', 'prepare', 'create', 'runs', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
+    ['image', 'stage', 'worker start', 'prepare', 'create', 'runs', 'waiting', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
     report.stages.map((x) => (x.cached
-      ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-']
-      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
+      ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-', '-']
+      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
   );
   if (report.comparisons.length) {
     console.log('\ncomparisons with the independent reference (onnxruntime CPU):');

@@ -21,7 +21,7 @@ test('invalid sizes and steps are refused', { timeout: 300_000 }, async (t) => {
 
 test('a stage that never ends fails its test once the job is quiet for the stall time, naming the stage', { timeout: 300_000 }, async (t) => {
   const b = await h.setup(t);
-  await h.armFailpoint(b.page, 'stage:session-created');
+  await h.armFailpoint(b.page, 'stage:session-created:TextEncoder');
   const started = Date.now();
   await assert.rejects(
     h.generate(b.page, { ...base, prompt: 'a stalled fox' }, 600_000, { stallMs: 10_000 }),

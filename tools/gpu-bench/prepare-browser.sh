@@ -35,7 +35,7 @@ o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp
 mkdir -p /tmp/amd64/partial
 ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
   apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; }
-cp ./*.deb "$G/1/debs/"
+for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; do cp ${p}_*.deb "$G/1/debs/"; done
 # A font: the GPU machine has no fontconfig configuration and no fonts, and Chromium aborts on the first
 # page that draws text without one (SkFontMgr_FontConfigInterface: "Not implemented").
 ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $o download fonts-dejavu-core
@@ -47,7 +47,10 @@ cargo xtask dist
 cp target/imagine-*.zip "$G/1/extension.zip"
 
 # Chromium: the browser directory without the Vulkan validation layer, the mock ICD and all locales but
-# en-US, plus its libraries.
+# en-US, plus its libraries (packed again only when the installed Chromium changed).
+chromium_version=$("$CHROMIUM_DIR/chromium" --version 2>/dev/null || true)
+CHR="$DL/chromium.tar.xz"
+if [ ! -e "$CHR" ] || [ "$(cat "$DL/chromium-version.txt" 2>/dev/null)" != "$chromium_version" ]; then
 P=$(mktemp -d)
 mkdir -p "$P/chromium/libs"
 cp -a "$CHROMIUM_DIR/." "$P/chromium/"
@@ -56,10 +59,10 @@ find "$P/chromium/locales" -type f ! -name en-US.pak -delete
 ldd "$CHROMIUM_DIR/chromium" | awk '/=> \//{print $3}' |
   grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' |
   xargs -I{} cp -L {} "$P/chromium/libs/"
-CHR="$DL/chromium.tar.xz"
 (cd "$P" && tar -cf - chromium) | xz -T0 -9 > "$CHR"
 rm -rf "$P"
-chromium_version=$("$CHROMIUM_DIR/chromium" --version 2>/dev/null || true)
+echo "$chromium_version" > "$DL/chromium-version.txt"
+fi
 echo "$chromium_version" > "$G/1/chromium-version.txt"
 
 # Split Chromium: the first piece fills part 1 up to the budget, the others a part each.

@@ -500,6 +500,10 @@ pub struct StageTimings {
     pub task_at_ms: f64,
     /// When its session creation began (the graph read from storage and prepared).
     pub started_at_ms: f64,
+    /// When its work ended (the decoder: this image decoded). With the next stage loading while this
+    /// one runs, stages overlap.
+    #[serde(default)]
+    pub finished_at_ms: f64,
     /// Inside `InferenceSession.create`.
     pub session_create_ms: f64,
     /// Inside `run`: all runs of this image (the transformer: of the whole batch), and each one.

@@ -77,9 +77,12 @@ enum Incoming {
     Stopped,
 }
 
-/// The worker of the stage that is running now, so that a cancel can terminate it.
+/// A stage worker of the running job (the stage that runs, and the next one while it loads), so that a
+/// cancel can terminate it.
 struct Current {
     job: String,
+    /// Which `StageRun` it belongs to.
+    id: u64,
     worker: Worker,
     inbox: mpsc::UnboundedSender<Incoming>,
 }
@@ -110,7 +113,9 @@ struct State {
     running: Option<String>,
     /// The running job was cancelled.
     cancel_running: bool,
-    current: Option<Current>,
+    current: Vec<Current>,
+    /// The id of the next `StageRun`.
+    next_run: u64,
     install: Option<Install>,
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
@@ -201,7 +206,7 @@ fn cancel(job: &str) {
             // Between two stages there is no worker to stop: the next stage sees this and does not start.
             state.cancel_running = true;
         }
-        if let Some(current) = state.current.take_if(|current| current.job == job) {
+        for current in state.current.extract_if(.., |current| current.job == job) {
             current.worker.terminate();
             let _ = current.inbox.unbounded_send(Incoming::Stopped);
         }
@@ -242,29 +247,63 @@ async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, s
 }
 
 /// Runs a job: its `count` images, each graph loaded once for all of them; a `result` event is
-/// broadcast for each image as soon as it is decoded.
+/// broadcast for each image as soon as it is decoded. Each stage's worker starts while the stage before
+/// it runs, so that its session is created meanwhile (at most two stages loaded at once). A job that
+/// fails so before its first image (a GPU without room for two stages, say) is made again one stage at
+/// a time: loading ahead never costs an image.
 async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure> {
+    let mut sent = 0;
+    match run_stages(job, params, Ahead::NextStage, &mut sent).await {
+        Err(StageFailure::Error(error)) if sent == 0 => {
+            warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
+            run_stages(job, params, Ahead::Nothing, &mut sent).await
+        }
+        outcome => outcome,
+    }
+}
+
+/// Whether the next stage's worker starts while the current stage runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Ahead {
+    NextStage,
+    Nothing,
+}
+
+/// [`run_job`]'s work; `sent` counts the images broadcast.
+async fn run_stages(
+    job: &str,
+    params: &GenerateParams,
+    ahead: Ahead,
+    sent: &mut u32,
+) -> Result<(), StageFailure> {
     let started = now_ms();
     let images = params.count;
 
     progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
     let prompt = tokenize(&params.prompt).await?;
+    let transformer_task = StageTask::Transformer { params: params.clone() };
+    let early = |task: &StageTask| -> Result<Option<StageRun>, StageFailure> {
+        Ok(if ahead == Ahead::NextStage { Some(StageRun::start(job, task, None)?) } else { None })
+    };
+    let transformer = early(&transformer_task)?;
     let (embeddings, encoder_timing) = prompt_embeddings(job, params, &prompt).await?;
 
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
-    let task = StageTask::Transformer { params: params.clone() };
-    let (StageOutput::Transformer(denoised), latents) =
-        run_stage(job, images, &task, Some(embeddings)).await?
-    else {
+    let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
+    let decoder_task = StageTask::Decoder { params: params.clone() };
+    let decoder = early(&decoder_task)?;
+    let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
         return Err(unexpected("transformer"));
     };
+    drop(transformer);
 
     progress(job, Stage::Decoder, 0, images, 1, 1).await;
-    let task = StageTask::Decoder { params: params.clone() };
-    let mut decoder = StageRun::start(job, &task, latents.as_ref())?;
+    let latents = latents.ok_or(OffscreenError::NoOutput)?;
+    let mut decoder = StageRun::given(decoder, job, &decoder_task, latents)?;
     loop {
         match decoder.next(images).await? {
             Reported::Image { index, timing, png } => {
+                *sent += 1;
                 let timings = Timings {
                     session_create_ms: encoder_timing.session_create_ms
                         + denoised.timing.session_create_ms
@@ -284,6 +323,7 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,
+                        finished_at_ms: t.finished_at_ms,
                         session_create_ms: t.session_create_ms,
                         run_ms: t.run_ms,
                         runs_ms: t.runs_ms,
@@ -412,11 +452,7 @@ async fn run_stage(
     task: &StageTask,
     data: Option<JsValue>,
 ) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
-    let mut run = StageRun::start(job, task, data.as_ref())?;
-    match run.next(images).await? {
-        Reported::Done(output, data) => Ok((output, data)),
-        Reported::Image { .. } => Err(unexpected("a stage other than the decoder")),
-    }
+    StageRun::start(job, task, data.as_ref())?.done(images).await
 }
 
 /// What a stage worker reported that its caller acts on (progress is relayed on the way).
@@ -429,24 +465,54 @@ enum Reported {
 
 /// The worker of one stage of a job; dropping it terminates the worker.
 struct StageRun {
-    job: String,
+    id: u64,
     worker: Worker,
     inbox: mpsc::UnboundedReceiver<Incoming>,
+    job: String,
 }
 
 impl StageRun {
-    /// Spawns a stage worker for `task` and hands it `data` (transferred).
+    /// Spawns a stage worker for `task` and hands it `data` (transferred); without `data` the worker
+    /// creates its session and waits for [`StageRun::give`].
     fn start(job: &str, task: &StageTask, data: Option<&JsValue>) -> Result<StageRun, StageFailure> {
         if STATE.with_borrow(|state| state.cancel_running) {
             return Err(StageFailure::Cancelled);
         }
         let (worker, inbox, sender) = spawn_worker("stage-worker.js")?;
-        STATE.with_borrow_mut(|state| {
-            state.current = Some(Current { job: job.to_owned(), worker: worker.clone(), inbox: sender });
+        let id = STATE.with_borrow_mut(|state| {
+            let id = state.next_run;
+            state.next_run += 1;
+            state.current.push(Current { job: job.to_owned(), id, worker: worker.clone(), inbox: sender });
+            id
         });
-        let run = StageRun { job: job.to_owned(), worker, inbox };
+        let run = StageRun { id, worker, inbox, job: job.to_owned() };
         protocol::post(&run.worker, task, data)?;
         Ok(run)
+    }
+
+    /// `early`, started before without its input, given `data` now; else a worker started for `task`
+    /// with it.
+    fn given(
+        early: Option<StageRun>,
+        job: &str,
+        task: &StageTask,
+        data: JsValue,
+    ) -> Result<StageRun, StageFailure> {
+        match early {
+            Some(run) => {
+                protocol::post(&run.worker, &StageTask::Input, Some(&data))?;
+                Ok(run)
+            }
+            None => StageRun::start(job, task, Some(&data)),
+        }
+    }
+
+    /// Relays the worker's progress until the stage is done: its output and the buffer it hands on.
+    async fn done(&mut self, images: u32) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
+        match self.next(images).await? {
+            Reported::Done(output, data) => Ok((output, data)),
+            Reported::Image { .. } => Err(unexpected("a stage other than the decoder")),
+        }
     }
 
     /// Relays the worker's progress until it reports an image or the end.
@@ -478,10 +544,7 @@ impl StageRun {
 impl Drop for StageRun {
     fn drop(&mut self) {
         self.worker.terminate();
-        let job = &self.job;
-        STATE.with_borrow_mut(|state| {
-            state.current.take_if(|current| current.job == *job);
-        });
+        STATE.with_borrow_mut(|state| state.current.retain(|current| current.id != self.id));
     }
 }
 

@@ -364,13 +364,20 @@ const FAILPOINT_FILE: &str = "failpoint";
 /// can stop the browser exactly here. Only the extension can write its OPFS; otherwise this costs one
 /// failed lookup.
 pub async fn failpoint(name: &str) {
-    let Ok(root) = root().await else { return };
+    if failpoint_reached(name).await {
+        web_sys::console::log_1(&format!("imagine: failpoint {name} reached, holding").into());
+        futures_util::future::pending::<()>().await;
+    }
+}
+
+/// Whether the failpoint `name` is armed, disarming it: for a test that makes one step fail once.
+pub async fn failpoint_reached(name: &str) -> bool {
+    let Ok(root) = root().await else { return false };
     if read(&root, FAILPOINT_FILE).await.ok().as_deref() != Some(name.as_bytes()) {
-        return;
+        return false;
     }
     let _ = remove(&root, FAILPOINT_FILE).await;
-    web_sys::console::log_1(&format!("imagine: failpoint {name} reached, holding").into());
-    futures_util::future::pending::<()>().await;
+    true
 }
 
 /// Bytes the extension's origin uses and may use.

@@ -67,7 +67,9 @@ pub enum OffscreenReply {
 }
 
 /// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output). A
-/// batch (`params.count` images) runs each stage once, on one session, for all its images.
+/// batch (`params.count` images) runs each stage once, on one session, for all its images. A stage
+/// posted without its `data` creates its session at once and waits for an `Input` with it: so the
+/// next stage loads while the one before it runs.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "camelCase")]
 pub enum StageTask {
@@ -78,6 +80,8 @@ pub enum StageTask {
     /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
     /// other).
     Decoder { params: GenerateParams },
+    /// The `data` of the task posted before without it.
+    Input,
 }
 
 /// Stage worker → offscreen document.
@@ -135,6 +139,8 @@ pub struct StageTiming {
     pub task_at_ms: f64,
     /// When the session creation began (after the graph was read and edited).
     pub started_at_ms: f64,
+    /// When the stage's work ended (its session released; the decoder: this image decoded).
+    pub finished_at_ms: f64,
     pub session_create_ms: f64,
     /// Inside ORT's `run`, all runs, and each run.
     pub run_ms: f64,

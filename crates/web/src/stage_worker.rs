@@ -1,11 +1,13 @@
 //! A dedicated worker of the offscreen document that runs one stage, then is terminated.
 //!
-//! Messages: [`StageTask`] in (with the previous stage's output buffer), [`StageReport`] out (with this
-//! stage's output buffer), see `crate::protocol`.
+//! Messages: [`StageTask`] in (with the previous stage's output buffer, or without it, which comes
+//! later in a `StageTask::Input` while the session is created), [`StageReport`] out (with this stage's
+//! output buffer), see `crate::protocol`.
 //!
 //! Each stage releases its session before it reports `done`; the offscreen document then terminates
 //! the worker, which frees the GPU device ORT opened in it and the wasm heap.
 
+use futures_channel::oneshot;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
@@ -20,6 +22,7 @@ use imagine_core::{
 };
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
+use std::future::Future;
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
@@ -61,6 +64,9 @@ pub enum StageWorkerError {
     /// The previous stage's output did not come with the task.
     #[error("internal: missing {0}")]
     MissingInput(&'static str),
+    /// A failure a test asked for (`opfs::failpoint_reached`).
+    #[error("a test made the {0} fail")]
+    Injected(String),
 }
 
 /// Entry point of `stage-worker.js`.
@@ -69,16 +75,37 @@ pub fn stage_worker_main() {
     imagine_ort::configure(1);
     // ORT asks for a high-performance adapter only; some machines offer their GPU for another preference.
     gpu::find_any_adapter();
+    // A task posted without its input gets it later, in a `StageTask::Input`.
+    let (input_sender, input_receiver) = oneshot::channel::<Option<JsValue>>();
+    let (mut input_sender, mut input_receiver) = (Some(input_sender), Some(input_receiver));
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
         let message = event.data();
         let arrived = Arrival::now();
+        let task = protocol::read::<StageTask>(&message);
+        if let Ok((StageTask::Input, data)) = task {
+            if let Some(sender) = input_sender.take() {
+                let _ = sender.send(data);
+            }
+            return;
+        }
+        let later = input_receiver.take();
+        let input = |data: Option<JsValue>| async move {
+            match (data, later) {
+                (Some(data), _) => Some(data),
+                (None, Some(later)) => later.await.ok().flatten(),
+                (None, None) => None,
+            }
+        };
         spawn_local(async move {
-            let outcome = match protocol::read::<StageTask>(&message) {
+            let outcome = match task {
                 Ok((StageTask::TextEncoder { params, prompt }, _)) => {
                     text_encoder(&params, &prompt, arrived).await
                 }
-                Ok((StageTask::Transformer { params }, data)) => transformer(&params, data, arrived).await,
-                Ok((StageTask::Decoder { params }, data)) => decoder(&params, data, arrived).await,
+                Ok((StageTask::Transformer { params }, data)) => {
+                    transformer(&params, input(data), arrived).await
+                }
+                Ok((StageTask::Decoder { params }, data)) => decoder(&params, input(data), arrived).await,
+                Ok((StageTask::Input, _)) => unreachable!("handled above"),
                 Err(e) => Err(StageWorkerError::NotATask(e)),
             };
             match outcome {
@@ -164,6 +191,10 @@ impl Stage {
                 (bytes, Provider::WebGpu)
             }
         };
+        // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
+        if opfs::failpoint_reached(&format!("stage:create-fails:{graph:?}")).await {
+            return Err(StageWorkerError::Injected(format!("{graph:?} session creation")));
+        }
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
         let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
@@ -177,7 +208,7 @@ impl Stage {
         };
         report(&StageReport::SessionCreated { timing: timing.clone() }, None);
         // Lets a test hold a stage for ever, as a kernel that never returns would.
-        opfs::failpoint("stage:session-created").await;
+        opfs::failpoint(&format!("stage:session-created:{graph:?}")).await;
         let inputs = session.inputs();
         let outputs = session.outputs();
         Ok(Stage { session, inputs, outputs, timing, lookups, tables })
@@ -186,7 +217,7 @@ impl Stage {
     /// Releases the session; the worker is terminated next, which frees ORT's device.
     async fn close(self) -> StageTiming {
         let _ = self.session.release().await;
-        self.timing
+        StageTiming { finished_at_ms: js_sys::Date::now(), ..self.timing }
     }
 }
 
@@ -384,9 +415,13 @@ async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt, arrived: 
 
 /// Stage 2: the denoising loop of each image of the batch on one session, one progress report per
 /// step; the final latents of all images, one after the other.
-async fn transformer(params: &GenerateParams, data: Option<JsValue>, arrived: Arrival) -> StageResult {
-    let embeddings = f32_from_buffer(data, "prompt embeddings")?;
+async fn transformer(
+    params: &GenerateParams,
+    input: impl Future<Output = Option<JsValue>>,
+    arrived: Arrival,
+) -> StageResult {
     let mut stage = Stage::open(Graph::Transformer, params.backend, arrived).await?;
+    let embeddings = f32_from_buffer(input.await, "prompt embeddings")?;
     let steps = params.steps;
     let mut latents = Vec::new();
     let (mut noise, mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new(), Vec::new());
@@ -422,13 +457,17 @@ pub fn base64_f32(values: &[f32]) -> String {
 
 /// Stage 3: each image's latents unpacked into the layout the decoder declares, decoded and encoded
 /// as a PNG, which is handed on at once (`Image`).
-async fn decoder(params: &GenerateParams, data: Option<JsValue>, arrived: Arrival) -> StageResult {
-    let latents = f32_from_buffer(data, "latents")?;
+async fn decoder(
+    params: &GenerateParams,
+    input: impl Future<Output = Option<JsValue>>,
+    arrived: Arrival,
+) -> StageResult {
+    let mut stage = Stage::open(Graph::Decoder, params.backend, arrived).await?;
+    let latents = f32_from_buffer(input.await, "latents")?;
     let count = params.count.max(1) as usize;
     if latents.is_empty() || latents.len() % count != 0 {
         return Err(StageWorkerError::MissingInput("the latents of every image"));
     }
-    let mut stage = Stage::open(Graph::Decoder, params.backend, arrived).await?;
     for (index, latents) in (0..params.count).zip(latents.chunks_exact(latents.len() / count)) {
         let meta = PngMeta {
             prompt: params.prompt.clone(),
@@ -443,6 +482,7 @@ async fn decoder(params: &GenerateParams, data: Option<JsValue>, arrived: Arriva
         let timing = StageTiming {
             run_ms: stage.timing.run_ms - before,
             runs_ms: stage.timing.runs_ms[runs_before..].to_vec(),
+            finished_at_ms: js_sys::Date::now(),
             ..stage.timing.clone()
         };
         let png = stages::encode_image(&sample, &meta)?;
