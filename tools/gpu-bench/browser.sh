@@ -9,7 +9,7 @@
 #      background (it outlives the call): text encoder int4 and transformer int8 with float16
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
 #   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
-#      waits for the export): bench-gpu.mjs with --reference;
+#      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference);
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
 set -u
@@ -81,7 +81,7 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
     export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \
       IMAGINE_DIST='$W'/dist IMAGINE_WEBGPU=vulkan
-    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench --reference ${BENCH_ARGS:-} \
+    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
     touch '$W'/.bench-done
