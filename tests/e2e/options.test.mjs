@@ -55,7 +55,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
   await t.test('the source is saved and the popup offers it', async () => {
     await options.fill('#hub-revision', 'v1.0');
     await options.click('#save-source');
-    await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'Source saved.');
+    await options.waitForFunction(() => document.querySelector('#model-status').textContent.startsWith('Source saved. '));
     const stored = await options.evaluate(() => chrome.storage.local.get('imagine.source'));
     assert.deepEqual(stored['imagine.source'], { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b-onnx-webgpu', revision: 'v1.0' });
     await b.page.reload();

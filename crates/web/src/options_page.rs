@@ -130,10 +130,13 @@ fn source_clicked(install: bool) {
             {
                 show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
             }
+            refresh_model().await;
         } else {
-            set_text("model-status", &t("optionsSourceSaved"));
+            // After the refresh, which rewrites the status: the confirmation stays until the next one.
+            refresh_model().await;
+            let status = element::<HtmlElement>("model-status").text_content().unwrap_or_default();
+            set_text("model-status", &format!("{} {status}", t("optionsSourceSaved")));
         }
-        refresh_model().await;
     });
 }
 
