@@ -32,9 +32,9 @@
 //! [`table_lookup`] takes embedding tables out of the graph, and [`matmul_blocks`] re-blocks
 //! `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
 //!
-//! Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics"; `tests/reference/reference.py`
-//! recomputes it independently); each
-//! module says where and why it departs from it.
+//! Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics";
+//! `tests/reference/reference.py` recomputes it independently); each module says where and why it
+//! departs from it.
 
 #![deny(missing_docs)]
 

@@ -130,10 +130,10 @@ fn source_clicked(install: bool) {
             {
                 show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
             }
-            refresh_model().await;
-        } else {
+        }
+        refresh_model().await;
+        if !install {
             // After the refresh, which rewrites the status: the confirmation stays until the next one.
-            refresh_model().await;
             let status = element::<HtmlElement>("model-status").text_content().unwrap_or_default();
             set_text("model-status", &format!("{} {status}", t("optionsSourceSaved")));
         }

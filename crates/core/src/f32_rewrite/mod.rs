@@ -7,9 +7,9 @@
 //! ONNX Runtime's WebGPU kernels compile every program that reads or writes a float16 tensor with
 //! `enable f16;` and refuse to run it on a device without `shader-f16` ("Program X requires f16 but
 //! the device does not support it", `core/providers/webgpu/shader_helper.cc`, `GenerateSourceCode`).
-//! That holds for *any* kernel, a Gather or a Cast included. Many adapters lack the feature
-//! (Linux with NVIDIA over Vulkan, Android, SwiftShader), and ONNX Runtime has no switch to compute float16 graphs in
-//! float32. So the extension rewrites the graph once, after the download, into one whose
+//! That holds for *any* kernel, a Gather or a Cast included. Many adapters lack the feature (Linux
+//! with NVIDIA over Vulkan, Android, SwiftShader), and ONNX Runtime has no switch to compute float16
+//! graphs in float32. So the extension rewrites the graph once, after the download, into one whose
 //! activations are float32, and converts the float16 weights beside it.
 //!
 //! # What changes
