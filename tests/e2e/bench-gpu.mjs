@@ -10,12 +10,14 @@
 // published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
 //   1. without shader-f16 (Chromium's default on Linux + NVIDIA): the install through the extension
 //      (resolve, plan, download, verify, the float32 conversion, swap): its rate, the conversion's time
-//      and extra disk; then one cold --size image (prompt A, seed 42), traced;
+//      and extra disk; then one cold --size image (prompt A, seed 42), traced, and a repeat (seed 43);
 //   2. with shader-f16 (Chromium started with --f16-args; if the adapter still lacks it, again with
 //      `allow_unsafe_apis` added; with neither it runs on --f16-backend if given, else is skipped), the
-//      same installed pack: a cold --size image (prompt B, seed 42, traced), the same prompt again with
-//      seed 43 (embeddings cached, traced), a batch of --batch variations (seeds 44...), one cold --large
-//      image (prompt C);
+//      same installed pack: first the baseline, as the extension ran before stages loaded at once and
+//      stayed loaded (`loadAhead: false`, `keepLoaded` 0): a cold --size image (prompt D) and a repeat;
+//      then as it runs now (`keepLoaded` 300): a cold --size image (prompt B, seed 42, traced), the same
+//      prompt again with seed 43 (embeddings cached, stages resident, traced), a batch of --batch
+//      variations (seeds 44...), and, with the stages unloaded first, one cold --large image (prompt C);
 //   3. --reference: tests/reference/reference.py (onnxruntime, CPU) recomputes the two cold --size
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
@@ -64,7 +66,14 @@ const OUT = path.resolve(o.out);
 const REPO = 'bench/flux2-klein-4b';
 const SIZE = Number(o.size);
 const STEPS = Number(o.steps);
-const PROMPTS = { a: 'a red fox in the snow, morning light', b: 'a lighthouse on a cliff at dusk, oil painting', c: 'a bowl of ramen on a wooden table, photograph' };
+const PROMPTS = {
+  a: 'a red fox in the snow, morning light',
+  b: 'a lighthouse on a cliff at dusk, oil painting',
+  c: 'a bowl of ramen on a wooden table, photograph',
+  d: 'a paper boat on a puddle, watercolor',
+};
+/** How long stages stay loaded after an image while the bench measures the product as it ships. */
+const KEEP_LOADED_S = 300;
 const TIMEOUT_MS = Number(o['timeout-min']) * 60_000;
 fs.mkdirSync(OUT, { recursive: true });
 
@@ -94,7 +103,9 @@ try {
     report.plan = { totalBytes: plan.totalBytes, conversion: plan.conversion ?? null };
     log(`plan: ${JSON.stringify(report.plan)}`);
     report.install = await install(b, sampler);
+    await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: 'cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, name: 'f32-cold' });
+    await image(b, sampler, { label: 'repeat, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '43', name: 'f32-repeat' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -110,9 +121,17 @@ try {
       ran = true;
       const extra = backend ? { backend } : {};
       const tag = backend ? ` (${backend}: no shader-f16)` : '';
+      await keepLoaded(b, 0);
+      const baseline = { ...extra, loadAhead: false };
+      await image(b, sampler, { label: `baseline: cold${tag}`, prompt: PROMPTS.d, size: SIZE, seed: '42', name: 'base-cold', ...baseline });
+      await image(b, sampler, { label: `baseline: repeat${tag}`, prompt: PROMPTS.d, size: SIZE, seed: '43', name: 'base-repeat', ...baseline });
+      await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `cold${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '42', trace: true, name: 'f16-cold', ...extra });
       await image(b, sampler, { label: `repeat: same prompt, new seed${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '43', trace: true, name: 'f16-repeat', ...extra });
       await image(b, sampler, { label: `batch of ${o.batch}${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '44', count: Number(o.batch), name: 'f16-batch', ...extra });
+      // Cold: nothing loaded.
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f16-large', ...extra });
     });
   }
@@ -148,6 +167,14 @@ async function withBrowser(name, args, fn) {
   } finally {
     await sampler.stop();
     await b.close({ keepProfile: true });
+  }
+}
+
+/** Sets `keepLoaded` (0 also unloads whatever is loaded); checks the reply. */
+async function keepLoaded(b, seconds) {
+  const reply = await h.api(b.page, { type: 'keepLoaded', seconds });
+  if (reply?.type !== 'keepLoaded' || reply.seconds !== seconds || (seconds === 0 && reply.loaded.length)) {
+    throw new Error(`keepLoaded ${seconds}: ${JSON.stringify(reply)}`);
   }
 }
 
@@ -240,20 +267,22 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   const stages = last.timings.stages;
   stages.forEach((st) => {
     if (!st.workerCreatedAtMs) return report.stages.push({ image: label, stage: st.stage, cached: true });
-    // From its worker's creation to the end of its work. A stage loads while the one before it runs, so
-    // part of this is waiting for its input.
-    const span = [st.workerCreatedAtMs, st.finishedAtMs || tEnd];
+    // From its worker's creation (a resident stage's: its task) to the end of its work. A stage loads
+    // while the one before it runs, so part of this is waiting for its input.
+    const workerStartMs = st.resident ? 0 : st.taskAtMs - st.workerCreatedAtMs;
+    const span = [st.taskAtMs - workerStartMs, st.finishedAtMs || tEnd];
     const peak = peakBetween(sampler.history, ...span).peak;
     const gpu = gpuMemory.peak(...span);
     report.stages.push({
       image: label,
       stage: st.stage,
-      workerStartMs: st.taskAtMs - st.workerCreatedAtMs,
+      workerStartMs,
       prepareMs: st.startedAtMs - st.taskAtMs,
       sessionCreateMs: st.sessionCreateMs,
+      resident: st.resident,
       runsMs: st.runsMs,
       wallMs: span[1] - span[0],
-      waitMs: span[1] - span[0] - (st.taskAtMs - st.workerCreatedAtMs) - (st.startedAtMs - st.taskAtMs) - st.sessionCreateMs - st.runsMs.reduce((a, x) => a + x, 0),
+      waitMs: span[1] - span[0] - workerStartMs - (st.startedAtMs - st.taskAtMs) - st.sessionCreateMs - st.runsMs.reduce((a, x) => a + x, 0),
       rendererPeakAboveIdle: (peak.extension ?? 0) - (idle.extension ?? 0),
       gpuProcessPeakAboveIdle: (peak.gpu ?? 0) - (idle.gpu ?? 0),
       gpuMemoryPeak: gpu,
@@ -306,12 +335,28 @@ function printReport() {
   }
   console.log('\nimages (wall: from the request to the last result event):');
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
+  const wall = (name) => report.images.find((i) => i.name === name && i.outcome === 'result')?.wallS;
+  const ratios = [['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]
+    .filter(([, base, now]) => wall(base) && wall(now))
+    .map(([what, base, now]) => [what, wall(base).toFixed(2), wall(now).toFixed(2), (wall(base) / wall(now)).toFixed(2)]);
+  report.ratios = Object.fromEntries(ratios.map(([what, , , x]) => [what, Number(x)]));
+  if (ratios.length) {
+    console.log('\nagainst the baseline of this run (one stage loaded at a time, nothing kept loaded):');
+    h.printTable(['image', 'baseline s', 'now s', 'baseline / now'], ratios);
+  }
+  const f32Ratios = [['cold', 'f32-cold', 'f16-cold'], ['repeat', 'f32-repeat', 'f16-repeat']]
+    .filter(([, f32, f16]) => wall(f32) && wall(f16))
+    .map(([what, f32, f16]) => [what, wall(f32).toFixed(2), wall(f16).toFixed(2), (wall(f32) / wall(f16)).toFixed(2)]);
+  if (f32Ratios.length) {
+    console.log('\nwithout shader-f16 (float32 conversion) against with it:');
+    h.printTable(['image', 'float32 s', 'float16 s', 'float32 / float16'], f32Ratios);
+  }
   console.log('\nstages (s; memory MB: peak above the idle before the image; GPU memory: nvidia-smi, in use at the peak):');
   h.printTable(
     ['image', 'stage', 'worker start', 'prepare', 'create', 'runs', 'waiting', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
     report.stages.map((x) => (x.cached
       ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-', '-']
-      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
+      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), x.resident ? 'resident' : s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
   );
   if (report.comparisons.length) {
     console.log('\ncomparisons with the independent reference (onnxruntime CPU):');

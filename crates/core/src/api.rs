@@ -48,6 +48,25 @@ pub enum Request {
     GalleryExport {},
     /// Sets the gallery's caps (a missing field keeps its value) and applies them at once.
     GalleryLimit(GalleryLimitRequest),
+    /// How long the model stays loaded after the last image (`seconds`, 0 to 3600; 0 unloads it after
+    /// each image), set when given, and which stages are loaded now.
+    KeepLoaded(KeepLoadedRequest),
+}
+
+/// `keepLoaded`: the seconds to set, or nothing to only read them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct KeepLoadedRequest {
+    pub seconds: Option<i64>,
+}
+
+/// `keepLoaded`'s reply: the setting in force and the stages whose sessions are loaded now (kept from
+/// the last image, or loading for the running one).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Residency {
+    pub seconds: u32,
+    pub loaded: Vec<Stage>,
 }
 
 /// `galleryList`: a case-insensitive substring of the prompt, and a page.
@@ -103,6 +122,9 @@ pub struct GenerateRequest {
     pub backend: Option<String>,
     /// Images to make, 1 to 8 (default 1), with seeds `seed`, `seed + 1`, ...: one `result` event each.
     pub count: Option<i64>,
+    /// For benchmarks: `false` loads one stage at a time, each when the stage before it is done
+    /// (default `true`: every stage the job needs loads at once).
+    pub load_ahead: Option<bool>,
 }
 
 /// A seed as it arrives in JSON.
@@ -158,6 +180,7 @@ pub enum Reply {
     },
     /// `galleryLimit`: the caps now in force.
     GalleryLimit(GalleryLimit),
+    KeepLoaded(Residency),
     /// The request was refused; `error` says what was wrong and what is allowed (in English).
     Error {
         error: String,
@@ -504,8 +527,11 @@ pub struct StageTimings {
     /// one runs, stages overlap.
     #[serde(default)]
     pub finished_at_ms: f64,
-    /// Inside `InferenceSession.create`.
+    /// Inside `InferenceSession.create`; 0 when the session was `resident`.
     pub session_create_ms: f64,
+    /// The session was loaded already, kept from an earlier job (`keepLoaded`).
+    #[serde(default)]
+    pub resident: bool,
     /// Inside `run`: all runs of this image (the transformer: of the whole batch), and each one.
     pub run_ms: f64,
     #[serde(default)]

@@ -66,7 +66,7 @@ pub use latents::{
     euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify, LengthError,
 };
 pub use pack::{external_data_locations, parse_manifest, validate_relative_path, Graph, PackError};
-pub use params::{Backend, GenerateParams, ParamError};
+pub use params::{keep_loaded_seconds, Backend, GenerateParams, ParamError};
 pub use prompt::{EncodedPrompt, PromptEncoder, PromptError};
 pub use schedule::Schedule;
 pub use session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorData, TensorInfo};

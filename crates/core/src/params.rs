@@ -30,6 +30,10 @@ pub const DEFAULT_STEPS: u32 = 4;
 pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
 /// Most images one `generate` request makes (seeds in a row, each graph loaded once for all).
 pub const MAX_COUNT: u32 = 8;
+/// The longest the model may stay loaded after the last image (`keepLoaded`), in seconds.
+pub const MAX_KEEP_LOADED_SECONDS: u32 = 3600;
+/// How long it stays loaded unless the user chose otherwise: a few minutes, for the next prompt.
+pub const DEFAULT_KEEP_LOADED_SECONDS: u32 = 300;
 
 /// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -87,10 +91,17 @@ pub struct GenerateParams {
     /// load of each graph.
     #[serde(default = "one")]
     pub count: u32,
+    /// Every stage loads at once (`false`: each when the stage before it is done).
+    #[serde(default = "yes")]
+    pub load_ahead: bool,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A u64 as a decimal string.
@@ -175,6 +186,22 @@ pub enum ParamError {
         /// The name asked for.
         value: String,
     },
+    /// `keepLoaded` seconds out of range.
+    #[error(
+        "keepLoaded seconds {value} is not allowed: seconds must be an integer from 0 (unload after each image) to {MAX_KEEP_LOADED_SECONDS}"
+    )]
+    KeepLoaded {
+        /// The value asked for.
+        value: i64,
+    },
+}
+
+/// Checks `keepLoaded` seconds.
+pub fn keep_loaded_seconds(value: i64) -> Result<u32, ParamError> {
+    u32::try_from(value)
+        .ok()
+        .filter(|s| *s <= MAX_KEEP_LOADED_SECONDS)
+        .ok_or(ParamError::KeepLoaded { value })
 }
 
 impl Localize for ParamError {
@@ -189,6 +216,9 @@ impl Localize for ParamError {
             ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
             ParamError::Count { value } => Message::new("errParamCount", [arg(value), arg(MAX_COUNT)]),
             ParamError::Backend { value } => Message::new("errParamBackend", [arg(format!("{value:?}"))]),
+            ParamError::KeepLoaded { value } => {
+                Message::new("errParamKeepLoaded", [arg(value), arg(MAX_KEEP_LOADED_SECONDS)])
+            }
         }
     }
 }
@@ -239,6 +269,7 @@ impl GenerateRequest {
             trace: self.trace,
             backend,
             count,
+            load_ahead: self.load_ahead.unwrap_or(true),
         })
     }
 }
@@ -326,6 +357,7 @@ mod tests {
                 trace: false,
                 backend: Backend::WebGpu,
                 count: 1,
+                load_ahead: true,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));
@@ -425,6 +457,24 @@ mod tests {
         let mut text = serde_json::to_value(&p).unwrap();
         text.as_object_mut().unwrap().remove("count");
         assert_eq!(serde_json::from_value::<GenerateParams>(text).unwrap().count, 1);
+    }
+
+    #[test]
+    fn keep_loaded_and_loading_ahead() {
+        for ok in [0, 300, 3600] {
+            assert_eq!(keep_loaded_seconds(ok), Ok(ok as u32));
+        }
+        assert_eq!(
+            keep_loaded_seconds(3601).unwrap_err().to_string(),
+            "keepLoaded seconds 3601 is not allowed: seconds must be an integer from 0 (unload after each image) to 3600"
+        );
+        assert!(keep_loaded_seconds(-1).is_err());
+        assert!(req("{}").validate(0).unwrap().load_ahead);
+        assert!(!req(r#"{"loadAhead":false}"#).validate(0).unwrap().load_ahead);
+        // Params stored before `loadAhead` existed load ahead.
+        let mut text = serde_json::to_value(req("{}").validate(0).unwrap()).unwrap();
+        text.as_object_mut().unwrap().remove("loadAhead");
+        assert!(serde_json::from_value::<GenerateParams>(text).unwrap().load_ahead);
     }
 
     #[test]

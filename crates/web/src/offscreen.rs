@@ -1,7 +1,10 @@
 //! The offscreen document: runs jobs stage by stage, one dedicated worker per stage, and pack installs.
 //!
-//! It takes [`OffscreenCommand`]s from the service worker and broadcasts public [`Event`]s. Jobs run one at a time, in order. A stage's worker is terminated as
-//! soon as the stage ends (or the job is cancelled), which is what frees its GPU memory and wasm heap.
+//! It takes [`OffscreenCommand`]s from the service worker and broadcasts public [`Event`]s. Jobs run one
+//! at a time, in order. Every stage a job needs starts loading in its worker at once. A stage's worker
+//! stays loaded after the job (resident) for the `keepLoaded` seconds after the last job, so the next
+//! image skips loading; then it is terminated, which is what frees its GPU memory and wasm heap. With
+//! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -15,9 +18,10 @@ use imagine_core::api::{
 };
 use imagine_core::embedding_cache;
 use imagine_core::message::ErrorText;
+use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
 use imagine_core::stages::EMBED_WIDTH;
-use imagine_core::{EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
+use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
@@ -77,12 +81,13 @@ enum Incoming {
     Stopped,
 }
 
-/// A stage worker of the running job (the stage that runs, and the next one while it loads), so that a
-/// cancel can terminate it.
+/// A live stage worker: of the running job (so that a cancel can terminate it), or resident.
 struct Current {
+    /// The job it works for; empty while it is resident.
     job: String,
     /// Which `StageRun` it belongs to.
     id: u64,
+    stage: Stage,
     worker: Worker,
     inbox: mpsc::UnboundedSender<Incoming>,
 }
@@ -107,7 +112,6 @@ impl Install {
     }
 }
 
-#[derive(Default)]
 struct State {
     queue: VecDeque<(String, GenerateParams)>,
     running: Option<String>,
@@ -116,10 +120,36 @@ struct State {
     current: Vec<Current>,
     /// The id of the next `StageRun`.
     next_run: u64,
+    /// Idle stage workers whose sessions stay loaded for the next job.
+    resident: Vec<StageRun>,
+    /// The pack (commit) the resident workers loaded.
+    resident_pack: Option<String>,
+    /// How long stages stay loaded after the last job (the service worker's `keepLoaded`).
+    keep_loaded_seconds: u32,
+    /// Counts idle periods: a job starting or the setting changing voids the unload timer of the last.
+    idle_epoch: u64,
     install: Option<Install>,
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
     swap_pending: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            queue: VecDeque::new(),
+            running: None,
+            cancel_running: false,
+            current: Vec::new(),
+            next_run: 0,
+            resident: Vec::new(),
+            resident_pack: None,
+            keep_loaded_seconds: DEFAULT_KEEP_LOADED_SECONDS,
+            idle_epoch: 0,
+            install: None,
+            swap_pending: false,
+        }
+    }
 }
 
 thread_local! {
@@ -132,7 +162,10 @@ thread_local! {
 pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let reply = match command(message, sender).await {
-            Ok(()) => OffscreenReply::Done { installing: STATE.with_borrow(|state| state.install.is_some()) },
+            Ok(()) => STATE.with_borrow(|state| OffscreenReply::Done {
+                installing: state.install.is_some(),
+                loaded: loaded_stages(state),
+            }),
             Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
         };
         Ok(to_js(&reply))
@@ -144,8 +177,9 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         return Err(OffscreenError::NotFromServiceWorker);
     }
     match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
-        OffscreenCommand::RunJob { job, params } => {
+        OffscreenCommand::RunJob { job, params, keep_loaded_seconds } => {
             let start_now = STATE.with_borrow_mut(|state| {
+                state.keep_loaded_seconds = keep_loaded_seconds;
                 state.queue.push_back((job, params));
                 // The first job of an idle queue starts the loop; until the loop has popped it, a job
                 // queued right after must not start a second one.
@@ -156,6 +190,13 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
             }
         }
         OffscreenCommand::CancelJob { job } => cancel(&job),
+        OffscreenCommand::KeepLoaded { seconds: Some(seconds) } => {
+            STATE.with_borrow_mut(|state| state.keep_loaded_seconds = seconds);
+            if STATE.with_borrow(|state| state.running.is_none()) {
+                unload_later();
+            }
+        }
+        OffscreenCommand::KeepLoaded { seconds: None } => {}
         OffscreenCommand::InstallPack { request } => start_install(request)?,
         OffscreenCommand::PausePack => {
             if let Some(progress) = stop_install() {
@@ -187,7 +228,10 @@ async fn run_queue() {
             state.cancel_running = false;
             next
         });
-        let Some((job, params)) = next else { return };
+        let Some((job, params)) = next else {
+            unload_later();
+            return;
+        };
         // A finished job has broadcast its results already.
         let event = match run_job(&job, &params).await {
             Ok(()) => continue,
@@ -206,7 +250,7 @@ fn cancel(job: &str) {
             // Between two stages there is no worker to stop: the next stage sees this and does not start.
             state.cancel_running = true;
         }
-        for current in state.current.extract_if(.., |current| current.job == job) {
+        for current in state.current.extract_if(.., |current| !current.job.is_empty() && current.job == job) {
             current.worker.terminate();
             let _ = current.inbox.unbounded_send(Incoming::Stopped);
         }
@@ -247,33 +291,54 @@ async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, s
 }
 
 /// Runs a job: its `count` images, each graph loaded once for all of them; a `result` event is
-/// broadcast for each image as soon as it is decoded. Each stage's worker starts while the stage before
-/// it runs, so that its session is created meanwhile (at most two stages loaded at once). A job that
-/// fails so before its first image (a GPU without room for two stages, say) is made again one stage at
-/// a time: loading ahead never costs an image.
+/// broadcast for each image as soon as it is decoded. Every stage the job needs starts loading at once,
+/// in its own worker, or is resident already. A job that fails so before its first image (a GPU without
+/// room for every stage, say) is made again with nothing resident and one stage loaded at a time:
+/// loading ahead and residency never cost an image.
 async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure> {
+    let pack = crate::opfs::installed_pack().await.map(|(record, _)| record.commit);
+    let (keep, other_pack) = STATE.with_borrow_mut(|state| {
+        state.idle_epoch += 1;
+        let other_pack = state.resident_pack != pack;
+        state.resident_pack = pack.clone();
+        (state.keep_loaded_seconds > 0, other_pack)
+    });
+    if other_pack {
+        unload();
+    }
+    let plan = Plan { ahead: params.load_ahead, keep };
+    let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
-    match run_stages(job, params, Ahead::NextStage, &mut sent).await {
-        Err(StageFailure::Error(error)) if sent == 0 => {
+    match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
+        Err(StageFailure::Error(error)) if sent == 0 && (plan != Plan::LEAN || had_resident) => {
             warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
-            run_stages(job, params, Ahead::Nothing, &mut sent).await
+            unload();
+            run_stages(job, params, pack.as_deref(), Plan::LEAN, &mut sent).await
         }
         outcome => outcome,
     }
 }
 
-/// Whether the next stage's worker starts while the current stage runs.
+/// How a job loads its stages.
 #[derive(Clone, Copy, PartialEq)]
-enum Ahead {
-    NextStage,
-    Nothing,
+struct Plan {
+    /// Every stage starts loading when the job starts (else each when the stage before it is done).
+    ahead: bool,
+    /// Stages stay loaded after the job (else each worker ends with its stage).
+    keep: bool,
 }
 
-/// [`run_job`]'s work; `sent` counts the images broadcast.
+impl Plan {
+    /// One stage loaded at a time, nothing kept: the least memory.
+    const LEAN: Plan = Plan { ahead: false, keep: false };
+}
+
+/// [`run_job`]'s work on the pack `pack`; `sent` counts the images broadcast.
 async fn run_stages(
     job: &str,
     params: &GenerateParams,
-    ahead: Ahead,
+    pack: Option<&str>,
+    plan: Plan,
     sent: &mut u32,
 ) -> Result<(), StageFailure> {
     let started = now_ms();
@@ -281,21 +346,21 @@ async fn run_stages(
 
     progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
     let prompt = tokenize(&params.prompt).await?;
-    let transformer_task = StageTask::Transformer { params: params.clone() };
+    let transformer_task = StageTask::Transformer { params: params.clone(), keep: plan.keep };
+    let decoder_task = StageTask::Decoder { params: params.clone(), keep: plan.keep };
     let early = |task: &StageTask| -> Result<Option<StageRun>, StageFailure> {
-        Ok(if ahead == Ahead::NextStage { Some(StageRun::start(job, task, None)?) } else { None })
+        Ok(if plan.ahead { Some(StageRun::start(job, task, None)?) } else { None })
     };
     let transformer = early(&transformer_task)?;
-    let (embeddings, encoder_timing) = prompt_embeddings(job, params, &prompt).await?;
+    let decoder = early(&decoder_task)?;
+    let (embeddings, encoder_timing) = prompt_embeddings(job, params, &prompt, pack, plan.keep).await?;
 
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
-    let decoder_task = StageTask::Decoder { params: params.clone() };
-    let decoder = early(&decoder_task)?;
     let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
         return Err(unexpected("transformer"));
     };
-    drop(transformer);
+    transformer.end(plan.keep);
 
     progress(job, Stage::Decoder, 0, images, 1, 1).await;
     let latents = latents.ok_or(OffscreenError::NoOutput)?;
@@ -325,6 +390,7 @@ async fn run_stages(
                         started_at_ms: t.started_at_ms,
                         finished_at_ms: t.finished_at_ms,
                         session_create_ms: t.session_create_ms,
+                        resident: t.resident,
                         run_ms: t.run_ms,
                         runs_ms: t.runs_ms,
                     })
@@ -358,10 +424,50 @@ async fn run_stages(
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
                 }
             }
-            Reported::Done(StageOutput::Decoder { .. }, _) => return Ok(()),
+            Reported::Done(StageOutput::Decoder { .. }, _) => {
+                decoder.end(plan.keep);
+                return Ok(());
+            }
             Reported::Done(..) => return Err(unexpected("decoder")),
         }
     }
+}
+
+/// The stages loaded (or loading) now, in pipeline order.
+fn loaded_stages(state: &State) -> Vec<Stage> {
+    [Stage::TextEncoder, Stage::Transformer, Stage::Decoder]
+        .into_iter()
+        .filter(|stage| state.current.iter().any(|current| current.stage == *stage))
+        .collect()
+}
+
+/// Starts the idle period: the resident stages are unloaded once it has lasted `keepLoaded` seconds
+/// (at once for 0), unless a job starts first.
+fn unload_later() {
+    let (epoch, seconds) = STATE.with_borrow_mut(|state| {
+        state.idle_epoch += 1;
+        (state.idle_epoch, state.keep_loaded_seconds)
+    });
+    let expired = move || {
+        if STATE.with_borrow(|state| state.idle_epoch == epoch && state.running.is_none()) {
+            unload();
+        }
+    };
+    if seconds == 0 {
+        expired();
+    } else {
+        spawn_local(async move {
+            crate::js::sleep_ms(u64::from(seconds) * 1000).await;
+            expired();
+        });
+    }
+}
+
+/// Terminates the resident workers, which frees their sessions' memory.
+fn unload() {
+    let resident = STATE.with_borrow_mut(|state| std::mem::take(&mut state.resident));
+    // Dropped outside the borrow: dropping a `StageRun` updates the state.
+    drop(resident);
 }
 
 thread_local! {
@@ -406,11 +512,12 @@ async fn prompt_embeddings(
     job: &str,
     params: &GenerateParams,
     prompt: &EncodedPrompt,
+    commit: Option<&str>,
+    keep: bool,
 ) -> Result<(JsValue, StageTiming), StageFailure> {
-    let commit = crate::opfs::installed_pack().await.map(|(record, _)| record.commit);
-    let key = commit.as_ref().map(|commit| embedding_cache::key(commit, params.backend, prompt));
+    let key = commit.map(|commit| embedding_cache::key(commit, params.backend, prompt));
     let values = MAX_TOKENS * EMBED_WIDTH;
-    if let (Some(commit), Some(key)) = (&commit, &key) {
+    if let (Some(commit), Some(key)) = (commit, &key) {
         match crate::opfs::embeddings::read_entry(commit, key, values).await {
             Ok(Some(embeddings)) => {
                 let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
@@ -420,12 +527,14 @@ async fn prompt_embeddings(
             Err(e) => warn(&format!("imagine: the embedding cache could not be read: {e}")),
         }
     }
-    let task = StageTask::TextEncoder { params: params.clone(), prompt: prompt.clone() };
-    let (StageOutput::TextEncoder(encoded), embeddings) = run_stage(job, params.count, &task).await? else {
+    let task = StageTask::TextEncoder { params: params.clone(), prompt: prompt.clone(), keep };
+    let mut encoder = StageRun::start(job, &task, None)?;
+    let (StageOutput::TextEncoder(encoded), embeddings) = encoder.done(params.count).await? else {
         return Err(unexpected("text encoder"));
     };
+    encoder.end(keep);
     let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;
-    if let (Some(commit), Some(key)) = (&commit, &key) {
+    if let (Some(commit), Some(key)) = (commit, &key) {
         // Copied before the buffer is transferred to the transformer.
         let copy = Float32Array::new(&embeddings).to_vec();
         let (count, truncated) = (prompt.token_count as u32, prompt.truncated);
@@ -444,15 +553,6 @@ fn unexpected(stage: &'static str) -> StageFailure {
     StageFailure::Error(OffscreenError::WrongOutput(stage))
 }
 
-/// Runs a stage that reports no images to its end: its output and the buffer it hands on.
-async fn run_stage(
-    job: &str,
-    images: u32,
-    task: &StageTask,
-) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
-    StageRun::start(job, task, None)?.done(images).await
-}
-
 /// What a stage worker reported that its caller acts on (progress is relayed on the way).
 enum Reported {
     /// The decoder finished image `index`: its PNG.
@@ -461,31 +561,78 @@ enum Reported {
     Done(StageOutput, Option<JsValue>),
 }
 
-/// The worker of one stage of a job; dropping it terminates the worker.
+/// The worker of one stage: of a job, or resident (in `State::resident`); dropping it terminates the
+/// worker.
 struct StageRun {
     id: u64,
+    stage: Stage,
+    backend: Backend,
     worker: Worker,
     inbox: mpsc::UnboundedReceiver<Incoming>,
     job: String,
 }
 
 impl StageRun {
-    /// Spawns a stage worker for `task` and hands it `data` (transferred); without `data` the worker
-    /// creates its session and waits for its input ([`StageRun::given`]).
+    /// Hands `task` and `data` (transferred) to the resident worker of its stage, or to a new one;
+    /// without `data` the worker loads its session (if it has none) and waits for its input
+    /// ([`StageRun::given`]).
     fn start(job: &str, task: &StageTask, data: Option<&JsValue>) -> Result<StageRun, StageFailure> {
         if STATE.with_borrow(|state| state.cancel_running) {
             return Err(StageFailure::Cancelled);
         }
-        let (worker, inbox, sender) = spawn_worker("stage-worker.js")?;
-        let id = STATE.with_borrow_mut(|state| {
-            let id = state.next_run;
-            state.next_run += 1;
-            state.current.push(Current { job: job.to_owned(), id, worker: worker.clone(), inbox: sender });
-            id
-        });
-        let run = StageRun { id, worker, inbox, job: job.to_owned() };
+        let (stage, backend) = task.stage().ok_or(OffscreenError::NoOutput)?;
+        let run = match StageRun::resident(stage, backend) {
+            Some(mut run) => {
+                run.job = job.to_owned();
+                STATE.with_borrow_mut(|state| {
+                    if let Some(current) = state.current.iter_mut().find(|current| current.id == run.id) {
+                        current.job = job.to_owned();
+                    }
+                });
+                run
+            }
+            None => {
+                let (worker, inbox, sender) = spawn_worker("stage-worker.js")?;
+                let id = STATE.with_borrow_mut(|state| {
+                    let id = state.next_run;
+                    state.next_run += 1;
+                    let current =
+                        Current { job: job.to_owned(), id, stage, worker: worker.clone(), inbox: sender };
+                    state.current.push(current);
+                    id
+                });
+                StageRun { id, stage, backend, worker, inbox, job: job.to_owned() }
+            }
+        };
         protocol::post(&run.worker, task, data)?;
         Ok(run)
+    }
+
+    /// The resident worker of `stage` on `backend`, taken out of the residents. One that reported
+    /// anything while idle (it crashed, say) is dropped instead.
+    fn resident(stage: Stage, backend: Backend) -> Option<StageRun> {
+        let mut run = STATE.with_borrow_mut(|state| {
+            let index = state.resident.iter().position(|run| run.stage == stage && run.backend == backend)?;
+            Some(state.resident.swap_remove(index))
+        })?;
+        match run.inbox.try_next() {
+            Err(_) => Some(run),
+            Ok(_) => None,
+        }
+    }
+
+    /// The job is done with this stage: the worker stays resident if the job keeps its stages and the
+    /// setting still does, and is terminated otherwise.
+    fn end(self, keep: bool) {
+        if !(keep && STATE.with_borrow(|state| state.keep_loaded_seconds > 0)) {
+            return;
+        }
+        STATE.with_borrow_mut(|state| {
+            if let Some(current) = state.current.iter_mut().find(|current| current.id == self.id) {
+                current.job.clear();
+            }
+            state.resident.push(self);
+        })
     }
 
     /// `early`, started before without its input, given `data` now; else a worker started for `task`

@@ -2,7 +2,9 @@
 //! storage, delete) and what this device offers before anything is downloaded (WebGPU adapter,
 //! `shader-f16`, buffer limits, storage quota).
 
-use imagine_core::api::{Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, Reply, Request};
+use imagine_core::api::{
+    Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply, Request, Stage,
+};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
@@ -23,6 +25,10 @@ pub fn options_page_main() {
     i18n::localize_page();
     on_click("save-defaults", || spawn_local(save_defaults()));
     on_click("save-limit", || spawn_local(save_limit()));
+    on_change("keep-loaded", || {
+        let seconds = element::<HtmlSelectElement>("keep-loaded").value().parse().ok();
+        spawn_local(keep_loaded(seconds));
+    });
     on_click("save-source", || source_clicked(false));
     on_click("install", || source_clicked(true));
     on_click("delete-pack", || {
@@ -50,8 +56,49 @@ pub fn options_page_main() {
             input("max-megabytes").set_value(&(page.limit.max_bytes / MIB as u64).to_string());
         }
         refresh_model().await;
+        keep_loaded(None).await;
         device_report().await;
     });
+}
+
+/// `keepLoaded`: sets `seconds` if given; shows the setting and what is loaded now.
+async fn keep_loaded(seconds: Option<i64>) {
+    let text = match request(&Request::KeepLoaded(KeepLoadedRequest { seconds })).await {
+        Reply::KeepLoaded(residency) => {
+            show_keep_loaded(residency.seconds);
+            let names: Vec<String> = residency.loaded.iter().map(|stage| t(stage_key(*stage))).collect();
+            if names.is_empty() {
+                t("keepLoadedNothing")
+            } else {
+                t_args("keepLoadedNow", &[&names.join(", ")])
+            }
+        }
+        Reply::Error { error, message } => i18n::error_text(&error, message.as_ref()),
+        other => format!("{other:?}"),
+    };
+    set_text("keep-loaded-status", &text);
+}
+
+/// Selects `seconds` in the keep-loaded menu, adding a choice for a value set through the API.
+fn show_keep_loaded(seconds: u32) {
+    let select = element::<HtmlSelectElement>("keep-loaded");
+    let value = seconds.to_string();
+    select.set_value(&value);
+    if select.value() != value {
+        let text = t_args("keepLoadedSeconds", &[&value]);
+        if let Ok(option) = web_sys::HtmlOptionElement::new_with_text_and_value(&text, &value) {
+            let _ = select.append_child(&option);
+            select.set_value(&value);
+        }
+    }
+}
+
+fn stage_key(stage: Stage) -> &'static str {
+    match stage {
+        Stage::TextEncoder => "stageTextEncoder",
+        Stage::Transformer => "stageTransformer",
+        Stage::Decoder => "stageDecoder",
+    }
 }
 
 /// `chrome.runtime.onMessage` on the options page: the model's state follows downloads.
@@ -67,6 +114,12 @@ pub fn options_page_event(message: JsValue) {
 fn on_click(id: &str, action: impl Fn() + 'static) {
     let closure = Closure::<dyn Fn()>::new(action);
     element::<HtmlElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
+    closure.forget();
+}
+
+fn on_change(id: &str, action: impl Fn() + 'static) {
+    let closure = Closure::<dyn Fn()>::new(action);
+    element::<HtmlElement>(id).set_onchange(Some(closure.as_ref().unchecked_ref()));
     closure.forget();
 }
 

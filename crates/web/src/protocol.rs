@@ -12,11 +12,11 @@
 //!
 //! The public message API (pages ↔ service worker) is `imagine_core::api`.
 
-use imagine_core::api::{DownloadProgress, InstallRequest};
+use imagine_core::api::{DownloadProgress, InstallRequest, Stage};
 use imagine_core::hub::HashCheckpoint;
 use imagine_core::message::{ErrorText, Message};
 use imagine_core::storage::PackRecord;
-use imagine_core::{EncodedPrompt, GenerateParams};
+use imagine_core::{Backend, EncodedPrompt, GenerateParams};
 use js_sys::Array;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
@@ -42,8 +42,12 @@ pub const OFFSCREEN_TARGET: &str = "offscreen";
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "camelCase")]
 pub enum OffscreenCommand {
-    /// Queue a job; its stages run one after the other in workers.
-    RunJob { job: String, params: GenerateParams },
+    /// Queue a job; its stages run one after the other in workers, which stay loaded
+    /// `keep_loaded_seconds` after the last job.
+    RunJob { job: String, params: GenerateParams, keep_loaded_seconds: u32 },
+    /// How long stages stay loaded after the last job from now on (0 unloads the idle ones at once);
+    /// nothing: only say which are loaded.
+    KeepLoaded { seconds: Option<u32> },
     /// Stop a queued or running job.
     CancelJob { job: String },
     /// Start the download worker (or let a running one go on).
@@ -60,28 +64,45 @@ pub enum OffscreenCommand {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "camelCase")]
 pub enum OffscreenReply {
-    /// Done; whether a download worker runs now.
-    Done { installing: bool },
+    /// Done; whether a download worker runs now, and which stages are loaded.
+    Done {
+        installing: bool,
+        #[serde(default)]
+        loaded: Vec<Stage>,
+    },
     /// Not done, and why.
     Refused(ErrorText),
 }
 
-/// Offscreen document → stage worker: the one stage it runs (`data`: the previous stage's output). A
-/// batch (`params.count` images) runs each stage once, on one session, for all its images. A stage
-/// posted without its `data` creates its session at once and waits for an `Input` with it: so the
-/// next stage loads while the one before it runs.
+/// Offscreen document → stage worker: a task of the one stage it runs (`data`: the previous stage's
+/// output). A batch (`params.count` images) runs each stage once, on one session, for all its images. A
+/// task posted without its `data` creates its session at once and waits for an `Input` with it: so a
+/// stage loads while the one before it runs. With `keep`, the worker keeps its session after the task
+/// and takes the next task of the same stage on it (a resident stage); without, it releases it.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "camelCase")]
 pub enum StageTask {
     /// The prompt, tokenized by the offscreen document, to `prompt_embeds`.
-    TextEncoder { params: GenerateParams, prompt: EncodedPrompt },
+    TextEncoder { params: GenerateParams, prompt: EncodedPrompt, keep: bool },
     /// The denoising loop of each image, seeds in a row (`data`: the prompt embeddings, float32).
-    Transformer { params: GenerateParams },
+    Transformer { params: GenerateParams, keep: bool },
     /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
     /// other).
-    Decoder { params: GenerateParams },
+    Decoder { params: GenerateParams, keep: bool },
     /// The `data` of the task posted before without it.
     Input,
+}
+
+impl StageTask {
+    /// The stage this task runs and where (an `Input` runs none of its own).
+    pub fn stage(&self) -> Option<(Stage, Backend)> {
+        match self {
+            StageTask::TextEncoder { params, .. } => Some((Stage::TextEncoder, params.backend)),
+            StageTask::Transformer { params, .. } => Some((Stage::Transformer, params.backend)),
+            StageTask::Decoder { params, .. } => Some((Stage::Decoder, params.backend)),
+            StageTask::Input => None,
+        }
+    }
 }
 
 /// Stage worker → offscreen document.
@@ -142,6 +163,8 @@ pub struct StageTiming {
     /// When the stage's work ended (its session released; the decoder: this image decoded).
     pub finished_at_ms: f64,
     pub session_create_ms: f64,
+    /// The session was kept from an earlier task of this worker.
+    pub resident: bool,
     /// Inside ORT's `run`, all runs, and each run.
     pub run_ms: f64,
     pub runs_ms: Vec<f64>,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateRequest, GenerateResult, InstallRequest, JobState,
-    PackPlan, PackSource, PackStatus, Reply, Request, Sender,
+    KeepLoadedRequest, PackPlan, PackSource, PackStatus, Reply, Request, Residency, Sender, Stage,
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
@@ -308,6 +308,7 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
             Reply::GalleryExport { file, bytes, images }
         }
         Request::GalleryLimit(request) => Reply::GalleryLimit(gallery_store::set_limit(request).await?),
+        Request::KeepLoaded(request) => Reply::KeepLoaded(keep_loaded(request).await?),
     })
 }
 
@@ -473,7 +474,8 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
     set_job(&job, &running).await;
     let seed = params.seed.to_string();
-    match command(&OffscreenCommand::RunJob { job: job.clone(), params }).await {
+    let keep_loaded_seconds = settings::keep_loaded_seconds().await;
+    match command(&OffscreenCommand::RunJob { job: job.clone(), params, keep_loaded_seconds }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
             set_job(&job, &JobState::failed(&error)).await;
@@ -486,12 +488,37 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
 /// runs after it.
 async fn command(command: &OffscreenCommand) -> Result<bool, ServiceWorkerError> {
     ensure_offscreen().await?;
+    Ok(send_command(command).await?.0)
+}
+
+/// Sends a command to the open offscreen document: whether a download worker runs after it, and which
+/// stages are loaded.
+async fn send_command(command: &OffscreenCommand) -> Result<(bool, Vec<Stage>), ServiceWorkerError> {
     let reply = send(&protocol::to_offscreen(command)).await?;
     match from_js::<OffscreenReply>(&reply) {
-        Ok(OffscreenReply::Done { installing }) => Ok(installing),
+        Ok(OffscreenReply::Done { installing, loaded }) => Ok((installing, loaded)),
         Ok(OffscreenReply::Refused(error)) => Err(ServiceWorkerError::Refused(error)),
         Err(_) => Err(ServiceWorkerError::NoAnswer),
     }
+}
+
+/// `keepLoaded`: saves the seconds if given and tells the offscreen document (if open: without it,
+/// nothing is loaded); the setting and what is loaded now.
+async fn keep_loaded(request: KeepLoadedRequest) -> Result<Residency, ServiceWorkerError> {
+    let seconds = match request.seconds {
+        Some(value) => {
+            let seconds = imagine_core::keep_loaded_seconds(value)?;
+            settings::save_keep_loaded_seconds(seconds).await?;
+            Some(seconds)
+        }
+        None => None,
+    };
+    let loaded = if offscreen_exists().await? {
+        send_command(&OffscreenCommand::KeepLoaded { seconds }).await?.1
+    } else {
+        Vec::new()
+    };
+    Ok(Residency { seconds: settings::keep_loaded_seconds().await, loaded })
 }
 
 async fn offscreen_exists() -> Result<bool, JsError> {

@@ -6,9 +6,11 @@
 //! |---|---|---|
 //! | `local` | `imagine.defaults` | [`Defaults`]: `{width, height, steps, schedule}` |
 //! | `local` | `imagine.source` | `PackSource`: `{endpoint, repo, revision}` |
+//! | `local` | `imagine.keepLoaded` | seconds the model stays loaded after the last image (`keepLoaded`) |
 //! | `session` | `imagine.reuse` | [`Reuse`]: `{prompt, width, height, steps, seed, schedule}`, written by the gallery, read (and removed) by the page that opens next |
 
 use imagine_core::api::{GenerateRequest, PackSource, Seed};
+use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::ParamError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -21,6 +23,8 @@ use crate::js::{from_js, get, to_js, JsError, Obj};
 pub const DEFAULTS_KEY: &str = "imagine.defaults";
 /// `chrome.storage.local` key of the pack source the options page saved.
 pub const SOURCE_KEY: &str = "imagine.source";
+/// `chrome.storage.local` key of the `keepLoaded` seconds.
+pub const KEEP_LOADED_KEY: &str = "imagine.keepLoaded";
 /// `chrome.storage.session` key of the [`Reuse`] the gallery wrote.
 pub const REUSE_KEY: &str = "imagine.reuse";
 
@@ -135,6 +139,16 @@ pub async fn source() -> Option<PackSource> {
 /// Saves the pack source.
 pub async fn save_source(source: &PackSource) -> Result<(), JsError> {
     write(chrome::local_set, SOURCE_KEY, source).await
+}
+
+/// How long the model stays loaded after the last image, in seconds (`keepLoaded`).
+pub async fn keep_loaded_seconds() -> u32 {
+    read(chrome::local_get, KEEP_LOADED_KEY).await.unwrap_or(DEFAULT_KEEP_LOADED_SECONDS)
+}
+
+/// Saves `keepLoaded` (checked by the caller).
+pub async fn save_keep_loaded_seconds(seconds: u32) -> Result<(), JsError> {
+    write(chrome::local_set, KEEP_LOADED_KEY, &seconds).await
 }
 
 /// Leaves a gallery image's settings for the next page.

@@ -4,10 +4,13 @@
 //! later in a `StageTask::Input` while the session is created), [`StageReport`] out (with this stage's
 //! output buffer), see `crate::protocol`.
 //!
-//! Each stage releases its session before it reports `done`; the offscreen document then terminates
-//! the worker, which frees the GPU device ORT opened in it and the wasm heap.
+//! A task without `keep` releases the session before it reports `done`; the offscreen document then
+//! terminates the worker, which frees the GPU device ORT opened in it and the wasm heap. A task with
+//! `keep` leaves the session loaded for the next task of the same stage (a resident stage), until the
+//! offscreen document terminates the worker.
 
-use futures_channel::oneshot;
+use futures_channel::mpsc;
+use futures_util::StreamExt;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
@@ -75,48 +78,67 @@ pub fn stage_worker_main() {
     imagine_ort::configure(1);
     // ORT asks for a high-performance adapter only; some machines offer their GPU for another preference.
     gpu::find_any_adapter();
-    // A task posted without its input gets it later, in a `StageTask::Input`.
-    let (input_sender, input_receiver) = oneshot::channel::<Option<JsValue>>();
-    let (mut input_sender, mut input_receiver) = (Some(input_sender), Some(input_receiver));
+    let (sender, inbox) = mpsc::unbounded();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
-        let message = event.data();
-        let arrived = Arrival::now();
-        let task = protocol::read::<StageTask>(&message);
-        if let Ok((StageTask::Input, data)) = task {
-            if let Some(sender) = input_sender.take() {
-                let _ = sender.send(data);
-            }
-            return;
-        }
-        let later = input_receiver.take();
-        let input = |data: Option<JsValue>| async move {
-            match (data, later) {
-                (Some(data), _) => Some(data),
-                (None, Some(later)) => later.await.ok().flatten(),
-                (None, None) => None,
-            }
-        };
-        spawn_local(async move {
-            let outcome = match task {
-                Ok((StageTask::TextEncoder { params, prompt }, _)) => {
-                    text_encoder(&params, &prompt, arrived).await
-                }
-                Ok((StageTask::Transformer { params }, data)) => {
-                    transformer(&params, input(data), arrived).await
-                }
-                Ok((StageTask::Decoder { params }, data)) => decoder(&params, input(data), arrived).await,
-                Ok((StageTask::Input, _)) => unreachable!("handled above"),
-                Err(e) => Err(StageWorkerError::NotATask(e)),
-            };
-            match outcome {
-                Ok((output, data)) => report(&StageReport::Done { output }, data.as_ref()),
-                Err(error) => report(&StageReport::Error(ErrorText::of(&error)), None),
-            }
-        });
+        let _ = sender.unbounded_send((event.data(), Arrival::now()));
     });
     worker_scope().set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     // The worker lives exactly as long as this handler.
     on_message.forget();
+    spawn_local(serve(inbox));
+}
+
+/// The messages posted to this worker, each with the moment it arrived.
+type Inbox = mpsc::UnboundedReceiver<(JsValue, Arrival)>;
+
+/// Runs the tasks in the order they arrive, each reported `Done` or `Error`. The session is kept
+/// between tasks that ask for it (a resident stage) and released after one that does not.
+async fn serve(mut inbox: Inbox) {
+    let mut kept = None;
+    while let Some((message, arrived)) = inbox.next().await {
+        let outcome = match protocol::read::<StageTask>(&message) {
+            Ok((task, data)) => run_task(task, data, arrived, &mut kept, &mut inbox).await,
+            Err(e) => Err(StageWorkerError::NotATask(e)),
+        };
+        match outcome {
+            Ok((output, data)) => report(&StageReport::Done { output }, data.as_ref()),
+            Err(error) => report(&StageReport::Error(ErrorText::of(&error)), None),
+        }
+    }
+}
+
+async fn run_task(
+    task: StageTask,
+    data: Option<JsValue>,
+    arrived: Arrival,
+    kept: &mut Option<Stage>,
+    inbox: &mut Inbox,
+) -> StageResult {
+    // A task posted without its input gets it in the next message, an `Input`.
+    let input = async move {
+        match data {
+            Some(data) => Some(data),
+            None => match inbox.next().await.map(|(message, _)| protocol::read::<StageTask>(&message)) {
+                Some(Ok((StageTask::Input, data))) => data,
+                _ => None,
+            },
+        }
+    };
+    match task {
+        StageTask::TextEncoder { params, prompt, keep } => {
+            let stage = Stage::take(kept, Graph::TextEncoder, params.backend, arrived).await?;
+            text_encoder(stage, &prompt, keep.then_some(kept)).await
+        }
+        StageTask::Transformer { params, keep } => {
+            let stage = Stage::take(kept, Graph::Transformer, params.backend, arrived).await?;
+            transformer(stage, &params, input, keep.then_some(kept)).await
+        }
+        StageTask::Decoder { params, keep } => {
+            let stage = Stage::take(kept, Graph::Decoder, params.backend, arrived).await?;
+            decoder(stage, &params, input, keep.then_some(kept)).await
+        }
+        StageTask::Input => Err(StageWorkerError::MissingInput("a task before its input")),
+    }
 }
 
 fn worker_scope() -> DedicatedWorkerGlobalScope {
@@ -149,6 +171,8 @@ type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 /// A session on the chosen backend; the pipeline runs it through
 /// [`imagine_core::Session`].
 struct Stage {
+    graph: Graph,
+    backend: Backend,
     session: Session,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
@@ -211,13 +235,53 @@ impl Stage {
         opfs::failpoint(&format!("stage:session-created:{graph:?}")).await;
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { session, inputs, outputs, timing, lookups, tables })
+        Ok(Stage { graph, backend, session, inputs, outputs, timing, lookups, tables })
     }
 
-    /// Releases the session; the worker is terminated next, which frees ORT's device.
-    async fn close(self) -> StageTiming {
+    /// The session `kept` from this worker's last task, when it is of `graph` on `backend`; else a new
+    /// one ([`Stage::open`]).
+    async fn take(
+        kept: &mut Option<Stage>,
+        graph: Graph,
+        backend: Backend,
+        arrived: Arrival,
+    ) -> Result<Stage, StageWorkerError> {
+        match kept.take() {
+            Some(mut stage) if stage.graph == graph && stage.backend == backend => {
+                stage.timing = StageTiming {
+                    worker_created_at_ms: arrived.worker_created_at_ms,
+                    task_at_ms: arrived.task_at_ms,
+                    started_at_ms: js_sys::Date::now(),
+                    resident: true,
+                    ..StageTiming::default()
+                };
+                Ok(stage)
+            }
+            other => {
+                if let Some(stage) = other {
+                    stage.close().await;
+                }
+                Stage::open(graph, backend, arrived).await
+            }
+        }
+    }
+
+    /// Ends a task: the session is kept in `kept` for the next task, or released (the worker is
+    /// terminated next, which frees ORT's device). Returns the task's timing.
+    async fn end(self, kept: Option<&mut Option<Stage>>) -> StageTiming {
+        let timing = StageTiming { finished_at_ms: js_sys::Date::now(), ..self.timing.clone() };
+        match kept {
+            Some(kept) => *kept = Some(self),
+            None => {
+                let _ = self.session.release().await;
+            }
+        }
+        timing
+    }
+
+    /// Releases the session.
+    async fn close(self) {
         let _ = self.session.release().await;
-        StageTiming { finished_at_ms: js_sys::Date::now(), ..self.timing }
     }
 }
 
@@ -406,21 +470,24 @@ fn f32_from_buffer(data: Option<JsValue>, what: &'static str) -> Result<Vec<f32>
 }
 
 /// Stage 1: `prompt_embeds` of the prompt the offscreen document tokenized.
-async fn text_encoder(params: &GenerateParams, prompt: &EncodedPrompt, arrived: Arrival) -> StageResult {
-    let mut stage = Stage::open(Graph::TextEncoder, params.backend, arrived).await?;
+async fn text_encoder(
+    mut stage: Stage,
+    prompt: &EncodedPrompt,
+    keep: Option<&mut Option<Stage>>,
+) -> StageResult {
     let embeddings = stages::encode_prompt(&mut stage, prompt).await?;
-    let timing = stage.close().await;
+    let timing = stage.end(keep).await;
     Ok((StageOutput::TextEncoder(EncoderOutput { timing }), Some(f32_buffer(&embeddings))))
 }
 
 /// Stage 2: the denoising loop of each image of the batch on one session, one progress report per
 /// step; the final latents of all images, one after the other.
 async fn transformer(
+    mut stage: Stage,
     params: &GenerateParams,
     input: impl Future<Output = Option<JsValue>>,
-    arrived: Arrival,
+    keep: Option<&mut Option<Stage>>,
 ) -> StageResult {
-    let mut stage = Stage::open(Graph::Transformer, params.backend, arrived).await?;
     let embeddings = f32_from_buffer(input.await, "prompt embeddings")?;
     let steps = params.steps;
     let mut latents = Vec::new();
@@ -443,7 +510,7 @@ async fn transformer(
         latents.extend_from_slice(&denoised.latents);
         sigmas = denoised.sigmas;
     }
-    let timing = stage.close().await;
+    let timing = stage.end(keep).await;
     let output = TransformerOutput { sigmas, noise, image_run_ms, timing };
     Ok((StageOutput::Transformer(output), Some(f32_buffer(&latents))))
 }
@@ -458,11 +525,11 @@ pub fn base64_f32(values: &[f32]) -> String {
 /// Stage 3: each image's latents unpacked into the layout the decoder declares, decoded and encoded
 /// as a PNG, which is handed on at once (`Image`).
 async fn decoder(
+    mut stage: Stage,
     params: &GenerateParams,
     input: impl Future<Output = Option<JsValue>>,
-    arrived: Arrival,
+    keep: Option<&mut Option<Stage>>,
 ) -> StageResult {
-    let mut stage = Stage::open(Graph::Decoder, params.backend, arrived).await?;
     let latents = f32_from_buffer(input.await, "latents")?;
     let count = params.count.max(1) as usize;
     if latents.is_empty() || latents.len() % count != 0 {
@@ -489,6 +556,6 @@ async fn decoder(
         let buffer: JsValue = Uint8Array::from(png.as_slice()).buffer().into();
         report(&StageReport::Image { index, timing }, Some(&buffer));
     }
-    let timing = stage.close().await;
+    let timing = stage.end(keep).await;
     Ok((StageOutput::Decoder { timing }, None))
 }
