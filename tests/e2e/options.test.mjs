@@ -74,6 +74,29 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.waitForFunction(() => /maxItems 0 is not allowed/.test(document.querySelector('#limit-status').textContent));
   });
 
+  await t.test('keep the model loaded: the setting, what is loaded now, off unloads it', async () => {
+    await options.reload();
+    const status = () => options.evaluate(() => document.querySelector('#keep-loaded-status').textContent);
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
+    assert.equal(await options.inputValue('#keep-loaded'), '300');
+    assert.equal(await status(), 'Nothing is loaded now.');
+    await h.generateOk(b.page, { prompt: 'a kettle', width: 256, height: 256, steps: 1, seed: '5' });
+    await options.reload();
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
+    assert.equal(await status(), 'Loaded now: text encoder, transformer, decoder.');
+    await options.selectOption('#keep-loaded', '0');
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent === 'Nothing is loaded now.');
+    assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.keepLoaded')), { 'imagine.keepLoaded': 0 });
+    assert.deepEqual(await h.api(b.page, { type: 'keepLoaded' }), { type: 'keepLoaded', seconds: 0, loaded: [] });
+    // A value set through the message API is shown as it is.
+    await h.api(b.page, { type: 'keepLoaded', seconds: 90 });
+    await options.reload();
+    await options.waitForFunction(() => document.querySelector('#keep-loaded').value === '90');
+    assert.equal(await options.evaluate(() => document.querySelector('#keep-loaded').selectedOptions[0].textContent), 'for 90 seconds after the last image');
+    await options.selectOption('#keep-loaded', '1800');
+    await options.waitForFunction(async () => (await chrome.storage.local.get('imagine.keepLoaded'))['imagine.keepLoaded'] === 1800);
+  });
+
   await t.test('screenshots in light and dark', async () => {
     await options.reload();
     await report(options);
