@@ -77,12 +77,13 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   assert.ok(report.install.conversionSeconds > 0, JSON.stringify(report.install));
   assert.equal(report.install.extraDiskBytes, report.plan.conversion.extraDiskBytes);
   assert.deepEqual(report.images.map((i) => [i.name, i.count, i.outcome]), [
-    ['f32-cold', 1, 'result'], ['f16-cold', 1, 'result'], ['f16-repeat', 1, 'result'], ['f16-batch', 2, 'result'], ['f16-large', 1, 'result'],
+    ['f32-cold', 1, 'result'], ['f32-repeat', 1, 'result'], ['base-cold', 1, 'result'], ['base-repeat', 1, 'result'],
+    ['f16-cold', 1, 'result'], ['f16-repeat', 1, 'result'], ['f16-batch', 2, 'result'], ['f16-large', 1, 'result'],
   ]);
   // Every stage's time is accounted for: the transformer runs once per step and image, the text
   // encoder is skipped where the prompt's embeddings were cached.
   const stage = (image, name) => report.stages.find((x) => x.image === report.images.find((i) => i.name === image).label && x.stage === name);
-  for (const image of ['f32-cold', 'f16-cold', 'f16-large']) {
+  for (const image of ['f32-cold', 'base-cold', 'f16-cold', 'f16-large']) {
     for (const name of ['textEncoder', 'transformer', 'decoder']) {
       const x = stage(image, name);
       assert.ok(x.workerStartMs > 0 && x.prepareMs >= 0 && x.sessionCreateMs > 0 && x.wallMs >= x.sessionCreateMs, JSON.stringify(x));
@@ -90,7 +91,15 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
     }
     assert.equal(stage(image, 'transformer').runsMs.length, 2);
   }
-  assert.equal(stage('f16-repeat', 'textEncoder').cached, true);
+  // A repeat: the baseline loads the transformer and the decoder again, the product keeps them loaded.
+  for (const image of ['f32-repeat', 'base-repeat', 'f16-repeat']) assert.equal(stage(image, 'textEncoder').cached, true);
+  for (const name of ['transformer', 'decoder']) {
+    assert.ok(!stage('base-repeat', name).resident && stage('base-repeat', name).sessionCreateMs > 0, JSON.stringify(stage('base-repeat', name)));
+    for (const image of ['f32-repeat', 'f16-repeat', 'f16-batch']) {
+      assert.ok(stage(image, name).resident && stage(image, name).sessionCreateMs === 0, JSON.stringify(stage(image, name)));
+    }
+  }
+  assert.deepEqual(Object.keys(report.ratios), ['cold', 'repeat']);
   assert.equal(stage('f16-batch', 'transformer').runsMs.length, 4);
   assert.deepEqual(report.comparisons.map((c) => [c.name, c.expect, c.outcome]), [
     ['f32-cold', 'pass', 'pass'], ['f16-cold', 'pass', 'pass'], ['f16-cold-perturbed', 'fail', 'fail'],
