@@ -191,3 +191,70 @@ test('the device report says which preference found the adapter when high-perfor
   assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
   assert.equal(r['Found by asking for'], "the browser's default GPU (none for high performance)");
 });
+
+test('ONNX Runtime gets subgroup matrices only where its form of the WGSL compiles', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const url = gpuAdapterUrl();
+  const SM = 'chromium-experimental-subgroup-matrix';
+
+  // Stand-ins: an adapter offering an f16 16x16x16 configuration, the probe device compiling or not.
+  const cases = await b.page.evaluate(async ({ url, SM }) => {
+    const { requestDeviceOrtCanUse } = await import(url);
+    const adapter = { info: { subgroupMatrixConfigs: [{ componentType: 'u8', M: 8, N: 8, K: 32 }, { componentType: 'f16', M: 16, N: 16, K: 16 }] } };
+    const run = async (requiredFeatures, probe) => {
+      const asked = [];
+      const seen = { probeFeatures: null, code: null, destroyed: false };
+      const request = async function (descriptor) { asked.push(descriptor); return { features: new Set(descriptor.requiredFeatures) }; };
+      const openProbe = async (features) => {
+        seen.probeFeatures = features;
+        if (probe === 'throws') throw new Error('no such feature');
+        if (probe === 'none') return null;
+        return {
+          createShaderModule({ code }) {
+            seen.code = code;
+            return { getCompilationInfo: async () => ({ messages: probe === 'fails' ? [{ type: 'error', message: 'unresolved value row_major' }] : [{ type: 'warning', message: 'w' }] }) };
+          },
+          destroy() { seen.destroyed = true; },
+        };
+      };
+      const device = await requestDeviceOrtCanUse(adapter, { requiredFeatures, requiredLimits: { maxBufferSize: 1024 } }, request, openProbe);
+      return { asked, features: [...device.features], ...seen };
+    };
+    return {
+      notAsked: await run(['shader-f16'], 'fails'),
+      compiles: await run(['shader-f16', 'subgroups', SM, 'timestamp-query'], 'compiles'),
+      fails: await run(['shader-f16', 'subgroups', SM, 'timestamp-query'], 'fails'),
+      noProbeDevice: await run([SM], 'none'),
+      probeThrows: await run([SM], 'throws'),
+    };
+  }, { url, SM });
+  assert.deepEqual(cases.notAsked, { asked: [{ requiredFeatures: ['shader-f16'], requiredLimits: { maxBufferSize: 1024 } }], features: ['shader-f16'], probeFeatures: null, code: null, destroyed: false });
+  assert.deepEqual(cases.compiles.features, ['shader-f16', 'subgroups', SM, 'timestamp-query']);
+  assert.deepEqual(cases.compiles.probeFeatures, ['shader-f16', 'subgroups', SM]);
+  assert.equal(cases.compiles.destroyed, true);
+  // ORT's form, of the adapter's float configuration (16x16, f16 as the device gets shader-f16).
+  assert.match(cases.compiles.code, /^enable f16;\nenable chromium_experimental_subgroup_matrix;/);
+  assert.match(cases.compiles.code, /subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>\(&data, 0, 16\)/);
+  assert.match(cases.compiles.code, /subgroupMatrixStore<row_major>\(&data, 0, m, 16\)/);
+  assert.deepEqual(cases.fails.asked, [{ requiredFeatures: ['shader-f16', 'subgroups', 'timestamp-query'], requiredLimits: { maxBufferSize: 1024 } }]);
+  assert.equal(cases.fails.destroyed, true);
+  assert.deepEqual(cases.noProbeDevice.features, []);
+  assert.deepEqual(cases.probeThrows.features, []);
+
+  // The real thing on SwiftShader: its compiler rejects the probe on a device without the feature and
+  // takes a plain shader; asked for a feature this adapter lacks, the patched requestDevice (as ORT
+  // calls it) opens the device without it; other requests pass through unchanged.
+  const real = await b.page.evaluate(async ({ url, SM }) => {
+    const { compiles, subgroupMatrixProbe, openDevicesOrtCanUse } = await import(url);
+    openDevicesOrtCanUse();
+    openDevicesOrtCanUse(); // idempotent
+    const plainDevice = await (await navigator.gpu.requestAdapter()).requestDevice();
+    const probe = await compiles(plainDevice, subgroupMatrixProbe());
+    const plain = await compiles(plainDevice, '@compute @workgroup_size(1) fn main() {}');
+    const adapter = await navigator.gpu.requestAdapter();
+    const offered = adapter.features.has(SM);
+    const device = await adapter.requestDevice({ requiredFeatures: [SM] });
+    return { probe, plain, offered, hasIt: device.features.has(SM), lost: await Promise.race([device.lost.then(() => true), new Promise((r) => setTimeout(() => r(false), 200))]) };
+  }, { url, SM });
+  assert.deepEqual(real, { probe: false, plain: true, offered: false, hasIt: false, lost: false });
+});

@@ -47,6 +47,12 @@ extern "C" {
     /// (`gpu_adapter.js`). The stage workers call it before ORT opens its device.
     #[wasm_bindgen(js_name = findAnyAdapter)]
     pub fn find_any_adapter();
+
+    /// Makes every `requestDevice` in this global, ONNX Runtime's, leave out
+    /// `chromium-experimental-subgroup-matrix` where ORT's subgroup-matrix WGSL does not compile
+    /// (`gpu_adapter.js`). The stage workers call it before ORT opens its device.
+    #[wasm_bindgen(js_name = openDevicesOrtCanUse)]
+    pub fn open_devices_ort_can_use();
 }
 
 /// The WebGPU adapter and the power preference that found it (`high-performance`, `default` or

@@ -78,6 +78,8 @@ pub fn stage_worker_main() {
     imagine_ort::configure(1);
     // ORT asks for a high-performance adapter only; some machines offer their GPU for another preference.
     gpu::find_any_adapter();
+    // ORT 1.30's subgroup-matrix kernels do not compile on every Chromium that offers the feature.
+    gpu::open_devices_ort_can_use();
     let (sender, inbox) = mpsc::unbounded();
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
         let _ = sender.unbounded_send((event.data(), Arrival::now()));
