@@ -181,9 +181,11 @@ async function keepLoaded(b, seconds) {
   }
 }
 
-/** What the stage workers will get: the first adapter by power preference (as gpu_adapter.js asks). */
+/** What the stage workers will get: the first adapter by power preference (as gpu_adapter.js asks), and
+ * whether ORT's device there gets subgroup matrices (where the adapter offers them). */
 function adapterReport(page) {
-  return page.evaluate(async () => {
+  return page.evaluate(async (url) => {
+    const SUBGROUP_MATRIX = 'chromium-experimental-subgroup-matrix';
     if (!navigator.gpu) return null;
     for (const powerPreference of ['high-performance', undefined, 'low-power']) {
       const a = await navigator.gpu.requestAdapter({ powerPreference });
@@ -194,10 +196,20 @@ function adapterReport(page) {
         vendor: i.vendor, architecture: i.architecture, description: i.description,
         shaderF16: a.features.has('shader-f16'), subgroups: a.features.has('subgroups'),
         maxBufferSize: a.limits.maxBufferSize, maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize,
+        subgroupMatrix: a.features.has(SUBGROUP_MATRIX) ? await ortGetsSubgroupMatrix(a) : 'not offered',
       };
     }
     return null;
-  });
+
+    async function ortGetsSubgroupMatrix(a) {
+      const { requestDeviceOrtCanUse } = await import(url);
+      const requiredFeatures = [SUBGROUP_MATRIX, ...['shader-f16', 'subgroups'].filter((f) => a.features.has(f))];
+      const device = await requestDeviceOrtCanUse(a, { requiredFeatures });
+      const kept = device.features.has(SUBGROUP_MATRIX);
+      device.destroy();
+      return kept ? 'used (its WGSL compiles)' : 'left out (ORT\'s WGSL does not compile)';
+    }
+  }, h.gpuAdapterUrl());
 }
 
 /** Records in the page when each install state is first reported. */

@@ -23,6 +23,12 @@ import { startFakeHub } from './fake-hub.mjs';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const DIST = process.env.IMAGINE_DIST ? path.resolve(process.env.IMAGINE_DIST) : path.join(ROOT, 'dist');
+
+/** The URL extension pages import `gpu_adapter.js` from (a wasm-bindgen snippet of the web crate). */
+export function gpuAdapterUrl() {
+  const [dir] = fs.readdirSync(path.join(DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-web-'));
+  return `/pkg/snippets/${dir}/src/gpu_adapter.js`;
+}
 export const CHROMIUM = process.env.IMAGINE_CHROMIUM || '/usr/lib/chromium/chromium';
 export const PACKS = process.env.IMAGINE_PACKS ? path.resolve(process.env.IMAGINE_PACKS) : path.join(ROOT, 'tests/fixtures/packs');
 export const OUT = path.join(ROOT, 'tests/e2e/out');

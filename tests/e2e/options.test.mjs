@@ -117,15 +117,9 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
   });
 });
 
-/** The URL extension pages import `gpu_adapter.js` from (a wasm-bindgen snippet of the web crate). */
-function gpuAdapterUrl() {
-  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-web-'));
-  return `/pkg/snippets/${dir}/src/gpu_adapter.js`;
-}
-
 test('the adapter is looked for with high-performance, then no preference, then low-power', { timeout: 120_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
-  const url = gpuAdapterUrl();
+  const url = h.gpuAdapterUrl();
   const orders = await b.page.evaluate(async (url) => {
     const { requestAnyAdapter } = await import(url);
     // A stand-in GPU that offers an adapter for the preferences in `offers` only, and records the asks.
@@ -194,7 +188,7 @@ test('the device report says which preference found the adapter when high-perfor
 
 test('ONNX Runtime gets subgroup matrices only where its form of the WGSL compiles', { timeout: 120_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
-  const url = gpuAdapterUrl();
+  const url = h.gpuAdapterUrl();
   const SM = 'chromium-experimental-subgroup-matrix';
 
   // Stand-ins: an adapter offering an f16 16x16x16 configuration, the probe device compiling or not.
