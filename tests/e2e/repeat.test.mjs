@@ -43,6 +43,8 @@ async function cacheFiles(page) {
 
 test('a repeated prompt skips the text encoder, across a restart, with the cold run image', { timeout: 600_000 }, async (t) => {
   const b0 = await h.setup(t);
+  // Workers are counted: nothing stays loaded between images (the setting is kept across the restart).
+  await h.api(b0.page, { type: 'keepLoaded', seconds: 0 });
   const prompt = 'a lighthouse on a cliff at dusk';
 
   const cold = await generateCounting(b0, { prompt, seed: '5' });
