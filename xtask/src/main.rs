@@ -52,7 +52,7 @@ commands:
                          build, then generate `runs` images in one browser, two fixture packs
                          installed in turn, with the stage workers on ORT's JSPI (shipped) or
                          asyncify build, or on another onnxruntime-web dist/; says how many finished
-  bench blocks [--k 128] [--n 2560] [--bits 4] [--tokens 512] [--runs 2]
+  bench blocks [--k 128] [--n 2560] [--bits 4] [--tokens 512] [--runs 2] [--layers 27] [--creates 3]
                          build, then one MatMulNBits at block 128 against the same node
                          re-blocked to 32 (what stage workers run on WebGPU), on ORT Web's
                          WebGPU backend in Chromium: session and run times, their ratio

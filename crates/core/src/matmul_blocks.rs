@@ -22,12 +22,18 @@
 //!   old block only B's dims change (`[N, K / 32, 4 * bits]`) and its external data is read as
 //!   before. Otherwise (only the tiny test graphs, whose K can be 64) a Reshape and a Slice drop the
 //!   padding at the end of each column.
-//! * Scales and zero points are repeated by nodes added in front of the graph (Reshape, Expand,
-//!   Reshape, Slice; 4-bit zero points unpacked first). They read only initializers, so ONNX Runtime's
-//!   constant folding computes them once, while it creates the session. What that costs: the repeated
-//!   scales and zero points are held in the worker's memory while the session is created, 4 times
-//!   those of block 128 (for the published pack, float16 scales: about 6 % of the transformer's int8
-//!   weights, 12 % of the text encoder's int4 ones).
+//! * Scales and zero points are repeated, each value once per block of 32 of its old block (4-bit zero
+//!   points unpacked first). [`to_block_32_computed`], what the stage worker uses, computes them here
+//!   from the stored values ([`sources_to_read`] says which ranges of the external data to read) into
+//!   tensors of an external-data file of their own, [`COMPUTED_DATA`], handed to ONNX Runtime from
+//!   memory: about 6 % of the transformer's int8 weights and 12 % of the text encoder's int4 ones for
+//!   the published pack (float16 scales), 4 times those of block 128. [`to_block_32`] adds nodes in
+//!   front of the graph instead (Reshape, Expand, Reshape, Slice) that ONNX Runtime's constant folding
+//!   computes while it creates the session; it does the same for any input the computed form cannot
+//!   read (typed fields, segments). Folding is slow: for 27 layers of the text encoder's shapes, ONNX
+//!   Runtime Web's single-threaded wasm took about 4 s longer to create the session with those nodes
+//!   than without (2 shared cores, BENCHMARKS.md), seconds of the stage that sets the pace of a cold
+//!   image.
 //!
 //! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
 //! initializer of the documented shape or that another node reads too, scales or zero points that are
@@ -37,11 +43,29 @@
 
 use crate::f32_rewrite::RewriteError;
 
-pub use crate::f32_rewrite::reblock::TARGET_BLOCK;
+pub use crate::f32_rewrite::reblock::{DataRange, Reblocked, COMPUTED_DATA, TARGET_BLOCK};
 
 /// Rewrites every `MatMulNBits` of `model` (a ModelProto, weights outside or inline) whose block size
 /// is a power of two above 32 to block 32; the new model and how many nodes changed. The model comes
 /// back as it was, and 0, when none qualifies.
 pub fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     crate::f32_rewrite::reblock::to_block_32(model)
+}
+
+/// The external-data ranges [`to_block_32_computed`] needs: the stored scales and zero points of every
+/// node it re-blocks that are outside the graph (locations as the graph names them).
+pub fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteError> {
+    crate::f32_rewrite::reblock::sources_to_read(model)
+}
+
+/// As [`to_block_32`], with the repeated scales and zero points computed here from `read` (the bytes of
+/// each range [`sources_to_read`] listed) into the external-data file [`COMPUTED_DATA`] the new graph
+/// reads, whose bytes go to `write` in order, a tensor at a time. Inputs it cannot compute are repeated
+/// by nodes.
+pub fn to_block_32_computed(
+    model: &[u8],
+    read: &std::collections::HashMap<DataRange, Vec<u8>>,
+    write: &mut dyn FnMut(&[u8]),
+) -> Result<Reblocked, RewriteError> {
+    crate::f32_rewrite::reblock::to_block_32_computed(model, read, write)
 }

@@ -63,7 +63,7 @@ pub enum OpfsError {
 
 impl OpfsError {
     /// `op` on `name` failed with the JS error `e`.
-    fn js(op: Op, name: impl Into<String>, e: impl Into<JsError>) -> OpfsError {
+    pub(crate) fn js(op: Op, name: impl Into<String>, e: impl Into<JsError>) -> OpfsError {
         let (name, source) = (name.into(), e.into());
         if source.is("QuotaExceededError") {
             OpfsError::QuotaExceeded { op, name, detail: source.message }

@@ -25,6 +25,7 @@ use imagine_core::{
 };
 use imagine_ort::{self as ort, ExternalData, OrtError, Provider, Session};
 use js_sys::{Float32Array, Uint8Array};
+use std::collections::HashMap;
 use std::future::Future;
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
@@ -201,19 +202,21 @@ impl Stage {
         }
         let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
         let mut external = Vec::new();
+        let mut files = HashMap::new();
         for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
             // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
             let pack::ExternalFile { location, file } = external_file;
             let handle = opfs::file_handle(&dir, &file, false).await;
             let data = handle.map_err(|e| external_data_error(&name, &file, e))?;
-            external.push(ExternalData { path: location, data: data.into() });
+            external.push(ExternalData { path: location.clone(), data: data.into() });
+            files.insert(location, file);
         }
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
             Backend::WebGpu => {
-                let (bytes, _) = matmul_blocks::to_block_32(&bytes)
-                    .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
+                let (bytes, computed) = reblock(&name, &bytes, &dir, &files).await?;
+                external.extend(computed);
                 (bytes, Provider::WebGpu)
             }
         };
@@ -398,6 +401,53 @@ async fn look_up(
         inputs.push((table.input.clone(), tensor.map_err(session_error)?));
     }
     Ok(inputs)
+}
+
+/// `bytes` (the graph `name`, its external-data locations stored as `files` in `dir`) re-blocked to 32
+/// with the repeated scales and zero points computed here, and the data file ORT then needs beside the
+/// others (a `Blob` of the computed tensors, made a tensor at a time so that they never sit in this
+/// worker's memory all at once).
+async fn reblock(
+    name: &str,
+    bytes: &[u8],
+    dir: &web_sys::FileSystemDirectoryHandle,
+    files: &HashMap<String, String>,
+) -> Result<(Vec<u8>, Option<ExternalData>), StageWorkerError> {
+    let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.to_owned(), source };
+    let mut read = HashMap::new();
+    let mut opened: HashMap<&str, web_sys::File> = HashMap::new();
+    for range in matmul_blocks::sources_to_read(bytes).map_err(edit_failed)? {
+        // A location the graph names but the pack does not list is left to the nodes' fallback.
+        let Some(file) = files.get(&range.location) else { continue };
+        if !opened.contains_key(file.as_str()) {
+            opened.insert(file, open_external(dir, name, file).await?);
+        }
+        let failed = |e: JsValue| external_data_error(name, file, OpfsError::js(opfs::Op::Read, file, e));
+        let end = range.offset + range.length;
+        let slice =
+            opened[file.as_str()].slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(failed)?;
+        let buffer = JsFuture::from(slice.array_buffer()).await.map_err(failed)?;
+        read.insert(range, Uint8Array::new(&buffer).to_vec());
+    }
+    let parts = js_sys::Array::new();
+    let reblocked = matmul_blocks::to_block_32_computed(bytes, &read, &mut |chunk| {
+        parts.push(&Uint8Array::from(chunk));
+    })
+    .map_err(edit_failed)?;
+    if reblocked.data_length == 0 {
+        return Ok((reblocked.graph, None));
+    }
+    let blob = web_sys::Blob::new_with_u8_array_sequence(&parts).map_err(|e| {
+        external_data_error(
+            name,
+            matmul_blocks::COMPUTED_DATA,
+            OpfsError::js(opfs::Op::Write, matmul_blocks::COMPUTED_DATA, e),
+        )
+    })?;
+    Ok((
+        reblocked.graph,
+        Some(ExternalData { path: matmul_blocks::COMPUTED_DATA.to_owned(), data: blob.into() }),
+    ))
 }
 
 /// Each distinct row of `ranges` read from `file`, by its offset.

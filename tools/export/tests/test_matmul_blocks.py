@@ -1,5 +1,7 @@
 """MatMulNBits re-blocked to 32 (`imagine_core::matmul_blocks`, issue 19), natively
-(`cargo run -p imagine-core --example block32`): the stage worker's graph edit before a WebGPU session.
+(`cargo run -p imagine-core --example block32`): the stage worker's graph edit before a WebGPU session,
+in both forms: the repeated scales and zero points computed beforehand into a data file of their own
+(`to_block_32_computed`, what the stage worker runs) and as nodes ONNX Runtime folds (`to_block_32`).
 Re-blocking is exact (each block of 32 takes the scale and zero point of the block it was part of), so
 on ONNX Runtime's CPU the re-blocked graph gives what the original gives: the tiny packs' text encoders
 (int4, zero points, K = 64 below the block) and transformers (int8), and single nodes for the layouts
@@ -19,11 +21,23 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import REPO
 
 
-def block32(model, out):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "block32", "--", model, out]
+FORMS = ["computed", "nodes"]
+
+
+def block32(model, out, form="computed"):
+    flags = ["--computed"] if form == "computed" else []
+    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "block32", "--", *flags, model, out]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    return int(r.stdout)
+    changed = int(r.stdout)
+    graph = onnx.load(out, load_external_data=False).graph
+    location = {t.name: next((e.value for e in t.external_data if e.key == "location"), None) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "MatMulNBits":
+            # Scales and zero points: in the computed file, or made by nodes for ONNX Runtime to fold.
+            computed = [location.get(i) == "imagine-block32.data" for i in n.input[2:4] if i]
+            assert all(computed) if form == "computed" else not any(computed), (n.name, list(n.input))
+    return changed
 
 
 def blocks(path):
@@ -53,16 +67,17 @@ def feeds_for(path, rng, tokens):
     return feeds
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("activations", ["float32", "float16"])
 @pytest.mark.parametrize("stem", ["text_encoder_q4", "transformer_q8"])
-def test_tiny_graphs_reblocked_compute_the_same(tiny_packs, activations, stem, tmp_path):
+def test_tiny_graphs_reblocked_compute_the_same(tiny_packs, activations, stem, form, tmp_path):
     pack = str(tmp_path / "pack")
     shutil.copytree(tiny_packs[activations], pack, ignore=shutil.ignore_patterns("unquantized"))
     original = os.path.join(pack, f"{stem}.onnx")
     reblocked = os.path.join(pack, f"{stem}.block32.onnx")
     before = blocks(original)
     assert before and set(before) == {128}, before
-    assert block32(original, reblocked) == len(before)
+    assert block32(original, reblocked, form) == len(before)
     assert blocks(reblocked) == [32] * len(before)
     feeds = feeds_for(original, np.random.default_rng(0), tokens=24)
     expected = run(original, feeds)
@@ -100,6 +115,7 @@ def single_node(path, k, n, bits, block, scale_type=np.float32, zero_points="uin
     return np.random.default_rng(1).standard_normal((7, k)).astype(scale_type)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("k, n, bits, block, scale_type, zero_points", [
     (384, 24, 4, 128, np.float32, "uint8"),   # 3 blocks: an odd number of 4-bit zero points
     (100, 16, 4, 128, np.float32, "uint8"),   # K below the block and not a multiple of 32
@@ -108,20 +124,21 @@ def single_node(path, k, n, bits, block, scale_type=np.float32, zero_points="uin
     (256, 16, 8, 128, np.float16, "uint8"),   # float16 scales
     (256, 16, 4, 128, np.float16, "float"),   # float16 scales and zero points
 ])
-def test_single_nodes_reblocked_compute_the_same(tmp_path, k, n, bits, block, scale_type, zero_points):
+def test_single_nodes_reblocked_compute_the_same(tmp_path, k, n, bits, block, scale_type, zero_points, form):
     original, reblocked = str(tmp_path / "mm.onnx"), str(tmp_path / "mm32.onnx")
     a = single_node(original, k, n, bits, block, scale_type, zero_points)
-    assert block32(original, reblocked) == 1
+    assert block32(original, reblocked, form) == 1
     assert blocks(reblocked) == [32]
     expected = run(original, {"a": a})
     np.testing.assert_array_equal(run(reblocked, {"a": a}), expected)
 
 
-def test_a_reblocked_graph_with_one_scale_moved_differs(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_a_reblocked_graph_with_one_scale_moved_differs(tmp_path, form):
     """The comparison above can fail: the same node with one column's scales shifted by one block."""
     original, reblocked = str(tmp_path / "mm.onnx"), str(tmp_path / "mm32.onnx")
     a = single_node(original, 384, 24, 4, 128)
-    block32(original, reblocked)
+    block32(original, reblocked, form)
     model = onnx.load(original)
     scales = next(t for t in model.graph.initializer if t.name == "scales")
     values = numpy_helper.to_array(scales).copy()

@@ -3,10 +3,10 @@
 use std::collections::{HashMap, HashSet};
 
 use super::rewrite::{
-    bytes_field, edit_message, read_node, read_tensor, value_info_name, varint_field, with_graph, Edit, Node,
-    Tensor, ATTR_I, ATTR_NAME, ATTR_TYPE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_NODE, GRAPH_OUTPUT,
-    MODEL_GRAPH, NODE_ATTRIBUTE, NODE_INPUT, NODE_NAME, NODE_OP_TYPE, NODE_OUTPUT, TENSOR_DATA_TYPE,
-    TENSOR_DIMS, TENSOR_NAME, TENSOR_RAW_DATA,
+    bytes_field, edit_message, entry, read_node, read_tensor, value_info_name, varint_field, with_graph,
+    Edit, Node, Tensor, ATTR_I, ATTR_NAME, ATTR_TYPE, DATA_LOCATION_EXTERNAL, GRAPH_INITIALIZER, GRAPH_INPUT,
+    GRAPH_NODE, GRAPH_OUTPUT, MODEL_GRAPH, NODE_ATTRIBUTE, NODE_INPUT, NODE_NAME, NODE_OP_TYPE, NODE_OUTPUT,
+    TENSOR_DATA_LOCATION, TENSOR_DATA_TYPE, TENSOR_DIMS, TENSOR_EXTERNAL_DATA, TENSOR_NAME, TENSOR_RAW_DATA,
 };
 use super::wire;
 use super::RewriteError;
@@ -21,34 +21,128 @@ const OPSET_VERSION: u64 = 2;
 const ATTR_TYPE_INT: u64 = 2;
 
 // TensorProto.DataType.
+const FLOAT: u64 = 1;
 const UINT8: u64 = 2;
+const INT8: u64 = 3;
 const INT32: u64 = 6;
 const INT64: u64 = 7;
+const FLOAT16: u64 = 10;
+const DOUBLE: u64 = 11;
+const BFLOAT16: u64 = 16;
+
+/// The external-data location of the scales and zero points [`to_block_32_computed`] computes: a file of
+/// the edited graph's own, handed to ONNX Runtime from memory.
+pub const COMPUTED_DATA: &str = "imagine-block32.data";
+
+/// Where each tensor starts in [`COMPUTED_DATA`]: a multiple of this.
+const COMPUTED_ALIGN: u64 = 64;
+
+/// A range of bytes of a graph's external data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DataRange {
+    /// The location the graph names (its external-data `location`).
+    pub location: String,
+    /// The first byte, in that file.
+    pub offset: u64,
+    /// How many bytes.
+    pub length: u64,
+}
+
+/// A graph re-blocked by [`to_block_32_computed`].
+#[derive(Debug)]
+pub struct Reblocked {
+    /// The edited ModelProto.
+    pub graph: Vec<u8>,
+    /// How many bytes of [`COMPUTED_DATA`] were written (0 when nothing was computed).
+    pub data_length: u64,
+    /// How many `MatMulNBits` changed.
+    pub changed: usize,
+}
 
 /// The default-domain opset the added nodes need (Slice, Reshape and Expand as inputs-driven ops).
 const MIN_OPSET: u64 = 13;
 
 /// Rewrites every `MatMulNBits` of `model` (a ModelProto) whose block size is a power of two above 32
 /// to block 32, exactly; the new model and how many nodes changed. The model comes back as it was
-/// (and 0) when no node qualifies.
+/// (and 0) when no node qualifies. The repeated scales and zero points are computed by nodes added in
+/// front of the graph.
 pub(crate) fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
+    let reblocked = rewrite(model, None)?;
+    Ok((reblocked.graph, reblocked.changed))
+}
+
+/// The external-data ranges [`to_block_32_computed`] reads: the scales and zero points of every node it
+/// re-blocks that are stored outside the graph.
+pub(crate) fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteError> {
+    let mut wanted = Vec::new();
+    rewrite(model, Some(&mut Sources::Listing(&mut wanted)))?;
+    Ok(wanted)
+}
+
+/// As [`to_block_32`], but the repeated scales and zero points are computed here, from their stored
+/// values (`read`: the bytes of each range [`sources_to_read`] listed; inline ones from the graph), into
+/// tensors of [`COMPUTED_DATA`], whose bytes go to `write` in order. An input whose bytes are missing,
+/// of another length, or not raw bytes is repeated by nodes as in [`to_block_32`].
+pub(crate) fn to_block_32_computed(
+    model: &[u8],
+    read: &HashMap<DataRange, Vec<u8>>,
+    write: &mut dyn FnMut(&[u8]),
+) -> Result<Reblocked, RewriteError> {
+    rewrite(model, Some(&mut Sources::Reading { read, data: ComputedData { write, length: 0 } }))
+}
+
+/// Where repeated scales and zero points come from when not from nodes.
+enum Sources<'s> {
+    /// Only note the external ranges that would be read.
+    Listing(&'s mut Vec<DataRange>),
+    /// Computed from these bytes into `data`.
+    Reading { read: &'s HashMap<DataRange, Vec<u8>>, data: ComputedData<'s> },
+}
+
+/// The bytes of [`COMPUTED_DATA`], as they are written.
+struct ComputedData<'s> {
+    write: &'s mut dyn FnMut(&[u8]),
+    length: u64,
+}
+
+impl ComputedData<'_> {
+    /// Appends `values` at the next aligned offset; that offset.
+    fn append(&mut self, values: &[u8]) -> u64 {
+        let offset = self.length.next_multiple_of(COMPUTED_ALIGN);
+        if offset > self.length {
+            (self.write)(&[0; COMPUTED_ALIGN as usize][..(offset - self.length) as usize]);
+        }
+        (self.write)(values);
+        self.length = offset + values.len() as u64;
+        offset
+    }
+}
+
+fn rewrite(model: &[u8], mut sources: Option<&mut Sources>) -> Result<Reblocked, RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
     let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
         Some(f) => f.bytes("ModelProto")?,
         None => return Err(RewriteError::Model("it has no graph".into())),
     };
+    let unchanged = || Reblocked { graph: model.to_vec(), data_length: 0, changed: 0 };
     if default_opset(&fields)? < MIN_OPSET {
-        return Ok((model.to_vec(), 0));
+        return Ok(unchanged());
     }
     let graph_fields = wire::parse(graph, WHAT)?;
     let mut nodes = Vec::new();
     let mut tensors = Vec::new();
+    let mut tensor_bytes = HashMap::new();
     let mut graph_io: HashSet<&str> = HashSet::new();
     for f in &graph_fields {
         match f.number {
             GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
-            GRAPH_INITIALIZER => tensors.push(read_tensor(f.bytes(WHAT)?)?),
+            GRAPH_INITIALIZER => {
+                let bytes = f.bytes(WHAT)?;
+                let tensor = read_tensor(bytes)?;
+                tensor_bytes.insert(tensor.name.clone(), bytes);
+                tensors.push(tensor);
+            }
             GRAPH_INPUT | GRAPH_OUTPUT => {
                 graph_io.insert(value_info_name(f.bytes(WHAT)?)?);
             }
@@ -82,8 +176,43 @@ pub(crate) fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError
             let kept = added.slice_columns(&prefix, "b_kept", &rows, plan.blocks_32 * plan.blob_32());
             inputs[1] = added.reshape(&prefix, "b", &kept, &[plan.n, plan.blocks_32, plan.blob_32()]);
         }
-        inputs[2] = added.repeat_blocks(&prefix, "scales", node.inputs[2], &plan, plan.ratio, plan.blocks_32);
-        if let Some(zero_points) = plan.zero_points {
+        let mut source = |input: usize, layout: Layout| {
+            let name = node.inputs[input];
+            let stored = Stored::of(initializers.get(name)?, tensor_bytes.get(name)?)?;
+            match sources.as_deref_mut()? {
+                Sources::Listing(wanted) => {
+                    if let Stored::External(range) = stored {
+                        wanted.push(range);
+                    }
+                    None
+                }
+                Sources::Reading { read, data } => {
+                    let bytes = match &stored {
+                        Stored::Inline(bytes) => bytes,
+                        Stored::External(range) => read.get(range)?.as_slice(),
+                    };
+                    let (data_type, values) =
+                        layout.compute(bytes, &plan, initializers.get(name)?.data_type)?;
+                    Some(added.computed(
+                        &prefix,
+                        layout.name(),
+                        data_type,
+                        &[plan.n, layout.keep(&plan)],
+                        values,
+                        data,
+                    ))
+                }
+            }
+        };
+        let computed_scales = source(2, Layout::Scales);
+        let computed_zero_points = plan.zero_points.and_then(|z| source(3, Layout::ZeroPoints(z)));
+        inputs[2] = match computed_scales {
+            Some(name) => name,
+            None => added.repeat_blocks(&prefix, "scales", node.inputs[2], &plan, plan.ratio, plan.blocks_32),
+        };
+        if let Some(name) = computed_zero_points {
+            inputs[3] = name;
+        } else if let Some(zero_points) = plan.zero_points {
             inputs[3] = match zero_points {
                 ZeroPoints::Packed4 => {
                     // Each 32-block's nibble is its old block's, and `ratio` is even: a byte of the new
@@ -111,7 +240,7 @@ pub(crate) fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError
         edited_nodes.insert(node.index, edit_node(node, &inputs)?);
     }
     if edited_nodes.is_empty() {
-        return Ok((model.to_vec(), 0));
+        return Ok(unchanged());
     }
 
     let mut out = Vec::with_capacity(graph.len() + added.nodes.iter().map(Vec::len).sum::<usize>());
@@ -147,7 +276,117 @@ pub(crate) fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError
     for t in &added.tensors {
         wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
     }
-    Ok((with_graph(&fields, &out), edited_nodes.len()))
+    let data_length = match sources {
+        Some(Sources::Reading { data, .. }) => data.length,
+        _ => 0,
+    };
+    Ok(Reblocked { graph: with_graph(&fields, &out), data_length, changed: edited_nodes.len() })
+}
+
+/// Where an initializer's bytes are.
+enum Stored<'a> {
+    Inline(&'a [u8]),
+    External(DataRange),
+}
+
+impl<'a> Stored<'a> {
+    /// `tensor`'s bytes, when they are raw (inline `raw_data`, or external with the length its shape
+    /// and type give); `None` for typed fields, segments and unknown types.
+    fn of(tensor: &Tensor, bytes: &'a [u8]) -> Option<Stored<'a>> {
+        let length =
+            tensor.dims.iter().try_fold(element_size(tensor.data_type)?, |n, &d| n.checked_mul(d))?;
+        if tensor.segmented {
+            return None;
+        }
+        match &tensor.external {
+            Some(e) if e.length.is_none_or(|l| l == length) => {
+                Some(Stored::External(DataRange { location: e.file.clone(), offset: e.offset, length }))
+            }
+            Some(_) => None,
+            None => {
+                let fields = wire::parse(bytes, "TensorProto").ok()?;
+                let raw = fields.iter().find(|f| f.number == TENSOR_RAW_DATA)?.bytes("TensorProto").ok()?;
+                (raw.len() as u64 == length).then_some(Stored::Inline(raw))
+            }
+        }
+    }
+}
+
+fn element_size(data_type: u64) -> Option<u64> {
+    match data_type {
+        UINT8 | INT8 => Some(1),
+        FLOAT16 | BFLOAT16 => Some(2),
+        FLOAT => Some(4),
+        DOUBLE => Some(8),
+        _ => None,
+    }
+}
+
+/// What a computed input of a re-blocked node holds.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// One scale per block.
+    Scales,
+    ZeroPoints(ZeroPoints),
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Scales => "scales",
+            Layout::ZeroPoints(_) => "zero_points",
+        }
+    }
+
+    /// Values per column after re-blocking.
+    fn keep(self, plan: &Plan) -> u64 {
+        match self {
+            Layout::ZeroPoints(ZeroPoints::Packed4) => plan.blocks_32.div_ceil(2),
+            _ => plan.blocks_32,
+        }
+    }
+
+    /// The re-blocked values from the stored ones (`bytes`, of `data_type`), as the nodes of
+    /// [`Added::repeat_blocks`] and [`Added::unpack_nibbles`] compute them; `None` when `bytes` do not
+    /// have the plan's size.
+    fn compute(self, bytes: &[u8], plan: &Plan, data_type: u64) -> Option<(u64, Vec<u8>)> {
+        let (n, blocks) = (plan.n as usize, plan.blocks as usize);
+        let keep = self.keep(plan) as usize;
+        match self {
+            Layout::ZeroPoints(ZeroPoints::Packed4) => {
+                // Each new byte holds two blocks of 32 of the same old block: its nibble twice, `z * 17`.
+                let stored = blocks.div_ceil(2);
+                if bytes.len() != n * stored {
+                    return None;
+                }
+                let per_byte = plan.ratio as usize / 2;
+                let mut out = Vec::with_capacity(n * keep);
+                for column in bytes.chunks_exact(stored) {
+                    out.extend((0..keep).map(|m| {
+                        let old = m / per_byte;
+                        let nibble = (column[old / 2] >> (4 * (old % 2))) & 0x0f;
+                        nibble * 17
+                    }));
+                }
+                Some((UINT8, out))
+            }
+            Layout::Scales | Layout::ZeroPoints(ZeroPoints::PerBlock) => {
+                let size = element_size(data_type)? as usize;
+                if bytes.len() != n * blocks * size {
+                    return None;
+                }
+                let ratio = plan.ratio as usize;
+                let mut out = Vec::with_capacity(n * keep * size);
+                for column in bytes.chunks_exact(blocks * size) {
+                    for j in 0..keep {
+                        let old = j / ratio * size;
+                        out.extend_from_slice(&column[old..old + size]);
+                    }
+                }
+                Some((data_type, out))
+            }
+        }
+    }
 }
 
 /// The version of the default ONNX domain the model imports (0 when none is declared).
@@ -300,6 +539,37 @@ impl Added {
         wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
         wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
         wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
+        self.tensors.push(t);
+        name
+    }
+
+    /// Adds an initializer `prefix + name` whose `values` are appended to `data` and read from there as
+    /// [`COMPUTED_DATA`]; its name.
+    fn computed(
+        &mut self,
+        prefix: &str,
+        name: &str,
+        data_type: u64,
+        dims: &[u64],
+        values: Vec<u8>,
+        data: &mut ComputedData,
+    ) -> String {
+        let name = format!("{prefix}{name}");
+        let offset = data.append(&values);
+        let mut t = Vec::new();
+        for d in dims {
+            wire::put_varint_field(&mut t, TENSOR_DIMS, *d);
+        }
+        wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
+        wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
+        for (key, value) in [
+            ("location", COMPUTED_DATA.to_owned()),
+            ("offset", offset.to_string()),
+            ("length", values.len().to_string()),
+        ] {
+            wire::put_bytes_field(&mut t, TENSOR_EXTERNAL_DATA, &entry(key, &value));
+        }
+        wire::put_varint_field(&mut t, TENSOR_DATA_LOCATION, DATA_LOCATION_EXTERNAL);
         self.tensors.push(t);
         name
     }

@@ -120,7 +120,7 @@ pub(super) fn varint_field(number: u64, v: u64) -> Vec<u8> {
     out
 }
 
-fn entry(key: &str, value: &str) -> Vec<u8> {
+pub(super) fn entry(key: &str, value: &str) -> Vec<u8> {
     let mut e = bytes_field(ENTRY_KEY, key.as_bytes());
     e.extend(bytes_field(ENTRY_VALUE, value.as_bytes()));
     e

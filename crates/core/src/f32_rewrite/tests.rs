@@ -1,10 +1,11 @@
 //! Tests of the rewrite: hand-built models for each rule and refusal, and the committed fixture packs.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use half::f16;
 
-use super::rewrite::{read_node, read_tensor, shape_dims, value_info_name};
+use super::rewrite::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
 use super::wire::{self, put_bytes_field, put_varint_field, Value};
 use super::*;
 
@@ -1012,4 +1013,70 @@ fn a_k_that_is_not_a_multiple_of_the_block_slices_the_padding_off() {
     assert!(inputs[1].starts_with("imagine_block32_"), "{inputs:?}");
     let b = graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap()).find(|t| t.name == "B").unwrap();
     assert_eq!(b.dims, [4, 1, 64], "the stored B is read as it is");
+}
+
+#[test]
+fn computed_scales_and_zero_points_repeat_each_block_in_a_data_file_of_their_own() {
+    // K 256, N 4, 4 bits, block 128: 2 blocks of 128 per column, 8 of 32. Scales inline (0.5 each),
+    // zero points inline 0x98: block 0's nibble 8, block 1's 9.
+    let m = matmul_nbits_model(256, 4, 4, 128, 21, &[]);
+    assert_eq!(reblock::sources_to_read(&m).unwrap(), [], "inline scales and zero points need no read");
+    let mut data = Vec::new();
+    let out = reblock::to_block_32_computed(&m, &HashMap::new(), &mut |b| data.extend_from_slice(b)).unwrap();
+    assert_eq!((out.changed, out.data_length), (1, data.len() as u64));
+    let (inputs, block) = matmul_nbits_node(&out.graph);
+    assert_eq!(block, 32);
+    let tensors: Vec<_> = graph_fields(&out.graph, INIT).iter().map(|t| read_tensor(t).unwrap()).collect();
+    let find = |name: &str| tensors.iter().find(|t| t.name == name).unwrap();
+    let (scales, zero_points) = (find(&inputs[2]), find(&inputs[3]));
+    assert_eq!((scales.data_type, scales.dims.as_slice()), (FLOAT, &[4, 8][..]));
+    assert_eq!((zero_points.data_type, zero_points.dims.as_slice()), (UINT8, &[4, 4][..]));
+    let at = |t: &Tensor| {
+        let e = t.external.as_ref().unwrap();
+        assert_eq!(e.file, reblock::COMPUTED_DATA);
+        &data[e.offset as usize..(e.offset + e.length.unwrap()) as usize]
+    };
+    assert_eq!(at(scales), floats(&[0.5; 32]));
+    assert_eq!(
+        at(zero_points),
+        [0x88, 0x88, 0x99, 0x99].repeat(4),
+        "each byte: two blocks of 32, one old nibble"
+    );
+    assert_eq!(find(&inputs[3]).external.as_ref().unwrap().offset % 64, 0, "aligned");
+    // No node is added for ONNX Runtime to fold.
+    assert_eq!(graph_fields(&out.graph, NODE).len(), 1);
+}
+
+#[test]
+fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it() {
+    // Scales external (N 4 x 2 blocks of float32), no zero points.
+    let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 8), attr_int("block_size", 128)];
+    let mut m = model(&[
+        (INIT, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
+        (INIT, external_tensor("scales", &[4, 2], FLOAT, "w.data", 1024, 32)),
+        (NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales"], &["y"], &attrs)),
+        (INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(256)])),
+        (OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(4)])),
+    ]);
+    let mut opset_import = msg(&[(1, b"")]);
+    put_varint_field(&mut opset_import, 2, 21);
+    put_bytes_field(&mut m, 8, &opset_import);
+    let wanted = reblock::sources_to_read(&m).unwrap();
+    let range = reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
+    assert_eq!(wanted, std::slice::from_ref(&range));
+    let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let read = HashMap::from([(range.clone(), floats(&values))]);
+    let mut data = Vec::new();
+    let out = reblock::to_block_32_computed(&m, &read, &mut |b| data.extend_from_slice(b)).unwrap();
+    assert_eq!(out.changed, 1);
+    // Column c's blocks 2c and 2c + 1, each 4 times (8 bits: 4 blocks of 32 in one of 128).
+    let expected: Vec<f32> = (0..8).flat_map(|i| [i as f32; 4]).collect();
+    assert_eq!(data, floats(&expected));
+    // Bytes of another length, or none: the scales come from nodes, as `to_block_32` makes them.
+    for read in [HashMap::from([(range, floats(&values[..4]))]), HashMap::new()] {
+        let mut data = Vec::new();
+        let out = reblock::to_block_32_computed(&m, &read, &mut |b| data.extend_from_slice(b)).unwrap();
+        assert_eq!((out.changed, out.data_length, data.len()), (1, 0, 0));
+        assert_eq!(out.graph, reblock::to_block_32(&m).unwrap().0);
+    }
 }
