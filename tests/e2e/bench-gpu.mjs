@@ -18,6 +18,9 @@
 //      then as it runs now (`keepLoaded` 300): a cold --size image (prompt B, seed 42, traced), the same
 //      prompt again with seed 43 (embeddings cached, stages resident, traced), a batch of --batch
 //      variations (seeds 44...), and, with the stages unloaded first, one cold --large image (prompt C);
+//      and last a cold --size image with ONNX Runtime's profiling on (prompt G; step 1 ends with one
+//      too, prompt F): per stage, session creation as ORT saw it, each run's GPU time, and the GPU
+//      time of each operator and program;
 //   3. --reference: tests/reference/reference.py (onnxruntime, CPU) recomputes the two cold --size
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
@@ -72,6 +75,8 @@ const PROMPTS = {
   c: 'a bowl of ramen on a wooden table, photograph',
   d: 'a paper boat on a puddle, watercolor',
   e: 'a stack of old books, studio light',
+  f: 'a glass teapot with blooming tea, macro photograph',
+  g: 'a snowy mountain village at night, lanterns',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -107,6 +112,7 @@ try {
     await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: 'cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, name: 'f32-cold' });
     await image(b, sampler, { label: 'repeat, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '43', name: 'f32-repeat' });
+    await image(b, sampler, { label: 'profiled cold, float32 conversion', prompt: PROMPTS.f, size: SIZE, seed: '42', profile: true, name: 'f32-profile' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -136,6 +142,7 @@ try {
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f16-large', ...extra });
+      await image(b, sampler, { label: `profiled cold${tag}`, prompt: PROMPTS.g, size: SIZE, seed: '42', profile: true, name: 'f16-profile', ...extra });
     });
   }
   if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
@@ -280,6 +287,7 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   entry.totalMs = last.timings.totalMs;
   results.forEach((r, i) => h.writeResult(count > 1 ? `${name}-${i}` : name, r, OUT));
   const stages = last.timings.stages;
+  if (rest.profile) entry.profile = Object.fromEntries(stages.filter((st) => st.profile).map((st) => [st.stage, st.profile]));
   stages.forEach((st) => {
     if (!st.workerCreatedAtMs) return report.stages.push({ image: label, stage: st.stage, cached: true });
     // From its worker's creation (a resident stage's: its task) to the end of its work. A stage loads
@@ -373,9 +381,29 @@ function printReport() {
       ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-', '-']
       : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), x.resident ? 'resident' : s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
   );
+  for (const i of report.images.filter((i) => i.profile)) printProfile(i);
   if (report.comparisons.length) {
     console.log('\ncomparisons with the independent reference (onnxruntime CPU):');
     h.printTable(['check', 'tolerance', 'expected', 'outcome', 'reference s', 'difference'], report.comparisons.map((c) => [c.name, c.tol, c.expect, c.outcome, c.referenceS.toFixed(0), c.output.split('\n')[0]]));
+  }
+}
+
+/** Where the time of a profiled image went, per stage (ONNX Runtime's profile): session creation as the
+ * stage measured it and as ORT did, each run's wall and GPU time (timestamp queries), and the kernels
+ * that took the most GPU time. */
+function printProfile(i) {
+  const ms = (x) => x.toFixed(1);
+  console.log(`\nprofile of "${i.label}" (ms; ORT's profiling on, so slower than the images above):`);
+  const created = (stage) => report.stages.find((x) => x.image === i.label && x.stage === stage)?.sessionCreateMs;
+  h.printTable(
+    ['stage', 'create', 'ORT model loading', 'ORT session initialization', 'runs: wall / GPU'],
+    Object.entries(i.profile).map(([stage, p]) => [stage, ms(created(stage) ?? 0), ms(p.modelLoadingMs), ms(p.sessionInitializationMs), p.runs.map((r) => `${ms(r.wallMs)} / ${ms(r.gpuMs)}`).join(', ')]),
+  );
+  for (const [stage, p] of Object.entries(i.profile)) {
+    const gpu = p.kernels.reduce((a, k) => a + k.ms, 0);
+    if (!gpu) continue;
+    console.log(`${stage}: GPU ${ms(gpu)} ms over ${p.runs.length} run(s), by operator and program:`);
+    h.printTable(['operator', 'program', 'dispatches', 'GPU ms', 'share'], p.kernels.slice(0, 12).map((k) => [k.op, k.program, k.dispatches, ms(k.ms), `${((100 * k.ms) / gpu).toFixed(1)} %`]));
   }
 }
 

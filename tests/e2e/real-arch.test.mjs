@@ -77,13 +77,25 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   assert.ok(report.install.conversionSeconds > 0, JSON.stringify(report.install));
   assert.equal(report.install.extraDiskBytes, report.plan.conversion.extraDiskBytes);
   assert.deepEqual(report.images.map((i) => [i.name, i.count, i.outcome]), [
-    ['f32-cold', 1, 'result'], ['f32-repeat', 1, 'result'], ['f16-warm-up', 1, 'result'], ['base-cold', 1, 'result'], ['base-repeat', 1, 'result'],
-    ['f16-cold', 1, 'result'], ['f16-repeat', 1, 'result'], ['f16-batch', 2, 'result'], ['f16-large', 1, 'result'],
+    ['f32-cold', 1, 'result'], ['f32-repeat', 1, 'result'], ['f32-profile', 1, 'result'], ['f16-warm-up', 1, 'result'], ['base-cold', 1, 'result'],
+    ['base-repeat', 1, 'result'], ['f16-cold', 1, 'result'], ['f16-repeat', 1, 'result'], ['f16-batch', 2, 'result'], ['f16-large', 1, 'result'],
+    ['f16-profile', 1, 'result'],
   ]);
+  // The profiled images: every stage loaded afresh, with ORT's profile; on WebGPU (the float32
+  // conversion) each run's GPU time and the kernels, the transformer's MatMulNBits re-blocked to 32.
+  for (const image of ['f32-profile', 'f16-profile']) {
+    const { profile } = report.images.find((i) => i.name === image);
+    assert.deepEqual(Object.keys(profile).sort(), ['decoder', 'textEncoder', 'transformer'], image);
+    for (const p of Object.values(profile)) assert.ok(p.sessionInitializationMs > 0 && p.runs.length > 0, JSON.stringify(p).slice(0, 400));
+    assert.equal(profile.transformer.runs.length, 2);
+  }
+  const webgpu = report.images.find((i) => i.name === 'f32-profile').profile;
+  for (const p of Object.values(webgpu)) assert.ok(p.runs.every((r) => r.gpuMs > 0) && p.kernels.length > 0, JSON.stringify(p).slice(0, 400));
+  assert.ok(webgpu.transformer.kernels.some((k) => k.op === 'MatMulNBits'), JSON.stringify(webgpu.transformer.kernels));
   // Every stage's time is accounted for: the transformer runs once per step and image, the text
   // encoder is skipped where the prompt's embeddings were cached.
   const stage = (image, name) => report.stages.find((x) => x.image === report.images.find((i) => i.name === image).label && x.stage === name);
-  for (const image of ['f32-cold', 'base-cold', 'f16-cold', 'f16-large']) {
+  for (const image of ['f32-cold', 'base-cold', 'f16-cold', 'f16-large', 'f32-profile', 'f16-profile']) {
     for (const name of ['textEncoder', 'transformer', 'decoder']) {
       const x = stage(image, name);
       assert.ok(x.workerStartMs > 0 && x.prepareMs >= 0 && x.sessionCreateMs > 0 && x.wallMs >= x.sessionCreateMs, JSON.stringify(x));

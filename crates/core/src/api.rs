@@ -125,6 +125,9 @@ pub struct GenerateRequest {
     /// For benchmarks: `false` loads one stage at a time, each when the stage before it is done
     /// (default `true`: every stage the job needs loads at once).
     pub load_ahead: Option<bool>,
+    /// For benchmarks: every stage is loaded afresh with ONNX Runtime's profiling on, and each
+    /// result's timings carry its profile (`StageTimings::profile`). Nothing stays loaded after it.
+    pub profile: bool,
 }
 
 /// A seed as it arrives in JSON.
@@ -536,6 +539,9 @@ pub struct StageTimings {
     pub run_ms: f64,
     #[serde(default)]
     pub runs_ms: Vec<f64>,
+    /// ONNX Runtime's profile of the stage, for a `generate` with `profile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::ort_profile::StageProfile>,
 }
 
 /// What the independent reference needs to recompute an image.

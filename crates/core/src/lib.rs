@@ -52,6 +52,7 @@ pub mod image;
 pub mod latents;
 pub mod matmul_blocks;
 pub mod message;
+pub mod ort_profile;
 pub mod pack;
 pub mod params;
 pub mod prompt;

@@ -94,6 +94,9 @@ pub struct GenerateParams {
     /// Every stage loads at once (`false`: each when the stage before it is done).
     #[serde(default = "yes")]
     pub load_ahead: bool,
+    /// Every stage loaded afresh with ONNX Runtime's profiling on (a benchmark's switch).
+    #[serde(default)]
+    pub profile: bool,
 }
 
 fn one() -> u32 {
@@ -270,6 +273,7 @@ impl GenerateRequest {
             backend,
             count,
             load_ahead: self.load_ahead.unwrap_or(true),
+            profile: self.profile,
         })
     }
 }
@@ -358,6 +362,7 @@ mod tests {
                 backend: Backend::WebGpu,
                 count: 1,
                 load_ahead: true,
+                profile: false,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));
@@ -471,6 +476,8 @@ mod tests {
         assert!(keep_loaded_seconds(-1).is_err());
         assert!(req("{}").validate(0).unwrap().load_ahead);
         assert!(!req(r#"{"loadAhead":false}"#).validate(0).unwrap().load_ahead);
+        assert!(!req("{}").validate(0).unwrap().profile);
+        assert!(req(r#"{"profile":true}"#).validate(0).unwrap().profile);
         // Params stored before `loadAhead` existed load ahead.
         let mut text = serde_json::to_value(req("{}").validate(0).unwrap()).unwrap();
         text.as_object_mut().unwrap().remove("loadAhead");

@@ -75,6 +75,16 @@ extern "C" {
     fn for_ort(data: &JsValue) -> Promise;
 }
 
+#[wasm_bindgen(module = "/src/profile.js")]
+extern "C" {
+    /// Lets [`Session::end_profiling`] take the profile ORT writes to the console (see `profile.js`).
+    #[wasm_bindgen(js_name = tapConsoleLog)]
+    fn tap_console_log();
+
+    #[wasm_bindgen(js_name = endProfiling)]
+    fn end_profiling(session: &JsSession) -> Promise;
+}
+
 /// Why an ORT call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OrtError {
@@ -119,13 +129,15 @@ pub struct ExternalData {
     pub data: JsValue,
 }
 
-/// Sets process-wide ORT options. Call before the first session.
+/// Sets process-wide ORT options, and lets profiles be taken (see `profile.js`). Call before the first
+/// session.
 pub fn configure(threads: u32) {
     ENV.with(|env| {
         if let Ok(wasm) = Reflect::get(env, &"wasm".into()) {
             let _ = Reflect::set(&wasm, &"numThreads".into(), &threads.into());
         }
     });
+    tap_console_log();
 }
 
 /// An ORT inference session.
@@ -134,11 +146,13 @@ pub struct Session {
 }
 
 impl Session {
-    /// Creates a session from the graph's bytes and its external data.
+    /// Creates a session from the graph's bytes and its external data, with ORT's profiling on when
+    /// `profile` ([`Session::end_profiling`]).
     pub async fn create(
         graph: &Uint8Array,
         external: &[ExternalData],
         provider: &Provider,
+        profile: bool,
     ) -> Result<Session, OrtError> {
         let options = Object::new();
         let providers = Array::new();
@@ -160,6 +174,9 @@ impl Session {
         }
         set(&options, "externalData", &files);
         set(&options, "graphOptimizationLevel", &"all".into());
+        if profile {
+            set(&options, "enableProfiling", &true.into());
+        }
         let inner = JsFuture::from(JsSession::create(graph, &options)?).await?;
         Ok(Session { inner: inner.unchecked_into() })
     }
@@ -190,6 +207,13 @@ impl Session {
             outputs.push(Tensor { inner: value.unchecked_into(), name: (*name).to_owned() });
         }
         Ok(outputs)
+    }
+
+    /// Ends the profile of a session created with `profile`: ORT's trace events, a JSON array (see
+    /// `imagine_core::ort_profile`).
+    pub async fn end_profiling(&self) -> Result<String, OrtError> {
+        let trace = JsFuture::from(end_profiling(&self.inner)).await?;
+        Ok(trace.as_string().unwrap_or_default())
     }
 
     /// Releases the session's native resources.

@@ -303,10 +303,11 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
         state.resident_pack = pack.clone();
         (state.keep_loaded_seconds > 0, other_pack)
     });
-    if other_pack {
+    // A profile is of stages loaded afresh, which are not kept.
+    if other_pack || params.profile {
         unload();
     }
-    let plan = Plan { ahead: params.load_ahead, keep };
+    let plan = Plan { ahead: params.load_ahead, keep: keep && !params.profile };
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
     match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
@@ -393,6 +394,7 @@ async fn run_stages(
                         resident: t.resident,
                         run_ms: t.run_ms,
                         runs_ms: t.runs_ms,
+                        profile: t.profile,
                     })
                     .collect(),
                 };

@@ -168,6 +168,8 @@ pub struct StageTiming {
     /// Inside ORT's `run`, all runs, and each run.
     pub run_ms: f64,
     pub runs_ms: Vec<f64>,
+    /// ORT's profile, when the job asked for one.
+    pub profile: Option<imagine_core::ort_profile::StageProfile>,
 }
 
 /// Offscreen document → download worker.

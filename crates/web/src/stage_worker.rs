@@ -129,15 +129,15 @@ async fn run_task(
     };
     match task {
         StageTask::TextEncoder { params, prompt, keep } => {
-            let stage = Stage::take(kept, Graph::TextEncoder, params.backend, arrived).await?;
+            let stage = Stage::take(kept, Graph::TextEncoder, &params, arrived).await?;
             text_encoder(stage, &prompt, keep.then_some(kept)).await
         }
         StageTask::Transformer { params, keep } => {
-            let stage = Stage::take(kept, Graph::Transformer, params.backend, arrived).await?;
+            let stage = Stage::take(kept, Graph::Transformer, &params, arrived).await?;
             transformer(stage, &params, input, keep.then_some(kept)).await
         }
         StageTask::Decoder { params, keep } => {
-            let stage = Stage::take(kept, Graph::Decoder, params.backend, arrived).await?;
+            let stage = Stage::take(kept, Graph::Decoder, &params, arrived).await?;
             decoder(stage, &params, input, keep.then_some(kept)).await
         }
         StageTask::Input => Err(StageWorkerError::MissingInput("a task before its input")),
@@ -184,13 +184,20 @@ struct Stage {
     lookups: Vec<(EmbeddingLookup, web_sys::File)>,
     /// Tables taken out of the graph (`imagine_core::table_lookup`), fed as they are stored.
     tables: Vec<(TableLookup, web_sys::File)>,
+    /// ORT profiles the session (until [`Stage::take_profile`]).
+    profiling: bool,
 }
 
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
     /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
     /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
-    async fn open(graph: Graph, backend: Backend, arrived: Arrival) -> Result<Stage, StageWorkerError> {
+    async fn open(
+        graph: Graph,
+        backend: Backend,
+        profile: bool,
+        arrived: Arrival,
+    ) -> Result<Stage, StageWorkerError> {
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -226,7 +233,8 @@ impl Stage {
         }
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
-        let created = Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider).await;
+        let created =
+            Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile).await;
         let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
         let timing = StageTiming {
             worker_created_at_ms: arrived.worker_created_at_ms,
@@ -240,19 +248,20 @@ impl Stage {
         opfs::failpoint(&format!("stage:session-created:{graph:?}")).await;
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { graph, backend, session, inputs, outputs, timing, lookups, tables })
+        Ok(Stage { graph, backend, session, inputs, outputs, timing, lookups, tables, profiling: profile })
     }
 
-    /// The session `kept` from this worker's last task, when it is of `graph` on `backend`; else a new
-    /// one ([`Stage::open`]).
+    /// The session `kept` from this worker's last task, when it is of `graph` on the backend `params`
+    /// ask for and they ask for no profile; else a new one ([`Stage::open`]).
     async fn take(
         kept: &mut Option<Stage>,
         graph: Graph,
-        backend: Backend,
+        params: &GenerateParams,
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
+        let backend = params.backend;
         match kept.take() {
-            Some(mut stage) if stage.graph == graph && stage.backend == backend => {
+            Some(mut stage) if stage.graph == graph && stage.backend == backend && !params.profile => {
                 stage.timing = StageTiming {
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -266,15 +275,29 @@ impl Stage {
                 if let Some(stage) = other {
                     stage.close().await;
                 }
-                Stage::open(graph, backend, arrived).await
+                Stage::open(graph, backend, params.profile, arrived).await
             }
         }
     }
 
+    /// Ends ORT's profile of the session, once: its summary (`None` when not profiling, or when ORT
+    /// wrote nothing it could read, which is logged).
+    async fn take_profile(&mut self) -> Option<imagine_core::ort_profile::StageProfile> {
+        if !std::mem::take(&mut self.profiling) {
+            return None;
+        }
+        let summary = match self.session.end_profiling().await {
+            Ok(trace) => imagine_core::ort_profile::summarize(&trace).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        summary.map_err(|e| web_sys::console::warn_1(&format!("imagine: no profile: {e}").into())).ok()
+    }
+
     /// Ends a task: the session is kept in `kept` for the next task, or released (the worker is
-    /// terminated next, which frees ORT's device). Returns the task's timing.
-    async fn end(self, kept: Option<&mut Option<Stage>>) -> StageTiming {
-        let timing = StageTiming { finished_at_ms: js_sys::Date::now(), ..self.timing.clone() };
+    /// terminated next, which frees ORT's device). Returns the task's timing, with the profile.
+    async fn end(mut self, kept: Option<&mut Option<Stage>>) -> StageTiming {
+        let profile = self.take_profile().await;
+        let timing = StageTiming { finished_at_ms: js_sys::Date::now(), profile, ..self.timing.clone() };
         match kept {
             Some(kept) => *kept = Some(self),
             None => {
@@ -598,10 +621,13 @@ async fn decoder(
         };
         let (before, runs_before) = (stage.timing.run_ms, stage.timing.runs_ms.len());
         let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
+        // The result of the last image carries the profile of every decode.
+        let profile = if index + 1 == params.count { stage.take_profile().await } else { None };
         let timing = StageTiming {
             run_ms: stage.timing.run_ms - before,
             runs_ms: stage.timing.runs_ms[runs_before..].to_vec(),
             finished_at_ms: js_sys::Date::now(),
+            profile,
             ..stage.timing.clone()
         };
         let png = stages::encode_image(&sample, &meta)?;
