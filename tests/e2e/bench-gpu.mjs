@@ -18,9 +18,11 @@
 //      then as it runs now (`keepLoaded` 300): a cold --size image (prompt B, seed 42, traced), the same
 //      prompt again with seed 43 (embeddings cached, stages resident, traced), a batch of --batch
 //      variations (seeds 44...), and, with the stages unloaded first, one cold --large image (prompt C);
-//      and last a cold --size image with ONNX Runtime's profiling on (prompt G; step 1 ends with one
-//      too, prompt F): per stage, session creation as ORT saw it, each run's GPU time, and the GPU
-//      time of each operator and program;
+//      then, nothing loaded, the cold and repeat --size images again with int8 activations in every
+//      MatMulNBits (`accuracyLevel` 4; step 1 ends with its cold image too), compared with the
+//      reference of the same trace (measured, not expected either way); and last a cold --size image
+//      with ONNX Runtime's profiling on (prompt G; step 1 too, prompt F): per stage, session creation
+//      as ORT saw it, each run's GPU time, and the GPU time of each operator and program;
 //   3. --reference: tests/reference/reference.py (onnxruntime, CPU) recomputes the two cold --size
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
@@ -112,6 +114,10 @@ try {
     await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: 'cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, name: 'f32-cold' });
     await image(b, sampler, { label: 'repeat, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '43', name: 'f32-repeat' });
+    // Int8 activations in every MatMulNBits (`accuracyLevel` 4), cold: against the cold image above.
+    await keepLoaded(b, 0);
+    await keepLoaded(b, KEEP_LOADED_S);
+    await image(b, sampler, { label: 'accuracy level 4: cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, accuracyLevel: 4, name: 'f32-acc4' });
     await image(b, sampler, { label: 'profiled cold, float32 conversion', prompt: PROMPTS.f, size: SIZE, seed: '42', profile: true, name: 'f32-profile' });
   });
 
@@ -142,6 +148,12 @@ try {
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f16-large', ...extra });
+      // Int8 activations in every MatMulNBits (`accuracyLevel` 4): the cold and repeat images again.
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
+      const acc4 = { ...extra, accuracyLevel: 4 };
+      await image(b, sampler, { label: `accuracy level 4: cold${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '42', trace: true, name: 'f16-acc4', ...acc4 });
+      await image(b, sampler, { label: `accuracy level 4: repeat${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '43', name: 'f16-acc4-repeat', ...acc4 });
       await image(b, sampler, { label: `profiled cold${tag}`, prompt: PROMPTS.g, size: SIZE, seed: '42', profile: true, name: 'f16-profile', ...extra });
     });
   }
@@ -329,6 +341,12 @@ async function compareAll() {
     fs.writeFileSync(path.join(OUT, 'f16-cold-perturbed.json'), JSON.stringify(doc));
     checks.push({ name: 'f16-cold-perturbed', png: 'f16-cold', what: 'the same, the reference fed the noise of seed 43 instead of 42', tol: o['tolerance-f16'], expect: 'fail' });
   }
+  // Accuracy level 4 against the reference of the same prompt and seed (the same trace): measured, not
+  // expected either way.
+  const acc4 = [
+    { name: 'f32-acc4', ref: 'f32-cold', what: 'cold image, float32 conversion, accuracy level 4, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
+    { name: 'f16-acc4', ref: 'f16-cold', what: 'cold image, shader-f16, accuracy level 4, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
+  ].filter((c) => fs.existsSync(path.join(OUT, `${c.name}.png`)) && checks.some((x) => x.name === c.ref));
   log(`reference runs: ${checks.map((c) => c.name).join(', ')} (onnxruntime CPU, ${o.threads} threads each) ...`);
   await Promise.all(checks.map(async (c) => {
     const t = Date.now();
@@ -337,11 +355,14 @@ async function compareAll() {
     c.referenceS = (Date.now() - t) / 1000;
     c.referenceError = r.code === 0 ? null : (r.stderr || r.stdout).slice(-2000);
   }));
-  for (const c of checks) {
+  for (const c of [...checks, ...acc4]) {
     const png = path.join(OUT, `${c.png ?? c.name}.png`);
-    const r = c.referenceError ? null : await h.run('python3', ['tests/reference/compare.py', png, path.join(OUT, `${c.name}.ref.png`), '--tol', c.tol, '--max-pixels', o['max-pixels']]);
+    const ref = c.ref ? checks.find((x) => x.name === c.ref) : c;
+    c.referenceS ??= 0;
+    const r = ref.referenceError ? null : await h.run('python3', ['tests/reference/compare.py', png, path.join(OUT, `${ref.name}.ref.png`), '--tol', c.tol, '--max-pixels', o['max-pixels']]);
     const outcome = r?.code === 0 ? 'pass' : r?.code === 1 ? 'fail' : 'error';
-    const entry = { ...c, outcome, asExpected: outcome === c.expect, output: (r?.stdout ?? '').trim() || c.referenceError };
+    const asExpected = c.expect === 'measure' ? outcome !== 'error' : outcome === c.expect;
+    const entry = { ...c, outcome, asExpected, output: (r?.stdout ?? '').trim() || ref.referenceError };
     report.comparisons.push(entry);
     log(`${c.what}: ${outcome} (expected ${c.expect}); reference ${c.referenceS.toFixed(0)} s; ${entry.output}`);
   }
@@ -359,6 +380,13 @@ function printReport() {
   console.log('\nimages (wall: from the request to the last result event):');
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
   const wall = (name) => report.images.find((i) => i.name === name && i.outcome === 'result')?.wallS;
+  const acc4 = [['cold, float32 conversion', 'f32-cold', 'f32-acc4'], ['cold', 'f16-cold', 'f16-acc4'], ['repeat', 'f16-repeat', 'f16-acc4-repeat']]
+    .filter(([, a, b]) => wall(a) && wall(b))
+    .map(([what, a, b]) => [what, wall(a).toFixed(2), wall(b).toFixed(2), (wall(a) / wall(b)).toFixed(2)]);
+  if (acc4.length) {
+    console.log('\naccuracy level 4 (int8 activations in every MatMulNBits) against the pack as it is:');
+    h.printTable(['image', 'as it is s', 'level 4 s', 'as it is / level 4'], acc4);
+  }
   const ratios = [['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]
     .filter(([, base, now]) => wall(base) && wall(now))
     .map(([what, base, now]) => [what, wall(base).toFixed(2), wall(now).toFixed(2), (wall(base) / wall(now)).toFixed(2)]);

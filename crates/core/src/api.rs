@@ -128,6 +128,10 @@ pub struct GenerateRequest {
     /// For benchmarks: every stage is loaded afresh with ONNX Runtime's profiling on, and each
     /// result's timings carry its profile (`StageTimings::profile`). Nothing stays loaded after it.
     pub profile: bool,
+    /// For benchmarks: the `accuracy_level` of every `MatMulNBits` on WebGPU, 0 to 4 (4: int8
+    /// activations, faster and less exact); as the pack has it when absent. The prompt-embedding cache
+    /// is neither read nor written with it.
+    pub accuracy_level: Option<i64>,
 }
 
 /// A seed as it arrives in JSON.

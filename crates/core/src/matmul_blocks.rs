@@ -69,3 +69,9 @@ pub fn to_block_32_computed(
 ) -> Result<Reblocked, RewriteError> {
     crate::f32_rewrite::reblock::to_block_32_computed(model, read, write)
 }
+
+/// `model` with `accuracy_level` `level` on every `MatMulNBits` (ONNX Runtime's compute type for it: 4
+/// quantizes the activations to int8, faster on WebGPU and less exact), and how many nodes changed.
+pub fn with_accuracy_level(model: &[u8], level: u8) -> Result<(Vec<u8>, usize), RewriteError> {
+    crate::f32_rewrite::reblock::with_accuracy_level(model, level.into())
+}

@@ -32,6 +32,8 @@ pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
 pub const MAX_COUNT: u32 = 8;
 /// The longest the model may stay loaded after the last image (`keepLoaded`), in seconds.
 pub const MAX_KEEP_LOADED_SECONDS: u32 = 3600;
+/// The highest `MatMulNBits` `accuracy_level` (ONNX Runtime's: 4 computes with int8 activations).
+pub const MAX_ACCURACY_LEVEL: u8 = 4;
 /// How long it stays loaded unless the user chose otherwise: a few minutes, for the next prompt.
 pub const DEFAULT_KEEP_LOADED_SECONDS: u32 = 300;
 
@@ -97,6 +99,10 @@ pub struct GenerateParams {
     /// Every stage loaded afresh with ONNX Runtime's profiling on (a benchmark's switch).
     #[serde(default)]
     pub profile: bool,
+    /// The `accuracy_level` set on every `MatMulNBits` on WebGPU (a benchmark's switch; `None`: the
+    /// pack's).
+    #[serde(default)]
+    pub accuracy_level: Option<u8>,
 }
 
 fn one() -> u32 {
@@ -189,6 +195,12 @@ pub enum ParamError {
         /// The name asked for.
         value: String,
     },
+    /// A `MatMulNBits` accuracy level out of range.
+    #[error("accuracyLevel {value} is not allowed: it must be an integer from 0 to {MAX_ACCURACY_LEVEL}")]
+    AccuracyLevel {
+        /// The value asked for.
+        value: i64,
+    },
     /// `keepLoaded` seconds out of range.
     #[error(
         "keepLoaded seconds {value} is not allowed: seconds must be an integer from 0 (unload after each image) to {MAX_KEEP_LOADED_SECONDS}"
@@ -219,6 +231,9 @@ impl Localize for ParamError {
             ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
             ParamError::Count { value } => Message::new("errParamCount", [arg(value), arg(MAX_COUNT)]),
             ParamError::Backend { value } => Message::new("errParamBackend", [arg(format!("{value:?}"))]),
+            ParamError::AccuracyLevel { value } => {
+                Message::new("errParamAccuracyLevel", [arg(value), arg(MAX_ACCURACY_LEVEL)])
+            }
             ParamError::KeepLoaded { value } => {
                 Message::new("errParamKeepLoaded", [arg(value), arg(MAX_KEEP_LOADED_SECONDS)])
             }
@@ -262,6 +277,13 @@ impl GenerateRequest {
                 _ => return Err(ParamError::Count { value: v }),
             },
         };
+        let accuracy_level = match self.accuracy_level {
+            None => None,
+            Some(v) => match u8::try_from(v) {
+                Ok(level) if level <= MAX_ACCURACY_LEVEL => Some(level),
+                _ => return Err(ParamError::AccuracyLevel { value: v }),
+            },
+        };
         Ok(GenerateParams {
             prompt: self.prompt,
             width,
@@ -274,6 +296,7 @@ impl GenerateRequest {
             count,
             load_ahead: self.load_ahead.unwrap_or(true),
             profile: self.profile,
+            accuracy_level,
         })
     }
 }
@@ -363,6 +386,7 @@ mod tests {
                 count: 1,
                 load_ahead: true,
                 profile: false,
+                accuracy_level: None,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));
@@ -478,6 +502,13 @@ mod tests {
         assert!(!req(r#"{"loadAhead":false}"#).validate(0).unwrap().load_ahead);
         assert!(!req("{}").validate(0).unwrap().profile);
         assert!(req(r#"{"profile":true}"#).validate(0).unwrap().profile);
+        assert_eq!(req("{}").validate(0).unwrap().accuracy_level, None);
+        assert_eq!(req(r#"{"accuracyLevel":4}"#).validate(0).unwrap().accuracy_level, Some(4));
+        assert_eq!(
+            req(r#"{"accuracyLevel":5}"#).validate(0).unwrap_err().to_string(),
+            "accuracyLevel 5 is not allowed: it must be an integer from 0 to 4"
+        );
+        assert!(req(r#"{"accuracyLevel":-1}"#).validate(0).is_err());
         // Params stored before `loadAhead` existed load ahead.
         let mut text = serde_json::to_value(req("{}").validate(0).unwrap()).unwrap();
         text.as_object_mut().unwrap().remove("loadAhead");

@@ -266,6 +266,7 @@ mod tests {
             Box::new(ParamError::Count { value: 9 }),
             Box::new(ParamError::Backend { value: "cuda".into() }),
             Box::new(ParamError::KeepLoaded { value: 3601 }),
+            Box::new(ParamError::AccuracyLevel { value: 5 }),
             Box::new(GalleryError::BadId("a/b".into())),
             Box::new(GalleryError::NotFound("abc".into())),
             Box::new(GalleryError::OutOfRange { field: "maxItems", value: 0, min: 1, max: 10_000 }),

@@ -517,7 +517,11 @@ async fn prompt_embeddings(
     commit: Option<&str>,
     keep: bool,
 ) -> Result<(JsValue, StageTiming), StageFailure> {
-    let key = commit.map(|commit| embedding_cache::key(commit, params.backend, prompt));
+    // Embeddings of a graph edited for a benchmark (`accuracyLevel`) are not the pack's, and a profile
+    // is of every stage.
+    let key = commit
+        .filter(|_| params.accuracy_level.is_none() && !params.profile)
+        .map(|commit| embedding_cache::key(commit, params.backend, prompt));
     let values = MAX_TOKENS * EMBED_WIDTH;
     if let (Some(commit), Some(key)) = (commit, &key) {
         match crate::opfs::embeddings::read_entry(commit, key, values).await {

@@ -176,6 +176,8 @@ type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 struct Stage {
     graph: Graph,
     backend: Backend,
+    /// The `MatMulNBits` accuracy level set on the graph, if any.
+    accuracy_level: Option<u8>,
     session: Session,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
@@ -194,10 +196,10 @@ impl Stage {
     /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
     async fn open(
         graph: Graph,
-        backend: Backend,
-        profile: bool,
+        params: &GenerateParams,
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
+        let (backend, profile) = (params.backend, params.profile);
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -222,8 +224,13 @@ impl Stage {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
             Backend::WebGpu => {
-                let (bytes, computed) = reblock(&name, &bytes, &dir, &files).await?;
+                let (mut bytes, computed) = reblock(&name, &bytes, &dir, &files).await?;
                 external.extend(computed);
+                if let Some(level) = params.accuracy_level {
+                    bytes = matmul_blocks::with_accuracy_level(&bytes, level)
+                        .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?
+                        .0;
+                }
                 (bytes, Provider::WebGpu)
             }
         };
@@ -248,20 +255,35 @@ impl Stage {
         opfs::failpoint(&format!("stage:session-created:{graph:?}")).await;
         let inputs = session.inputs();
         let outputs = session.outputs();
-        Ok(Stage { graph, backend, session, inputs, outputs, timing, lookups, tables, profiling: profile })
+        Ok(Stage {
+            graph,
+            backend,
+            accuracy_level: params.accuracy_level,
+            session,
+            inputs,
+            outputs,
+            timing,
+            lookups,
+            tables,
+            profiling: profile,
+        })
     }
 
-    /// The session `kept` from this worker's last task, when it is of `graph` on the backend `params`
-    /// ask for and they ask for no profile; else a new one ([`Stage::open`]).
+    /// The session `kept` from this worker's last task, when it is of `graph` as `params` ask for it
+    /// (backend, accuracy level) and they ask for no profile; else a new one ([`Stage::open`]).
     async fn take(
         kept: &mut Option<Stage>,
         graph: Graph,
         params: &GenerateParams,
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
-        let backend = params.backend;
+        let same = |stage: &Stage| {
+            stage.graph == graph
+                && stage.backend == params.backend
+                && stage.accuracy_level == params.accuracy_level
+        };
         match kept.take() {
-            Some(mut stage) if stage.graph == graph && stage.backend == backend && !params.profile => {
+            Some(mut stage) if same(&stage) && !params.profile => {
                 stage.timing = StageTiming {
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -275,7 +297,7 @@ impl Stage {
                 if let Some(stage) = other {
                     stage.close().await;
                 }
-                Stage::open(graph, backend, params.profile, arrived).await
+                Stage::open(graph, params, arrived).await
             }
         }
     }

@@ -389,6 +389,47 @@ impl Layout {
     }
 }
 
+/// `model` with `accuracy_level` `level` on every `MatMulNBits` (ONNX Runtime's compute type for it:
+/// 4 quantizes the activations to int8), and how many nodes that is.
+pub(crate) fn with_accuracy_level(model: &[u8], level: u64) -> Result<(Vec<u8>, usize), RewriteError> {
+    const WHAT: &str = "GraphProto";
+    let fields = wire::parse(model, "ModelProto")?;
+    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
+        Some(f) => f.bytes("ModelProto")?,
+        None => return Err(RewriteError::Model("it has no graph".into())),
+    };
+    let mut out = Vec::with_capacity(graph.len() + 64);
+    let mut changed = 0;
+    for (index, f) in wire::parse(graph, WHAT)?.iter().enumerate() {
+        let node = match f.number {
+            GRAPH_NODE => Some(read_node(f.bytes(WHAT)?, index)?),
+            _ => None,
+        };
+        match node {
+            Some(node) if node.domain == "com.microsoft" && node.op_type == "MatMulNBits" => {
+                let mut attributes = node.attributes.iter();
+                let edited = edit_message(node.bytes, "NodeProto", |g| {
+                    Ok(match g.number {
+                        NODE_ATTRIBUTE if attributes.next().is_some_and(|a| a.name == "accuracy_level") => {
+                            Edit::Drop
+                        }
+                        _ => Edit::Keep,
+                    })
+                })?;
+                let mut edited = edited.unwrap_or_else(|| node.bytes.to_vec());
+                wire::put_bytes_field(&mut edited, NODE_ATTRIBUTE, &int_attribute("accuracy_level", level));
+                wire::put_bytes_field(&mut out, GRAPH_NODE, &edited);
+                changed += 1;
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    if changed == 0 {
+        return Ok((model.to_vec(), 0));
+    }
+    Ok((with_graph(&fields, &out), changed))
+}
+
 /// The version of the default ONNX domain the model imports (0 when none is declared).
 fn default_opset(fields: &[wire::Field]) -> Result<u64, RewriteError> {
     const WHAT: &str = "OperatorSetIdProto";

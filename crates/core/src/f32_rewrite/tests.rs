@@ -1080,3 +1080,21 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
         assert_eq!(out.graph, reblock::to_block_32(&m).unwrap().0);
     }
 }
+
+#[test]
+fn accuracy_level_is_set_on_every_matmul_nbits_once() {
+    let level = |m: &[u8]| {
+        let nodes = graph_fields(m, NODE);
+        let mm = nodes.iter().map(|n| read_node(n, 0).unwrap()).find(|n| n.op_type == "MatMulNBits").unwrap();
+        let count = mm.attributes.iter().filter(|a| a.name == "accuracy_level").count();
+        (mm.int_attribute("accuracy_level"), count, mm.int_attribute("block_size"))
+    };
+    let m = matmul_nbits_model(256, 4, 4, 128, 21, &[node("id", "", "Identity", &["y"], &["z"], &[])]);
+    assert_eq!(level(&m), (None, 0, Some(128)));
+    let (four, changed) = reblock::with_accuracy_level(&m, 4).unwrap();
+    assert_eq!((changed, level(&four)), (1, (Some(4), 1, Some(128))));
+    let (again, _) = reblock::with_accuracy_level(&four, 0).unwrap();
+    assert_eq!(level(&again), (Some(0), 1, Some(128)), "replaced, not added twice");
+    assert_eq!(graph_fields(&again, NODE).len(), 2, "other nodes stay");
+    assert_eq!(reblock::with_accuracy_level(&model(&[]), 4).unwrap().1, 0);
+}
