@@ -96,6 +96,11 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.equal(reply.type, 'error', JSON.stringify(reply));
   assert.equal(reply.error, 'steps 99 is not allowed: steps must be an integer from 1 to 50');
   assert.deepEqual(reply.message, { key: 'errParamSteps', args: ['99', '50'] });
+  // A pasted novel is refused before anything is tokenized or stored.
+  const long = await h.api(b.page, { type: 'generate', ...base, prompt: 'a'.repeat(20_001) });
+  assert.equal(long.type, 'error', JSON.stringify(long, h.shorten));
+  assert.match(long.error, /^the prompt is 20001 characters long: at most 20000 are allowed/);
+  assert.deepEqual(long.message, { key: 'errParamPrompt', args: ['20001', '20000'] });
 
   const germanSteps = '99 Schritte sind nicht erlaubt: die Schrittzahl muss eine ganze Zahl von 1 bis 50 sein';
   const shownError = async (page) => {

@@ -32,6 +32,9 @@ pub const MAX_JSON_NUMBER_SEED: u64 = 1 << 53;
 pub const MAX_COUNT: u32 = 8;
 /// The longest the model may stay loaded after the last image (`keepLoaded`), in seconds.
 pub const MAX_KEEP_LOADED_SECONDS: u32 = 3600;
+/// The longest prompt, in characters. Only its first 512 tokens are used (about 2,000 characters of
+/// English); the cap keeps a paste accident from being tokenized and stored whole.
+pub const MAX_PROMPT_CHARS: usize = 20_000;
 /// The highest `MatMulNBits` `accuracy_level` (ONNX Runtime's: 4 computes with int8 activations).
 pub const MAX_ACCURACY_LEVEL: u8 = 4;
 /// How long it stays loaded unless the user chose otherwise: a few minutes, for the next prompt.
@@ -195,6 +198,14 @@ pub enum ParamError {
         /// The name asked for.
         value: String,
     },
+    /// A prompt longer than [`MAX_PROMPT_CHARS`].
+    #[error(
+        "the prompt is {length} characters long: at most {MAX_PROMPT_CHARS} are allowed (only the first 512 tokens, about 2000 characters of English, are used)"
+    )]
+    Prompt {
+        /// Its length in characters.
+        length: usize,
+    },
     /// A `MatMulNBits` accuracy level out of range.
     #[error("accuracyLevel {value} is not allowed: it must be an integer from 0 to {MAX_ACCURACY_LEVEL}")]
     AccuracyLevel {
@@ -231,6 +242,9 @@ impl Localize for ParamError {
             ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
             ParamError::Count { value } => Message::new("errParamCount", [arg(value), arg(MAX_COUNT)]),
             ParamError::Backend { value } => Message::new("errParamBackend", [arg(format!("{value:?}"))]),
+            ParamError::Prompt { length } => {
+                Message::new("errParamPrompt", [arg(length), arg(MAX_PROMPT_CHARS)])
+            }
             ParamError::AccuracyLevel { value } => {
                 Message::new("errParamAccuracyLevel", [arg(value), arg(MAX_ACCURACY_LEVEL)])
             }
@@ -245,6 +259,10 @@ impl GenerateRequest {
     /// Checks every field and fills in defaults. `random_seed` is used only when the request has no
     /// seed; the caller draws it (the core has no OS randomness).
     pub fn validate(self, random_seed: u64) -> Result<GenerateParams, ParamError> {
+        let length = self.prompt.chars().count();
+        if length > MAX_PROMPT_CHARS {
+            return Err(ParamError::Prompt { length });
+        }
         let width = size("width", self.width)?;
         let height = size("height", self.height)?;
         let steps = match self.steps {
@@ -503,6 +521,13 @@ mod tests {
         assert!(!req("{}").validate(0).unwrap().profile);
         assert!(req(r#"{"profile":true}"#).validate(0).unwrap().profile);
         assert_eq!(req("{}").validate(0).unwrap().accuracy_level, None);
+        let prompt =
+            |n: usize| GenerateRequest { prompt: "ä".repeat(n), ..GenerateRequest::default() }.validate(0);
+        assert!(prompt(MAX_PROMPT_CHARS).is_ok(), "characters are counted, not bytes");
+        assert_eq!(
+            prompt(MAX_PROMPT_CHARS + 1).unwrap_err().to_string(),
+            "the prompt is 20001 characters long: at most 20000 are allowed (only the first 512 tokens, about 2000 characters of English, are used)"
+        );
         assert_eq!(req(r#"{"accuracyLevel":4}"#).validate(0).unwrap().accuracy_level, Some(4));
         assert_eq!(
             req(r#"{"accuracyLevel":5}"#).validate(0).unwrap_err().to_string(),

@@ -267,6 +267,7 @@ mod tests {
             Box::new(ParamError::Backend { value: "cuda".into() }),
             Box::new(ParamError::KeepLoaded { value: 3601 }),
             Box::new(ParamError::AccuracyLevel { value: 5 }),
+            Box::new(ParamError::Prompt { length: 20001 }),
             Box::new(GalleryError::BadId("a/b".into())),
             Box::new(GalleryError::NotFound("abc".into())),
             Box::new(GalleryError::OutOfRange { field: "maxItems", value: 0, min: 1, max: 10_000 }),
