@@ -39,12 +39,28 @@ const MAGIC: &[u8; 8] = b"IMEMB\x001\n";
 /// Magic, value count (u64 LE), SHA-256 of the values.
 const HEADER_BYTES: usize = 8 + 8 + 32;
 
-/// The cache key of `prompt`'s embeddings computed by the pack at `commit` on `backend`: lowercase hex
-/// SHA-256.
-pub fn key(commit: &str, backend: Backend, prompt: &EncodedPrompt) -> String {
+/// Which form of the pack's text encoder computed the embeddings. The float32 conversion (WebGPU
+/// without `shader-f16`) and the float16 graph it was made from differ in their last bits, so an entry
+/// of one is not the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncoderForm {
+    /// The graph as the pack has it.
+    Pack,
+    /// The install's float32 conversion of it.
+    Float32Conversion,
+}
+
+/// The cache key of `prompt`'s embeddings computed by the pack at `commit` on `backend`, in `form`:
+/// lowercase hex SHA-256.
+pub fn key(commit: &str, backend: Backend, form: EncoderForm, prompt: &EncodedPrompt) -> String {
     let mut hash = Sha256::new();
     hash.update(b"imagine prompt embeddings 1\0");
-    for text in [commit, backend.name()] {
+    // The pack's own form hashes as before the conversion existed, so those entries stay valid.
+    let form = match form {
+        EncoderForm::Pack => None,
+        EncoderForm::Float32Conversion => Some("float32 conversion"),
+    };
+    for text in [commit, backend.name()].into_iter().chain(form) {
         hash.update((text.len() as u64).to_le_bytes());
         hash.update(text.as_bytes());
     }
@@ -226,23 +242,28 @@ mod tests {
     }
 
     #[test]
-    fn the_key_follows_commit_backend_and_tokens_only() {
+    fn the_key_follows_commit_backend_form_and_tokens_only() {
         let enc = qwen3();
         let cat = enc.encode("a cat").unwrap();
-        let k = key("c1", Backend::WebGpu, &cat);
+        let k = key("c1", Backend::WebGpu, EncoderForm::Pack, &cat);
         assert_eq!(k.len(), 64);
         assert!(k.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-        assert_eq!(k, key("c1", Backend::WebGpu, &enc.encode("a cat").unwrap()));
-        assert_ne!(k, key("c2", Backend::WebGpu, &cat));
-        assert_ne!(k, key("c1", Backend::Wasm, &cat));
-        assert_ne!(k, key("c1", Backend::WebGpu, &enc.encode("a cat ").unwrap()));
-        assert_ne!(k, key("c1", Backend::WebGpu, &enc.encode("a dog").unwrap()));
+        assert_eq!(k, key("c1", Backend::WebGpu, EncoderForm::Pack, &enc.encode("a cat").unwrap()));
+        assert_ne!(k, key("c2", Backend::WebGpu, EncoderForm::Pack, &cat));
+        assert_ne!(k, key("c1", Backend::Wasm, EncoderForm::Pack, &cat));
+        assert_ne!(k, key("c1", Backend::WebGpu, EncoderForm::Pack, &enc.encode("a cat ").unwrap()));
+        assert_ne!(k, key("c1", Backend::WebGpu, EncoderForm::Pack, &enc.encode("a dog").unwrap()));
         // The same ids with another length (a pad id as the last real token) are another prompt.
         let mut shorter = cat.clone();
         shorter.token_count -= 1;
-        assert_ne!(k, key("c1", Backend::WebGpu, &shorter));
+        assert_ne!(k, key("c1", Backend::WebGpu, EncoderForm::Pack, &shorter));
         // Commit and backend are length-prefixed: moving a character between them changes the key.
-        assert_ne!(key("ab", Backend::WebGpu, &cat), key("a", Backend::WebGpu, &cat));
+        assert_ne!(
+            key("ab", Backend::WebGpu, EncoderForm::Pack, &cat),
+            key("a", Backend::WebGpu, EncoderForm::Pack, &cat)
+        );
+        // The float32 conversion's embeddings are not the float16 graph's.
+        assert_ne!(k, key("c1", Backend::WebGpu, EncoderForm::Float32Conversion, &cat));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
     StageTimings, Timings, Trace,
 };
-use imagine_core::embedding_cache;
+use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::message::ErrorText;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
@@ -519,9 +519,13 @@ async fn prompt_embeddings(
 ) -> Result<(JsValue, StageTiming), StageFailure> {
     // Embeddings of a graph edited for a benchmark (`accuracyLevel`) are not the pack's, and a profile
     // is of every stage.
-    let key = commit
-        .filter(|_| params.accuracy_level.is_none() && !params.profile)
-        .map(|commit| embedding_cache::key(commit, params.backend, prompt));
+    let commit = commit.filter(|_| params.accuracy_level.is_none() && !params.profile);
+    let key = match commit {
+        Some(commit) => {
+            Some(embedding_cache::key(commit, params.backend, encoder_form(params.backend).await, prompt))
+        }
+        None => None,
+    };
     let values = MAX_TOKENS * EMBED_WIDTH;
     if let (Some(commit), Some(key)) = (commit, &key) {
         match crate::opfs::embeddings::read_entry(commit, key, values).await {
@@ -549,6 +553,23 @@ async fn prompt_embeddings(
         }
     }
     Ok((embeddings, encoded.timing))
+}
+
+/// The form of the text encoder the stage worker runs (as `stage_worker::choose_graph` picks it): the
+/// install's float32 conversion on WebGPU without `shader-f16`, when the pack has one.
+async fn encoder_form(backend: Backend) -> EncoderForm {
+    if backend != Backend::WebGpu {
+        return EncoderForm::Pack;
+    }
+    let converted =
+        crate::opfs::installed_pack().await.is_some_and(|(record, _)| record.conversion.is_some());
+    if !converted {
+        return EncoderForm::Pack;
+    }
+    match crate::gpu::adapter_info().await {
+        Ok(adapter) if !adapter.has_f16 => EncoderForm::Float32Conversion,
+        _ => EncoderForm::Pack,
+    }
 }
 
 fn warn(text: &str) {
