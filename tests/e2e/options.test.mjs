@@ -227,7 +227,7 @@ test('ONNX Runtime gets subgroup matrices only where its form of the WGSL compil
   assert.deepEqual(cases.compiles.probeFeatures, ['shader-f16', 'subgroups', SM]);
   assert.equal(cases.compiles.destroyed, true);
   // ORT's form, of the adapter's float configuration (16x16, f16 as the device gets shader-f16).
-  assert.match(cases.compiles.code, /^enable f16;\nenable chromium_experimental_subgroup_matrix;/);
+  assert.match(cases.compiles.code, /^enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;\n/);
   assert.match(cases.compiles.code, /subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>\(&data, 0, 16\)/);
   assert.match(cases.compiles.code, /subgroupMatrixStore<row_major>\(&data, 0, m, 16\)/);
   assert.deepEqual(cases.fails.asked, [{ requiredFeatures: ['shader-f16', 'subgroups', 'timestamp-query'], requiredLimits: { maxBufferSize: 1024 } }]);

@@ -48,13 +48,13 @@ export const SUBGROUP_MATRIX = 'chromium-experimental-subgroup-matrix';
 
 /** A compute shader that loads and stores one subgroup matrix as ORT's kernels do, of the first float
  * configuration the adapter offers (`GPUAdapterInfo.subgroupMatrixConfigs`; f16 only with `withF16`),
- * else f32 8x8. */
-export function subgroupMatrixProbe(configs = [], withF16 = false) {
+ * else f32 8x8; with the `subgroups` extension enabled, as ORT's shaders have it, when `withSubgroups`. */
+export function subgroupMatrixProbe(configs = [], withF16 = false, withSubgroups = false) {
   const config = [...configs].find((c) => c.componentType === 'f32' || (withF16 && c.componentType === 'f16'));
   const type = config?.componentType ?? 'f32';
   const [columns, rows] = config ? [config.K, config.M] : [8, 8];
-  return `${type === 'f16' ? 'enable f16;\n' : ''}enable chromium_experimental_subgroup_matrix;
-@group(0) @binding(0) var<storage, read_write> data : array<${type}>;
+  const enables = [...(type === 'f16' ? ['f16'] : []), ...(withSubgroups ? ['subgroups'] : []), 'chromium_experimental_subgroup_matrix'];
+  return `${enables.map((e) => `enable ${e};\n`).join('')}@group(0) @binding(0) var<storage, read_write> data : array<${type}>;
 @compute @workgroup_size(64)
 fn main() {
   let m = subgroupMatrixLoad<subgroup_matrix_left<${type}, ${columns}, ${rows}>, row_major>(&data, 0, ${columns});
@@ -87,7 +87,8 @@ export async function requestDeviceOrtCanUse(adapter, descriptor = {}, request =
   try {
     const probe = await openProbe(probeFeatures);
     if (probe) {
-      works = await compiles(probe, subgroupMatrixProbe(adapter.info?.subgroupMatrixConfigs, features.includes('shader-f16')));
+      const probeCode = subgroupMatrixProbe(adapter.info?.subgroupMatrixConfigs, features.includes('shader-f16'), features.includes('subgroups'));
+      works = await compiles(probe, probeCode);
       probe.destroy();
     }
   } catch {
