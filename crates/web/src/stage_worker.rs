@@ -459,21 +459,26 @@ async fn reblock(
     files: &HashMap<String, String>,
 ) -> Result<(Vec<u8>, Option<ExternalData>), StageWorkerError> {
     let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.to_owned(), source };
-    let mut read = HashMap::new();
     let mut opened: HashMap<&str, web_sys::File> = HashMap::new();
+    let mut reads = Vec::new();
     for range in matmul_blocks::sources_to_read(bytes).map_err(edit_failed)? {
         // A location the graph names but the pack does not list is left to the nodes' fallback.
         let Some(file) = files.get(&range.location) else { continue };
         if !opened.contains_key(file.as_str()) {
             opened.insert(file, open_external(dir, name, file).await?);
         }
-        let failed = |e: JsValue| external_data_error(name, file, OpfsError::js(opfs::Op::Read, file, e));
+        let failed =
+            move |e: JsValue| external_data_error(name, file, OpfsError::js(opfs::Op::Read, file, e));
         let end = range.offset + range.length;
         let slice =
             opened[file.as_str()].slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(failed)?;
-        let buffer = JsFuture::from(slice.array_buffer()).await.map_err(failed)?;
-        read.insert(range, Uint8Array::new(&buffer).to_vec());
+        // A few hundred small reads (one per node's scales or zero points), all in flight at once.
+        reads.push(async move {
+            let buffer = JsFuture::from(slice.array_buffer()).await.map_err(failed)?;
+            Ok::<_, StageWorkerError>((range, Uint8Array::new(&buffer).to_vec()))
+        });
     }
+    let read: HashMap<_, _> = futures_util::future::try_join_all(reads).await?.into_iter().collect();
     let parts = js_sys::Array::new();
     let reblocked = matmul_blocks::to_block_32_computed(bytes, &read, &mut |chunk| {
         parts.push(&Uint8Array::from(chunk));
