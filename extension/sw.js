@@ -2,10 +2,10 @@
 // not allowed in service workers), so they wait for the wasm module inside.
 import init, {
   serviceWorkerMessage, serviceWorkerInstalled, serviceWorkerMenuClick, serviceWorkerWake,
-  serviceWorkerStartup, serviceWorkerCommand, serviceWorkerNotificationClick,
+  serviceWorkerStartup, serviceWorkerCommand, serviceWorkerNotificationClick, serviceWorkerBoot,
 } from './pkg/imagine_web.js';
 
-const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
+const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => serviceWorkerBoot());
 
 // `sidePanel.open()` is allowed only while the user's gesture (menu click, shortcut) is being handled:
 // it must be called here, synchronously, before anything is awaited (the wasm module may still be
@@ -28,7 +28,7 @@ chrome.runtime.onStartup.addListener(() => { ready.then(() => serviceWorkerStart
 chrome.alarms.onAlarm.addListener(() => { ready.then(() => serviceWorkerWake()); });
 chrome.contextMenus.onClicked.addListener((info, tab) => {
   const panel = openStudioPanel(tab);
-  ready.then(() => serviceWorkerMenuClick(info, panel));
+  ready.then(() => serviceWorkerMenuClick(info, panel, tab?.incognito === true));
 });
 chrome.commands.onCommand.addListener((command, tab) => {
   if (command !== 'open-studio') return;

@@ -1,10 +1,11 @@
 // The extension itself on a real GPU: `tools/gpu-bench/browser.sh` runs this on the GPU machine (the
-// release build in Chromium on the H200); `real-arch.test.mjs` runs it here on SwiftShader with the tiny
+// release build in Chromium on the H200); `real-arch-bench.test.mjs` runs it here on SwiftShader with the tiny
 // real-architecture pack.
 //
 //   node tests/e2e/bench-gpu.mjs --pack DIR [--out DIR] [--size 512] [--large 1024] [--steps 4] [--batch 4]
 //        [--f16-args "--enable-dawn-features=vulkan_enable_f16_on_nvidia"] [--f16-backend webgpu|wasm]
 //        [--reference] [--tolerance-f16 N] [--tolerance-f32 N] [--max-pixels N] [--threads N]
+//        [--ort-alt DIR]
 //
 // With IMAGINE_WEBGPU=vulkan (harness.mjs) Chromium runs on the GPU. A float16 pack exported like the
 // published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
@@ -23,6 +24,11 @@
 //      reference of the same trace (measured, not expected either way); and last a cold --size image
 //      with ONNX Runtime's profiling on (prompt G; step 1 too, prompt F): per stage, session creation
 //      as ORT saw it, each run's GPU time, and the GPU time of each operator and program;
+//   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
+//      again with that package's JSPI bundle and wasm in place of the extension's (swapped in the
+//      unpacked extension, so that the installed pack is the same, and put back after): a warm-up
+//      (prompt H), a cold --size image and its repeat (prompt I: step 2's embeddings are cached) and a
+//      profiled cold one (prompt G), beside step 2's;
 //   3. --reference: tests/reference/reference.py (onnxruntime, CPU) recomputes the two cold --size
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
@@ -54,7 +60,7 @@ const { values: o } = parseArgs({
     'f16-args': { type: 'string', default: '--enable-dawn-features=vulkan_enable_f16_on_nvidia' },
     'f16-backend': { type: 'string' },
     reference: { type: 'boolean', default: false },
-    // Levels of 255 per channel; those of the tiny real-architecture packs (real-arch.test.mjs): the same
+    // Levels of 255 per channel; those of the tiny real-architecture packs (tiny-packs.mjs): the same
     // graphs on both sides, summed in another order, rounded to float16 elsewhere. Measured at full size
     // on the H200: 1 (BENCHMARKS.md).
     'tolerance-f16': { type: 'string', default: '2' },
@@ -63,6 +69,7 @@ const { values: o } = parseArgs({
     threads: { type: 'string', default: String(Math.max(1, Math.floor(os.cpus().length / 3))) },
     'interval-ms': { type: 'string', default: '200' },
     'timeout-min': { type: 'string', default: '20' },
+    'ort-alt': { type: 'string' },
   },
 });
 if (!o.pack) throw new Error('--pack DIR is required (a pack exported by tools/export)');
@@ -79,6 +86,8 @@ const PROMPTS = {
   e: 'a stack of old books, studio light',
   f: 'a glass teapot with blooming tea, macro photograph',
   g: 'a snowy mountain village at night, lanterns',
+  h: 'a tin robot watering a garden, children\'s book',
+  i: 'a sailboat in a storm, dramatic sky',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -124,14 +133,14 @@ try {
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
   const f16Args = o['f16-args'].split(/\s+/).filter(Boolean);
   const unsafe = f16Args.map((a) => (a.startsWith('--enable-dawn-features=') ? `${a},allow_unsafe_apis` : a));
-  let ran = false;
+  let ran = null;
   for (const [name, args] of [['f16', f16Args], ['f16-unsafe', unsafe]]) {
     if (ran || (name === 'f16-unsafe' && unsafe.join() === f16Args.join())) continue;
     await withBrowser(name, args, async (b, sampler, adapter) => {
       const backend = adapter?.shaderF16 ? undefined : o['f16-backend'];
       if (!adapter?.shaderF16 && !backend) return log(`${name}: the adapter has no shader-f16 with ${args.join(' ')}`);
       if (!adapter?.shaderF16 && name === 'f16' && unsafe.join() !== f16Args.join()) return log(`${name}: no shader-f16; trying allow_unsafe_apis`);
-      ran = true;
+      ran = { args, backend };
       const extra = backend ? { backend } : {};
       const tag = backend ? ` (${backend}: no shader-f16)` : '';
       await keepLoaded(b, 0);
@@ -158,6 +167,24 @@ try {
     });
   }
   if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
+
+  // 2b. Another ONNX Runtime Web ------------------------------------------------------------------------
+  if (o['ort-alt'] && ran) {
+    const alt = path.resolve(o['ort-alt']);
+    report.ortAlt = JSON.parse(fs.readFileSync(path.join(alt, 'package.json'), 'utf8')).version;
+    report.ort = JSON.parse(fs.readFileSync(path.join(h.ROOT, 'package.json'), 'utf8')).dependencies['onnxruntime-web'];
+    await withOrt(path.join(alt, 'dist'), () => withBrowser('f16-ort-alt', ran.args, async (b, sampler) => {
+      const extra = ran.backend ? { backend: ran.backend } : {};
+      const tag = ` (ORT ${report.ortAlt})`;
+      await keepLoaded(b, 0);
+      // Prompts of their own: the embedding cache (keyed by prompt and graphs, not ORT) holds step 2's.
+      await image(b, sampler, { label: `warm-up${tag}`, prompt: PROMPTS.h, size: SIZE, seed: '42', name: 'alt-warm-up', ...extra });
+      await keepLoaded(b, KEEP_LOADED_S);
+      await image(b, sampler, { label: `cold${tag}`, prompt: PROMPTS.i, size: SIZE, seed: '42', name: 'alt-cold', ...extra });
+      await image(b, sampler, { label: `repeat: same prompt, new seed${tag}`, prompt: PROMPTS.i, size: SIZE, seed: '43', name: 'alt-repeat', ...extra });
+      await image(b, sampler, { label: `profiled cold${tag}`, prompt: PROMPTS.g, size: SIZE, seed: '42', profile: true, name: 'alt-profile', ...extra });
+    }));
+  }
 
   // 3. the independent reference --------------------------------------------------------------------------
   if (o.reference) await compareAll();
@@ -189,6 +216,34 @@ async function withBrowser(name, args, fn) {
   } finally {
     await sampler.stop();
     await b.close({ keepProfile: true });
+  }
+}
+
+/** Records in the page when each job's result events arrive (the page's clock is Node's). */
+function recordResultTimes(page) {
+  return page.evaluate(() => {
+    if (window.__resultTimes) return;
+    window.__resultTimes = {};
+    chrome.runtime.onMessage.addListener((m) => {
+      if (m?.type === 'result') (window.__resultTimes[m.job] ??= []).push(Date.now());
+      return false;
+    });
+  });
+}
+
+/** Runs `fn` with the stage workers' ORT files (the JSPI bundle and its wasm) taken from `ortDist`, then
+ * puts the extension's own back. */
+async function withOrt(ortDist, fn) {
+  const files = ['ort.jspi.bundle.min.mjs', 'ort-wasm-simd-threaded.jspi.wasm'];
+  const own = path.join(h.DIST, 'ort');
+  const saved = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-bench-ort-'));
+  for (const f of files) fs.copyFileSync(path.join(own, f), path.join(saved, f));
+  try {
+    for (const f of files) fs.copyFileSync(path.join(ortDist, f), path.join(own, f));
+    await fn();
+  } finally {
+    for (const f of files) fs.copyFileSync(path.join(saved, f), path.join(own, f));
+    fs.rmSync(saved, { recursive: true, force: true });
   }
 }
 
@@ -276,6 +331,7 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   const req = { width: size, height: size, steps: STEPS, count, ...rest };
   log(`${label}: ${size}x${size}, ${STEPS} steps, ${count} image(s) ...`);
   await h.collectEvents(b.page);
+  await recordResultTimes(b.page);
   const t = Date.now();
   const reply = await h.api(b.page, { type: 'generate', ...req });
   if (reply?.type !== 'jobStarted') throw new Error(`generate: ${JSON.stringify(reply)}`);
@@ -290,7 +346,9 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
     }
     await h.sleep(250);
   }
-  const tEnd = Date.now();
+  // When the page got the last result: the polling above lags by up to its interval, more as events pile up.
+  const received = await b.page.evaluate((job) => window.__resultTimes[job]?.at(-1), reply.job);
+  const tEnd = received ?? Date.now();
   const wallS = (tEnd - t) / 1000;
   const entry = { label, name, size, steps: STEPS, count, wallS, outcome: results.length === count ? 'result' : end.type, error: end.error };
   report.images.push(entry);
@@ -401,6 +459,13 @@ function printReport() {
   if (f32Ratios.length) {
     console.log('\nwithout shader-f16 (float32 conversion) against with it:');
     h.printTable(['image', 'float32 s', 'float16 s', 'float32 / float16'], f32Ratios);
+  }
+  const altRatios = [['cold', 'f16-cold', 'alt-cold'], ['repeat', 'f16-repeat', 'alt-repeat'], ['profiled cold', 'f16-profile', 'alt-profile']]
+    .filter(([, own, alt]) => wall(own) && wall(alt))
+    .map(([what, own, alt]) => [what, wall(own).toFixed(2), wall(alt).toFixed(2), (wall(own) / wall(alt)).toFixed(2)]);
+  if (altRatios.length) {
+    console.log(`\nONNX Runtime Web ${report.ortAlt} against the extension's ${report.ort}:`);
+    h.printTable(['image', `${report.ort} s`, `${report.ortAlt} s`, `${report.ort} / ${report.ortAlt}`], altRatios);
   }
   console.log('\nstages (s; memory MB: peak above the idle before the image; GPU memory: nvidia-smi, in use at the peak):');
   h.printTable(

@@ -44,3 +44,57 @@ test('context menu on a selection opens result.html with the image, made with th
   assert.equal((await tab.textContent('#prompt-text')).trim(), prompt);
   assert.equal(await tab.locator('#prompt-text b').count(), 0);
 });
+
+test('text selected in a private window makes an image that is shown but leaves nothing behind, unless the option keeps it', { timeout: 600_000 }, async (t) => {
+  let b = await h.setup(t);
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 256, steps: 1 } }));
+  const fromPrivateWindow = async (selectionText) => {
+    const sw = await h.currentServiceWorker(b.context, b.extensionId);
+    const [tab] = await Promise.all([
+      b.context.waitForEvent('page', { timeout: 30_000 }),
+      sw.evaluate(
+        (text) =>
+          chrome.contextMenus.onClicked.dispatch(
+            { menuItemId: 'imagine-selection', selectionText: text, editable: false, pageUrl: 'https://example.com/' },
+            { id: -1, incognito: true },
+          ),
+        selectionText,
+      ),
+    ]);
+    await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, { timeout: h.GENERATION_TIMEOUT_MS });
+    const job = new URL(tab.url()).searchParams.get('job');
+    await tab.close();
+    return { job, state: await h.endedJob(b.page, job) };
+  };
+  const until = async (ok, ms, what) => {
+    for (const end = Date.now() + ms; !(await ok()); await h.sleep(200)) if (Date.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
+  };
+  const galleryPrompts = async () => (await h.api(b.page, { type: 'galleryList' })).items.map((i) => i.prompt);
+  const cached = async () => Object.keys(await h.opfsTree(b.page)).filter((p) => p.startsWith('cache/') && p.endsWith('.bin'));
+
+  // Shown (the job's state holds the image), but not in the gallery, and the prompt's embeddings are not cached.
+  const hidden = await fromPrivateWindow('a private lighthouse');
+  assert.equal(hidden.state.status, 'done');
+  assert.ok(hidden.state.result.png.length > 0);
+  assert.ok(!(await galleryPrompts()).includes('a private lighthouse'));
+  assert.deepEqual(await cached(), []);
+  const privateFiles = Object.keys(await h.opfsTree(b.page)).filter((p) => p.startsWith('private/') && p.endsWith('.png'));
+  assert.equal(privateFiles.length, 1, JSON.stringify(privateFiles));
+  // Gone once the browser starts again (the page asks for a job, so the service worker has started).
+  const first = b;
+  b = await b.relaunch();
+  first.close = b.close; // setup's cleanup closes the new browser
+  assert.equal((await h.api(b.page, { type: 'job', job: hidden.job })).status, 'unknown');
+  assert.ok(!(await h.opfsEntries(b.page)).includes('private'), 'private/ is still there');
+
+  // With the option on (options page), such an image is kept like any other.
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.check('#keep-private');
+  await until(async () => (await b.page.evaluate(() => chrome.storage.local.get('imagine.keepPrivate')))['imagine.keepPrivate'] === true, 10_000, 'option saved');
+  await options.close();
+  const kept = await fromPrivateWindow('a kept lighthouse');
+  assert.equal(kept.state.status, 'done');
+  assert.ok((await galleryPrompts()).includes('a kept lighthouse'));
+  assert.equal((await cached()).length, 1);
+});

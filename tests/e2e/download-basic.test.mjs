@@ -131,6 +131,38 @@ test('two installPack requests at once start one download', { timeout: 180_000 }
   assert.equal(installed.length, 1, 'more than one packInstalled');
 });
 
+test('an install of another pack while one downloads is refused, naming it; the running one goes on', { timeout: 180_000 }, async (t) => {
+  const b = await h.setup(t, { install: false, hubOptions: { pad: { 'transformer_q8-00000.data': 16 << 20 } } });
+  b.hub.inject('transformer_q8-00000.data', { type: 'slow', bytesPerSecond: 4 << 20 });
+  assert.equal((await h.startInstall(b.page, b.hub, REPO)).type, 'installStarted');
+  const other = await h.api(b.page, { type: 'installPack', endpoint: b.hub.url, repo: 'fixtures/f16', revision: 'main' });
+  assert.equal(other.type, 'error', JSON.stringify(other));
+  assert.ok(other.error.includes(`a download of ${REPO}@main from ${b.hub.url} is running`), other.error);
+  assert.match(other.error, /pause or cancel it/);
+  // The same pack again joins the running download.
+  assert.equal((await h.startInstall(b.page, b.hub, REPO)).type, 'installStarted');
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page);
+  h.assertServed(b.hub, REPO);
+  assert.equal(b.hub.log.filter((r) => r.url.includes('fixtures/f16')).length, 0, 'the other pack was fetched');
+});
+
+test('deleting the pack while an image is being made is refused; once the job ended it is deleted', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t);
+  await h.armFailpoint(b.page, 'stage:session-created:TextEncoder');
+  const job = await h.api(b.page, { type: 'generate', prompt: 'a held fox', width: 256, height: 256, steps: 1, seed: '1' });
+  assert.equal(job.type, 'jobStarted', JSON.stringify(job));
+  await h.waitForFailpoint(b.page, 60_000);
+  const refused = await h.api(b.page, { type: 'deletePack' });
+  assert.equal(refused.type, 'error', JSON.stringify(refused));
+  assert.match(refused.error, /an image is being made: delete the model pack once it is done, or cancel it first/);
+  assert.equal((await h.packStatus(b.page)).installed, true);
+  assert.equal((await h.api(b.page, { type: 'cancel', job: job.job })).type, 'cancelled');
+  await h.waitForJobEnd(b.page, job.job, 60_000, 60_000);
+  assert.equal((await h.api(b.page, { type: 'deletePack' })).type, 'done');
+  assert.equal((await h.packStatus(b.page)).installed, false);
+});
+
 test('the float16 pack with the default (webgpu) backend, without shader-f16: planned with its float32 cost, installed converted', { timeout: 300_000 }, async (t) => {
   // Before issue 10 this was refused before downloading. Now the plan states the cost, and the
   // install converts after the download (f32-conversion.test.mjs checks the image and resuming).
@@ -178,6 +210,14 @@ for (const [name, spec, needle] of [
       files: { 'sub\\evil.data': Buffer.alloc(1000, 1) },
     },
     'evil.data',
+  ],
+  [
+    'a manifest naming a shard in a sub-folder',
+    {
+      override: { 'transformer_q8.manifest.json': JSON.stringify({ shards: [{ path: 'transformer_q8-00000.data' }, { path: 'transformer_q8-00001.data' }, { path: 'shards/extra.data' }] }) },
+      files: { 'shards/extra.data': Buffer.alloc(1000, 1) },
+    },
+    'shards/extra.data, which is in a sub-folder: a pack\'s files must all be at the top of the repo',
   ],
   [
     'a size that makes no sense (tree size and LFS size disagree)',

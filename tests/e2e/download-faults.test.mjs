@@ -113,3 +113,50 @@ test('corrupted twice: stops with an error naming the file', { timeout: 180_000 
   assert.equal(st.download?.state, 'failed');
   assert.equal(await h.installedDir(b.page), null, 'a failed install was installed');
 });
+
+test('a server that goes silent mid-file: given up after the idle timeout, resumed from the last checkpoint', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  await h.setIdleTimeout(b.page, 2000);
+  const stallAt = 10 << 20;
+  // Throttled, so that what was sent before the silence was received (see the cut above).
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 8 << 20 });
+  b.hub.inject(SHARD, { type: 'stall', afterBytes: stallAt });
+  await h.installPack(b.page, b.hub, b.repo, { timeoutMs: 60_000 });
+  assert.ok(b.hub.log.some((r) => r.path === SHARD && r.stalled), 'the silent response was not served');
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  const resumed = rangeStarts(b.hub).filter((s) => s > 0);
+  assert.equal(resumed.length, 1, `expected one ranged resume, ranges: ${JSON.stringify(b.hub.stats(SHARD).ranges)}`);
+  assert.ok(resumed[0] <= stallAt && resumed[0] >= stallAt - REFETCH_BYTES - h.IN_FLIGHT_SLACK, `resumed at ${resumed[0]}, silent from ${stallAt}`);
+  assert.equal((await h.packStatus(b.page)).installed, true);
+});
+
+test('Hub API answers that go silent are given up after the idle timeout and asked again', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  await h.setIdleTimeout(b.page, 2000);
+  const apiRequests = (what) => b.hub.log.filter((r) => r.server === 'hub' && r.url.includes(`/${what}/`));
+  // The service worker's plan: the revision sends its headers and a few bytes, then nothing.
+  b.hub.inject(':revision', { type: 'stall', afterBytes: 10 });
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
+  assert.equal(plan.type, 'packPlan', JSON.stringify(plan, h.shorten));
+  assert.deepEqual(apiRequests('revision').map((r) => Boolean(r.stalled)), [true, false]);
+  // The download worker's: the file list sends its headers, then nothing.
+  b.hub.reset();
+  b.hub.inject(':tree', { type: 'stall' });
+  await h.installPack(b.page, b.hub, b.repo, { timeoutMs: 60_000 });
+  assert.deepEqual(apiRequests('tree').map((r) => Boolean(r.stalled)), [true, false]);
+  h.assertServed(b.hub, b.repo);
+});
+
+test('a redirect to plain http:// off this machine is refused, naming where it went and what is allowed', { timeout: 120_000 }, async (t) => {
+  // insecure-cdn.test is the fake CDN, reached by a name that is not loopback.
+  const b = await h.setupPadded(t, { args: ['--host-resolver-rules=MAP insecure-cdn.test 127.0.0.1'] });
+  const to = `http://insecure-cdn.test:${new URL(b.hub.cdnUrl).port}`;
+  b.hub.inject(SHARD, { type: 'redirect', to, times: Infinity });
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  const error = await h.waitForInstallFailure(b.page, 60_000);
+  assert.ok(error.includes(`redirected to ${to}/blobs/`), error);
+  assert.match(error, /only https:\/\/ addresses are followed, or http:\/\/ on this machine/);
+  // Refused, not retried; nothing of it kept.
+  assert.equal(b.hub.stats(SHARD).resolveRequests, 1, JSON.stringify(b.hub.stats(SHARD)));
+  assert.equal((await h.packStatus(b.page)).installed, false);
+});

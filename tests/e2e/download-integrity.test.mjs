@@ -99,6 +99,27 @@ for (const point of ['swap:before-state', 'swap:after-state']) {
   });
 }
 
+test('a verified pack waiting to be put in place when the browser closes is installed after the restart at its commit, though main moved: nothing fetched again', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t);
+  const newCommit = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), salt: 'v2' });
+  await h.armFailpoint(b.page, 'swap:before-state');
+  assert.equal((await h.startInstall(b.page, b.hub, b.repo)).type, 'installStarted');
+  await h.waitForFailpoint(b.page);
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'installing', 10_000);
+  // Closed before the swap; main moves on meanwhile.
+  const third = b.hub.setRepo(b.repo, { dir: h.fixtureDir(b.repo), salt: 'v3' });
+  b.hub.reset();
+  const nb = await b.relaunch();
+  b.close = nb.close; // setup's cleanup closes the new browser
+  assert.equal((await h.waitForInstall(nb.page)).commit, newCommit);
+  assert.equal((await h.packStatus(nb.page)).commit, newCommit);
+  for (const f of h.packFiles(b.hub, b.repo, newCommit).filter((f) => f.path.endsWith('.data'))) {
+    assert.equal(b.hub.stats(f.path).requests, 0, `${f.path} fetched again`);
+  }
+  assert.ok(b.hub.log.every((r) => r.commit !== third), 'a request at the commit main moved to');
+  await assertInstalledBytes({ ...b, page: nb.page }, newCommit);
+});
+
 test('pause, delete and cancel while the new pack waits to be put in place: the old pack stays usable', { timeout: 300_000 }, async (t) => {
   const b = await h.setup(t);
   const oldCommit = b.hub.commit(b.repo);
@@ -239,5 +260,60 @@ test('a file list larger than the stated limit (16 MiB) is refused, not held', {
   const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/f32': { dir: h.fixtureDir('fixtures/f32'), mutateTree } } } });
   const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
   assert.equal(plan.type, 'error', JSON.stringify(plan, h.shorten));
-  assert.match(plan.error, /tree.*sent more than the 16777216 bytes allowed/);
+  assert.match(plan.error, /the file list of fixtures\/f32 holds more than the 16777216 bytes allowed for it, all pages together/);
+});
+
+test('a file list whose pages together pass the limit (16 MiB) is refused, not held', { timeout: 120_000 }, async (t) => {
+  // The same 60,000 made-up entries, in pages of 20,000 (about 6 MB each, each under the limit).
+  const filler = (i) => ({ type: 'file', oid: 'c'.repeat(40), size: 1, path: `junk/${String(i).padStart(6, '0')}-${'x'.repeat(220)}.bin` });
+  const mutateTree = (entries) => entries.concat(Array.from({ length: 60_000 }, (_, i) => filler(i)));
+  const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/f32': { dir: h.fixtureDir('fixtures/f32'), mutateTree } } } });
+  b.hub.setTreePageSize(20_000);
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
+  assert.equal(plan.type, 'error', JSON.stringify(plan, h.shorten));
+  assert.match(plan.error, /the file list of fixtures\/f32 holds more than the 16777216 bytes allowed for it, all pages together/);
+  // The service worker is still there.
+  assert.equal((await h.packStatus(b.page)).installed, false);
+});
+
+test('a graph listed far larger than any pack\'s is refused before it is fetched; nothing is written', { timeout: 120_000 }, async (t) => {
+  const graph = 'transformer_q8.onnx';
+  const huge = 10 * 2 ** 30;
+  const mutateTree = (entries) => entries.map((e) => (e.path === graph ? { ...e, size: huge, lfs: { ...e.lfs, size: huge } } : e));
+  const b = await h.setup(t, { install: false, hubOptions: { repos: { 'fixtures/f32': { dir: h.fixtureDir('fixtures/f32'), mutateTree } } } });
+  const expected = /the Hub lists transformer_q8\.onnx at 10\.74 GB, over the 67\.1 MB allowed for a pack's graph or manifest/;
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
+  assert.equal(plan.type, 'error', JSON.stringify(plan, h.shorten));
+  assert.match(plan.error, expected);
+  // The service worker survived it; the popup's "Check the download size" says it; an install asked
+  // for the same pack is refused the same way.
+  assert.equal((await h.packStatus(b.page)).installed, false);
+  await b.page.reload();
+  await b.page.waitForSelector('#install-form', { state: 'visible', timeout: 10_000 });
+  await b.page.click('summary:has-text("Source")');
+  await b.page.fill('#hub-endpoint', b.hub.url);
+  await b.page.fill('#hub-repo', b.repo);
+  await b.page.click('#check-size');
+  await b.page.waitForFunction(() => /over the 67\.1 MB allowed/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  const error = reply.type === 'error' ? reply.error : await h.waitForInstallFailure(b.page, 60_000);
+  assert.match(error, expected);
+  assert.equal(b.hub.stats(graph).requests, 0, `${graph} was fetched`);
+  for (const f of h.packFiles(b.hub, b.repo)) if (f.path.endsWith('.data')) assert.equal(h.servedBytes(b.hub, f.path), 0, f.path);
+  assert.equal(await h.installedDir(b.page), null);
+});
+
+test('a 206 that covers only part of the range asked for: the rest is asked for from where it stopped', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  const cutAt = 10 << 20;
+  const part = 5 << 20;
+  // A cut makes the next request a ranged one; its answer covers 5 MiB of it.
+  b.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 8 << 20 });
+  b.hub.inject(SHARD, { type: 'cut', afterBytes: cutAt });
+  b.hub.inject(SHARD, { type: 'shortRange', bytes: part });
+  await h.installPack(b.page, b.hub, b.repo, { timeoutMs: 60_000 });
+  const starts = b.hub.stats(SHARD).ranges.filter(Boolean).map((r) => Number(/bytes=(\d+)-/.exec(r)[1]));
+  assert.equal(starts.length, 2, JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.equal(starts[1], starts[0] + part, `continued at ${starts[1]}, the short range was ${starts[0]}-${starts[0] + part - 1}`);
+  await assertInstalledBytes(b);
 });

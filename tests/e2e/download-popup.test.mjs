@@ -42,8 +42,8 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   const { commit } = await h.packStatus(page);
   assert.ok((await text('#pack-status')).includes(`commit ${commit.slice(0, 7)}`), await text('#pack-status'));
   await page.waitForSelector('#delete-pack', { state: 'visible', timeout: 10_000 });
-  page.once('dialog', (d) => d.accept()); // in case delete asks for confirmation
   await page.click('#delete-pack');
+  await page.click('#delete-confirm-yes');
   await h.waitForDownload(page, (s) => !s.installed, 10_000);
 });
 

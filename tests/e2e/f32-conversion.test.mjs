@@ -151,6 +151,38 @@ test('a conversion interrupted by the browser closing resumes after the restart;
   }
 });
 
+test('a conversion resumed after a pause is not charged again for what it converted before', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t, { install: false });
+  const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: REPO, revision: 'main' });
+  const extra = plan.conversion.extraDiskBytes;
+  await h.armFailpoint(b.page, 'convert:file-done');
+  assert.equal((await h.startInstall(b.page, b.hub, REPO)).type, 'installStarted');
+  await h.waitForFailpoint(b.page);
+  assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+  await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+  // What it converted: the files it verified, whole.
+  const staging = await h.stagingDir(b.page);
+  const state = JSON.parse(await h.opfsText(b.page, `${staging}/conversion.json`));
+  const tree = await h.opfsTree(b.page);
+  const written = state.verified.reduce((n, name) => n + tree[`${staging}/${name}`], 0);
+  assert.ok(written >= 1000, `${JSON.stringify(state)} ${written}`);
+  // No room at all: the refusal says what is still needed, which is what is left to convert.
+  const { usage } = await h.storageEstimate(b.page);
+  await h.setQuota(b.context, b.page, usage);
+  try {
+    assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+    const error = await h.waitForInstallFailure(b.page, 60_000);
+    const [, amount, unit] = /needs ([\d.]+) (bytes|KB|MB) more/.exec(error) ?? [];
+    const needed = Number(amount) * { bytes: 1, KB: 1e3, MB: 1e6 }[unit];
+    assert.ok(Math.abs(needed - (extra - written)) <= 50, `${error}: needed ${needed}, left to convert ${extra - written} of ${extra}`);
+  } finally {
+    await h.setQuota(b.context, b.page, null);
+  }
+  assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+  await h.waitForInstall(b.page, 300_000);
+  assert.ok((await h.packState(b.page)).installed.conversion, 'installed without its float32 conversion');
+});
+
 test('an operator the float32 rewrite does not know is refused before downloading, naming node and operator', { timeout: 300_000 }, async (t) => {
   // The f16 fixture with one text-encoder node turned into an operator the rewrite has no rule for.
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-f16-unknown-op-'));

@@ -304,6 +304,17 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
      *   { type: 'slow', bytesPerSecond }       throttled (default times: Infinity)
      *   { type: 'resize', by }                 serves the file as if it were `by` bytes longer (zeros
      *                                          appended) or shorter, headers included
+     *   { type: 'stall', afterBytes? }         headers, afterBytes (default 0) of body, then nothing, the
+     *                                          connection left open until the client closes it
+     *   { type: 'shortRange', bytes }          a Range request gets a 206 of only `bytes` bytes from where
+     *                                          it asked, its Content-Range ending there (as servers may)
+     *   { type: 'redirect', to }               the resolve request is redirected to `to` (an origin, e.g.
+     *                                          `http://other.test:PORT`) + `/blobs/<sha256>`, which the CDN
+     *                                          serves, for any file
+     *   { type: 'refuse' }                     no answer: the connection is dropped before any header, as
+     *                                          when the network is down (the browser's fetch rejects)
+     * The API answers take `status`, `stall` and `refuse` faults under the paths ':revision' and ':tree'
+     * (every page of the list).
      */
     inject(p, fault) {
       const f = { times: fault.type === 'slow' ? Infinity : 1, ...fault, applied: 0 };
@@ -437,6 +448,8 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
       if (start >= size || start >= end) {
         return send(res, rec, 416, { ...headers, 'Content-Range': `bytes */${size}` });
       }
+      const short = takeFault(p, ['shortRange']);
+      if (short) end = Math.min(end, start + short.bytes);
       status = 206;
       headers['Content-Range'] = `bytes ${start}-${end - 1}/${size}`;
     }
@@ -449,11 +462,13 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
     if (req.method === 'HEAD') return res.end();
 
     const cut = takeFault(p, ['cut']);
+    const stall = cut ? null : takeFault(p, ['stall']);
     const corrupt = takeFault(p, ['corrupt']);
     const slow = takeFault(p, ['slow']);
     let corruptAt = corrupt ? (corrupt.at ?? Math.floor(size / 2)) : -1;
     if (corrupt && (corruptAt < start || corruptAt >= end)) corruptAt = start;
-    const limit = cut ? Math.min(end, start + cut.afterBytes) : end;
+    const stopAt = cut?.afterBytes ?? stall?.afterBytes ?? (stall ? 0 : null);
+    const limit = stopAt !== null ? Math.min(end, start + stopAt) : end;
     let closed = false;
     res.on('close', () => (closed = true));
     const t0 = Date.now();
@@ -493,6 +508,11 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
         if (wait > 0) await sleep(wait);
       }
     }
+    if (stall && !closed) {
+      rec.stalled = true;
+      res.flushHeaders();
+      return silence(res);
+    }
     if (cut && !closed) {
       // Flush what was counted, then close before Content-Length is reached: the client sees a
       // truncated body (a network error), and every byte counted was delivered.
@@ -503,6 +523,34 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
       return;
     }
     res.end();
+  }
+
+  /** Says nothing more on `res` until the client closes the connection. */
+  function silence(res) {
+    return new Promise((r) => res.on('close', r));
+  }
+
+  /** An API answer, unless a fault under `:kind` (see `inject`) says otherwise. */
+  function sendApi(res, rec, kind, headers, body) {
+    const fault = takeFault(`:${kind}`, ['status', 'stall', 'refuse']);
+    if (fault?.type === 'status') return sendError(res, rec, fault.status, 'Injected', `injected ${fault.status}`);
+    if (fault?.type === 'refuse') {
+      rec.status = 0;
+      rec.refused = true;
+      res.socket.destroy();
+      return;
+    }
+    if (fault?.type === 'stall') {
+      rec.status = 200;
+      rec.stalled = true;
+      res.writeHead(200, { ...CORS, ...headers, 'Content-Length': String(body.length) });
+      const part = body.subarray(0, Math.min(body.length, fault.afterBytes ?? 0));
+      if (part.length > 0) res.write(part);
+      else res.flushHeaders();
+      rec.bytes += part.length;
+      return silence(res);
+    }
+    return send(res, rec, 200, headers, body);
   }
 
   async function onHub(req, res) {
@@ -524,7 +572,7 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
       rec.commit = commit.sha;
       if (kind === 'revision' && parts.length === 6) {
         const body = { id: repo, modelId: repo, sha: commit.sha, siblings: [...commit.files.keys()].map((rfilename) => ({ rfilename })) };
-        return send(res, rec, 200, { 'Content-Type': 'application/json' }, Buffer.from(JSON.stringify(body)));
+        return sendApi(res, rec, 'revision', { 'Content-Type': 'application/json' }, Buffer.from(JSON.stringify(body)));
       }
       if (kind === 'tree') {
         const prefix = parts.slice(6).join('/');
@@ -538,7 +586,7 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
           headers.Link = `<${next}>; rel="next"`;
         }
         const page = entries.slice(from, from + size);
-        return send(res, rec, 200, headers, Buffer.from(JSON.stringify(page)));
+        return sendApi(res, rec, 'tree', headers, Buffer.from(JSON.stringify(page)));
       }
       return sendError(res, rec, 404, 'NotFound', 'Not Found');
     }
@@ -568,9 +616,10 @@ export async function startFakeHub({ repos = {}, pad = null, throttle = null, qu
         return sendError(res, rec, 404, 'EntryNotFound', 'Entry not found');
       }
       const meta = { 'X-Repo-Commit': commit.sha };
-      if (file.lfs) {
+      const redirect = takeFault(p, ['redirect']);
+      if (file.lfs || redirect) {
         const q = new URLSearchParams({ repo, path: p, commit: commit.sha });
-        const location = `${hub.cdnUrl}/blobs/${file.sha256}?${q}`;
+        const location = `${redirect?.to ?? hub.cdnUrl}/blobs/${file.sha256}?${q}`;
         st.statuses.push(302);
         return send(res, rec, 302, {
           ...meta,

@@ -125,6 +125,55 @@ test('faults: cut, status, ignoreRange, corrupt, slow; setRepo moves main', asyn
   assert.equal((await fetch(`${hub.url}/api/models/${REPO}/revision/${commit}`)).status, 200);
 });
 
+test('faults: stall, shortRange, redirect, and API faults', async (t) => {
+  const hub = await withHub(t);
+  const commit = hub.commit(REPO);
+  const url = `${hub.url}/${REPO}/resolve/${commit}/${SHARD}`;
+  const size = hub.file(REPO, SHARD).size;
+
+  // Headers and 1 MiB, then silence with the connection open: only the client's own timeout ends it.
+  hub.inject(SHARD, { type: 'stall', afterBytes: 1 << 20 });
+  const stalled = await fetch(url, { signal: AbortSignal.timeout(1500) });
+  assert.equal(stalled.status, 200);
+  const t0 = Date.now();
+  await assert.rejects(stalled.arrayBuffer(), /abort|timeout/i);
+  assert.ok(Date.now() - t0 >= 1000, `the stalled body ended after ${Date.now() - t0} ms`);
+  assert.equal(hub.stats(SHARD).bodyBytes, 1 << 20);
+
+  // A part of the range asked for, said so by its Content-Range.
+  hub.inject(SHARD, { type: 'shortRange', bytes: 1000 });
+  const part = await fetch(url, { headers: { Range: 'bytes=5000-' } });
+  assert.equal(part.status, 206);
+  assert.equal(part.headers.get('content-range'), `bytes 5000-5999/${size}`);
+  assert.equal((await part.arrayBuffer()).byteLength, 1000);
+
+  // Redirected elsewhere, for an LFS file and for one stored in git alike.
+  for (const p of [SHARD, 'transformer_q8.manifest.json']) {
+    hub.inject(p, { type: 'redirect', to: 'http://elsewhere.test:1234' });
+    const r = await fetch(`${hub.url}/${REPO}/resolve/${commit}/${p}`, { redirect: 'manual' });
+    assert.equal(r.status, 302);
+    assert.match(r.headers.get('location'), new RegExp(`^http://elsewhere\\.test:1234/blobs/${hub.file(REPO, p).sha256}\\?`));
+    await r.arrayBuffer();
+  }
+
+  // API answers: a status, then headers and silence, then the answer.
+  const tree = `${hub.url}/api/models/${REPO}/tree/${commit}?recursive=true`;
+  hub.inject(':tree', { type: 'status', status: 503 });
+  hub.inject(':tree', { type: 'stall' });
+  assert.equal((await fetch(tree)).status, 503);
+  const silent = await fetch(tree, { signal: AbortSignal.timeout(1000) });
+  assert.equal(silent.status, 200);
+  await assert.rejects(silent.arrayBuffer(), /abort|timeout/i);
+  assert.ok(Array.isArray(await (await fetch(tree)).json()));
+  hub.inject(':revision', { type: 'stall' });
+  await assert.rejects(fetch(`${hub.url}/api/models/${REPO}/revision/main`, { signal: AbortSignal.timeout(1000) }).then((r) => r.arrayBuffer()), /abort|timeout/i);
+  // No answer at all, as offline, until the fault is cleared.
+  hub.inject(':revision', { type: 'refuse', times: Infinity });
+  for (let i = 0; i < 2; i++) await assert.rejects(fetch(`${hub.url}/api/models/${REPO}/revision/main`), /fetch failed/);
+  hub.clearFaults();
+  assert.equal((await (await fetch(`${hub.url}/api/models/${REPO}/revision/main`)).json()).sha, commit);
+});
+
 test('generated content: large files are streamed, not held', async (t) => {
   const hub = await startFakeHub({ repos: { 'bench/gen': { extra: {}, files: { 'big.data': { size: 64 << 20 } } } } });
   t.after(() => hub.close());

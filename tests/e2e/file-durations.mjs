@@ -1,6 +1,8 @@
 // A `node --test` reporter that prints, once every file has run, how long each test file took (the sum
-// of its top-level tests), so that a slow or stuck file stands out in CI's log. `cargo xtask e2e` and
-// `cargo xtask test` use it beside the spec reporter.
+// of its top-level tests), so that a slow or stuck file stands out in CI's log; and writes the files
+// with a failed test, as a JSON list, to $IMAGINE_E2E_FAILED when it is set (xtask runs those again
+// alone). `cargo xtask e2e` and `cargo xtask test` use it beside the spec reporter.
+import fs from 'node:fs';
 import path from 'node:path';
 
 export default async function* fileDurations(source) {
@@ -18,5 +20,9 @@ export default async function* fileDurations(source) {
     const failed = f.failed ? `  (${f.failed} failed)` : '';
     return `  ${(f.ms / 1000).toFixed(1).padStart(7)} s  ${path.basename(file)}${failed}`;
   });
+  if (process.env.IMAGINE_E2E_FAILED) {
+    const failed = [...files].filter(([, f]) => f.failed).map(([file]) => file);
+    fs.writeFileSync(process.env.IMAGINE_E2E_FAILED, JSON.stringify(failed));
+  }
   yield `\ne2e: duration of each test file\n${rows.join('\n')}\n`;
 }

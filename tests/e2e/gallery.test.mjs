@@ -1,6 +1,6 @@
 // The gallery: every result is kept (OPFS gallery/<job>.png + index.json), listed newest first,
 // searchable, opened with its parameters, reused, deleted, exported as a zip, limited (oldest first,
-// never the one being viewed), rebuilt from the PNGs when the index is lost, and kept across a
+// never the one being viewed, never by the batch that made it), rebuilt from the PNGs when the index is lost, and kept across a
 // browser restart.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -8,6 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from './harness.mjs';
+import { startSampler, peakBetween, medianBetween } from './proc-memory.mjs';
 
 const IMAGES = [
   { prompt: 'a red fox in the snow', seed: '11' },
@@ -41,12 +42,16 @@ async function screenshots(page, name) {
   await page.emulateMedia({ colorScheme: null });
 }
 
+/**
+ * The zip's entries as { name: [sha256, written front to back] }: the second is whether the entry's
+ * sizes follow its data (a data descriptor), which is how a zip written in pieces, never patched, looks.
+ */
 function unzipList(zipPath) {
   const script = [
     'import json, sys, zipfile, hashlib',
     'z = zipfile.ZipFile(sys.argv[1])',
     'assert z.testzip() is None',
-    'print(json.dumps({i.filename: hashlib.sha256(z.read(i)).hexdigest() for i in z.infolist()}))',
+    'print(json.dumps({i.filename: [hashlib.sha256(z.read(i)).hexdigest(), i.flag_bits & 8 != 0] for i in z.infolist()}))',
   ].join('\n');
   return h.run('python3', ['-c', script, zipPath]);
 }
@@ -179,8 +184,10 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.deepEqual(Object.keys(entries).sort(), [`${barn}.png`, `${fox}.png`, 'gallery.json'].sort());
     for (const [job, result] of [[fox, made[0]], [barn, made[2]]]) {
       const want = (await import('node:crypto')).createHash('sha256').update(h.pngBytes(result)).digest('hex');
-      assert.equal(entries[`${job}.png`], want);
+      assert.equal(entries[`${job}.png`][0], want);
     }
+    // Written a PNG at a time, front to back (never the whole gallery in memory to patch headers in).
+    assert.ok(Object.values(entries).every(([, streamed]) => streamed), JSON.stringify(entries));
     // The OPFS copy is gone once downloaded.
     await gallery.waitForFunction(async () => {
       try {
@@ -237,4 +244,63 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
   });
   // The relaunched browser (setup's hook closes the first one and removes the profile after it).
   await b.close({ keepProfile: true });
+});
+
+test('a batch at the gallery limit keeps all of its images; the next image lets them go', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  assert.equal((await h.api(b.page, { type: 'galleryLimit', maxItems: 1 })).maxItems, 1);
+  const size = { width: 256, height: 256, steps: 1 };
+  const reply = await h.api(b.page, { type: 'generate', prompt: 'three boats', ...size, seed: '21', count: 3 });
+  assert.equal(reply.type, 'jobStarted', JSON.stringify(reply));
+  await h.waitForEvent(b.page, (e) => e.type === 'result' && e.job === reply.job && e.index === 2);
+  assert.equal((await h.endedJob(b.page, reply.job)).status, 'done');
+  const batch = [reply.job, `${reply.job}-1`, `${reply.job}-2`];
+  let page = await list(b.page);
+  for (let deadline = Date.now() + 20_000; !page.items.some((i) => i.id === batch[2]) && Date.now() < deadline; ) {
+    await h.sleep(200);
+    page = await list(b.page);
+  }
+  // Over the cap of one while the batch is the newest: its images are the job's results.
+  assert.deepEqual(page.items.map((i) => i.id), [...batch].reverse());
+  for (const id of batch) assert.equal((await h.api(b.page, { type: 'galleryImage', id })).type, 'galleryImage', id);
+  const { result } = await h.generateOk(b.page, { prompt: 'one more boat', ...size, seed: '30' });
+  for (let deadline = Date.now() + 20_000; (await list(b.page)).items[0]?.id !== result.job; ) {
+    if (Date.now() > deadline) throw new Error(`the next image was never kept: ${JSON.stringify(await list(b.page))}`);
+    await h.sleep(200);
+  }
+  assert.deepEqual((await list(b.page)).items.map((i) => i.id), [result.job]);
+});
+
+test('an index rebuild reads only the start of each PNG, one at a time', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const { result } = await h.generateOk(b.page, { prompt: 'a large harbour', width: 256, height: 256, steps: 1, seed: '40' });
+  // 32 images of 10 MB (the result's PNG with bytes after its end): read whole, and all at once, they
+  // would leave the extension's process 320 MB larger.
+  const COUNT = 32;
+  const PAD = 10 << 20;
+  await b.page.evaluate(async ({ png, count, pad }) => {
+    const head = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+    const bytes = new Uint8Array(head.length + pad).fill(7);
+    bytes.set(head);
+    const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('gallery');
+    for (let i = 0; i < count; i++) {
+      const w = await (await dir.getFileHandle(`big${i}.png`, { create: true })).createWritable();
+      await w.write(bytes);
+      await w.close();
+    }
+  }, { png: result.png, count: COUNT, pad: PAD });
+  await h.opfsWrite(b.page, 'gallery/index.json', '{"version": 1, "items": [trunc');
+  const sampler = startSampler(b.profileDir, 50);
+  t.after(() => sampler.stop());
+  await h.sleep(1500);
+  const before = Date.now();
+  const page = await list(b.page, { limit: 500 });
+  await h.sleep(1000);
+  const after = Date.now();
+  assert.equal(page.count, COUNT + 1, JSON.stringify(page.items.map((i) => i.id)));
+  assert.ok(page.items.filter((i) => i.id.startsWith('big')).every((i) => i.bytes === h.pngBytes(result).length + PAD && i.prompt === 'a large harbour'));
+  const baseline = medianBetween(sampler.history, before - 1500, before).extension;
+  const peak = peakBetween(sampler.history, before, after).peak.extension;
+  const grewMb = (peak - baseline) / (1 << 20);
+  assert.ok(grewMb < 100, `the rebuild grew the extension's process by ${grewMb.toFixed(0)} MB (${COUNT * (PAD >> 20)} MB of PNGs)`);
 });

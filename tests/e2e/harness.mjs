@@ -518,16 +518,24 @@ export async function opfsEntries(page) {
   });
 }
 
-/** `packs/state.json` (crates/core/src/storage.rs): { staging: 'a' | 'b', installed: record | null }, or null. */
-export async function packState(page) {
-  return page.evaluate(async () => {
+/** The text of an OPFS file (`dir/name` from the root), read in the page; null if absent. */
+export async function opfsText(page, filePath) {
+  return page.evaluate(async (p) => {
     try {
-      const packs = await (await navigator.storage.getDirectory()).getDirectoryHandle('packs');
-      return JSON.parse(await (await (await packs.getFileHandle('state.json')).getFile()).text());
+      let dir = await navigator.storage.getDirectory();
+      const parts = p.split('/');
+      for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+      return await (await (await dir.getFileHandle(parts.at(-1))).getFile()).text();
     } catch {
       return null;
     }
-  });
+  }, filePath);
+}
+
+/** `packs/state.json` (crates/core/src/storage.rs): { staging: 'a' | 'b', installed: record | null }, or null. */
+export async function packState(page) {
+  const text = await opfsText(page, 'packs/state.json');
+  return text === null ? null : JSON.parse(text);
 }
 
 /** The OPFS directory of the installed pack (`packs/a` or `packs/b`), or null. */
@@ -588,6 +596,14 @@ export async function opfsTruncate(page, filePath, length) {
  */
 export async function armFailpoint(page, name) {
   await opfsWrite(page, 'failpoint', name);
+}
+
+/**
+ * Shortens the time a Hub request may receive nothing before the extension gives it up (30 s; the
+ * OPFS file `idle-timeout-ms`, crates/web/src/hub_client.rs), so a test of a silent server need not wait.
+ */
+export async function setIdleTimeout(page, ms) {
+  await opfsWrite(page, 'idle-timeout-ms', String(ms));
 }
 
 /** Waits until an armed failpoint was reached. */
@@ -784,9 +800,9 @@ export function isStageWorker(w) {
 // Processes and misc
 
 /** Runs a command; resolves { code, stdout, stderr }. */
-export function run(cmd, args, { cwd = ROOT, timeoutMs = 600_000 } = {}) {
+export function run(cmd, args, { cwd = ROOT, timeoutMs = 600_000, env = process.env } = {}) {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));

@@ -110,7 +110,16 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
 
   await t.test('delete model', async () => {
     await options.waitForFunction(() => /^Installed: fixtures\/f32/.test(document.querySelector('#model-status').textContent));
+    // Asked first, saying what it costs; "Keep it" (focused) keeps it.
     await options.click('#delete-pack');
+    await options.waitForSelector('#delete-confirm[open]');
+    assert.match(await options.textContent('#delete-confirm-text'), /^Delete the model \(.+\)\? Making images again means downloading it again/);
+    assert.equal(await options.evaluate(() => document.activeElement.id), 'delete-confirm-no');
+    await options.click('#delete-confirm-no');
+    await options.waitForSelector('#delete-confirm:not([open])', { state: 'attached' });
+    assert.equal((await h.packStatus(b.page)).installed, true);
+    await options.click('#delete-pack');
+    await options.click('#delete-confirm-yes');
     await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'The model is not installed yet.');
     assert.equal((await h.packStatus(b.page)).installed, false);
     assert.equal(await options.isHidden('#delete-pack'), true);

@@ -11,7 +11,8 @@
 // the same three from a repo's address (`https://huggingface.co/OWNER/NAME`, optionally followed by
 // `/tree/REV` or `/resolve/REV/`). `--demo` starts the
 // fake Hub (tests/e2e/fake-hub.mjs) serving tests/fixtures/packs/f32 as `fixtures/f32` on loopback.
-// Headed when $DISPLAY is set, otherwise headless (SwiftShader WebGPU). The browser profile lives in
+// Headed when $DISPLAY is set, otherwise headless (SwiftShader WebGPU), where, without --prompt, it
+// installs the pack and exits, saying what can be done instead. The browser profile lives in
 // target/imagine-profile (so a downloaded pack, or a half-downloaded one, survives runs) unless
 // --profile or --fresh is given.
 
@@ -138,6 +139,12 @@ try {
     try {
       const ev = await h.waitForInstall(b.page, 7 * 24 * 3600_000);
       console.log(`run: pack installed (${mb(ev.bytes)} MB, commit ${ev.commit})`);
+    } catch (e) {
+      // A machine without the Internet (CI, a sandbox) can still run the extension: on the demo pack.
+      if (!o.demo && /could not reach/.test(String(e.message ?? e))) {
+        console.error(`run: ${source.endpoint} could not be reached from here; \`cargo xtask run --demo\` installs a tiny demo pack from a local fake Hub and works offline`);
+      }
+      throw e;
     } finally {
       clearInterval(progress);
     }
@@ -169,6 +176,10 @@ try {
       console.log(`run: wrote ${o.out} in ${(r.wallMs / 1000).toFixed(1)} s: ${JSON.stringify(meta)}`);
     }
     await shutdown(exitCode);
+  } else if (h.isHeadless()) {
+    // Nobody sees a headless browser: waiting for Ctrl-C would only hold the pack's memory.
+    console.log(`run: the pack is installed in the profile ${profileDir}. The browser is headless (no $DISPLAY, or IMAGINE_HEADLESS=1), so there is nothing to look at: add --prompt P --out F.png to make an image, or run where there is a display (a desktop session, or xvfb-run) to use the popup and the studio`);
+    await shutdown(0);
   } else {
     console.log('run: browser is open; Ctrl-C to quit');
     b.context.on('close', () => shutdown(0));

@@ -232,8 +232,11 @@ test('side panel, shortcut, toolbar choice; the context menu shows its job in an
   await b.context.newPage();
   await b.page.reload();
   await b.page.click('#open-studio');
-  await h.sleep(1500);
-  const panels = await sw.evaluate(() => chrome.runtime.getContexts({ contextTypes: ['SIDE_PANEL'] }));
+  let panels = [];
+  for (let i = 0; i < 50 && !panels.some((c) => c.documentUrl.endsWith('/studio.html')); i++) {
+    await h.sleep(200);
+    panels = await sw.evaluate(() => chrome.runtime.getContexts({ contextTypes: ['SIDE_PANEL'] }));
+  }
   assert.ok(panels.some((c) => c.documentUrl.endsWith('/studio.html')), JSON.stringify(panels));
 
   // The keyboard command: without a gesture the panel cannot open (as in this test), so a tab opens.

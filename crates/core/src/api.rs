@@ -132,6 +132,10 @@ pub struct GenerateRequest {
     /// activations, faster and less exact); as the pack has it when absent. The prompt-embedding cache
     /// is neither read nor written with it.
     pub accuracy_level: Option<i64>,
+    /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
+    /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
+    /// selected in a private window unless the user allowed keeping those.
+    pub private: bool,
 }
 
 /// A seed as it arrives in JSON.
@@ -143,7 +147,7 @@ pub enum Seed {
 }
 
 /// Where a job is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Stage {
     TextEncoder,
@@ -498,6 +502,9 @@ pub struct GenerateResult {
     /// Images in the batch.
     #[serde(default = "one")]
     pub count: u32,
+    /// Made for a `private` request: kept until the browser closes, never in the gallery.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private: bool,
 }
 
 /// Time spent in one generation, in milliseconds.
@@ -592,6 +599,9 @@ pub enum Event {
         /// The same, as a `_locales` message for the page's language (absent from older states).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<Message>,
+        /// The network was down (the Hub never answered): the download is tried again by itself.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        offline: bool,
     },
 }
 
@@ -608,9 +618,9 @@ impl Event {
         Event::Failed { job, error: error.to_string(), message: Some(error.message()) }
     }
 
-    /// The download stopped with `error`.
-    pub fn pack_failed(error: &(impl Localize + ?Sized)) -> Event {
-        Event::PackFailed { error: error.to_string(), message: Some(error.message()) }
+    /// The download stopped with `error`; `offline` when the network was down.
+    pub fn pack_failed(error: &(impl Localize + ?Sized), offline: bool) -> Event {
+        Event::PackFailed { error: error.to_string(), message: Some(error.message()), offline }
     }
 
     /// What the toolbar badge says after this event: `Some("")` clears it, `None` leaves it. A running

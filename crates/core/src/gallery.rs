@@ -14,9 +14,9 @@
 //!
 //! Limits ([`GalleryLimit`]): a cap on the number of images and on their bytes; when either is
 //! exceeded the oldest images go first, never one that a page is showing ([`viewed_ids`]) and never
-//! the newest.
+//! the newest or an image of its batch ([`batch_of`]).
 
-use std::io::{Cursor, Write};
+use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -137,6 +137,14 @@ pub fn image_id(job: &str, index: u32) -> String {
     }
 }
 
+/// The job whose batch image `id` is, as [`image_id`] made it: `id` without a `-<index>` ending.
+pub fn batch_of(id: &str) -> &str {
+    match id.rsplit_once('-') {
+        Some((job, index)) if !job.is_empty() && index.parse::<u32>().is_ok_and(|i| i > 0) => job,
+        _ => id,
+    }
+}
+
 /// The PNG's file name in [`GALLERY_DIR`].
 pub fn image_file(id: &str) -> String {
     format!("{id}.png")
@@ -218,13 +226,29 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// A PNG found in [`GALLERY_DIR`] during a rebuild.
+/// How much of the start of a PNG a rebuild reads: its text chunks come before the image data (as
+/// [`crate::image::encode_png`] writes them), and a prompt of 20,000 characters takes at most 80 KB.
+pub const PNG_HEAD_BYTES: u64 = 256 << 10;
+
+/// A PNG found in [`GALLERY_DIR`] during a rebuild: what its start says, not its bytes, so a rebuild
+/// holds one file's head at a time however large the gallery.
 #[derive(Debug, Clone)]
 pub struct FoundImage {
     pub file: String,
-    pub bytes: Vec<u8>,
+    /// The file's size.
+    pub bytes: u64,
     /// The file's last change (ms since the epoch): the image's time when the index is lost.
     pub modified: f64,
+    /// Its parameters, or why it is not an image of ours.
+    pub meta: Result<crate::image::PngMeta, String>,
+}
+
+impl FoundImage {
+    /// The file `file` of `bytes` bytes, from its first [`PNG_HEAD_BYTES`] (`head`, fewer when the file
+    /// is shorter).
+    pub fn read(file: String, head: &[u8], bytes: u64, modified: f64) -> FoundImage {
+        FoundImage { file, bytes, modified, meta: crate::image::read_png_meta(head) }
+    }
 }
 
 impl GalleryIndex {
@@ -261,7 +285,7 @@ impl GalleryIndex {
                 skipped.push(Skipped { file: image.file, reason: "not an image's file name".into() });
                 continue;
             };
-            match crate::image::read_png_meta(&image.bytes) {
+            match image.meta {
                 Ok(meta) => items.push(GalleryItem {
                     id: id.to_owned(),
                     prompt: meta.prompt,
@@ -271,7 +295,7 @@ impl GalleryIndex {
                     steps: meta.steps,
                     schedule: meta.schedule,
                     created: image.modified,
-                    bytes: image.bytes.len() as u64,
+                    bytes: image.bytes,
                     timings: None,
                     pack_commit: None,
                 }),
@@ -318,18 +342,19 @@ impl GalleryIndex {
         (page.collect(), matching.len() as u32)
     }
 
-    /// Drops the oldest items until the limit holds, skipping those in `keep` and the newest item;
-    /// returns what was dropped (whose PNGs the caller removes).
+    /// Drops the oldest items until the limit holds, skipping those in `keep` and the newest item's
+    /// batch (the newest and the images of its job before it: a batch's images are still the job's
+    /// results, read from here); returns what was dropped (whose PNGs the caller removes).
     pub fn evict(&mut self, keep: &[String]) -> Vec<GalleryItem> {
         let limit = self.limit;
         let mut count = self.items.len() as u64;
         let mut bytes = self.bytes_used();
-        let newest = self.items.last().map(|i| i.id.clone());
+        let newest_batch = self.items.last().map(|i| batch_of(&i.id).to_owned());
         let mut dropped = Vec::new();
         let mut kept = Vec::with_capacity(self.items.len());
         for item in std::mem::take(&mut self.items) {
             let over = count > u64::from(limit.max_items) || bytes > limit.max_bytes;
-            let protected = keep.contains(&item.id) || newest.as_deref() == Some(item.id.as_str());
+            let protected = keep.contains(&item.id) || newest_batch.as_deref() == Some(batch_of(&item.id));
             if over && !protected {
                 count -= 1;
                 bytes -= item.bytes;
@@ -343,27 +368,77 @@ impl GalleryIndex {
     }
 }
 
-/// A zip of `images` (each item with its PNG) and [`EXPORT_INDEX`], the items' parameters. PNGs are
-/// stored, not deflated: they are compressed already.
-pub fn export_zip(images: &[(GalleryItem, Vec<u8>)]) -> Result<Vec<u8>, GalleryError> {
-    use zip::write::SimpleFileOptions;
-    let error = |e: zip::result::ZipError| GalleryError::Export(e.to_string());
-    let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
-    let options = |created: f64| {
-        SimpleFileOptions::default()
+/// The export: a zip of every image's PNG and [`EXPORT_INDEX`] (the items' parameters), made a piece at
+/// a time so that a gallery at its limit (gigabytes) is never in memory whole: [`ExportZip::add`] takes
+/// one PNG and gives back the bytes to append to the file, [`ExportZip::finish`] the last ones. The zip
+/// is written front to back, never patched: each entry's sizes and CRC follow its data (a data
+/// descriptor). PNGs are stored, not deflated: they are compressed already.
+pub struct ExportZip {
+    zip: zip::ZipWriter<zip::write::StreamWriter<Pending>>,
+    pending: Pending,
+    items: Vec<GalleryItem>,
+}
+
+/// What the zip writer wrote since the last piece was taken.
+#[derive(Clone, Default)]
+struct Pending(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl Write for Pending {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Pending {
+    fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.0.borrow_mut())
+    }
+}
+
+impl Default for ExportZip {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ExportZip {
+    pub fn new() -> ExportZip {
+        let pending = Pending::default();
+        ExportZip { zip: zip::ZipWriter::new_stream(pending.clone()), pending, items: Vec::new() }
+    }
+
+    fn options(created: f64) -> zip::write::SimpleFileOptions {
+        zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Stored)
             .last_modified_time(zip_time(created))
-    };
-    for (item, png) in images {
-        zip.start_file(export_name(item), options(item.created)).map_err(error)?;
-        zip.write_all(png).map_err(|e| GalleryError::Export(e.to_string()))?;
     }
-    let items: Vec<&GalleryItem> = images.iter().map(|(item, _)| item).collect();
-    let newest = items.iter().map(|i| i.created).fold(0.0, f64::max);
-    zip.start_file(EXPORT_INDEX, options(newest)).map_err(error)?;
-    let json = serde_json::to_vec_pretty(&items).expect("items serialize");
-    zip.write_all(&json).map_err(|e| GalleryError::Export(e.to_string()))?;
-    Ok(zip.finish().map_err(error)?.into_inner())
+
+    /// Adds `item`'s PNG; the bytes to append to the file now (about the PNG's size).
+    pub fn add(&mut self, item: &GalleryItem, png: &[u8]) -> Result<Vec<u8>, GalleryError> {
+        self.zip.start_file(export_name(item), Self::options(item.created)).map_err(export_error)?;
+        self.zip.write_all(png).map_err(|e| GalleryError::Export(e.to_string()))?;
+        self.items.push(item.clone());
+        Ok(self.pending.take())
+    }
+
+    /// Adds [`EXPORT_INDEX`] and the zip's directory: the last bytes to append.
+    pub fn finish(mut self) -> Result<Vec<u8>, GalleryError> {
+        let newest = self.items.iter().map(|i| i.created).fold(0.0, f64::max);
+        self.zip.start_file(EXPORT_INDEX, Self::options(newest)).map_err(export_error)?;
+        let json = serde_json::to_vec_pretty(&self.items).expect("items serialize");
+        self.zip.write_all(&json).map_err(|e| GalleryError::Export(e.to_string()))?;
+        self.zip.finish().map_err(export_error)?;
+        Ok(self.pending.take())
+    }
+}
+
+fn export_error(e: zip::result::ZipError) -> GalleryError {
+    GalleryError::Export(e.to_string())
 }
 
 /// An image's name in the export.
@@ -494,6 +569,29 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_never_evicts_its_own_images() {
+        // Two older images, then a batch of three (ids as image_id makes them) at a cap of one.
+        let mut g = index(
+            vec![item("old0", "p", 0.0, 100), item("old1", "p", 1.0, 100)],
+            GalleryLimit { max_items: 1, max_bytes: 1 << 30 },
+        );
+        for n in 0..3 {
+            g.add(item(&image_id("0123abcd", n), "p", 2.0 + f64::from(n), 100));
+            g.evict(&[]);
+        }
+        assert_eq!(ids(&g.items), ["0123abcd", "0123abcd-1", "0123abcd-2"]);
+        // The next job's image is what lets the batch go, oldest first.
+        g.add(item("4567cdef", "p", 9.0, 100));
+        assert_eq!(ids(&g.evict(&[])), ["0123abcd", "0123abcd-1", "0123abcd-2"]);
+        // Another job whose id merely starts alike is not of the batch.
+        assert_eq!(batch_of("0123abcd-2"), "0123abcd");
+        assert_eq!(batch_of("0123abcd"), "0123abcd");
+        assert_eq!(batch_of("0123abcd-x"), "0123abcd-x");
+        assert_eq!(batch_of("0123abcd-0"), "0123abcd-0");
+        assert_eq!(batch_of("-1"), "-1");
+    }
+
+    #[test]
     fn viewed_ids_come_from_view_and_job_in_page_urls() {
         let urls = [
             "chrome-extension://x/gallery.html?view=abc#top",
@@ -519,11 +617,14 @@ mod tests {
     #[test]
     fn a_lost_index_is_rebuilt_from_the_pngs_text_chunks() {
         assert!(matches!(GalleryIndex::parse(b"{not json"), Err(GalleryError::Corrupt(_))));
+        let found = |file: &str, bytes: &[u8], modified| {
+            FoundImage::read(file.into(), bytes, bytes.len() as u64, modified)
+        };
         let found = vec![
-            FoundImage { file: "b.png".into(), bytes: png("second «ü»", 7), modified: 20.0 },
-            FoundImage { file: "a.png".into(), bytes: png("first", u64::MAX), modified: 10.0 },
-            FoundImage { file: "junk.png".into(), bytes: b"not a png".to_vec(), modified: 5.0 },
-            FoundImage { file: "index.json.tmp".into(), bytes: vec![], modified: 5.0 },
+            found("b.png", &png("second «ü»", 7), 20.0),
+            found("a.png", &png("first", u64::MAX), 10.0),
+            found("junk.png", b"not a png", 5.0),
+            found("index.json.tmp", &[], 5.0),
         ];
         let (g, skipped) = GalleryIndex::rebuild(found, GalleryLimit::default());
         assert_eq!(ids(&g.items), ["a", "b"]);
@@ -542,11 +643,61 @@ mod tests {
     }
 
     #[test]
-    fn the_export_holds_every_png_and_their_parameters() {
+    fn a_rebuild_needs_only_the_head_of_each_png() {
+        // A large image (noise does not compress) with the longest prompt there may be, in characters
+        // of four bytes.
+        let (width, height) = (512, 512);
+        let mut state = 1u32;
+        let rgba: Vec<u8> = (0..width * height * 4)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 24) as u8
+            })
+            .collect();
+        let prompt = "𝄞".repeat(20_000);
+        let meta = PngMeta {
+            prompt: prompt.clone(),
+            seed: 5,
+            width,
+            height,
+            steps: 4,
+            schedule: "empirical".into(),
+        };
+        let png = encode_png(&rgba, width, height, &meta).unwrap();
+        assert!(png.len() as u64 > 2 * PNG_HEAD_BYTES, "{}", png.len());
+        let head = &png[..PNG_HEAD_BYTES as usize];
+        let (g, skipped) = GalleryIndex::rebuild(
+            vec![FoundImage::read("big.png".into(), head, png.len() as u64, 1.0)],
+            GalleryLimit::default(),
+        );
+        assert_eq!(skipped, []);
+        let item = g.get("big").unwrap();
+        assert_eq!((item.prompt.as_str(), item.seed.as_str(), item.width), (prompt.as_str(), "5", 512));
+        assert_eq!(item.bytes, png.len() as u64);
+    }
+
+    #[test]
+    fn the_export_is_written_a_piece_per_image_and_holds_every_png_and_their_parameters() {
+        use std::io::Cursor;
         let a = (item("a", "first", 1_700_000_000_000.0, 0), png("first", 1));
-        let b = (item("b", "second", 1_700_000_100_000.0, 0), png("second", 2));
-        let bytes = export_zip(&[a.clone(), b.clone()]).unwrap();
-        let mut zip = zip::ZipArchive::new(Cursor::new(bytes)).unwrap();
+        let b = (item("b", "second", 1_700_000_100_000.0, 0), vec![7u8; 300_000]);
+        let mut export = ExportZip::new();
+        let mut file = Vec::new();
+        for (item, png) in [&a, &b] {
+            let piece = export.add(item, png).unwrap();
+            // Each piece is about its own image: nothing of the earlier ones is kept to be written later.
+            assert!(
+                piece.len() >= png.len() && piece.len() < png.len() + 200,
+                "{} for {}",
+                piece.len(),
+                png.len()
+            );
+            file.extend(piece);
+        }
+        let last = export.finish().unwrap();
+        assert!(last.len() < 2_000, "{}", last.len());
+        file.extend(last);
+        let mut zip = zip::ZipArchive::new(Cursor::new(file)).unwrap();
         assert_eq!(zip.len(), 3);
         for (item, png) in [&a, &b] {
             let mut entry = zip.by_name(&export_name(item)).unwrap();

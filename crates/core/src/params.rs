@@ -41,7 +41,7 @@ pub const MAX_ACCURACY_LEVEL: u8 = 4;
 pub const DEFAULT_KEEP_LOADED_SECONDS: u32 = 300;
 
 /// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Backend {
     /// WebGPU; the default.
     #[default]
@@ -106,6 +106,9 @@ pub struct GenerateParams {
     /// pack's).
     #[serde(default)]
     pub accuracy_level: Option<u8>,
+    /// Nothing of the job is kept on disk (`GenerateRequest::private`).
+    #[serde(default)]
+    pub private: bool,
 }
 
 fn one() -> u32 {
@@ -315,6 +318,7 @@ impl GenerateRequest {
             load_ahead: self.load_ahead.unwrap_or(true),
             profile: self.profile,
             accuracy_level,
+            private: self.private,
         })
     }
 }
@@ -405,6 +409,7 @@ mod tests {
                 load_ahead: true,
                 profile: false,
                 accuracy_level: None,
+                private: false,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));
@@ -529,6 +534,8 @@ mod tests {
             "the prompt is 20001 characters long: at most 20000 are allowed (only the first 512 tokens, about 2000 characters of English, are used)"
         );
         assert_eq!(req(r#"{"accuracyLevel":4}"#).validate(0).unwrap().accuracy_level, Some(4));
+        assert!(!req("{}").validate(0).unwrap().private);
+        assert!(req(r#"{"private":true}"#).validate(0).unwrap().private);
         assert_eq!(
             req(r#"{"accuracyLevel":5}"#).validate(0).unwrap_err().to_string(),
             "accuracyLevel 5 is not allowed: it must be an integer from 0 to 4"

@@ -27,6 +27,21 @@ use crate::prompt::{EncodedPrompt, MAX_TOKENS};
 use crate::schedule::Schedule;
 use crate::session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorInfo};
 
+/// How long a stage may report nothing (a session created, a step, an image, its end) before it is
+/// ended as stalled, given the longest it has gone quiet before on this device, at any point of a job
+/// that finished: five times that, at least a minute; ten minutes while nothing has been measured (a
+/// cold load of the full-size pack on a slow disk and GPU takes a few minutes at most). A hang found
+/// this way is a worker that will never answer: a kernel that never returns, a read that never
+/// settles.
+pub fn stall_limit_ms(longest_quiet_ms: Option<f64>) -> f64 {
+    const UNMEASURED_MS: f64 = 600_000.0;
+    const AT_LEAST_MS: f64 = 60_000.0;
+    match longest_quiet_ms {
+        Some(ms) if ms.is_finite() && ms >= 0.0 => (5.0 * ms).max(AT_LEAST_MS),
+        _ => UNMEASURED_MS,
+    }
+}
+
 /// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
 pub const EMBED_WIDTH: usize = 7680;
 

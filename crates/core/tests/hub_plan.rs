@@ -241,3 +241,68 @@ fn a_pack_file_named_like_the_download_record_is_refused() {
     let e = hub::plan(&source(), COMMIT, &listing, &graphs).unwrap_err();
     assert!(e.to_string().contains("download-a.json") && e.to_string().contains("reserved"), "{e}");
 }
+
+#[test]
+fn a_graph_or_manifest_listed_beyond_any_pack_is_refused_before_it_is_fetched() {
+    let listed_at = |path: &str, size: u64| -> Vec<PackFile> {
+        hub::parse_tree(tree_json("f32").as_bytes())
+            .unwrap()
+            .into_iter()
+            .map(|f| if f.path == path { PackFile { size, ..f } } else { f })
+            .collect()
+    };
+    // graph_files is what the worker fetches, so refusing there means nothing was read.
+    let e = hub::graph_files(&source(), COMMIT, &listed_at("transformer_q8.onnx", 10 << 30)).unwrap_err();
+    assert!(
+        matches!(&e, HubError::TooLargeToRead { file, cap, .. } if file == "transformer_q8.onnx" && *cap == hub::MAX_GRAPH_BYTES),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "the Hub lists transformer_q8.onnx at 10.74 GB, over the 67.1 MB allowed for a pack's graph or \
+         manifest (the published pack's are a few MB), so it was not downloaded"
+    );
+    let e = hub::graph_files(&source(), COMMIT, &listed_at("text_encoder_q4.manifest.json", 2 << 20))
+        .unwrap_err();
+    assert!(
+        matches!(&e, HubError::TooLargeToRead { file, .. } if file == "text_encoder_q4.manifest.json"),
+        "{e}"
+    );
+    // At the caps, still accepted.
+    hub::graph_files(&source(), COMMIT, &listed_at("transformer_q8.onnx", hub::MAX_GRAPH_BYTES)).unwrap();
+    hub::graph_files(&source(), COMMIT, &listed_at("transformer_q8.manifest.json", hub::MAX_MANIFEST_BYTES))
+        .unwrap();
+}
+
+#[test]
+fn a_pack_file_in_a_sub_folder_is_refused_when_planning() {
+    // A manifest that names a shard in a sub-folder, which the repo does hold.
+    let manifest =
+        br#"{"shards":[{"path":"transformer_q8-00000.data"},{"path":"shards/more.data"}]}"#.to_vec();
+    let mut graphs = download_graphs("f32", &hub::parse_tree(tree_json("f32").as_bytes()).unwrap());
+    graphs[1].manifest = Some(manifest.clone());
+    let mut listing: Vec<PackFile> = hub::parse_tree(tree_json("f32").as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|f| {
+            if f.path == "transformer_q8.manifest.json" {
+                PackFile { size: manifest.len() as u64, git_oid: Some(hub::git_blob_oid(&manifest)), ..f }
+            } else {
+                f
+            }
+        })
+        .collect();
+    listing.push(PackFile {
+        path: "shards/more.data".into(),
+        size: 4,
+        sha256: Some("a".repeat(64)),
+        git_oid: None,
+    });
+    let e = hub::plan(&source(), COMMIT, &listing, &graphs).unwrap_err();
+    assert!(matches!(&e, HubError::SubFolder { file, .. } if file == "shards/more.data"), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "transformer_q8.manifest.json names shards/more.data, which is in a sub-folder: a pack's files must \
+         all be at the top of the repo"
+    );
+}

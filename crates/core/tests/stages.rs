@@ -517,3 +517,15 @@ fn image_is_a_png_of_the_sample() {
     let error = stages::encode_image(&[0.0; 3 * 7], &meta).unwrap_err();
     assert!(matches!(error, StageError::Image(_)), "{error:?}");
 }
+
+#[test]
+fn stall_limit_scales_with_what_the_stage_took_before() {
+    use imagine_core::stages::stall_limit_ms;
+    // Nothing measured: ten minutes, enough for a cold full-size load on a slow machine.
+    assert_eq!(stall_limit_ms(None), 600_000.0);
+    assert_eq!(stall_limit_ms(Some(f64::NAN)), 600_000.0);
+    // Fast stages still get a minute; slow ones five times their longest quiet time, past ten minutes too.
+    assert_eq!(stall_limit_ms(Some(500.0)), 60_000.0);
+    assert_eq!(stall_limit_ms(Some(20_000.0)), 100_000.0);
+    assert_eq!(stall_limit_ms(Some(300_000.0)), 1_500_000.0);
+}

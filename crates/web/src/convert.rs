@@ -53,26 +53,18 @@ pub struct ConvertProgress {
     pub files: Vec<FileProgress>,
 }
 
-/// Converts `plans` for `limits` into `dir` (the staging slot of `commit`), resuming from the saved
-/// state; `report` is called after every piece. The record to install with the pack.
-pub async fn convert(
+/// The saved progress of converting `commit` for `limits` in `dir`, if that is what was converted there.
+async fn saved_state(
     dir: &FileSystemDirectoryHandle,
     commit: &str,
-    plans: &[GraphPlan],
     limits: Limits,
-    mut report: impl FnMut(&ConvertProgress),
-) -> Result<ConversionRecord, ConvertError> {
-    let saved = opfs::read(dir, CONVERSION_STATE_FILE)
-        .await
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<ConversionState>(&bytes).ok())
-        .filter(|state| state.is_for(commit, limits));
-    let state = saved.unwrap_or_else(|| ConversionState {
-        commit: commit.to_owned(),
-        limits: Some(limits),
-        ..Default::default()
-    });
-    let state_file = SyncFile::open(dir, CONVERSION_STATE_FILE).await?;
+) -> Option<ConversionState> {
+    let bytes = opfs::read(dir, CONVERSION_STATE_FILE).await.ok()?;
+    serde_json::from_slice::<ConversionState>(&bytes).ok().filter(|state| state.is_for(commit, limits))
+}
+
+/// Each new file of `plans` with what `state` says of it.
+fn files_progress(plans: &[GraphPlan], state: &ConversionState) -> Vec<FileProgress> {
     let mut files: Vec<FileProgress> = plans
         .iter()
         .flat_map(|p| {
@@ -90,6 +82,38 @@ pub async fn convert(
         f.done_bytes =
             if f.verified { f.size } else { state.written.get(&f.path).copied().unwrap_or(0).min(f.size) };
     }
+    files
+}
+
+/// Bytes an earlier attempt at converting `plans` of `commit` for `limits` saved in `dir`: on disk
+/// already, so not to be found room for again.
+pub async fn written_bytes(
+    dir: &FileSystemDirectoryHandle,
+    commit: &str,
+    plans: &[GraphPlan],
+    limits: Limits,
+) -> u64 {
+    saved_state(dir, commit, limits)
+        .await
+        .map_or(0, |state| files_progress(plans, &state).iter().map(|f| f.done_bytes).sum())
+}
+
+/// Converts `plans` for `limits` into `dir` (the staging slot of `commit`), resuming from the saved
+/// state; `report` is called after every piece. The record to install with the pack.
+pub async fn convert(
+    dir: &FileSystemDirectoryHandle,
+    commit: &str,
+    plans: &[GraphPlan],
+    limits: Limits,
+    mut report: impl FnMut(&ConvertProgress),
+) -> Result<ConversionRecord, ConvertError> {
+    let state = saved_state(dir, commit, limits).await.unwrap_or_else(|| ConversionState {
+        commit: commit.to_owned(),
+        limits: Some(limits),
+        ..Default::default()
+    });
+    let state_file = SyncFile::open(dir, CONVERSION_STATE_FILE).await?;
+    let files = files_progress(plans, &state);
     let mut job = Job { dir, state, state_file, sources: HashMap::new(), files, report: &mut report };
     job.save()?;
     job.report_now();

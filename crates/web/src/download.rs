@@ -143,6 +143,19 @@ impl DownloadError {
             _ => false,
         }
     }
+
+    /// The Hub never answered (no connection at all, every attempt): the network is down, so the
+    /// service worker tries the download again later by itself.
+    fn is_offline(&self) -> bool {
+        match self {
+            DownloadError::Fetch(FetchError::Unreachable { .. }) => true,
+            DownloadError::Fetch(FetchError::GaveUp { last, .. }) => {
+                matches!(**last, FetchError::Unreachable { .. })
+            }
+            DownloadError::GaveUp { last, .. } => last.is_offline(),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -186,7 +199,7 @@ fn send(report: &DownloadReport) {
 
 /// Reports why the download stopped: the one place its error becomes text.
 fn fail(error: DownloadError) {
-    send(&DownloadReport::Error(ErrorText::of(&error)));
+    send(&DownloadReport::Failed { error: ErrorText::of(&error), offline: error.is_offline() });
 }
 
 /// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
@@ -200,7 +213,11 @@ async fn install(
     let staging = opfs::pack_state().await?.staging;
     let mut store = RecordStore::load(staging).await;
     let verified_small_files = store.kept_small_files(staging).await;
-    let (plan, graphs) = hub_client::plan(&source, &verified_small_files).await?;
+    // What was fetched (a verified pack waiting for its swap, say) is never discarded because the
+    // revision moved meanwhile: the download goes on at its commit.
+    let pinned =
+        store.record.as_ref().filter(|r| r.source == source && r.done_bytes() > 0).map(|r| r.commit.clone());
+    let (plan, graphs) = hub_client::plan(&source, pinned.as_deref(), &verified_small_files).await?;
     // Everything about the device is checked before the first byte is written: an adapter without
     // shader-f16 gets the float16 graphs rewritten to float32 (refused here, naming the node, when the
     // rewrite cannot do it).
@@ -235,17 +252,26 @@ async fn install(
     let mut record = resumable.unwrap_or_else(|| DownloadRecord::new(&plan));
     report.record(&record);
 
-    let usage = opfs::storage_use().await?;
-    let converted_bytes = conversion
-        .as_ref()
-        .map_or(0, |(plans, _)| hub_client::conversion_cost(&graphs, &plan, plans).extra_disk_bytes);
-    hub::check_space(record.remaining_bytes() + converted_bytes, usage.usage_bytes, usage.quota_bytes)?;
-
     if fresh {
-        // A pack is never a mix of two revisions: nothing of another commit is kept.
+        // A pack is never a mix of two revisions: nothing of another commit is kept. Removed before the
+        // space check, which would otherwise count what the extension itself frees.
         opfs::clear_slot(staging).await?;
         store.sequence = 0;
     }
+    let converted_bytes = match &conversion {
+        Some((plans, limits)) => {
+            let cost = hub_client::conversion_cost(&graphs, &plan, plans).extra_disk_bytes;
+            // What an earlier attempt converted is on disk, so in the usage, already.
+            let written = match opfs::slot_dir(staging, false).await {
+                Ok(dir) => convert::written_bytes(&dir, &record.commit, plans, *limits).await,
+                Err(_) => 0,
+            };
+            cost.saturating_sub(written)
+        }
+        None => 0,
+    };
+    let usage = opfs::storage_use().await?;
+    hub::check_space(record.remaining_bytes() + converted_bytes, usage.usage_bytes, usage.quota_bytes)?;
     let dir = opfs::slot_dir(staging, true).await?;
     // The graphs and manifests were fetched and verified while planning; store them now.
     let small: HashMap<String, &[u8]> = graphs
@@ -416,7 +442,7 @@ impl Download {
             // Every byte was saved before an interruption; only the verification is left.
             return Ok(());
         }
-        let response = hub_client::fetch(url, (start > 0).then_some(start)).await?;
+        let (response, mut watch) = hub_client::fetch(url, (start > 0).then_some(start)).await?;
         check_status(&response, url)?;
         check_length(&response, url, &path, size)?;
         let mut offset = start;
@@ -435,14 +461,20 @@ impl Download {
                 file.truncate(0)?;
             }
         }
+        let mut ends_early = range_ends_early(&response, size);
         let body = response.body().ok_or_else(|| DownloadError::NoBody { url: url.to_owned() })?;
         let mut reader = BodyReader::new(body);
         let mut asked_at = offset;
         let result = loop {
             let buffer = self.hasher.buffer().await?;
-            let (buffer, length, more) = match reader.fill(buffer).await {
+            let (buffer, length, more) = match reader.fill(buffer, &watch).await {
                 Ok(block) => block,
-                Err(e) => break Err(DownloadError::Interrupted { path: path.clone(), source: e.into() }),
+                Err(e) => {
+                    break Err(match watch.stall(url) {
+                        Some(stalled) => stalled.into(),
+                        None => DownloadError::Interrupted { path: path.clone(), source: e.into() },
+                    })
+                }
             };
             if length > 0 {
                 if offset + u64::from(length) > size {
@@ -474,12 +506,21 @@ impl Download {
             }
             self.report.maybe(&self.record);
             if !more {
-                // A body that ends cleanly is the server's whole answer: asking again gets the same.
-                break if offset == size {
-                    Ok(())
-                } else {
-                    Err(DownloadError::TooShort { url: url.to_owned(), path: path.clone(), offset, size })
-                };
+                if offset == size {
+                    break Ok(());
+                }
+                // A 206 of part of the range asked for came whole: the rest is asked for from there.
+                if ends_early == Some(offset) {
+                    match continue_from(url, &path, size, offset).await {
+                        Ok((next_reader, next_watch, next_end)) => {
+                            (reader, watch, ends_early) = (next_reader, next_watch, next_end);
+                            continue;
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
+                // Any other body that ends cleanly is the server's whole answer: asking again gets the same.
+                break Err(DownloadError::TooShort { url: url.to_owned(), path: path.clone(), offset, size });
             }
         };
         if result.is_err() {
@@ -508,6 +549,38 @@ impl Download {
         self.record.files[index].done = done;
         saved
     }
+}
+
+/// The next request of a file whose last response was a 206 that stopped at `offset`, before its end:
+/// the body from `offset` on, its watch, and where its own range stops early. Only a 206 from `offset`
+/// is taken; anything else fails (transiently), and the file goes on from its last checkpoint.
+async fn continue_from(
+    url: &str,
+    path: &str,
+    size: u64,
+    offset: u64,
+) -> Result<(BodyReader, hub_client::IdleWatch, Option<u64>), DownloadError> {
+    let (response, watch) = hub_client::fetch(url, Some(offset)).await?;
+    check_status(&response, url)?;
+    check_length(&response, url, path, size)?;
+    let range = response.headers().get("content-range").ok().flatten();
+    if response.status() != 206 || !range.as_deref().is_some_and(|r| hub::range_matches(r, offset)) {
+        watch.abort();
+        return Err(DownloadError::RangeMismatch { url: url.to_owned(), start: offset });
+    }
+    let ends_early = range_ends_early(&response, size);
+    let body = response.body().ok_or_else(|| DownloadError::NoBody { url: url.to_owned() })?;
+    Ok((BodyReader::new(body), watch, ends_early))
+}
+
+/// Where a 206 response's range stops, when that is before the end of the file (see
+/// [`hub::range_ends_early`]).
+fn range_ends_early(response: &web_sys::Response, size: u64) -> Option<u64> {
+    if response.status() != 206 {
+        return None;
+    }
+    let range = response.headers().get("content-range").ok().flatten()?;
+    hub::range_ends_early(&range, size)
 }
 
 /// The offset of the last checkpoint saved for a file.
@@ -567,14 +640,22 @@ impl BodyReader {
     }
 
     /// Fills `buffer` with the next bytes: `(buffer, bytes in it, whether more follow)`. The buffer
-    /// comes back as a new object (reading transfers it), full unless the body ended.
-    async fn fill(&mut self, mut buffer: ArrayBuffer) -> Result<(ArrayBuffer, u32, bool), JsValue> {
+    /// comes back as a new object (reading transfers it), full unless the body ended. Each read that
+    /// brings something tells `watch`, which ends the request when none does for the idle timeout.
+    async fn fill(
+        &mut self,
+        mut buffer: ArrayBuffer,
+        watch: &hub_client::IdleWatch,
+    ) -> Result<(ArrayBuffer, u32, bool), JsValue> {
+        // Only the wait for the server counts as silence, not the time spent writing and hashing.
+        watch.touch();
         let capacity = buffer.byte_length();
         let mut filled = 0u32;
         match self {
             BodyReader::Byob(reader) => loop {
                 let view = Uint8Array::new_with_byte_offset_and_length(&buffer, filled, capacity - filled);
                 let result = JsFuture::from(reader.read_with_array_buffer_view(&view)).await?;
+                watch.touch();
                 if let Some(value) = get(&result, "value").dyn_ref::<Uint8Array>() {
                     buffer = value.buffer();
                     filled += value.length();
@@ -593,6 +674,7 @@ impl BodyReader {
                         Some(chunk) => chunk,
                         None => {
                             let result = JsFuture::from(reader.read()).await?;
+                            watch.touch();
                             if get(&result, "done").as_bool().unwrap_or(true) {
                                 return Ok((buffer, filled, false));
                             }

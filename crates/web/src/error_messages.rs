@@ -53,6 +53,9 @@ impl Localize for OpfsError {
             OpfsError::UnreadableState(e) => {
                 Message::new("errOpfsUnreadableState", [arg(format!("{PACKS_DIR}/{STATE_FILE}")), arg(e)])
             }
+            OpfsError::StillOpen { op, name, seconds, source } => {
+                Message::new("errOpfsStillOpen", [Arg::Message(op.message(name)), arg(seconds), arg(source)])
+            }
         }
     }
 }
@@ -83,6 +86,13 @@ impl Localize for FetchError {
             FetchError::TooLarge { url, cap } => Message::new("errFetchTooLarge", [arg(url), arg(cap)]),
             FetchError::TooManyPages { repo, pages } => {
                 Message::new("errFetchTooManyPages", [arg(repo), arg(pages)])
+            }
+            FetchError::Stalled { url, seconds } => Message::new("errFetchStalled", [arg(url), arg(seconds)]),
+            FetchError::ListingTooLarge { repo, cap } => {
+                Message::new("errFetchListingTooLarge", [arg(repo), arg(cap)])
+            }
+            FetchError::GaveUp { last, attempts } => {
+                Message::new("errFetchGaveUp", [cause(last.as_ref()), arg(attempts)])
             }
             FetchError::Hub(e) => e.message(),
             FetchError::Graph { graph, source } => detail(arg(graph), cause(source)),
@@ -212,6 +222,12 @@ impl Localize for ServiceWorkerError {
                 Message::new("errSwUnkept", [cause(error), arg(seed)])
             }
             ServiceWorkerError::NotRecorded(e) => Message::new("errSwNotRecorded", [arg(e)]),
+            ServiceWorkerError::JobLost => Message::new("errSwJobLost", []),
+            ServiceWorkerError::Offline(e) => Message::new("errSwOffline", [cause(e)]),
+            ServiceWorkerError::OtherDownload { running } => {
+                Message::new("errSwOtherDownload", [arg(running)])
+            }
+            ServiceWorkerError::JobRunning => Message::new("errSwJobRunning", []),
         }
     }
 }
@@ -249,6 +265,10 @@ impl Localize for OffscreenError {
                 Message::new("errOffscreenCrashed", [arg(script), arg(message)])
             }
             OffscreenError::StageStopped => Message::new("errOffscreenStageStopped", []),
+            OffscreenError::Stalled { stage, seconds } => Message::new(
+                "errOffscreenStageStalled",
+                [Arg::Message(Message::new(crate::options_page::stage_key(*stage), [])), arg(seconds)],
+            ),
             OffscreenError::Asset { path, source } => {
                 detail(Arg::Message(Op::Read.message(path)), arg(source))
             }

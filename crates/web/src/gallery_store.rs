@@ -11,8 +11,8 @@ use base64::Engine;
 use futures_util::lock::{Mutex, OwnedMutexGuard};
 use imagine_core::api::{GalleryLimitRequest, GalleryListRequest, GalleryPage, GenerateResult};
 use imagine_core::gallery::{
-    self, FoundImage, GalleryError, GalleryIndex, GalleryItem, GalleryLimit, ListQuery, EXPORT_DIR,
-    EXPORT_FILE, GALLERY_DIR, INDEX_FILE,
+    self, ExportZip, FoundImage, GalleryError, GalleryIndex, GalleryItem, GalleryLimit, ListQuery,
+    EXPORT_DIR, EXPORT_FILE, GALLERY_DIR, INDEX_FILE, PNG_HEAD_BYTES,
 };
 use thiserror::Error;
 use wasm_bindgen_futures::JsFuture;
@@ -61,9 +61,11 @@ async fn load(dir: &FileSystemDirectoryHandle) -> Result<GalleryIndex> {
         if name == INDEX_FILE || gallery::id_of_file(&name).is_none() {
             continue;
         }
+        // Only the start of each PNG, where its text chunks are, and one at a time.
         let file = opfs::file(dir, &name).await?;
-        let modified = file.last_modified();
-        found.push(FoundImage { bytes: opfs::read(dir, &name).await?, file: name, modified });
+        let head = opfs::read_start(&file, &name, PNG_HEAD_BYTES).await?;
+        let size = file.size() as u64;
+        found.push(FoundImage::read(name, &head, size, file.last_modified()));
     }
     if found.is_empty() && problem.is_empty() {
         return Ok(GalleryIndex { version: GalleryIndex::VERSION, ..Default::default() });
@@ -202,18 +204,41 @@ pub async fn clear() -> Result<()> {
     Ok(opfs::remove(&opfs::root().await?, EXPORT_DIR).await?)
 }
 
-/// `galleryExport`: writes the zip; its OPFS path, size and image count.
+/// `galleryExport`: writes the zip a PNG at a time (only one is in memory), replacing the last export
+/// once it is whole; its OPFS path, size and image count.
 pub async fn export() -> Result<(String, u64, u32)> {
     let _guard = lock().await;
     let dir = gallery_dir().await?;
     let index = load(&dir).await?;
-    let mut images = Vec::with_capacity(index.items.len());
-    for item in &index.items {
-        images.push((item.clone(), opfs::read(&dir, &gallery::image_file(&item.id)).await?));
+    let file = opfs::WholeFileWriter::create(&opfs::dir(EXPORT_DIR, true).await?, EXPORT_FILE).await?;
+    match write_export(&dir, &index, &file).await {
+        Ok(bytes) => {
+            file.close().await?;
+            Ok((format!("{EXPORT_DIR}/{EXPORT_FILE}"), bytes, index.items.len() as u32))
+        }
+        Err(e) => {
+            file.abort().await;
+            Err(e)
+        }
     }
-    let zip = gallery::export_zip(&images)?;
-    opfs::write_whole(&opfs::dir(EXPORT_DIR, true).await?, EXPORT_FILE, &zip).await?;
-    Ok((format!("{EXPORT_DIR}/{EXPORT_FILE}"), zip.len() as u64, images.len() as u32))
+}
+
+/// Appends the export zip of `index`'s images to `file`; the bytes written.
+async fn write_export(
+    dir: &FileSystemDirectoryHandle,
+    index: &GalleryIndex,
+    file: &opfs::WholeFileWriter,
+) -> Result<u64> {
+    let mut zip = ExportZip::new();
+    let mut bytes = 0;
+    for item in &index.items {
+        let piece = zip.add(item, &opfs::read(dir, &gallery::image_file(&item.id)).await?)?;
+        file.append(&piece).await?;
+        bytes += piece.len() as u64;
+    }
+    let last = zip.finish()?;
+    file.append(&last).await?;
+    Ok(bytes + last.len() as u64)
 }
 
 /// `galleryLimit`: sets the caps and applies them now.

@@ -231,6 +231,7 @@ mod tests {
     /// One error of every variant that has a message of its own (and a few that nest them), with
     /// sample values.
     fn sample_errors() -> Vec<Box<dyn Localize>> {
+        use imagine_core::api::Stage;
         use imagine_core::f32_rewrite::pack_conversion::PackConversionError;
         use imagine_core::gallery::GalleryError;
         use imagine_core::hub::{HubError, SourceRule};
@@ -305,6 +306,9 @@ mod tests {
             Box::new(HubError::Checkpoint { offset: 4096, reason: "short" }),
             Box::new(HubError::ContentRange { header: "bytes x".into(), reason: "no range" }),
             Box::new(HubError::Space { needed: 6_500_000_000, free: 1_000_000, quota: 10_000_000_000 }),
+            Box::new(HubError::TooLargeToRead { file: "decoder.onnx".into(), size: 10 << 30, cap: 64 << 20 }),
+            Box::new(HubError::SubFolder { file: "sub/x.data".into(), needed_by: "m.json".into() }),
+            Box::new(HubError::Redirect { url: url(), to: "http://cdn.example/x".into() }),
             Box::new(StageError::Run {
                 graph: Graph::Transformer,
                 error: SessionError("out of memory".into()),
@@ -315,12 +319,24 @@ mod tests {
             Box::new(GpuError::NoF16 { what: "transformer.onnx".into() }),
             Box::new(GpuError::Limit { limit: "maxBufferSize", largest_tensor: 10, available: 5 }),
             Box::new(OpfsError::UnreadableState(json_error())),
+            Box::new(OpfsError::StillOpen {
+                op: Op::OpenForWriting,
+                name: "download-a.json".into(),
+                seconds: 10,
+                source: JsError { name: Some("NoModificationAllowedError".into()), message: "in use".into() },
+            }),
             Box::new(FetchError::Unreachable { url: url(), source: js() }),
             Box::new(FetchError::NotFound { url: url() }),
             Box::new(FetchError::Http { url: url(), status: 503 }),
             Box::new(FetchError::Interrupted { url: url(), source: js() }),
             Box::new(FetchError::TooLarge { url: url(), cap: 16 }),
             Box::new(FetchError::TooManyPages { repo: "a/b".into(), pages: 100 }),
+            Box::new(FetchError::Stalled { url: url(), seconds: 30 }),
+            Box::new(FetchError::ListingTooLarge { repo: "a/b".into(), cap: 16 << 20 }),
+            Box::new(FetchError::GaveUp {
+                last: Box::new(FetchError::Stalled { url: url(), seconds: 30 }),
+                attempts: 6,
+            }),
             Box::new(FetchError::Hub(hub_size())),
             Box::new(FetchError::Graph { graph: "decoder.onnx".into(), source: pack_error() }),
             Box::new(FetchError::Conversion(PackConversionError::Collision("x.f32.onnx".into()))),
@@ -361,6 +377,15 @@ mod tests {
             )))),
             Box::new(ServiceWorkerError::Unkept { error: ErrorText::of(&quota()), seed: "42".into() }),
             Box::new(ServiceWorkerError::NotRecorded(js())),
+            Box::new(ServiceWorkerError::JobLost),
+            Box::new(ServiceWorkerError::Offline(ErrorText::of(&FetchError::GaveUp {
+                last: Box::new(FetchError::Unreachable { url: url(), source: js() }),
+                attempts: 6,
+            }))),
+            Box::new(ServiceWorkerError::OtherDownload {
+                running: "a/b@main from https://huggingface.co".into(),
+            }),
+            Box::new(ServiceWorkerError::JobRunning),
             Box::new(StageWorkerError::NoPack),
             Box::new(StageWorkerError::Graph { graph: "decoder.onnx".into(), source: pack_error() }),
             Box::new(StageWorkerError::ExternalData {
@@ -374,6 +399,7 @@ mod tests {
             }),
             Box::new(OffscreenError::Crashed { script: "stage-worker.js".into(), message: "oom".into() }),
             Box::new(OffscreenError::StageStopped),
+            Box::new(OffscreenError::Stalled { stage: Stage::TextEncoder, seconds: 600 }),
             Box::new(OffscreenError::Asset { path: "tokenizer/tokenizer.json", source: js() }),
             Box::new(OffscreenError::AssetStatus { path: "tokenizer/tokenizer.json", status: 404 }),
             Box::new(OffscreenError::Tokenizer(PromptError::Tokenizer("bad".into()))),

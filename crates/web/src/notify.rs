@@ -30,8 +30,8 @@ async fn page_open() -> Result<bool, JsError> {
 fn notification_for(event: &Event) -> Option<(String, String, String)> {
     match event {
         Event::Result(result) => {
-            // A batch ends with its last image.
-            if result.index + 1 < result.count {
+            // A batch ends with its last image; a private one leaves no trace in the system's notifications.
+            if result.index + 1 < result.count || result.private {
                 return None;
             }
             let title = if result.count > 1 {
@@ -51,7 +51,9 @@ fn notification_for(event: &Event) -> Option<(String, String, String)> {
             i18n::t("notifyModelInstalled"),
             i18n::t("notifyModelInstalledText"),
         )),
-        Event::PackFailed { error, message } => Some((
+        // Offline, the download is tried again by itself: that is no end to notify of.
+        Event::PackFailed { offline: true, .. } => None,
+        Event::PackFailed { error, message, .. } => Some((
             DOWNLOAD_ID.to_owned(),
             i18n::t("notifyDownloadStopped"),
             i18n::error_text(error, message.as_ref()),
@@ -121,5 +123,18 @@ mod tests {
         let long = "x".repeat(200);
         assert_eq!(quote(&long).chars().count(), QUOTED_CHARS + 1);
         assert!(quote(&long).ends_with('\u{2026}'));
+    }
+
+    #[test]
+    fn a_private_image_is_not_notified() {
+        let result = |private: bool| -> Event {
+            serde_json::from_value(serde_json::json!({
+                "type": "result", "job": "j", "png": "", "prompt": "a private fox", "seed": "1", "width": 256,
+                "height": 256, "steps": 1, "schedule": "empirical", "tokenCount": 1, "truncated": false,
+                "trace": null, "timings": null, "private": private,
+            }))
+            .unwrap()
+        };
+        assert_eq!(notification_for(&result(true)), None);
     }
 }

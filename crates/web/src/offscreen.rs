@@ -7,10 +7,12 @@
 //! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::pin::pin;
 use std::rc::Rc;
 
 use futures_channel::mpsc;
+use futures_util::future::Either;
 use futures_util::StreamExt;
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
@@ -20,7 +22,7 @@ use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::message::ErrorText;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
-use imagine_core::stages::EMBED_WIDTH;
+use imagine_core::stages::{stall_limit_ms, EMBED_WIDTH};
 use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -33,7 +35,7 @@ use crate::messaging::broadcast;
 use crate::opfs::OpfsError;
 use crate::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask, StageTiming,
+    StageOutput, StageReport, StageTask, StageTiming, KNOWN_JOBS,
 };
 
 /// Why a command, a job or an install failed in the offscreen document.
@@ -58,6 +60,9 @@ pub enum OffscreenError {
     Crashed { script: String, message: String },
     #[error("the stage worker stopped unexpectedly")]
     StageStopped,
+    /// A stage reported nothing for longer than it may ([`stall_limit_ms`]); its worker was ended.
+    #[error("the {} made no progress for {seconds} s and was stopped", stage_name(*.stage))]
+    Stalled { stage: Stage, seconds: u64 },
     #[error("internal: the {0} worker handed on another stage's output")]
     WrongOutput(&'static str),
     #[error("internal: a stage handed on nothing")]
@@ -115,6 +120,9 @@ impl Install {
 struct State {
     queue: VecDeque<(String, GenerateParams)>,
     running: Option<String>,
+    /// The jobs this document was given, oldest first (the service worker fails a running job that its
+    /// offscreen document does not name: that document closed or crashed with it).
+    given: VecDeque<String>,
     /// The running job was cancelled.
     cancel_running: bool,
     current: Vec<Current>,
@@ -126,8 +134,14 @@ struct State {
     resident_pack: Option<String>,
     /// How long stages stay loaded after the last job (the service worker's `keepLoaded`).
     keep_loaded_seconds: u32,
+    /// `keepLoaded` was 0 at some moment of the running job: its stages end with it even if the
+    /// setting rose again before they did (0 means "unload now", not "at the end if still 0").
+    release_running: bool,
     /// Counts idle periods: a job starting or the setting changing voids the unload timer of the last.
     idle_epoch: u64,
+    /// The longest each stage (on each backend) went without reporting anything in a job that
+    /// finished, in this document's life: what its stall limit scales with.
+    longest_quiet_ms: HashMap<(Stage, Backend), f64>,
     install: Option<Install>,
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
@@ -145,8 +159,11 @@ impl Default for State {
             resident: Vec::new(),
             resident_pack: None,
             keep_loaded_seconds: DEFAULT_KEEP_LOADED_SECONDS,
+            release_running: false,
             idle_epoch: 0,
             install: None,
+            given: VecDeque::new(),
+            longest_quiet_ms: HashMap::new(),
             swap_pending: false,
         }
     }
@@ -165,6 +182,7 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
             Ok(()) => STATE.with_borrow(|state| OffscreenReply::Done {
                 installing: state.install.is_some(),
                 loaded: loaded_stages(state),
+                jobs: state.given.iter().cloned().collect(),
             }),
             Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
         };
@@ -180,6 +198,10 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         OffscreenCommand::RunJob { job, params, keep_loaded_seconds } => {
             let start_now = STATE.with_borrow_mut(|state| {
                 state.keep_loaded_seconds = keep_loaded_seconds;
+                if state.given.len() == KNOWN_JOBS {
+                    state.given.pop_front();
+                }
+                state.given.push_back(job.clone());
                 state.queue.push_back((job, params));
                 // The first job of an idle queue starts the loop; until the loop has popped it, a job
                 // queued right after must not start a second one.
@@ -191,9 +213,16 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         }
         OffscreenCommand::CancelJob { job } => cancel(&job),
         OffscreenCommand::KeepLoaded { seconds: Some(seconds) } => {
-            STATE.with_borrow_mut(|state| state.keep_loaded_seconds = seconds);
-            if STATE.with_borrow(|state| state.running.is_none()) {
+            let running = STATE.with_borrow_mut(|state| {
+                state.keep_loaded_seconds = seconds;
+                state.release_running |= seconds == 0;
+                state.running.is_some()
+            });
+            if !running {
                 unload_later();
+            } else if seconds == 0 {
+                // The stages a running job is done with are idle already: ended now, not at its end.
+                unload();
             }
         }
         OffscreenCommand::KeepLoaded { seconds: None } => {}
@@ -299,6 +328,7 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
     let pack = crate::opfs::installed_pack().await.map(|(record, _)| record.commit);
     let (keep, other_pack) = STATE.with_borrow_mut(|state| {
         state.idle_epoch += 1;
+        state.release_running = false;
         let other_pack = state.resident_pack != pack;
         state.resident_pack = pack.clone();
         (state.keep_loaded_seconds > 0, other_pack)
@@ -311,7 +341,13 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
     match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
-        Err(StageFailure::Error(error)) if sent == 0 && (plan != Plan::LEAN || had_resident) => {
+        // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
+        Err(StageFailure::Error(error))
+            if sent == 0
+                && (plan != Plan::LEAN
+                    || had_resident
+                    || matches!(error, OffscreenError::Stalled { .. })) =>
+        {
             warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
             unload();
             run_stages(job, params, pack.as_deref(), Plan::LEAN, &mut sent).await
@@ -420,6 +456,7 @@ async fn run_stages(
                     timings: Some(timings),
                     index,
                     count: images,
+                    private: params.private,
                 };
                 broadcast(&Event::Result(result)).await;
                 if index + 1 < images {
@@ -544,7 +581,8 @@ async fn prompt_embeddings(
     };
     encoder.end(keep);
     let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;
-    if let (Some(commit), Some(key)) = (commit, &key) {
+    // A private job leaves nothing on disk, its prompt's embeddings included.
+    if let (Some(commit), Some(key), false) = (commit, &key, params.private) {
         // Copied before the buffer is transferred to the transformer.
         let copy = Float32Array::new(&embeddings).to_vec();
         let (count, truncated) = (prompt.token_count as u32, prompt.truncated);
@@ -597,6 +635,8 @@ struct StageRun {
     worker: Worker,
     inbox: mpsc::UnboundedReceiver<Incoming>,
     job: String,
+    /// The longest this worker went without reporting anything while a job waited on it.
+    quiet_ms: f64,
 }
 
 impl StageRun {
@@ -628,7 +668,7 @@ impl StageRun {
                     state.current.push(current);
                     id
                 });
-                StageRun { id, stage, backend, worker, inbox, job: job.to_owned() }
+                StageRun { id, stage, backend, worker, inbox, job: job.to_owned(), quiet_ms: 0.0 }
             }
         };
         protocol::post(&run.worker, task, data)?;
@@ -651,7 +691,7 @@ impl StageRun {
     /// The job is done with this stage: the worker stays resident if the job keeps its stages and the
     /// setting still does, and is terminated otherwise.
     fn end(self, keep: bool) {
-        if !(keep && STATE.with_borrow(|state| state.keep_loaded_seconds > 0)) {
+        if !(keep && STATE.with_borrow(|state| state.keep_loaded_seconds > 0 && !state.release_running)) {
             return;
         }
         STATE.with_borrow_mut(|state| {
@@ -687,9 +727,22 @@ impl StageRun {
         }
     }
 
-    /// Relays the worker's progress until it reports an image or the end.
+    /// Relays the worker's progress until it reports an image or the end; a worker quiet for longer
+    /// than its stage may be ([`stall_limit_ms`]) is a failure.
     async fn next(&mut self, images: u32) -> Result<Reported, StageFailure> {
-        while let Some(incoming) = self.inbox.next().await {
+        let limit_ms = self.stall_limit_ms().await;
+        loop {
+            let waiting_since = now_ms();
+            let quiet = crate::js::sleep_ms(limit_ms as u64);
+            let incoming = match futures_util::future::select(self.inbox.next(), pin!(quiet)).await {
+                Either::Left((Some(incoming), _)) => incoming,
+                Either::Left((None, _)) => return Err(OffscreenError::StageStopped.into()),
+                Either::Right(_) => {
+                    let seconds = (limit_ms / 1000.0).round() as u64;
+                    return Err(OffscreenError::Stalled { stage: self.stage, seconds }.into());
+                }
+            };
+            self.quiet_ms = self.quiet_ms.max(now_ms() - waiting_since);
             let posted = match incoming {
                 Incoming::Posted(posted) => posted,
                 Incoming::Crashed(error) => return Err(StageFailure::Error(error)),
@@ -705,11 +758,40 @@ impl StageRun {
                 (StageReport::Image { .. }, None) => return Err(OffscreenError::NoOutput.into()),
                 // For benchmarks, which read it from the worker's messages; the pipeline needs nothing.
                 (StageReport::SessionCreated { .. }, _) => {}
-                (StageReport::Done { output }, data) => return Ok(Reported::Done(output, data)),
+                (StageReport::Done { output }, data) => {
+                    let (key, quiet) = ((self.stage, self.backend), self.quiet_ms);
+                    STATE.with_borrow_mut(|state| {
+                        let longest = state.longest_quiet_ms.entry(key).or_default();
+                        *longest = longest.max(quiet);
+                    });
+                    return Ok(Reported::Done(output, data));
+                }
                 (StageReport::Error(error), _) => return Err(OffscreenError::Reported(error).into()),
             }
         }
-        Err(OffscreenError::StageStopped.into())
+    }
+
+    /// How long this stage may go quiet now: scaled to the longest it did before, unless a test set
+    /// it (the OPFS file `stall-limit-ms`).
+    async fn stall_limit_ms(&self) -> f64 {
+        if let Some(ms) = crate::opfs::test_setting_u64(STALL_LIMIT_FILE).await {
+            return ms as f64;
+        }
+        let known =
+            STATE.with_borrow(|state| state.longest_quiet_ms.get(&(self.stage, self.backend)).copied());
+        stall_limit_ms(known)
+    }
+}
+
+/// The OPFS file with which a test shortens every stage's stall limit, in milliseconds.
+const STALL_LIMIT_FILE: &str = "stall-limit-ms";
+
+/// The stage as messages name it (the `_locales` keys `stage*` say the same).
+pub fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::TextEncoder => "text encoder",
+        Stage::Transformer => "transformer",
+        Stage::Decoder => "decoder",
     }
 }
 
@@ -813,9 +895,9 @@ fn end_swap() {
     }
 }
 
-/// The event of a failed install: the one place its error becomes text.
+/// The event of an install that failed here (not in its worker, which says whether it was offline).
 fn pack_failed(error: OffscreenError) -> Event {
-    Event::pack_failed(&error)
+    Event::pack_failed(&error, false)
 }
 
 async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
@@ -857,7 +939,9 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 }
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
-            Ok(DownloadReport::Error(error)) => break pack_failed(OffscreenError::Reported(error)),
+            Ok(DownloadReport::Failed { error, offline }) => {
+                break Event::pack_failed(&OffscreenError::Reported(error), offline)
+            }
             Err(error) => break pack_failed(error.into()),
         }
     };

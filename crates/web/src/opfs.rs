@@ -59,7 +59,15 @@ pub enum OpfsError {
     /// `packs/state.json` is not a pack state.
     #[error("{PACKS_DIR}/{STATE_FILE} is unreadable ({0}): delete the model and install it again")]
     UnreadableState(serde_json::Error),
+    /// The file stayed open in another worker for [`STILL_OPEN_WAIT_MS`] (only one may hold it open).
+    #[error("{}: it stayed open in another worker for {seconds} s ({source})", .op.on(.name))]
+    StillOpen { op: Op, name: String, seconds: u64, source: JsError },
 }
+
+/// How long opening a file for writing, or removing it, waits for another worker to let go of it. A
+/// worker that was just terminated (a download paused and resumed at once) closes its files only as it
+/// ends, which takes a moment, longer while it was in the middle of a long synchronous step.
+pub const STILL_OPEN_WAIT_MS: u64 = 10_000;
 
 impl OpfsError {
     /// `op` on `name` failed with the JS error `e`.
@@ -116,18 +124,30 @@ pub async fn file(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<web
 /// The whole file's bytes (for small files: graphs, manifests, records).
 pub async fn read(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<Vec<u8>> {
     let file = file(dir, name).await?;
-    let buffer = await_js(file.array_buffer(), Op::Read, name).await?;
+    read_blob(&file, name).await
+}
+
+/// The first `bytes` of `file` (fewer when it is shorter), named `name` in errors; only those are read.
+pub async fn read_start(file: &web_sys::File, name: &str, bytes: u64) -> OpfsResult<Vec<u8>> {
+    let start =
+        file.slice_with_f64_and_f64(0.0, bytes as f64).map_err(|e| OpfsError::js(Op::Read, name, e))?;
+    read_blob(&start, name).await
+}
+
+async fn read_blob(blob: &web_sys::Blob, name: &str) -> OpfsResult<Vec<u8>> {
+    let buffer = await_js(blob.array_buffer(), Op::Read, name).await?;
     Ok(js_sys::Uint8Array::new(&buffer).to_vec())
 }
 
-/// Removes `name` (recursively for directories); absent is fine.
+/// Removes `name` (recursively for directories); absent is fine. A file another worker still has open
+/// is waited for (see [`STILL_OPEN_WAIT_MS`]).
 pub async fn remove(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<()> {
     let options = FileSystemRemoveOptions::new();
     options.set_recursive(true);
-    match JsFuture::from(dir.remove_entry_with_options(name, &options)).await {
+    match once_not_open_elsewhere(Op::Remove, name, || dir.remove_entry_with_options(name, &options)).await {
         Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(OpfsError::js(Op::Remove, name, e)),
+        Err(OpfsError::Failed { source, .. }) if source.is("NotFoundError") => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -149,6 +169,40 @@ pub async fn names(dir: &FileSystemDirectoryHandle) -> OpfsResult<Vec<String>> {
 
 fn is_not_found(e: &JsValue) -> bool {
     get(e, "name").as_string().as_deref() == Some("NotFoundError")
+}
+
+/// Awaits the promise `attempt` makes, made again while it fails because the file is open in another
+/// worker (Chromium's `NoModificationAllowedError`), a little later each time, for at most
+/// [`STILL_OPEN_WAIT_MS`] in all; then that failure is [`OpfsError::StillOpen`].
+async fn once_not_open_elsewhere(
+    op: Op,
+    name: &str,
+    mut attempt: impl FnMut() -> js_sys::Promise,
+) -> OpfsResult<JsValue> {
+    let started = crate::js::now_ms();
+    let mut pause_ms = 25;
+    loop {
+        match JsFuture::from(attempt()).await {
+            Err(e) if is_open_elsewhere(&e) => {
+                if crate::js::now_ms() - started >= STILL_OPEN_WAIT_MS as f64 {
+                    let seconds = STILL_OPEN_WAIT_MS / 1000;
+                    return Err(OpfsError::StillOpen {
+                        op,
+                        name: name.to_owned(),
+                        seconds,
+                        source: e.into(),
+                    });
+                }
+                crate::js::sleep_ms(pause_ms).await;
+                pause_ms = (pause_ms * 2).min(500);
+            }
+            outcome => return outcome.map_err(|e| OpfsError::js(op, name, e)),
+        }
+    }
+}
+
+fn is_open_elsewhere(e: &JsValue) -> bool {
+    get(e, "name").as_string().as_deref() == Some("NoModificationAllowedError")
 }
 
 /// The pack state (`packs/state.json`), or the empty state when there is none yet.
@@ -180,16 +234,46 @@ pub async fn write_pack_state(state: &PackState) -> OpfsResult<()> {
 /// Writes `name` in `dir` whole, from any context: a writable stream writes to a swap file that takes
 /// the file's place on `close()`, so readers see the old contents or the new, never a mix.
 pub async fn write_whole(dir: &FileSystemDirectoryHandle, name: &str, bytes: &[u8]) -> OpfsResult<()> {
-    let handle = file_handle(dir, name, true).await?;
-    let stream: FileSystemWritableFileStream =
-        await_js(handle.create_writable(), Op::Write, name).await?.unchecked_into();
-    let written = stream.write_with_u8_array(bytes).map_err(|e| OpfsError::js(Op::Write, name, e))?;
-    if let Err(e) = await_js(written, Op::Write, name).await {
-        let _ = JsFuture::from(stream.abort()).await;
+    let file = WholeFileWriter::create(dir, name).await?;
+    if let Err(e) = file.append(bytes).await {
+        file.abort().await;
         return Err(e);
     }
-    await_js(stream.close(), Op::Write, name).await?;
-    Ok(())
+    file.close().await
+}
+
+/// A file written in pieces, from any context, that takes the place of `name` whole when closed (as
+/// [`write_whole`]): only the piece being written is in memory.
+pub struct WholeFileWriter {
+    stream: FileSystemWritableFileStream,
+    name: String,
+}
+
+impl WholeFileWriter {
+    pub async fn create(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<WholeFileWriter> {
+        let handle = file_handle(dir, name, true).await?;
+        let stream = await_js(handle.create_writable(), Op::Write, name).await?.unchecked_into();
+        Ok(WholeFileWriter { stream, name: name.to_owned() })
+    }
+
+    /// Appends `bytes`.
+    pub async fn append(&self, bytes: &[u8]) -> OpfsResult<()> {
+        let written = self
+            .stream
+            .write_with_u8_array(bytes)
+            .map_err(|e| OpfsError::js(Op::Write, self.name.as_str(), e))?;
+        await_js(written, Op::Write, &self.name).await.map(drop)
+    }
+
+    /// Leaves the file as it was: nothing appended takes its place (also after a failed append).
+    pub async fn abort(self) {
+        let _ = JsFuture::from(self.stream.abort()).await;
+    }
+
+    /// Puts what was appended in the file's place.
+    pub async fn close(self) -> OpfsResult<()> {
+        await_js(self.stream.close(), Op::Write, &self.name).await.map(drop)
+    }
 }
 
 /// The directory of `slot`, created if `create`.
@@ -380,6 +464,14 @@ pub async fn failpoint_reached(name: &str) -> bool {
     true
 }
 
+/// A number a test wrote into the OPFS root's file `name` to shorten a wait (a stall limit, an idle
+/// timeout), like [`failpoint`]; `None` when there is none, which costs one failed lookup.
+pub async fn test_setting_u64(name: &str) -> Option<u64> {
+    let root = root().await.ok()?;
+    let text = read(&root, name).await.ok()?;
+    std::str::from_utf8(&text).ok()?.trim().parse().ok()
+}
+
 /// Bytes the extension's origin uses and may use.
 pub async fn storage_use() -> OpfsResult<StorageUse> {
     let storage: StorageManager = get(&get(&js_sys::global(), "navigator"), "storage").unchecked_into();
@@ -397,11 +489,14 @@ pub struct SyncFile {
 }
 
 impl SyncFile {
-    /// Opens (creating) `name` in `dir`, keeping its contents.
+    /// Opens (creating) `name` in `dir`, keeping its contents. Only one worker may have a file open: one
+    /// that still has it (see [`STILL_OPEN_WAIT_MS`]) is waited for.
     pub async fn open(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<SyncFile> {
         let file = file_handle(dir, name, true).await?;
         let handle: FileSystemSyncAccessHandle =
-            await_js(file.create_sync_access_handle(), Op::OpenForWriting, name).await?.unchecked_into();
+            once_not_open_elsewhere(Op::OpenForWriting, name, || file.create_sync_access_handle())
+                .await?
+                .unchecked_into();
         Ok(SyncFile { handle, name: name.to_owned() })
     }
 

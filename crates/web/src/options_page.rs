@@ -14,7 +14,7 @@ use crate::i18n::{self, t, t_args};
 use crate::js::from_js;
 use crate::messaging::request;
 use crate::settings::{self, Defaults};
-use crate::view::{element, fill_definitions, set_text, set_visible};
+use crate::view::{self, element, fill_definitions, set_text, set_visible};
 use crate::{gpu, opfs};
 
 const MIB: i64 = 1 << 20;
@@ -29,9 +29,17 @@ pub fn options_page_main() {
         let seconds = element::<HtmlSelectElement>("keep-loaded").value().parse().ok();
         spawn_local(keep_loaded(seconds));
     });
+    on_change("keep-private", || {
+        let keep = element::<HtmlInputElement>("keep-private").checked();
+        spawn_local(async move {
+            if let Err(e) = settings::save_keep_private(keep).await {
+                set_text("limit-status", &e.to_string());
+            }
+        });
+    });
     on_click("save-source", || source_clicked(false));
     on_click("install", || source_clicked(true));
-    on_click("delete-pack", || {
+    view::confirm_delete_model(|| {
         spawn_local(async {
             if let Reply::Error { error, message } = request(&Request::DeletePack {}).await {
                 show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
@@ -40,6 +48,7 @@ pub fn options_page_main() {
         })
     });
     spawn_local(async {
+        element::<HtmlInputElement>("keep-private").set_checked(settings::keep_private().await);
         let defaults = settings::defaults().await;
         input("default-width").set_value(&defaults.width.to_string());
         input("default-height").set_value(&defaults.height.to_string());
@@ -93,7 +102,8 @@ fn show_keep_loaded(seconds: u32) {
     }
 }
 
-fn stage_key(stage: Stage) -> &'static str {
+/// The `_locales` key of the stage's name.
+pub fn stage_key(stage: Stage) -> &'static str {
     match stage {
         Stage::TextEncoder => "stageTextEncoder",
         Stage::Transformer => "stageTransformer",
@@ -221,6 +231,7 @@ async fn refresh_model() {
         ),
     );
     set_visible("delete-pack", status.installed);
+    view::set_delete_model_question(status.bytes);
 }
 
 /// The adapter, `shader-f16`, the buffer limits and the storage quota, as a list of name and value.

@@ -15,7 +15,7 @@ use crate::i18n;
 use crate::js::from_js;
 use crate::messaging::request;
 use crate::settings;
-use crate::view::{element, set_text, set_visible, JobView};
+use crate::view::{self, element, set_text, set_visible, JobView};
 
 /// The job shown by the popup survives closing and reopening it.
 const JOB_KEY: &str = "imagine.popup.job";
@@ -36,7 +36,7 @@ pub fn popup_main() {
     on_click("pause", || spawn_local(pack_action(Request::PausePack {})));
     on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
     on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
-    on_click("delete-pack", || spawn_local(pack_action(Request::DeletePack {})));
+    view::confirm_delete_model(|| spawn_local(pack_action(Request::DeletePack {})));
     // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
     on_click("open-studio", || {
         crate::studio::open_from_click(|| {
@@ -119,6 +119,7 @@ async fn refresh_pack() {
         ),
     );
     set_visible("delete-pack", status.installed);
+    view::set_delete_model_question(status.bytes);
     let idle = !status.installed && status.download.is_none();
     set_visible("install-form", idle);
     show_download(status.download.as_ref());

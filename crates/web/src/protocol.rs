@@ -60,15 +60,22 @@ pub enum OffscreenCommand {
     InstallStatus,
 }
 
+/// How many of the jobs it was given the offscreen document names in its replies: more than a queue
+/// holds in practice, so that a job it still has is never taken for lost.
+pub const KNOWN_JOBS: usize = 64;
+
 /// Offscreen document → service worker: the answer to an [`OffscreenCommand`].
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "camelCase")]
 pub enum OffscreenReply {
-    /// Done; whether a download worker runs now, and which stages are loaded.
+    /// Done; whether a download worker runs now, which stages are loaded, and the jobs this document
+    /// was given (running, queued or ended; the latest [`KNOWN_JOBS`]).
     Done {
         installing: bool,
         #[serde(default)]
         loaded: Vec<Stage>,
+        #[serde(default)]
+        jobs: Vec<String>,
     },
     /// Not done, and why.
     Refused(ErrorText),
@@ -195,8 +202,11 @@ pub enum DownloadReport {
     Installed {
         pack: PackRecord,
     },
-    /// The download stopped.
-    Error(ErrorText),
+    /// The download stopped; `offline` when the Hub could not be reached at all.
+    Failed {
+        error: ErrorText,
+        offline: bool,
+    },
 }
 
 /// Offscreen document → hash worker, once (`data`: its port to the download worker).

@@ -94,6 +94,24 @@ pub enum ServiceWorkerError {
     /// A job's state that `storage.session` did not take.
     #[error("the job's outcome could not be recorded: {0}")]
     NotRecorded(JsError),
+    /// `installPack` for another source while a download runs; `running` names it.
+    #[error(
+        "a download of {running} is running: wait for it, or pause or cancel it, before installing \
+         another pack"
+    )]
+    OtherDownload { running: String },
+    #[error("an image is being made: delete the model pack once it is done, or cancel it first")]
+    JobRunning,
+    /// The offscreen document running or queueing a job closed or crashed before the job ended.
+    #[error(
+        "the image was not finished: the page that makes images closed (the browser may have run out of \
+         memory); make it again"
+    )]
+    JobLost,
+    /// A download that failed because the network was down, as it is shown while it waits to be tried
+    /// again.
+    #[error("{0} (tried again by itself every 30 seconds until the Hub answers)")]
+    Offline(ErrorText),
 }
 
 /// The context-menu item on selected text.
@@ -105,6 +123,8 @@ const JOBS_KEY: &str = "jobs";
 const DOWNLOAD_KEY: &str = "download";
 /// The alarm that checks on an active download.
 pub const DOWNLOAD_ALARM: &str = "imagine-download";
+/// The alarm that checks, while jobs run, that their offscreen document still has them.
+const JOBS_ALARM: &str = "imagine-jobs";
 
 /// The download the user asked for, as long as it is not installed or cancelled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -117,6 +137,10 @@ struct Download {
     /// `error` as a `_locales` message (absent in a download stored by an older version).
     #[serde(default)]
     message: Option<Message>,
+    /// It failed because the network was down: each download alarm (and a browser start) tries it again
+    /// until it works, is cancelled or is resumed by hand.
+    #[serde(default)]
+    retry_offline: bool,
 }
 
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
@@ -153,6 +177,26 @@ async fn request_reply(message: &JsValue) -> Result<Reply, ServiceWorkerError> {
     handle(from_js::<Request>(message).map_err(ServiceWorkerError::NotARequest)?).await
 }
 
+/// Each start of the service worker, before it handles anything: in a new browser session (its
+/// `storage.session` is empty), the last session's private images are removed; their pages are gone.
+#[wasm_bindgen(js_name = serviceWorkerBoot)]
+pub fn service_worker_boot() -> js_sys::Promise {
+    future_to_promise(async {
+        if load::<bool>(SESSION_KEY).await.is_none() {
+            if let Ok(root) = opfs::root().await {
+                if let Err(e) = opfs::remove(&root, PRIVATE_DIR).await {
+                    web_sys::console::error_1(&e.to_string().into());
+                }
+            }
+            let _ = save(SESSION_KEY, &true).await;
+        }
+        Ok(JsValue::UNDEFINED)
+    })
+}
+
+/// `storage.session`: set once this browser session's service worker has started.
+const SESSION_KEY: &str = "session";
+
 /// `chrome.runtime.onInstalled`: (re)creates the context menu.
 #[wasm_bindgen(js_name = serviceWorkerInstalled)]
 pub fn service_worker_installed() -> js_sys::Promise {
@@ -182,6 +226,8 @@ pub fn service_worker_installed() -> js_sys::Promise {
 pub fn service_worker_wake() -> js_sys::Promise {
     future_to_promise(async {
         resume_if_stalled().await;
+        retry_offline_download().await;
+        fail_lost_jobs().await;
         Ok(JsValue::UNDEFINED)
     })
 }
@@ -193,15 +239,17 @@ pub fn service_worker_startup() -> js_sys::Promise {
     future_to_promise(async {
         studio::apply_toolbar(studio::toolbar_choice().await).await;
         resume_if_stalled().await;
+        retry_offline_download().await;
         Ok(JsValue::UNDEFINED)
     })
 }
 
 /// `chrome.contextMenus.onClicked`: generates from the selection and shows it in the studio, or in the
 /// result page when the side panel did not open (`panel`: the shim's `sidePanel.open()`, resolved to
-/// whether it opened).
+/// whether it opened). Text selected in a private window (`incognito`) makes a private job unless the
+/// user chose to keep those.
 #[wasm_bindgen(js_name = serviceWorkerMenuClick)]
-pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sys::Promise {
+pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise, incognito: bool) -> js_sys::Promise {
     future_to_promise(async move {
         if get(&info, "menuItemId").as_string().as_deref() != Some(MENU_ID) {
             return Ok(JsValue::UNDEFINED);
@@ -209,7 +257,9 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise) -> js_sy
         let prompt = get(&info, "selectionText").as_string().unwrap_or_default();
         let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
         // The settings the user chose as defaults (options page), like every page that makes images.
-        let started = start_job(settings::defaults().await.request(prompt.clone())).await;
+        let mut request = settings::defaults().await.request(prompt.clone());
+        request.private = incognito && !settings::keep_private().await;
+        let started = start_job(request).await;
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
         let (focus, page) = match started {
@@ -289,7 +339,10 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
             command(&OffscreenCommand::CancelJob { job: job.clone() }).await?;
             Reply::Cancelled { job }
         }
-        Request::Job { job } => Reply::Job(job_state(&job).await),
+        Request::Job { job } => {
+            fail_lost_jobs().await;
+            Reply::Job(job_state(&job).await)
+        }
         Request::GalleryList(request) => Reply::Gallery(gallery_store::list(request).await?),
         Request::GalleryImage { id } => {
             let (item, png) = gallery_store::image(&id).await?;
@@ -321,9 +374,17 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         }
     }
     let _guard = lock_download().await;
+    let current = load_local::<Download>(DOWNLOAD_KEY).await;
+    // A request for the running download joins it; one for another pack would silently replace it.
+    if let Some(running) = current.as_ref().filter(|d| d.state.is_active()) {
+        let source = running.request.source();
+        if source != request.source() {
+            let running = format!("{}@{} from {}", source.repo, source.revision, source.endpoint);
+            return Err(ServiceWorkerError::OtherDownload { running });
+        }
+    }
     // Resuming the same download keeps showing what is already done until the worker reports.
-    let progress = load_local::<Download>(DOWNLOAD_KEY)
-        .await
+    let progress = current
         .filter(|d| d.request.source() == request.source())
         .and_then(|d| d.progress)
         .map(|p| DownloadProgress { state: DownloadState::Checking, error: None, message: None, ..p });
@@ -333,19 +394,25 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         progress,
         error: None,
         message: None,
+        retry_offline: false,
     };
     save_local(DOWNLOAD_KEY, &download).await;
-    let info = Obj::new().set("periodInMinutes", 0.5).build();
-    if let Ok(promise) = chrome::alarms_create(DOWNLOAD_ALARM, &info) {
-        let _ = JsFuture::from(promise).await;
-    }
+    set_alarm(DOWNLOAD_ALARM).await;
     command(&OffscreenCommand::InstallPack { request }).await?;
     Ok(())
 }
 
+/// Starts the 30-second alarm `name` (again: a running one restarts its period).
+async fn set_alarm(name: &str) {
+    let info = Obj::new().set("periodInMinutes", 0.5).build();
+    if let Ok(promise) = chrome::alarms_create(name, &info) {
+        let _ = JsFuture::from(promise).await;
+    }
+}
+
 async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
     let source = source.validate()?;
-    let (mut plan, graphs) = hub_client::plan(&source, &Default::default()).await?;
+    let (mut plan, graphs) = hub_client::plan(&source, None, &Default::default()).await?;
     // On an adapter without shader-f16 the float16 graphs will run converted to float32: say what that
     // costs (or why it cannot be done). Without WebGPU there is nothing to say here: the install says so.
     if let Ok(adapter) = gpu::adapter_info().await {
@@ -364,7 +431,7 @@ async fn pause() -> Result<(), ServiceWorkerError> {
     };
     download.state = DownloadState::Paused;
     save_local(DOWNLOAD_KEY, &download).await;
-    clear_alarm().await;
+    clear_alarm(DOWNLOAD_ALARM).await;
     if let Ok(true) = offscreen_exists().await {
         command(&OffscreenCommand::PausePack).await?;
     }
@@ -374,7 +441,7 @@ async fn pause() -> Result<(), ServiceWorkerError> {
 async fn cancel_download() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
     remove_local(DOWNLOAD_KEY).await;
-    clear_alarm().await;
+    clear_alarm(DOWNLOAD_ALARM).await;
     // The offscreen document stops the worker before removing the files it has open.
     match offscreen_exists().await {
         Ok(true) => {
@@ -388,6 +455,15 @@ async fn cancel_download() -> Result<(), ServiceWorkerError> {
 /// Deletes the installed pack; a download in progress is kept. Refused while a new pack is being put in
 /// place, which would race with it.
 async fn delete_pack() -> Result<(), ServiceWorkerError> {
+    fail_lost_jobs().await;
+    // Held until the pack is gone, so that no job starts on it meanwhile.
+    let _jobs = JOB_LOCK.with(Arc::clone).lock_owned().await;
+    // A running job reads the pack's files: refused rather than failing it with a read error.
+    for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
+        if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
+            return Err(ServiceWorkerError::JobRunning);
+        }
+    }
     let _guard = lock_download().await;
     let download = load_local::<Download>(DOWNLOAD_KEY).await;
     if download.as_ref().is_some_and(|d| d.state == DownloadState::Installing) {
@@ -401,8 +477,8 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     Ok(opfs::remove_stray(download.is_some()).await?)
 }
 
-async fn clear_alarm() {
-    if let Ok(promise) = chrome::alarms_clear(DOWNLOAD_ALARM) {
+async fn clear_alarm(name: &str) {
+    if let Ok(promise) = chrome::alarms_clear(name) {
         let _ = JsFuture::from(promise).await;
     }
 }
@@ -413,7 +489,7 @@ async fn clear_alarm() {
 async fn resume_if_stalled() {
     let _guard = lock_download().await;
     let Some(download) = load_local::<Download>(DOWNLOAD_KEY).await else {
-        clear_alarm().await;
+        clear_alarm(DOWNLOAD_ALARM).await;
         return;
     };
     if !download.state.is_active() {
@@ -425,6 +501,20 @@ async fn resume_if_stalled() {
     };
     if !running {
         let _ = command(&OffscreenCommand::InstallPack { request: download.request }).await;
+    }
+}
+
+/// Starts again a download that failed because the network was down (a browser started offline, say).
+async fn retry_offline_download() {
+    let request = {
+        let _guard = lock_download().await;
+        match load_local::<Download>(DOWNLOAD_KEY).await {
+            Some(d) if d.state == DownloadState::Failed && d.retry_offline => d.request,
+            _ => return,
+        }
+    };
+    if let Err(e) = install(request).await {
+        web_sys::console::error_1(&format!("imagine: the download could not be tried again: {e}").into());
     }
 }
 
@@ -470,11 +560,16 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     if opfs::installed_pack().await.is_none() {
         return Err(ServiceWorkerError::NoPack);
     }
+    fail_lost_jobs().await;
     let job = format!("{:016x}", random_u64());
     let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
-    set_job(&job, &running).await;
     let seed = params.seed.to_string();
     let keep_loaded_seconds = settings::keep_loaded_seconds().await;
+    // Recorded as running and handed over under the job lock, so that no check finds it running and
+    // not yet in the offscreen document's hands.
+    let _guard = JOB_LOCK.with(Arc::clone).lock_owned().await;
+    set_job(&job, &running).await;
+    set_alarm(JOBS_ALARM).await;
     match command(&OffscreenCommand::RunJob { job: job.clone(), params, keep_loaded_seconds }).await {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
@@ -484,19 +579,64 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     }
 }
 
+/// Fails the jobs recorded as running that the offscreen document does not have: it closed or crashed
+/// with them (renderer out of memory, `chrome.offscreen.closeDocument`), so they would never end. Runs
+/// on the jobs alarm (every 30 s while a job runs), before a job starts and when a page asks for one.
+async fn fail_lost_jobs() {
+    let lost = {
+        let _guard = JOB_LOCK.with(Arc::clone).lock_owned().await;
+        let mut running = Vec::new();
+        for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
+            if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
+                running.push(job);
+            }
+        }
+        if running.is_empty() {
+            clear_alarm(JOBS_ALARM).await;
+            return;
+        }
+        let given = match offscreen_exists().await {
+            Ok(true) => match send_command(&OffscreenCommand::InstallStatus).await {
+                Ok(answer) => answer.jobs,
+                // Still loading, or busy: it may have them; the next check will tell.
+                Err(_) => return,
+            },
+            Ok(false) => Vec::new(),
+            Err(_) => return,
+        };
+        running.retain(|job| !given.contains(job));
+        running
+    };
+    for job in lost {
+        let event = Event::failed(job, &ServiceWorkerError::JobLost);
+        record(event.clone()).await;
+        // The pages follow jobs by their events; the offscreen document that would have sent it is gone.
+        messaging::broadcast(&event).await;
+    }
+}
+
 /// Sends a command to the offscreen document, creating it first if needed; whether a download worker
 /// runs after it.
 async fn command(command: &OffscreenCommand) -> Result<bool, ServiceWorkerError> {
     ensure_offscreen().await?;
-    Ok(send_command(command).await?.0)
+    Ok(send_command(command).await?.installing)
 }
 
-/// Sends a command to the open offscreen document: whether a download worker runs after it, and which
-/// stages are loaded.
-async fn send_command(command: &OffscreenCommand) -> Result<(bool, Vec<Stage>), ServiceWorkerError> {
+/// What the offscreen document answers to a command it carried out.
+struct Answer {
+    /// A download worker runs.
+    installing: bool,
+    /// The stages loaded.
+    loaded: Vec<Stage>,
+    /// The jobs it was given, ended ones included.
+    jobs: Vec<String>,
+}
+
+/// Sends a command to the open offscreen document.
+async fn send_command(command: &OffscreenCommand) -> Result<Answer, ServiceWorkerError> {
     let reply = send(&protocol::to_offscreen(command)).await?;
     match from_js::<OffscreenReply>(&reply) {
-        Ok(OffscreenReply::Done { installing, loaded }) => Ok((installing, loaded)),
+        Ok(OffscreenReply::Done { installing, loaded, jobs }) => Ok(Answer { installing, loaded, jobs }),
         Ok(OffscreenReply::Refused(error)) => Err(ServiceWorkerError::Refused(error)),
         Err(_) => Err(ServiceWorkerError::NoAnswer),
     }
@@ -514,7 +654,7 @@ async fn keep_loaded(request: KeepLoadedRequest) -> Result<Residency, ServiceWor
         None => None,
     };
     let loaded = if offscreen_exists().await? {
-        send_command(&OffscreenCommand::KeepLoaded { seconds }).await?.1
+        send_command(&OffscreenCommand::KeepLoaded { seconds }).await?.loaded
     } else {
         Vec::new()
     };
@@ -583,7 +723,7 @@ async fn record(event: Event) {
             let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
             // The PNG first, then the job's state (which reads it), then the gallery's index: a page
             // asking for the job is answered as soon as the image is on disk.
-            let kept = keep_image(&job, result.index, &png).await;
+            let kept = keep_image(&result, &png).await;
             let state = match &kept {
                 Err(e) => {
                     let error =
@@ -605,7 +745,7 @@ async fn record(event: Event) {
                 }
             };
             set_job(&job, &state).await;
-            if let Ok(bytes) = kept {
+            if let (Ok(bytes), false) = (kept, result.private) {
                 let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
                 if let Err(e) = gallery_store::add(&result, bytes, commit).await {
                     web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
@@ -637,16 +777,27 @@ async fn record(event: Event) {
         Event::PackInstalled { .. } => {
             let _guard = lock_download().await;
             remove_local(DOWNLOAD_KEY).await;
-            clear_alarm().await;
+            clear_alarm(DOWNLOAD_ALARM).await;
         }
-        Event::PackFailed { error, message } => {
+        Event::PackFailed { error, message, offline } => {
             update_download(|d| {
                 d.state = DownloadState::Failed;
-                d.error = Some(error);
-                d.message = message;
+                d.retry_offline = offline;
+                let mut shown = ErrorText { error, message };
+                if offline {
+                    shown = ErrorText::of(&ServiceWorkerError::Offline(shown));
+                }
+                d.error = Some(shown.error);
+                d.message = shown.message;
             })
             .await;
-            clear_alarm().await;
+            // Offline, the alarm tries the download again (set here too: a download resumed at start-up
+            // did not go through `install`, and alarms need not outlive the browser).
+            if offline {
+                set_alarm(DOWNLOAD_ALARM).await;
+            } else {
+                clear_alarm(DOWNLOAD_ALARM).await;
+            }
         }
     }
 }
@@ -706,7 +857,7 @@ async fn job_state(job: &str) -> JobState {
         JobState::Unknown => return state,
     };
     for result in results.iter_mut() {
-        match kept_image(job, result.index).await {
+        match kept_image(job, result).await {
             Ok(png) => {
                 use base64::Engine;
                 result.png = base64::engine::general_purpose::STANDARD.encode(png);
@@ -726,18 +877,35 @@ fn job_key(job: &str) -> String {
     format!("job:{job}")
 }
 
-/// Keeps image `index` of a job (base64, as the result event carries it) in the gallery, which is
-/// where the job's images are read back from: one copy of the bytes. Returns the PNG's size.
-async fn keep_image(job: &str, index: u32, png: &str) -> Result<u64, ServiceWorkerError> {
+/// Keeps `result`'s image (`png`, base64, as the result event carries it) in the gallery, which is where
+/// the job's images are read back from: one copy of the bytes; a private one in [`PRIVATE_DIR`]
+/// instead. Returns the PNG's size.
+async fn keep_image(result: &GenerateResult, png: &str) -> Result<u64, ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    gallery_store::write_png(&gallery::image_id(job, index), &bytes).await?;
+    let id = gallery::image_id(&result.job, result.index);
+    if result.private {
+        let file = gallery::image_file(gallery::validate_id(&id).map_err(GalleryStoreError::from)?);
+        opfs::write_whole(&opfs::dir(PRIVATE_DIR, true).await?, &file, &bytes).await?;
+    } else {
+        gallery_store::write_png(&id, &bytes).await?;
+    }
     Ok(bytes.len() as u64)
 }
 
-async fn kept_image(job: &str, index: u32) -> Result<Vec<u8>, GalleryStoreError> {
-    gallery_store::png(&gallery::image_id(job, index)).await
+async fn kept_image(job: &str, result: &GenerateResult) -> Result<Vec<u8>, GalleryStoreError> {
+    let id = gallery::image_id(job, result.index);
+    if !result.private {
+        return gallery_store::png(&id).await;
+    }
+    let file = gallery::image_file(gallery::validate_id(&id)?);
+    Ok(opfs::read(&opfs::dir(PRIVATE_DIR, false).await?, &file).await?)
 }
+
+/// Where the images of private jobs wait for their pages until the browser closes: outside the
+/// gallery (whose index rebuild lists every PNG of its folder), emptied in the next browser session
+/// ([`service_worker_boot`]).
+const PRIVATE_DIR: &str = "private";
 
 /// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
 /// (`storage.session` is full), a short failure is written in its place.

@@ -27,6 +27,8 @@ pub const SOURCE_KEY: &str = "imagine.source";
 pub const KEEP_LOADED_KEY: &str = "imagine.keepLoaded";
 /// `chrome.storage.session` key of the [`Reuse`] the gallery wrote.
 pub const REUSE_KEY: &str = "imagine.reuse";
+/// `chrome.storage.local`: whether text selected in a private window makes images kept like others.
+pub const KEEP_PRIVATE_KEY: &str = "imagine.keepPrivate";
 
 /// The generation settings a new prompt starts with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,6 +151,16 @@ pub async fn keep_loaded_seconds() -> u32 {
 /// Saves `keepLoaded` (checked by the caller).
 pub async fn save_keep_loaded_seconds(seconds: u32) -> Result<(), JsError> {
     write(chrome::local_set, KEEP_LOADED_KEY, &seconds).await
+}
+
+/// Whether images made from text selected in a private window are kept in the gallery (and notified)
+/// like any other; by default they are not (`GenerateRequest::private`).
+pub async fn keep_private() -> bool {
+    read(chrome::local_get, KEEP_PRIVATE_KEY).await.unwrap_or(false)
+}
+
+pub async fn save_keep_private(keep: bool) -> Result<(), JsError> {
+    write(chrome::local_set, KEEP_PRIVATE_KEY, &keep).await
 }
 
 /// Leaves a gallery image's settings for the next page.

@@ -27,6 +27,39 @@ pub fn set_visible(id: &str, visible: bool) {
     element::<HtmlElement>(id).set_hidden(!visible);
 }
 
+/// Wires the page's "Delete model" button (`#delete-pack`) to its confirmation (`#delete-confirm`, a
+/// `<dialog>`): deleting means downloading the pack again, so it is asked first, with the safe choice
+/// focused; `delete` runs on "Delete".
+pub fn confirm_delete_model(delete: impl Fn() + 'static) {
+    let dialog = || element::<web_sys::HtmlDialogElement>("delete-confirm");
+    let on = |id: &str, f: Box<dyn Fn()>| {
+        let closure = Closure::<dyn Fn()>::new(f);
+        element::<HtmlElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
+        closure.forget();
+    };
+    on(
+        "delete-pack",
+        Box::new(move || {
+            let _ = dialog().show_modal();
+            let _ = element::<HtmlElement>("delete-confirm-no").focus();
+        }),
+    );
+    on("delete-confirm-no", Box::new(move || dialog().close()));
+    on(
+        "delete-confirm-yes",
+        Box::new(move || {
+            dialog().close();
+            delete();
+        }),
+    );
+}
+
+/// What the confirmation of [`confirm_delete_model`] says, for an installed pack of `bytes`.
+pub fn set_delete_model_question(bytes: u64) {
+    let size = imagine_core::hub::format_bytes(bytes);
+    set_text("delete-confirm-text", &i18n::t_args("deleteModelQuestion", &[&size]));
+}
+
 /// A human description of a progress report.
 /// Appends a `<dt>name</dt><dd>value</dd>` pair to `list` for each row, as text.
 pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {

@@ -88,6 +88,42 @@ pub enum HubError {
     /// A pack contract error without a file name.
     #[error(transparent)]
     Pack(#[from] PackError),
+    /// A graph or manifest listed larger than any pack's: these are read whole into memory to plan, so
+    /// they are refused before a byte is fetched.
+    #[error(
+        "the Hub lists {file} at {}, over the {} allowed for a pack's graph or manifest (the published \
+         pack's are a few MB), so it was not downloaded",
+        format_bytes(*size),
+        format_bytes(*cap)
+    )]
+    TooLargeToRead {
+        /// The graph or manifest.
+        file: String,
+        /// Its size in the listing.
+        size: u64,
+        /// The most accepted for such a file.
+        cap: u64,
+    },
+    /// A file the pack needs in a sub-folder of the repo: the pack is stored flat, so it is refused when
+    /// planning rather than failing when written.
+    #[error("{needed_by} names {file}, which is in a sub-folder: a pack's files must all be at the top of the repo")]
+    SubFolder {
+        /// The file as named.
+        file: String,
+        /// The graph or manifest that names it.
+        needed_by: String,
+    },
+    /// A request redirected to an address the download does not follow.
+    #[error(
+        "{url} redirected to {to}, which is refused: only https:// addresses are followed, or http:// on \
+         this machine (localhost, 127.0.0.1, [::1])"
+    )]
+    Redirect {
+        /// The address asked for.
+        url: String,
+        /// Where it was redirected to.
+        to: String,
+    },
     /// A downloaded file of the wrong size.
     #[error("{path} is {actual} bytes, but the Hub lists {expected} bytes for it")]
     Size {
@@ -166,6 +202,14 @@ impl Localize for HubError {
             }
             HubError::PackFile { file, error } => Message::new("errFileDetail", [arg(file), cause(error)]),
             HubError::Pack(error) => error.message(),
+            HubError::TooLargeToRead { file, size, cap } => Message::new(
+                "errHubTooLargeToRead",
+                [arg(file), arg(format_bytes(*size)), arg(format_bytes(*cap))],
+            ),
+            HubError::SubFolder { file, needed_by } => {
+                Message::new("errHubSubFolder", [arg(needed_by), arg(file)])
+            }
+            HubError::Redirect { url, to } => Message::new("errHubRedirect", [arg(url), arg(to)]),
             HubError::Size { path, expected, actual } => {
                 Message::new("errHubSize", [arg(path), arg(actual), arg(expected)])
             }

@@ -62,6 +62,10 @@ fn entry_size(path: &str, value: &serde_json::Value) -> Result<u64, HubError> {
 /// thousand, so more means something is wrong.
 pub const MAX_TREE_PAGES: usize = 100;
 
+/// The most bytes a file list may hold, all its pages together (they are all held before they are
+/// parsed). A pack's repo lists a few dozen files in a few kB; the Hub sends about 300 bytes a file.
+pub const MAX_LISTING_BYTES: u64 = 16 << 20;
+
 /// The next page of a file list, from the response's `Link` header (`<url>; rel="next"`, the format of
 /// GitHub's API, which the Hub follows). The page must be on `endpoint`: a listing never sends the
 /// installer to another server.

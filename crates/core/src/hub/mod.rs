@@ -26,13 +26,16 @@ mod transfer;
 mod verify;
 
 pub use error::HubError;
-pub use json::{next_page, parse_revision, parse_tree, parse_tree_pages, MAX_FILE_SIZE, MAX_TREE_PAGES};
-pub use plan::{graph_files, plan, GraphFiles};
+pub use json::{
+    next_page, parse_revision, parse_tree, parse_tree_pages, MAX_FILE_SIZE, MAX_LISTING_BYTES, MAX_TREE_PAGES,
+};
+pub use plan::{graph_files, plan, GraphFiles, MAX_GRAPH_BYTES, MAX_MANIFEST_BYTES};
 pub use rate::RateMeter;
 pub use record::{DownloadRecord, FileRecord};
 pub use sha256::{HashCheckpoint, ResumableSha256};
-pub use source::{resolve_url, revision_url, tree_url, SourceRule, MAX_REVISION_LEN};
+pub use source::{check_redirect, resolve_url, revision_url, tree_url, SourceRule, MAX_REVISION_LEN};
 pub use transfer::{
-    backoff_ms, check_space, format_bytes, parse_content_range, range_matches, MAX_ATTEMPTS_WITHOUT_PROGRESS,
+    backoff_ms, check_space, format_bytes, parse_content_range, range_ends_early, range_matches,
+    MAX_ATTEMPTS_WITHOUT_PROGRESS,
 };
 pub use verify::{git_blob_oid, hex, verify_git_oid, verify_sha256, verify_small, GitBlobHasher};

@@ -19,9 +19,19 @@ pub struct GraphFiles {
     pub manifest: Option<Vec<u8>>,
 }
 
+/// The largest graph (`<stem>.onnx`) accepted from a listing. Graphs are read whole into memory to plan
+/// (in the service worker too), and the published pack's keep their weights outside, in a few MB each.
+pub const MAX_GRAPH_BYTES: u64 = 64 << 20;
+
+/// The largest `<stem>.manifest.json` accepted from a listing: a list of shard names, about 100 bytes
+/// a shard.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 /// The listing entries of each graph in pipeline order: `(graph, <stem>.onnx, <stem>.manifest.json
 /// if listed)`. These are what the worker downloads (and checks with [`verify_small`]) before
-/// [`plan`]. Every graph must be listed. `source` and `commit` only name the repo in the error.
+/// [`plan`]. Every graph must be listed, at most [`MAX_GRAPH_BYTES`] (a manifest at most
+/// [`MAX_MANIFEST_BYTES`]), so nothing is fetched into memory that no pack needs. `source` and `commit`
+/// only name the repo in the error.
 pub fn graph_files(
     source: &PackSource,
     commit: &str,
@@ -36,7 +46,18 @@ pub fn graph_files(
                 file: graph.file_name(),
                 commit: commit.to_owned(),
             })?;
-            Ok((graph, onnx, find(&graph.manifest_name())))
+            let manifest = find(&graph.manifest_name());
+            let within = |file: &PackFile, cap: u64| {
+                if file.size > cap {
+                    return Err(HubError::TooLargeToRead { file: file.path.clone(), size: file.size, cap });
+                }
+                Ok(())
+            };
+            within(&onnx, MAX_GRAPH_BYTES)?;
+            if let Some(manifest) = &manifest {
+                within(manifest, MAX_MANIFEST_BYTES)?;
+            }
+            Ok((graph, onnx, manifest))
         })
         .collect()
 }
@@ -116,6 +137,10 @@ pub fn plan(
             push(entry)?;
         }
         for (name, needed_by) in needed {
+            // The pack is stored flat in its OPFS slot, and the stage workers open its files by name.
+            if name.contains('/') {
+                return Err(HubError::SubFolder { file: name, needed_by });
+            }
             let entry = by_path.get(name.as_str()).ok_or_else(|| HubError::MissingFile {
                 repo: source.repo.clone(),
                 file: name.clone(),

@@ -142,6 +142,23 @@ fn validate_endpoint(value: &str) -> Result<String, HubError> {
     Ok(format!("{scheme}{rest}"))
 }
 
+/// Checks where a request to `url` ended up after the redirects the browser followed (`to`): only
+/// `https://`, or `http://` on this machine, as for the endpoint itself. A redirect from the Hub to
+/// plain HTTP elsewhere would hand the pack to anyone on the way.
+pub fn check_redirect(url: &str, to: &str) -> Result<(), HubError> {
+    let lower = to.to_ascii_lowercase();
+    let allowed = lower.starts_with("https://")
+        || lower.strip_prefix("http://").is_some_and(|rest| {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            // Credentials, if any, come before the host.
+            is_loopback(authority.rsplit('@').next().unwrap_or_default())
+        });
+    if allowed {
+        return Ok(());
+    }
+    Err(HubError::Redirect { url: url.to_owned(), to: to.to_owned() })
+}
+
 /// Whether `authority` (host and optional port) names this machine: only there does plain HTTP not
 /// expose the download to the network.
 fn is_loopback(authority: &str) -> bool {
@@ -310,6 +327,38 @@ mod tests {
                 "{remote}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn redirects_only_to_https_or_to_this_machine() {
+        let url = "https://huggingface.co/a/b/resolve/c/x.data";
+        for to in [
+            "https://cdn-lfs.hf.co/x?sig=1",
+            "HTTPS://cas-bridge.xethub.hf.co/x",
+            "http://127.0.0.1:8080/blobs/x",
+            "http://localhost/x",
+            "http://[::1]:9000/x?y=1",
+        ] {
+            assert!(check_redirect(url, to).is_ok(), "{to}");
+        }
+        for to in [
+            "http://cdn.example/x",
+            "http://127.0.0.1.evil.example/x",
+            "http://localhost@evil.example/x",
+            "ftp://cdn.example/x",
+            "data:application/octet-stream,x",
+            "file:///etc/passwd",
+            "",
+        ] {
+            let e = check_redirect(url, to).unwrap_err();
+            assert!(matches!(&e, HubError::Redirect { to: t, .. } if t == to), "{to}: {e:?}");
+        }
+        assert_eq!(
+            check_redirect(url, "http://cdn.example/x").unwrap_err().to_string(),
+            "https://huggingface.co/a/b/resolve/c/x.data redirected to http://cdn.example/x, which is \
+             refused: only https:// addresses are followed, or http:// on this machine (localhost, \
+             127.0.0.1, [::1])"
+        );
     }
 
     #[test]

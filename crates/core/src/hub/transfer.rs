@@ -59,6 +59,16 @@ pub fn range_matches(header: &str, expected_start: u64) -> bool {
     parse_content_range(header).is_ok_and(|(start, _, _)| start == expected_start)
 }
 
+/// Where a 206 response's range stops (the offset after its last byte) when that is before the end of
+/// the file of `size` bytes: a server may answer a part of the range asked for, and once that part has
+/// come whole, the rest is asked for from there. `None` when the range runs to the end of the file, or
+/// the header does not parse.
+pub fn range_ends_early(header: &str, size: u64) -> Option<u64> {
+    let (_, end, _) = parse_content_range(header).ok()?;
+    let next = end + 1;
+    (next < size).then_some(next)
+}
+
 /// Checks that `needed_bytes` more fit in the origin's storage (`navigator.storage.estimate()`'s
 /// `usage` and `quota`), before downloading anything.
 pub fn check_space(needed_bytes: u64, usage: u64, quota: u64) -> Result<(), HubError> {
@@ -133,6 +143,15 @@ mod tests {
         assert!(range_matches("bytes 512-1023/1024", 512));
         assert!(!range_matches("bytes 0-1023/1024", 512));
         assert!(!range_matches("garbage", 0));
+    }
+
+    #[test]
+    fn a_range_that_stops_before_the_end_continues_after_it() {
+        assert_eq!(range_ends_early("bytes 0-99/1000", 1000), Some(100));
+        assert_eq!(range_ends_early("bytes 512-1023/*", 4096), Some(1024));
+        assert_eq!(range_ends_early("bytes 500-999/1000", 1000), None);
+        assert_eq!(range_ends_early("bytes 0-0/1", 1), None);
+        assert_eq!(range_ends_early("garbage", 1000), None);
     }
 
     #[test]
