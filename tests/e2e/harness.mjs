@@ -694,21 +694,30 @@ export async function offscreenOpen(context) {
 // ---------------------------------------------------------------------------------------------
 // Browser internals over CDP
 
-/** Stops the extension's service worker (CDP ServiceWorker.stopAllWorkers) and waits until it is stopped. */
+/**
+ * Stops the extension's service worker (CDP ServiceWorker.stopAllWorkers) and waits until it has
+ * stopped. It may be running again by then: a download worker's next progress message wakes it at once.
+ */
 export async function stopServiceWorker(context, page, { timeoutMs = 15_000 } = {}) {
   const helper = page ?? (await context.newPage());
   const cdp = await context.newCDPSession(helper);
   const versions = new Map();
+  let asked = false;
+  let stoppedSinceAsked = false;
   cdp.on('ServiceWorker.workerVersionUpdated', ({ versions: vs }) => {
-    for (const v of vs) versions.set(v.versionId, v);
+    for (const v of vs) {
+      versions.set(v.versionId, v);
+      if (asked && v.scriptURL.startsWith('chrome-extension://') && v.runningStatus === 'stopped') stoppedSinceAsked = true;
+    }
   });
   await cdp.send('ServiceWorker.enable');
+  asked = true;
   await cdp.send('ServiceWorker.stopAllWorkers');
   const deadline = Date.now() + timeoutMs;
   try {
     for (;;) {
       const ext = [...versions.values()].filter((v) => v.scriptURL.startsWith('chrome-extension://'));
-      if (ext.length > 0 && ext.every((v) => v.runningStatus === 'stopped')) return;
+      if (stoppedSinceAsked || (ext.length > 0 && ext.every((v) => v.runningStatus === 'stopped'))) return;
       if (Date.now() > deadline) {
         throw new Error(`service worker did not stop: ${JSON.stringify(ext.map((v) => v.runningStatus))}`);
       }

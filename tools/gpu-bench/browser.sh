@@ -10,7 +10,7 @@
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
 #   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
 #      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference), and --ort-alt
-#      when part 1 brought another onnxruntime-web;
+#      when part 1 brought another onnxruntime-web; then bench-layout.mjs on the export's decoder;
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
 set -u
@@ -87,6 +87,9 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
+    '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
+      --out '$W'/logs/layout.json > '$W'/logs/layout.log 2>&1
+    echo "layout bench exit $?" >> '$W'/logs/layout.log
     touch '$W'/.bench-done
   ' < /dev/null > /dev/null 2>&1 &
   echo "== bench started in the background at $((SECONDS - T0)) s"
@@ -99,6 +102,7 @@ fi
 tail -n 2 $W/logs/export.log 2>/dev/null
 for s in text_encoder_q4 transformer_q8 vae_decoder; do grep -h "^$s" $W/logs/export-$s.log 2>/dev/null | tail -n 2; done
 tail -n 60 $W/logs/bench.log 2>/dev/null
+tail -n 12 $W/logs/layout.log 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
 # What comes back is at most 16 MiB a file: the logs, the report and the images compared with the
 # reference (the others' PNGs and every trace stay there).

@@ -58,6 +58,10 @@ commands:
                          build, then one MatMulNBits at block 128 against the same node
                          re-blocked to 32 (what stage workers run on WebGPU), on ORT Web's
                          WebGPU backend in Chromium: session and run times, their ratio
+  bench layout [--graph PATH] [--sizes 256] [--runs 3] [--out FILE]
+                         build, then the VAE decoder on ORT Web's WebGPU backend with ORT's
+                         convolution layout at its default (NHWC) and at NCHW: times, ratio,
+                         largest output difference
   help                   this text
 
 options for run/bench/e2e:
@@ -131,7 +135,7 @@ fn dispatch(args: &[String]) -> Result {
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
                 return Err(format!(
-                    "bench needs a benchmark name (generate, download, scale, soak, blocks)\n{USAGE}"
+                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout)\n{USAGE}"
                 ));
             };
             let script = match what.as_str() {
@@ -140,9 +144,10 @@ fn dispatch(args: &[String]) -> Result {
                 "scale" => "tests/e2e/bench-scale.mjs",
                 "soak" => "tests/e2e/bench-soak.mjs",
                 "blocks" => "tests/e2e/bench-blocks.mjs",
+                "layout" => "tests/e2e/bench-layout.mjs",
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks)"
+                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout)"
                     ))
                 }
             };

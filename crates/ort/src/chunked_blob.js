@@ -5,18 +5,24 @@
 // slices stream as plain (non-byte) streams, so ORT falls back to a default reader.
 //
 // Each chunk is read into one reused buffer through a read-only `FileSystemSyncAccessHandle` (dedicated
-// workers, Chrome 121+), opened for the slice and closed at its end. ORT copies every chunk before it
-// asks for the next, so one buffer serves them all. Reading each chunk with `arrayBuffer()` instead left
-// a new 8 MiB buffer behind per chunk until the next garbage collection: for the full-size transformer
-// that was up to 600 MB of garbage in the renderer while the session was created. Where no access handle
-// can be had (no file handle, a page, a writer holding the file), chunks are read with `arrayBuffer()`.
+// workers, Chrome 121+). ORT copies every chunk before it asks for the next, so one buffer serves them
+// all. Reading each chunk with `arrayBuffer()` instead left a new 8 MiB buffer behind per chunk until the
+// next garbage collection: for the full-size transformer that was up to 600 MB of garbage in the renderer
+// while the session was created. A file's access handle is opened at its first slice and kept until
+// `closeFiles()` (called once the session is created): ORT takes hundreds of slices of each file, one
+// per initializer. Where no access handle can be had (no file handle, a page, a writer holding the file),
+// chunks are read with `arrayBuffer()`.
+//
+// Bytes computed in the worker (`PartsBlob`) are handed over as the `Uint8Array`s they were made in: a
+// `Blob` made of them would copy them to the browser process and ORT would read them back from there.
 //
 // Reads are also paced to the GPU. ORT uploads each initializer it reads through a staging buffer mapped
 // at creation and submits the copy without waiting for it. Chromium backs staging buffers with shared
 // memory that it reuses only once the GPU process has taken the copy, so when reading runs ahead of the
 // GPU process that shared memory grows with the weights (1.7 GB in the renderer for the full-size
-// transformer on SwiftShader). So once PACE_BYTES have been read since the GPU queue was last seen idle,
-// the next slice waits until the queue has done all the work submitted so far.
+// transformer on SwiftShader). So every PACE_BYTES read mark a point in the GPU queue, and the next slice
+// after a mark waits until the queue has passed the mark before it: at most about two PACE_BYTES are in
+// flight, and reading never waits for the copies it has just submitted.
 
 const CHUNK_BYTES = 8 << 20;
 const PACE_BYTES = 64 << 20;
@@ -24,17 +30,18 @@ const PACE_BYTES = 64 << 20;
 // The buffer chunks are read into; null while a stream has it (another stream then takes a new one).
 let spareChunk = null;
 
-// The queue of the device ORT opens in this worker (it opens its own, see lib.rs), and the bytes read
-// since that queue was last seen idle.
+// The queue of the device ORT opens in this worker (it opens its own, see lib.rs), the bytes read since
+// the last mark, and the GPU queue's promise for the work submitted up to that mark.
 let gpuQueue = null;
-let readSinceIdle = 0;
+let readSinceMark = 0;
+let markDone = null;
 
 function watchGpuDevice() {
   if (typeof GPUAdapter === 'undefined' || GPUAdapter.prototype.requestDevice.watchedByImagine) return;
   const requestDevice = GPUAdapter.prototype.requestDevice;
   const watched = async function (...args) {
     const device = await requestDevice.apply(this, args);
-    gpuQueue = device.queue;
+    [gpuQueue, readSinceMark, markDone] = [device.queue, 0, null];
     return device;
   };
   watched.watchedByImagine = true;
@@ -42,11 +49,36 @@ function watchGpuDevice() {
 }
 
 async function paceToGpu(bytes) {
-  if (gpuQueue && readSinceIdle >= PACE_BYTES) {
-    await gpuQueue.onSubmittedWorkDone();
-    readSinceIdle = 0;
+  if (gpuQueue && readSinceMark >= PACE_BYTES) {
+    const before = markDone;
+    markDone = gpuQueue.onSubmittedWorkDone();
+    readSinceMark = 0;
+    await before?.catch(() => {}); // a device lost meanwhile has no copies left to wait for
   }
-  readSinceIdle += bytes;
+  readSinceMark += bytes;
+}
+
+// The read-only access handle of each file handle read so far, until `closeFiles()`.
+const accessHandles = new Map();
+
+function accessFor(handle) {
+  let access = accessHandles.get(handle);
+  if (!access) {
+    access = handle.createSyncAccessHandle({ mode: 'read-only' });
+    accessHandles.set(handle, access);
+    // One that cannot be opened is asked for again by the next slice.
+    access.catch(() => accessHandles.get(handle) === access && accessHandles.delete(handle));
+  }
+  return access;
+}
+
+/** Closes the access handles the reads opened: once ORT has created the session (or failed to). */
+export async function closeFiles() {
+  const open = [...accessHandles.values()];
+  accessHandles.clear();
+  for (const access of await Promise.allSettled(open)) {
+    if (access.status === 'fulfilled') access.value.close();
+  }
 }
 
 export class ChunkedBlob extends Blob {
@@ -85,8 +117,6 @@ export class ChunkedBlob extends Blob {
     let chunk = null;
     let at = 0;
     const release = () => {
-      access?.close();
-      access = null;
       if (chunk) spareChunk = chunk;
       chunk = null;
     };
@@ -96,7 +126,7 @@ export class ChunkedBlob extends Blob {
           await paceToGpu(blob.size);
           if (!handle || blob.size === 0) return;
           try {
-            access = await handle.createSyncAccessHandle({ mode: 'read-only' });
+            access = await accessFor(handle);
           } catch {
             return; // read with arrayBuffer()
           }
@@ -135,10 +165,84 @@ export class ChunkedBlob extends Blob {
   }
 }
 
-/** `data` as ORT should get it: an OPFS file handle or a Blob wrapped in a `ChunkedBlob`, anything else
- * (a URL) as it is. */
+/** Bytes in this worker's memory, `parts` (`Uint8Array`s) one after another, as a `Blob` ORT reads
+ * without their being copied anywhere first. */
+export class PartsBlob extends Blob {
+  #parts;
+  #starts;
+  #start;
+  #end;
+
+  /** The bytes of `parts` from `start` to `end`; `starts` is each part's offset in them all. */
+  constructor(parts, starts = null, start = 0, end = null) {
+    super();
+    this.#parts = parts;
+    this.#starts = starts ?? parts.reduce((s, p, i) => (s.push(i ? s[i - 1] + parts[i - 1].byteLength : 0), s), []);
+    const total = parts.length ? this.#starts[parts.length - 1] + parts[parts.length - 1].byteLength : 0;
+    this.#start = start;
+    this.#end = end ?? total;
+  }
+
+  get size() {
+    return this.#end - this.#start;
+  }
+
+  slice(start = 0, end = this.size) {
+    const from = Math.min(Math.max(start, 0), this.size);
+    const to = Math.min(Math.max(end, from), this.size);
+    return new PartsBlob(this.#parts, this.#starts, this.#start + from, this.#start + to);
+  }
+
+  /** Views of the parts that cover this blob, in order, none over CHUNK_BYTES. */
+  *#views() {
+    const [starts, parts] = [this.#starts, this.#parts];
+    // The last part that starts at or before this blob's start.
+    let lo = 0;
+    for (let hi = parts.length; hi - lo > 1; ) {
+      const mid = (lo + hi) >> 1;
+      if (starts[mid] <= this.#start) lo = mid;
+      else hi = mid;
+    }
+    for (let at = this.#start, i = lo; at < this.#end && i < parts.length; i++) {
+      const to = Math.min(this.#end, starts[i] + parts[i].byteLength);
+      for (; at < to; at = Math.min(to, at + CHUNK_BYTES)) {
+        yield parts[i].subarray(at - starts[i], Math.min(to, at + CHUNK_BYTES) - starts[i]);
+      }
+    }
+  }
+
+  async arrayBuffer() {
+    const out = new Uint8Array(this.size);
+    let at = 0;
+    for (const view of this.#views()) {
+      out.set(view, at);
+      at += view.byteLength;
+    }
+    return out.buffer;
+  }
+
+  stream() {
+    const size = this.size;
+    const views = this.#views();
+    return new ReadableStream(
+      {
+        start: () => paceToGpu(size),
+        pull(controller) {
+          const { value, done } = views.next();
+          if (done) controller.close();
+          else controller.enqueue(value);
+        },
+      },
+      { highWaterMark: 0 },
+    );
+  }
+}
+
+/** `data` as ORT should get it: an OPFS file handle or a Blob wrapped in a `ChunkedBlob`, an array of
+ * `Uint8Array`s as a `PartsBlob`, anything else (a URL) as it is. */
 export async function forOrt(data) {
   watchGpuDevice();
+  if (Array.isArray(data)) return new PartsBlob(data);
   if (typeof FileSystemFileHandle !== 'undefined' && data instanceof FileSystemFileHandle) {
     return new ChunkedBlob(await data.getFile(), data);
   }

@@ -70,9 +70,14 @@ extern "C" {
 
 #[wasm_bindgen(module = "/src/chunked_blob.js")]
 extern "C" {
-    /// An OPFS file handle or a `Blob` wrapped so that ORT reads it in chunks (see `chunked_blob.js`).
+    /// An OPFS file handle or a `Blob` wrapped so that ORT reads it in chunks, or bytes in memory as a
+    /// `Blob` (see `chunked_blob.js`).
     #[wasm_bindgen(js_name = forOrt)]
     fn for_ort(data: &JsValue) -> Promise;
+
+    /// Closes the file access handles ORT's reads opened.
+    #[wasm_bindgen(js_name = closeFiles)]
+    fn close_files() -> Promise;
 }
 
 #[wasm_bindgen(module = "/src/profile.js")]
@@ -124,8 +129,9 @@ pub enum Provider {
 pub struct ExternalData {
     /// The location recorded in the graph.
     pub path: String,
-    /// A URL string, a `Blob`/`File`, or an OPFS `FileSystemFileHandle` (read in chunks into one reused
-    /// buffer through read-only sync access handles; ORT reads one initializer at a time).
+    /// A URL string, a `Blob`/`File`, an OPFS `FileSystemFileHandle` (read in chunks into one reused
+    /// buffer through a read-only sync access handle; ORT reads one initializer at a time), or an `Array`
+    /// of `Uint8Array`s, the file's bytes in order, already in this worker's memory.
     pub data: JsValue,
 }
 
@@ -158,7 +164,13 @@ impl Session {
         let providers = Array::new();
         match provider {
             Provider::WebGpu => {
-                providers.push(&"webgpu".into());
+                // The graphs' own layout for convolutions: ORT's default, NHWC, transposes the activations
+                // around every Conv, normalization and Resize of the decoder (60 Transposes, half its
+                // GPU time on SwiftShader). The same outputs; the other stages have no such ops.
+                let webgpu = Object::new();
+                set(&webgpu, "name", &"webgpu".into());
+                set(&webgpu, "preferredLayout", &"NCHW".into());
+                providers.push(&webgpu);
             }
             Provider::Wasm => {
                 providers.push(&"wasm".into());
@@ -177,8 +189,13 @@ impl Session {
         if profile {
             set(&options, "enableProfiling", &true.into());
         }
-        let inner = JsFuture::from(JsSession::create(graph, &options)?).await?;
-        Ok(Session { inner: inner.unchecked_into() })
+        let created = match JsSession::create(graph, &options) {
+            Ok(promise) => JsFuture::from(promise).await,
+            Err(e) => Err(e),
+        };
+        // ORT reads the external data only while it creates the session.
+        let _ = JsFuture::from(close_files()).await;
+        Ok(Session { inner: created?.unchecked_into() })
     }
 
     /// The graph's declared inputs.

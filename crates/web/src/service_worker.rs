@@ -459,10 +459,8 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     // Held until the pack is gone, so that no job starts on it meanwhile.
     let _jobs = JOB_LOCK.with(Arc::clone).lock_owned().await;
     // A running job reads the pack's files: refused rather than failing it with a read error.
-    for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
-        if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
-            return Err(ServiceWorkerError::JobRunning);
-        }
+    if !running_jobs().await.is_empty() {
+        return Err(ServiceWorkerError::JobRunning);
     }
     let _guard = lock_download().await;
     let download = load_local::<Download>(DOWNLOAD_KEY).await;
@@ -582,15 +580,21 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
 /// Fails the jobs recorded as running that the offscreen document does not have: it closed or crashed
 /// with them (renderer out of memory, `chrome.offscreen.closeDocument`), so they would never end. Runs
 /// on the jobs alarm (every 30 s while a job runs), before a job starts and when a page asks for one.
+/// The jobs recorded as running (the caller holds the job lock).
+async fn running_jobs() -> Vec<String> {
+    let mut running = Vec::new();
+    for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
+        if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
+            running.push(job);
+        }
+    }
+    running
+}
+
 async fn fail_lost_jobs() {
     let lost = {
         let _guard = JOB_LOCK.with(Arc::clone).lock_owned().await;
-        let mut running = Vec::new();
-        for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
-            if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
-                running.push(job);
-            }
-        }
+        let mut running = running_jobs().await;
         if running.is_empty() {
             clear_alarm(JOBS_ALARM).await;
             return;

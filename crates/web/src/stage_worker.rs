@@ -450,8 +450,8 @@ async fn look_up(
 
 /// `bytes` (the graph `name`, its external-data locations stored as `files` in `dir`) re-blocked to 32
 /// with the repeated scales and zero points computed here, and the data file ORT then needs beside the
-/// others (a `Blob` of the computed tensors, made a tensor at a time so that they never sit in this
-/// worker's memory all at once).
+/// others: the computed tensors, each copied out of this worker's wasm memory as it is made (which never
+/// shrinks) and handed to ORT where they are, in JS memory, until the session is created.
 async fn reblock(
     name: &str,
     bytes: &[u8],
@@ -487,16 +487,9 @@ async fn reblock(
     if reblocked.data_length == 0 {
         return Ok((reblocked.graph, None));
     }
-    let blob = web_sys::Blob::new_with_u8_array_sequence(&parts).map_err(|e| {
-        external_data_error(
-            name,
-            matmul_blocks::COMPUTED_DATA,
-            OpfsError::js(opfs::Op::Write, matmul_blocks::COMPUTED_DATA, e),
-        )
-    })?;
     Ok((
         reblocked.graph,
-        Some(ExternalData { path: matmul_blocks::COMPUTED_DATA.to_owned(), data: blob.into() }),
+        Some(ExternalData { path: matmul_blocks::COMPUTED_DATA.to_owned(), data: parts.into() }),
     ))
 }
 
