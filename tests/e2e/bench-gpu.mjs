@@ -5,7 +5,7 @@
 //   node tests/e2e/bench-gpu.mjs --pack DIR [--out DIR] [--size 512] [--large 1024] [--steps 4] [--batch 4]
 //        [--f16-args "--enable-dawn-features=vulkan_enable_f16_on_nvidia"] [--f16-backend webgpu|wasm]
 //        [--reference] [--tolerance-f16 N] [--tolerance-f32 N] [--max-pixels N] [--threads N]
-//        [--ort-alt DIR]
+//        [--ort-alt DIR] [--images NAME,...]
 //
 // With IMAGINE_WEBGPU=vulkan (harness.mjs) Chromium runs on the GPU. A float16 pack exported like the
 // published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
@@ -33,6 +33,8 @@
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
 //      against a reference fed the noise of seed 43 instead of 42), which must fail.
+// --images (names as in bench-gpu.json, e.g. f16-warm-up,f16-cold,f16-repeat,f16-large) makes only those
+// images of the plan, when device time is short; the install and the launches stay.
 // Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
 // preparing the graph (reading it, the block-32 edit), session creation, each run, the stage's wall
 // time (its worker's creation to the end of its work) and what of it was neither (waiting for the
@@ -59,6 +61,7 @@ const { values: o } = parseArgs({
     batch: { type: 'string', default: '4' },
     'f16-args': { type: 'string', default: '--enable-dawn-features=vulkan_enable_f16_on_nvidia' },
     'f16-backend': { type: 'string' },
+    images: { type: 'string' },
     reference: { type: 'boolean', default: false },
     // Levels of 255 per channel; those of the tiny real-architecture packs (tiny-packs.mjs): the same
     // graphs on both sides, summed in another order, rounded to float16 elsewhere. Measured at full size
@@ -325,6 +328,7 @@ async function install(b, sampler) {
 
 /** One generation request; records its wall time, each image's timings and the stages' memory. */
 async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
+  if (o.images && !o.images.split(',').includes(name)) return log(`${label}: left out (--images)`);
   await h.sleep(2000);
   const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
   const gpuIdle = gpuMemory.median(Date.now() - 2000, Date.now());

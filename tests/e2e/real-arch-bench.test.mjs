@@ -53,6 +53,10 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   const webgpu = report.images.find((i) => i.name === 'f32-profile').profile;
   for (const p of Object.values(webgpu)) assert.ok(p.runs.every((r) => r.gpuMs > 0) && p.kernels.length > 0, JSON.stringify(p).slice(0, 400));
   assert.ok(webgpu.transformer.kernels.some((k) => k.op === 'MatMulNBits'), JSON.stringify(webgpu.transformer.kernels));
+  // SwiftShader runs on the CPU: the decoder's convolutions stay in the graph's layout (NCHW), without
+  // the Transposes ORT's default (NHWC) puts around each of them (60 for this decoder, 8 of its own).
+  const transposes = webgpu.decoder.kernels.filter((k) => k.op === 'Transpose').reduce((n, k) => n + k.dispatches, 0);
+  assert.ok(transposes <= 20, `the decoder ran ${transposes} Transposes: ${JSON.stringify(webgpu.decoder.kernels)}`);
   const stage = (image, name) => report.stages.find((x) => x.image === report.images.find((i) => i.name === image).label && x.stage === name);
   // Accuracy level 4 reaches ORT on WebGPU (another image), and only there (the float16 images run on
   // wasm here: the same image); its text encoder runs again rather than take the cached embeddings.

@@ -120,7 +120,13 @@ impl From<JsValue> for OrtError {
 pub enum Provider {
     /// The native WebGPU EP on a device ORT opens itself (asking for the adapter's limits and
     /// `shader-f16` where present). It lives as long as the worker: terminating the worker frees it.
-    WebGpu,
+    WebGpu {
+        /// Convolutions in the graphs' own layout (NCHW) rather than ORT's default (NHWC, which
+        /// transposes the activations around every Conv, normalization and Resize of the decoder: 60
+        /// Transposes). Same outputs. NHWC is faster on a GPU (the decoder's run 1.3-1.5x on an H200),
+        /// NCHW on an adapter that runs on the CPU (2.8x on SwiftShader), see BENCHMARKS.md.
+        channels_first: bool,
+    },
     /// ORT's CPU backend in wasm.
     Wasm,
 }
@@ -163,13 +169,10 @@ impl Session {
         let options = Object::new();
         let providers = Array::new();
         match provider {
-            Provider::WebGpu => {
-                // The graphs' own layout for convolutions: ORT's default, NHWC, transposes the activations
-                // around every Conv, normalization and Resize of the decoder (60 Transposes, half its
-                // GPU time on SwiftShader). The same outputs; the other stages have no such ops.
+            Provider::WebGpu { channels_first } => {
                 let webgpu = Object::new();
                 set(&webgpu, "name", &"webgpu".into());
-                set(&webgpu, "preferredLayout", &"NCHW".into());
+                set(&webgpu, "preferredLayout", &(if *channels_first { "NCHW" } else { "NHWC" }).into());
                 providers.push(&webgpu);
             }
             Provider::Wasm => {

@@ -78,12 +78,23 @@ pub struct AdapterInfo {
     pub has_f16: bool,
     /// The buffer limits every tensor must fit.
     pub limits: Limits,
+    /// The adapter runs on the CPU (a fallback adapter, SwiftShader, llvmpipe).
+    pub cpu_backed: bool,
 }
 
 /// The adapter's features and limits, without opening a device.
 pub async fn adapter_info() -> Result<AdapterInfo, GpuError> {
     let (adapter, _) = adapter().await?;
-    Ok(AdapterInfo { has_f16: has_feature(&adapter, "shader-f16"), limits: buffer_limits(&adapter) })
+    let info = get(&adapter, "info");
+    let text = |key| get(&info, key).as_string().unwrap_or_default();
+    let cpu_backed = get(&info, "isFallbackAdapter").as_bool() == Some(true)
+        || text("architecture") == "swiftshader"
+        || text("description").contains("llvmpipe");
+    Ok(AdapterInfo {
+        has_f16: has_feature(&adapter, "shader-f16"),
+        limits: buffer_limits(&adapter),
+        cpu_backed,
+    })
 }
 
 /// Checks that a tensor of `largest_tensor` bytes fits this adapter's buffers; says which limit does

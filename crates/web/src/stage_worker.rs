@@ -201,7 +201,11 @@ impl Stage {
     ) -> Result<Stage, StageWorkerError> {
         let (backend, profile) = (params.backend, params.profile);
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
-        let (name, bytes, lookups) = choose_graph(&record, &dir, graph, backend).await?;
+        let adapter = match backend {
+            Backend::WebGpu => Some(gpu::adapter_info().await?),
+            Backend::Wasm => None,
+        };
+        let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
             .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
         let mut tables = Vec::new();
@@ -231,7 +235,7 @@ impl Stage {
                         .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?
                         .0;
                 }
-                (bytes, Provider::WebGpu)
+                (bytes, Provider::WebGpu { channels_first: adapter.is_some_and(|a| a.cpu_backed) })
             }
         };
         // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
@@ -367,21 +371,20 @@ impl imagine_core::Session for Stage {
     }
 }
 
-/// The graph `graph` runs as on `backend`: `(file name, bytes, tables to look up)`. On a WebGPU adapter
-/// without `shader-f16`, a float16 graph runs as the pack's float32 conversion made for this adapter's
-/// limits; without one it is refused before anything is loaded.
+/// The graph `graph` runs as on WebGPU `adapter` (`None`: the wasm backend): `(file name, bytes, tables
+/// to look up)`. On a WebGPU adapter without `shader-f16`, a float16 graph runs as the pack's float32
+/// conversion made for this adapter's limits; without one it is refused before anything is loaded.
 async fn choose_graph(
     record: &opfs::PackRecord,
     dir: &web_sys::FileSystemDirectoryHandle,
     graph: Graph,
-    backend: Backend,
+    adapter: Option<gpu::AdapterInfo>,
 ) -> Result<(String, Vec<u8>, Vec<(EmbeddingLookup, web_sys::File)>), StageWorkerError> {
     let name = graph.file_name();
     let bytes = opfs::read(dir, &name).await?;
-    if backend == Backend::Wasm {
+    let Some(adapter) = adapter else {
         return Ok((name, bytes, Vec::new()));
-    }
-    let adapter = gpu::adapter_info().await?;
+    };
     let needs_f16 = pack::declares_float16(&bytes)
         .map_err(|source| StageWorkerError::Graph { graph: name.clone(), source })?;
     if adapter.has_f16 || !needs_f16 {
