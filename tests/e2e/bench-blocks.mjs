@@ -18,7 +18,6 @@
 // 156); of 2, the 27 layers of the published text encoder.
 
 import fs from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -91,24 +90,7 @@ const WORKER = `import * as ort from '/ort/ort.jspi.bundle.min.mjs';
       postMessage({ error: String(e) });
     }
   };`;
-const TYPES = { '.mjs': 'text/javascript', '.wasm': 'application/wasm' };
-const server = http.createServer((req, res) => {
-  const url = new URL(req.url, 'http://localhost');
-  const send = (body, type) => res.writeHead(200, { 'content-type': type }).end(body);
-  if (url.pathname === '/') return send(PAGE, 'text/html');
-  if (url.pathname === '/worker.mjs') return send(WORKER, 'text/javascript');
-  const file = url.pathname.startsWith('/ort/')
-    ? path.join(h.DIST, 'ort', path.basename(url.pathname))
-    : path.join(dir, path.basename(url.pathname));
-  // The weights are served as files (up to a few GB), not read into this process first.
-  if (path.extname(file) === '.data' && fs.existsSync(file)) {
-    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': fs.statSync(file).size });
-    return fs.createReadStream(file).pipe(res);
-  }
-  if (!fs.existsSync(file)) return res.writeHead(404).end();
-  send(fs.readFileSync(file), TYPES[path.extname(file)] ?? 'application/octet-stream');
-});
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+const server = await h.serveOrtBench({ page: PAGE, worker: WORKER, dir });
 
 const b = await h.launch({ page: null });
 try {

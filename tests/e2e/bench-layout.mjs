@@ -13,7 +13,6 @@
 // export after the extension's bench.
 
 import fs from 'node:fs';
-import http from 'node:http';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as h from './harness.mjs';
@@ -65,20 +64,7 @@ const WORKER = `import * as ort from '/ort/ort.jspi.bundle.min.mjs';
       postMessage({ error: String(e) });
     }
   };`;
-const TYPES = { '.mjs': 'text/javascript', '.wasm': 'application/wasm' };
-const server = http.createServer((req, res) => {
-  const url = new URL(req.url, 'http://localhost');
-  const send = (body, type) => res.writeHead(200, { 'content-type': type }).end(body);
-  if (url.pathname === '/') return send(PAGE, 'text/html');
-  if (url.pathname === '/worker.mjs') return send(WORKER, 'text/javascript');
-  const file = url.pathname.startsWith('/ort/')
-    ? path.join(h.DIST, 'ort', path.basename(url.pathname))
-    : path.join(dir, path.basename(url.pathname));
-  if (!fs.existsSync(file)) return res.writeHead(404).end();
-  res.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream', 'content-length': fs.statSync(file).size });
-  fs.createReadStream(file).pipe(res);
-});
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+const server = await h.serveOrtBench({ page: PAGE, worker: WORKER, dir });
 
 const external = fs.readdirSync(dir).filter((f) => f.startsWith(path.basename(o.graph)) && f.endsWith('.data'));
 const b = await h.launch({ page: null });

@@ -16,6 +16,7 @@
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -903,4 +904,27 @@ export function printTable(cols, rows) {
   console.log(line(cols));
   console.log(widths.map((w) => '-'.repeat(w)).join('  '));
   for (const r of rows) console.log(line(r));
+}
+
+/**
+ * A loopback server for the ONNX Runtime benchmarks (bench-blocks, bench-layout): `/` is `page`,
+ * `/worker.mjs` is `worker`, `/ort/NAME` the extension's ORT file NAME, any other `/NAME` the file NAME
+ * in `dir`, streamed (weights can be gigabytes). Listening when it resolves.
+ */
+export async function serveOrtBench({ page, worker, dir }) {
+  const types = { '.mjs': 'text/javascript', '.wasm': 'application/wasm' };
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url, 'http://localhost');
+    const send = (body, type) => res.writeHead(200, { 'content-type': type }).end(body);
+    if (url.pathname === '/') return send(page, 'text/html');
+    if (url.pathname === '/worker.mjs') return send(worker, 'text/javascript');
+    const file = url.pathname.startsWith('/ort/')
+      ? path.join(DIST, 'ort', path.basename(url.pathname))
+      : path.join(dir, path.basename(url.pathname));
+    if (!fs.existsSync(file)) return res.writeHead(404).end();
+    res.writeHead(200, { 'content-type': types[path.extname(file)] ?? 'application/octet-stream', 'content-length': fs.statSync(file).size });
+    fs.createReadStream(file).pipe(res);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return server;
 }

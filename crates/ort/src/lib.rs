@@ -124,7 +124,7 @@ pub enum Provider {
         /// Convolutions in the graphs' own layout (NCHW) rather than ORT's default (NHWC, which
         /// transposes the activations around every Conv, normalization and Resize of the decoder: 60
         /// Transposes). Same outputs. NHWC is faster on a GPU (the decoder's run 1.3-1.5x on an H200),
-        /// NCHW on an adapter that runs on the CPU (2.8x on SwiftShader), see BENCHMARKS.md.
+        /// NCHW on an adapter that runs on the CPU (1.4x on SwiftShader), see BENCHMARKS.md.
         channels_first: bool,
     },
     /// ORT's CPU backend in wasm.
