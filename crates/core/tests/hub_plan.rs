@@ -68,6 +68,24 @@ fn download_graphs(variant: &str, listing: &[PackFile]) -> Vec<GraphFiles> {
         .collect()
 }
 
+/// The float32 fixture's graphs and listing, with `manifest` as the transformer's manifest.
+fn with_transformer_manifest(manifest: &[u8]) -> (Vec<GraphFiles>, Vec<PackFile>) {
+    let mut graphs = download_graphs("f32", &hub::parse_tree(tree_json("f32").as_bytes()).unwrap());
+    graphs[1].manifest = Some(manifest.to_vec());
+    let listing = hub::parse_tree(tree_json("f32").as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|f| {
+            if f.path == "transformer_q8.manifest.json" {
+                PackFile { size: manifest.len() as u64, git_oid: Some(hub::git_blob_oid(manifest)), ..f }
+            } else {
+                f
+            }
+        })
+        .collect();
+    (graphs, listing)
+}
+
 #[test]
 fn plan_is_exactly_the_pack_in_pipeline_order() {
     for variant in ["f32", "f16", "f32-vae32"] {
@@ -219,19 +237,7 @@ fn a_pack_file_named_like_the_download_record_is_refused() {
     // A manifest that names one of the download record's slots as a shard.
     let manifest =
         br#"{"shards":[{"path":"transformer_q8-00000.data"},{"path":"download-a.json"}]}"#.to_vec();
-    let mut graphs = download_graphs("f32", &hub::parse_tree(tree_json("f32").as_bytes()).unwrap());
-    graphs[1].manifest = Some(manifest.clone());
-    let mut listing: Vec<PackFile> = hub::parse_tree(tree_json("f32").as_bytes())
-        .unwrap()
-        .into_iter()
-        .map(|f| {
-            if f.path == "transformer_q8.manifest.json" {
-                PackFile { size: manifest.len() as u64, git_oid: Some(hub::git_blob_oid(&manifest)), ..f }
-            } else {
-                f
-            }
-        })
-        .collect();
+    let (graphs, mut listing) = with_transformer_manifest(&manifest);
     listing.push(PackFile {
         path: "download-a.json".into(),
         size: 2,
@@ -279,19 +285,7 @@ fn a_pack_file_in_a_sub_folder_is_refused_when_planning() {
     // A manifest that names a shard in a sub-folder, which the repo does hold.
     let manifest =
         br#"{"shards":[{"path":"transformer_q8-00000.data"},{"path":"shards/more.data"}]}"#.to_vec();
-    let mut graphs = download_graphs("f32", &hub::parse_tree(tree_json("f32").as_bytes()).unwrap());
-    graphs[1].manifest = Some(manifest.clone());
-    let mut listing: Vec<PackFile> = hub::parse_tree(tree_json("f32").as_bytes())
-        .unwrap()
-        .into_iter()
-        .map(|f| {
-            if f.path == "transformer_q8.manifest.json" {
-                PackFile { size: manifest.len() as u64, git_oid: Some(hub::git_blob_oid(&manifest)), ..f }
-            } else {
-                f
-            }
-        })
-        .collect();
+    let (graphs, mut listing) = with_transformer_manifest(&manifest);
     listing.push(PackFile {
         path: "shards/more.data".into(),
         size: 4,
