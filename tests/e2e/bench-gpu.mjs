@@ -23,7 +23,11 @@
 //      MatMulNBits (`accuracyLevel` 4; step 1 ends with its cold image too), compared with the
 //      reference of the same trace (measured, not expected either way); and last a cold --size image
 //      with ONNX Runtime's profiling on (prompt G; step 1 too, prompt F): per stage, session creation
-//      as ORT saw it, each run's GPU time, and the GPU time of each operator and program;
+//      as ORT saw it, each run's GPU time, and the GPU time of each operator and program; then two
+//      cold --large images, with `accuracyLevel` 4 (prompt J) and profiled (prompt K); then with
+//      `keepBuffers` (ORT keeps every GPU buffer between runs, not only those up to 160 MiB) a cold
+//      --size image (prompt M), its repeat, and a cold --large image (prompt L). Step 1 ends with a
+//      cold --large image (prompt C) and the same with `keepBuffers` (prompt L);
 //   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
 //      again with that package's JSPI bundle and wasm in place of the extension's (swapped in the
 //      unpacked extension, so that the installed pack is the same, and put back after): a warm-up
@@ -34,7 +38,8 @@
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
 //      against a reference fed the noise of seed 43 instead of 42), which must fail.
 // --images (names as in bench-gpu.json, e.g. f16-warm-up,f16-cold,f16-repeat,f16-large) makes only those
-// images of the plan, when device time is short; the install and the launches stay.
+// images of the plan, when device time is short; the install and the launches stay. --large 0 leaves out
+// the --large images.
 // Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
 // preparing the graph (reading it, the block-32 edit), session creation, each run, the stage's wall
 // time (its worker's creation to the end of its work) and what of it was neither (waiting for the
@@ -91,6 +96,10 @@ const PROMPTS = {
   g: 'a snowy mountain village at night, lanterns',
   h: 'a tin robot watering a garden, children\'s book',
   i: 'a sailboat in a storm, dramatic sky',
+  j: 'a hummingbird at a red flower, high speed photograph',
+  k: 'an old tram in a rainy city street, film photograph',
+  l: 'a field of sunflowers under a thunderstorm, wide angle',
+  m: 'a cup of coffee with latte art, top view',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -131,6 +140,12 @@ try {
     await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: 'accuracy level 4: cold, float32 conversion', prompt: PROMPTS.a, size: SIZE, seed: '42', trace: true, accuracyLevel: 4, name: 'f32-acc4' });
     await image(b, sampler, { label: 'profiled cold, float32 conversion', prompt: PROMPTS.f, size: SIZE, seed: '42', profile: true, name: 'f32-profile' });
+    await keepLoaded(b, 0);
+    await keepLoaded(b, KEEP_LOADED_S);
+    await image(b, sampler, { label: `cold ${o.large}x${o.large}, float32 conversion`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f32-large' });
+    await keepLoaded(b, 0);
+    await keepLoaded(b, KEEP_LOADED_S);
+    await image(b, sampler, { label: `keepBuffers: cold ${o.large}x${o.large}, float32 conversion`, prompt: PROMPTS.l, size: Number(o.large), seed: '42', keepBuffers: true, name: 'f32-large-keep' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -167,6 +182,20 @@ try {
       await image(b, sampler, { label: `accuracy level 4: cold${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '42', trace: true, name: 'f16-acc4', ...acc4 });
       await image(b, sampler, { label: `accuracy level 4: repeat${tag}`, prompt: PROMPTS.b, size: SIZE, seed: '43', name: 'f16-acc4-repeat', ...acc4 });
       await image(b, sampler, { label: `profiled cold${tag}`, prompt: PROMPTS.g, size: SIZE, seed: '42', profile: true, name: 'f16-profile', ...extra });
+      // The large image's steps, where the quadratic attention weighs most: level 4, then profiled.
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
+      await image(b, sampler, { label: `accuracy level 4: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.j, size: Number(o.large), seed: '42', name: 'f16-large-acc4', ...acc4 });
+      await image(b, sampler, { label: `profiled cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.k, size: Number(o.large), seed: '42', profile: true, name: 'f16-large-profile', ...extra });
+      // ORT keeping every GPU buffer between runs, not only those up to 160 MiB (`keepBuffers`).
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
+      const keep = { ...extra, keepBuffers: true };
+      await image(b, sampler, { label: `keepBuffers: cold${tag}`, prompt: PROMPTS.m, size: SIZE, seed: '42', name: 'f16-keep', ...keep });
+      await image(b, sampler, { label: `keepBuffers: repeat${tag}`, prompt: PROMPTS.m, size: SIZE, seed: '43', name: 'f16-keep-repeat', ...keep });
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
+      await image(b, sampler, { label: `keepBuffers: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.l, size: Number(o.large), seed: '42', name: 'f16-large-keep', ...keep });
     });
   }
   if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
@@ -329,6 +358,7 @@ async function install(b, sampler) {
 /** One generation request; records its wall time, each image's timings and the stages' memory. */
 async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   if (o.images && !o.images.split(',').includes(name)) return log(`${label}: left out (--images)`);
+  if (!size) return log(`${label}: left out (--large 0)`);
   await h.sleep(2000);
   const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
   const gpuIdle = gpuMemory.median(Date.now() - 2000, Date.now());
@@ -386,6 +416,8 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
       gpuMemoryAboveIdle: gpu == null || gpuIdle == null ? null : gpu - gpuIdle,
     });
   });
+  // What is measured so far, in case the machine is taken back before the end.
+  fs.writeFileSync(path.join(OUT, 'bench-gpu.json'), JSON.stringify(report, null, 1) + '\n');
   log(`${label}: ${wallS.toFixed(1)} s wall (${s(entry.totalMs)} s in the extension)`);
 }
 
@@ -442,12 +474,20 @@ function printReport() {
   console.log('\nimages (wall: from the request to the last result event):');
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
   const wall = (name) => report.images.find((i) => i.name === name && i.outcome === 'result')?.wallS;
-  const acc4 = [['cold, float32 conversion', 'f32-cold', 'f32-acc4'], ['cold', 'f16-cold', 'f16-acc4'], ['repeat', 'f16-repeat', 'f16-acc4-repeat']]
+  const acc4 = [['cold, float32 conversion', 'f32-cold', 'f32-acc4'], ['cold', 'f16-cold', 'f16-acc4'], ['repeat', 'f16-repeat', 'f16-acc4-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-acc4']]
     .filter(([, a, b]) => wall(a) && wall(b))
     .map(([what, a, b]) => [what, wall(a).toFixed(2), wall(b).toFixed(2), (wall(a) / wall(b)).toFixed(2)]);
   if (acc4.length) {
     console.log('\naccuracy level 4 (int8 activations in every MatMulNBits) against the pack as it is:');
     h.printTable(['image', 'as it is s', 'level 4 s', 'as it is / level 4'], acc4);
+  }
+  const keep = [['cold', 'f16-cold', 'f16-keep'], ['repeat', 'f16-repeat', 'f16-keep-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-keep'],
+    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large', 'f32-large-keep']]
+    .filter(([, a, b]) => wall(a) && wall(b))
+    .map(([what, a, b]) => [what, wall(a).toFixed(2), wall(b).toFixed(2), (wall(a) / wall(b)).toFixed(2)]);
+  if (keep.length) {
+    console.log('\nkeepBuffers (ORT keeps every GPU buffer between runs) against its default (those up to 160 MiB):');
+    h.printTable(['image', 'default s', 'keepBuffers s', 'default / keepBuffers'], keep);
   }
   const ratios = [['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]
     .filter(([, base, now]) => wall(base) && wall(now))
@@ -457,7 +497,7 @@ function printReport() {
     console.log('\nagainst the baseline of this run (one stage loaded at a time, nothing kept loaded):');
     h.printTable(['image', 'baseline s', 'now s', 'baseline / now'], ratios);
   }
-  const f32Ratios = [['cold', 'f32-cold', 'f16-cold'], ['repeat', 'f32-repeat', 'f16-repeat']]
+  const f32Ratios = [['cold', 'f32-cold', 'f16-cold'], ['repeat', 'f32-repeat', 'f16-repeat'], [`cold ${o.large}x${o.large}`, 'f32-large', 'f16-large']]
     .filter(([, f32, f16]) => wall(f32) && wall(f16))
     .map(([what, f32, f16]) => [what, wall(f32).toFixed(2), wall(f16).toFixed(2), (wall(f32) / wall(f16)).toFixed(2)]);
   if (f32Ratios.length) {

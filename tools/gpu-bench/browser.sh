@@ -10,7 +10,8 @@
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
 #   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
 #      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference), and --ort-alt
-#      when part 1 brought another onnxruntime-web; then bench-layout.mjs on the export's decoder;
+#      when part 1 brought another onnxruntime-web; then bench-layout.mjs on the export's decoder
+#      (LAYOUT=0: not);
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
 set -u
@@ -47,7 +48,7 @@ if [ ! -e $W/.setup ] && [ -e $W/node.xz ]; then
   $W/node --version
   echo "== setup done at $((SECONDS - T0)) s"
 fi
-if [ -e $W/.setup ] && [ ! -e $W/.export-started ]; then
+if [ -e $W/.setup ] && [ ! -e $W/.export-started ] && [ -z "${PROBE:-}" ]; then
   touch $W/.export-started
   mkdir -p $PACK
   setsid bash -c '
@@ -78,16 +79,20 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
   # node_modules is not part of the tree that travels: put playwright-core back if a call lost it.
   [ -d node_modules/playwright-core ] || { mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules; }
   setsid bash -c '
+    export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \
+      IMAGINE_DIST='$W'/dist IMAGINE_WEBGPU=vulkan
+    if [ -n "'"${PROBE:-}"'" ]; then
+      PATH='$W':$PATH bash -c "'"${PROBE:-}"'" > '$W'/logs/probe.log 2>&1
+      echo "probe exit $?" >> '$W'/logs/probe.log; touch '$W'/.bench-done; exit
+    fi
     while [ ! -e '$PACK'/.done ] && [ ! -e '$PACK'/.failed ]; do sleep 2; done
     [ -e '$PACK'/.done ] || { echo "export failed" > '$W'/logs/bench.log; touch '$W'/.bench-done; exit; }
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
-    export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \
-      IMAGINE_DIST='$W'/dist IMAGINE_WEBGPU=vulkan
     alt=; [ -e '$W'/ort-alt/package ] && alt="--ort-alt '$W'/ort-alt/package"
     '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
-    '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
+    [ '"${LAYOUT:-1}"' = 1 ] && '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
       --out '$W'/logs/layout.json > '$W'/logs/layout.log 2>&1
     echo "layout bench exit $?" >> '$W'/logs/layout.log
     touch '$W'/.bench-done
@@ -103,6 +108,7 @@ tail -n 2 $W/logs/export.log 2>/dev/null
 for s in text_encoder_q4 transformer_q8 vae_decoder; do grep -h "^$s" $W/logs/export-$s.log 2>/dev/null | tail -n 2; done
 tail -n 60 $W/logs/bench.log 2>/dev/null
 tail -n 12 $W/logs/layout.log 2>/dev/null
+tail -n 30 $W/logs/probe.log 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
 # What comes back is at most 16 MiB a file: the logs, the report and the images compared with the
 # reference (the others' PNGs and every trace stay there).

@@ -62,6 +62,11 @@ commands:
                          build, then the VAE decoder on ORT Web's WebGPU backend with ORT's
                          convolution layout at its default (NHWC) and at NCHW: times, ratio,
                          largest output difference
+  bench buffers [--tokens 256] [--runs 4] [--out FILE]
+                         build, then chained attention layers (the transformer's heads, no
+                         weights) on ORT Web's WebGPU backend with its storage-buffer cache at
+                         its default (bucket: up to 160 MiB) and simple (every buffer kept):
+                         times, ratio, largest output difference
   help                   this text
 
 options for run/bench/e2e:
@@ -135,7 +140,7 @@ fn dispatch(args: &[String]) -> Result {
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
                 return Err(format!(
-                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout)\n{USAGE}"
+                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers)\n{USAGE}"
                 ));
             };
             let script = match what.as_str() {
@@ -145,6 +150,7 @@ fn dispatch(args: &[String]) -> Result {
                 "soak" => "tests/e2e/bench-soak.mjs",
                 "blocks" => "tests/e2e/bench-blocks.mjs",
                 "layout" => "tests/e2e/bench-layout.mjs",
+                "buffers" => "tests/e2e/bench-buffers.mjs",
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout)"

@@ -106,6 +106,9 @@ pub struct GenerateParams {
     /// pack's).
     #[serde(default)]
     pub accuracy_level: Option<u8>,
+    /// ORT keeps every released GPU buffer for the next run (`GenerateRequest::keep_buffers`).
+    #[serde(default)]
+    pub keep_buffers: bool,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
     pub private: bool,
@@ -318,6 +321,7 @@ impl GenerateRequest {
             load_ahead: self.load_ahead.unwrap_or(true),
             profile: self.profile,
             accuracy_level,
+            keep_buffers: self.keep_buffers,
             private: self.private,
         })
     }
@@ -409,6 +413,7 @@ mod tests {
                 load_ahead: true,
                 profile: false,
                 accuracy_level: None,
+                keep_buffers: false,
                 private: false,
             }
         );
@@ -534,6 +539,8 @@ mod tests {
             "the prompt is 20001 characters long: at most 20000 are allowed (only the first 512 tokens, about 2000 characters of English, are used)"
         );
         assert_eq!(req(r#"{"accuracyLevel":4}"#).validate(0).unwrap().accuracy_level, Some(4));
+        assert!(!req("{}").validate(0).unwrap().keep_buffers);
+        assert!(req(r#"{"keepBuffers":true}"#).validate(0).unwrap().keep_buffers);
         assert!(!req("{}").validate(0).unwrap().private);
         assert!(req(r#"{"private":true}"#).validate(0).unwrap().private);
         assert_eq!(

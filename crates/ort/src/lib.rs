@@ -126,6 +126,10 @@ pub enum Provider {
         /// Transposes). Same outputs. NHWC is faster on a GPU (the decoder's run 1.3-1.5x on an H200),
         /// NCHW on an adapter that runs on the CPU (1.4x on SwiftShader), see BENCHMARKS.md.
         channels_first: bool,
+        /// ORT keeps every GPU buffer a run released for the next run (its `simple` storage-buffer
+        /// cache) rather than only those up to 160 MB (`bucket`, its default): larger ones are
+        /// allocated afresh on every run.
+        keep_buffers: bool,
     },
     /// ORT's CPU backend in wasm.
     Wasm,
@@ -169,10 +173,13 @@ impl Session {
         let options = Object::new();
         let providers = Array::new();
         match provider {
-            Provider::WebGpu { channels_first } => {
+            Provider::WebGpu { channels_first, keep_buffers } => {
                 let webgpu = Object::new();
                 set(&webgpu, "name", &"webgpu".into());
                 set(&webgpu, "preferredLayout", &(if *channels_first { "NCHW" } else { "NHWC" }).into());
+                if *keep_buffers {
+                    set(&webgpu, "storageBufferCacheMode", &"simple".into());
+                }
                 providers.push(&webgpu);
             }
             Provider::Wasm => {

@@ -178,6 +178,8 @@ struct Stage {
     backend: Backend,
     /// The `MatMulNBits` accuracy level set on the graph, if any.
     accuracy_level: Option<u8>,
+    /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keep_buffers`).
+    keep_buffers: bool,
     session: Session,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
@@ -235,7 +237,8 @@ impl Stage {
                         .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?
                         .0;
                 }
-                (bytes, Provider::WebGpu { channels_first: adapter.is_some_and(|a| a.cpu_backed) })
+                let channels_first = adapter.is_some_and(|a| a.cpu_backed);
+                (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keep_buffers })
             }
         };
         // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
@@ -263,6 +266,7 @@ impl Stage {
             graph,
             backend,
             accuracy_level: params.accuracy_level,
+            keep_buffers: params.keep_buffers,
             session,
             inputs,
             outputs,
@@ -274,7 +278,7 @@ impl Stage {
     }
 
     /// The session `kept` from this worker's last task, when it is of `graph` as `params` ask for it
-    /// (backend, accuracy level) and they ask for no profile; else a new one ([`Stage::open`]).
+    /// (backend, accuracy level, buffer cache) and they ask for no profile; else a new one ([`Stage::open`]).
     async fn take(
         kept: &mut Option<Stage>,
         graph: Graph,
@@ -285,6 +289,7 @@ impl Stage {
             stage.graph == graph
                 && stage.backend == params.backend
                 && stage.accuracy_level == params.accuracy_level
+                && stage.keep_buffers == params.keep_buffers
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
