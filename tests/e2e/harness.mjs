@@ -28,7 +28,7 @@ export const DIST = process.env.IMAGINE_DIST ? path.resolve(process.env.IMAGINE_
 /** The URL extension pages import `gpu_adapter.js` from (a wasm-bindgen snippet of the web crate). */
 export function gpuAdapterUrl() {
   const [dir] = fs.readdirSync(path.join(DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-web-'));
-  return `/pkg/snippets/${dir}/src/gpu_adapter.js`;
+  return `/pkg/snippets/${dir}/src/platform/gpu_adapter.js`;
 }
 export const CHROMIUM = process.env.IMAGINE_CHROMIUM || '/usr/lib/chromium/chromium';
 export const PACKS = process.env.IMAGINE_PACKS ? path.resolve(process.env.IMAGINE_PACKS) : path.join(ROOT, 'tests/fixtures/packs');
@@ -399,7 +399,7 @@ export function writeResult(name, result, dir = OUT) {
 /**
  * The most an interruption re-fetches of the file it was in: a checkpoint interval (4 MiB) plus the
  * blocks the hash worker may be behind when a checkpoint is asked for (2 MiB), since the record is
- * saved when the checkpoint's answer comes (crates/web/src/download.rs).
+ * saved when the checkpoint's answer comes (crates/web/src/offscreen/download.rs).
  */
 export const REFETCH_BYTES = 6 << 20;
 /**
@@ -592,7 +592,7 @@ export async function opfsTruncate(page, filePath, length) {
 }
 
 /**
- * Arms the failpoint `name` (crates/web/src/opfs.rs `failpoint`): the extension holds for ever when it
+ * Arms the failpoint `name` (crates/web/src/platform/opfs.rs `failpoint`): the extension holds for ever when it
  * reaches it, and removes the OPFS file `failpoint`, which tells the test it got there.
  */
 export async function armFailpoint(page, name) {
@@ -601,7 +601,7 @@ export async function armFailpoint(page, name) {
 
 /**
  * Shortens the time a Hub request may receive nothing before the extension gives it up (30 s; the
- * OPFS file `idle-timeout-ms`, crates/web/src/hub_client.rs), so a test of a silent server need not wait.
+ * OPFS file `idle-timeout-ms`, crates/web/src/platform/hub_client.rs), so a test of a silent server need not wait.
  */
 export async function setIdleTimeout(page, ms) {
   await opfsWrite(page, 'idle-timeout-ms', String(ms));

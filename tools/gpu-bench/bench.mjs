@@ -14,7 +14,7 @@
 //   opened, run and closed as the extension's stage workers do. It finds each graph's external-data
 //   files with the core's pack reader.
 // * This script: the runtime end of that bridge. For each `open` it creates a GPUDevice (the adapter's
-//   maximum limits, as crates/web/src/gpu.rs) and an ORT Web InferenceSession (webgpu EP on that
+//   maximum limits, as crates/web/src/platform/gpu.rs) and an ORT Web InferenceSession (webgpu EP on that
 //   device, graphOptimizationLevel all, external data as file-backed Blobs, as the extension passes
 //   OPFS Files); `run` runs it; `close` releases the session and destroys the device, unless the
 //   plan keeps the stage loaded. It times all of it.
@@ -58,7 +58,7 @@ const log = (...m) => console.log(...m);
 // ---------------------------------------------------------------------------------------------
 
 // Limits ORT's WebGPU EP benefits from; the extension asks for the adapter's maximum of each
-// (crates/web/src/gpu.rs, LIMITS).
+// (crates/web/src/platform/gpu.rs, LIMITS).
 const LIMITS = [
   'maxBufferSize', 'maxStorageBufferBindingSize', 'maxComputeWorkgroupStorageSize',
   'maxComputeInvocationsPerWorkgroup', 'maxComputeWorkgroupSizeX', 'maxComputeWorkgroupSizeY',

@@ -1,5 +1,5 @@
 //! Converts a float16 pack on disk for an adapter without `shader-f16`, with the core's own pack
-//! conversion, the one the extension's download worker runs (`crates/web/src/convert.rs`):
+//! conversion, the one the extension's download worker runs (`crates/web/src/offscreen/convert.rs`):
 //!
 //! ```text
 //! cargo run --release -p imagine-core --example convert_pack -- PACK_DIR \

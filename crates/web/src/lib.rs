@@ -5,44 +5,26 @@
 //!
 //! | context | shim | module | entries |
 //! |---|---|---|---|
-//! | service worker | `sw.js` | [`service_worker`], [`notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerNotificationClick` |
-//! | offscreen document | `offscreen.js` | [`offscreen`] | `offscreenCommand` |
-//! | stage worker | `stage-worker.js` | [`stage_worker`] | `stageWorkerMain` |
-//! | download worker | `download-worker.js` | [`download`] | `downloadWorkerMain` |
-//! | hash worker (beside the download worker) | `hash-worker.js` | [`hasher`] | `hashWorkerMain` |
-//! | popup | `popup.js` | [`popup`] | `popupMain`, `popupEvent` |
-//! | result page | `result.js` | [`result_page`] | `resultPageMain`, `resultPageEvent` |
-//! | gallery page | `gallery.js` | [`gallery_page`] | `galleryPageMain`, `galleryPageEvent` |
-//! | options page | `options.js` | [`options_page`] | `optionsPageMain`, `optionsPageEvent` |
-//! | studio (side panel, or a tab) | `studio.js` | [`studio`] | `studioMain`, `studioEvent`, `studioStorageChanged` |
+//! | service worker | `sw.js` | [`background::service_worker`], [`background::notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerNotificationClick` |
+//! | offscreen document | `offscreen.js` | [`offscreen::document`] | `offscreenCommand` |
+//! | stage worker | `stage-worker.js` | [`offscreen::stage_worker`] | `stageWorkerMain` |
+//! | download worker | `download-worker.js` | [`offscreen::download`] | `downloadWorkerMain` |
+//! | hash worker (beside the download worker) | `hash-worker.js` | [`offscreen::hasher`] | `hashWorkerMain` |
+//! | popup | `popup.js` | [`pages::popup`] | `popupMain`, `popupEvent` |
+//! | result page | `result.js` | [`pages::result_page`] | `resultPageMain`, `resultPageEvent` |
+//! | gallery page | `gallery.js` | [`pages::gallery_page`] | `galleryPageMain`, `galleryPageEvent` |
+//! | options page | `options.js` | [`pages::options_page`] | `optionsPageMain`, `optionsPageEvent` |
+//! | studio (side panel, or a tab) | `studio.js` | [`pages::studio`] | `studioMain`, `studioEvent`, `studioStorageChanged` |
 //!
-//! The internal channels between them are typed in [`protocol`]. The pipeline itself lives in
+//! The folders follow the contexts: [`background`] (the service worker), [`offscreen`] (the offscreen
+//! document and its workers), [`pages`] (the extension's pages) and [`platform`] (what they all build
+//! on). The internal channels between them are typed in [`platform::protocol`]. The pipeline itself lives in
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
-pub mod chrome;
-pub mod convert;
-pub mod download;
-pub mod error_messages;
-pub mod gallery_page;
-pub mod gallery_store;
-pub mod gpu;
-pub mod hasher;
-pub mod hub_client;
-pub mod i18n;
-pub mod js;
-pub mod messaging;
-pub mod notify;
+pub mod background;
 pub mod offscreen;
-pub mod opfs;
-pub mod options_page;
-pub mod popup;
-pub mod protocol;
-pub mod result_page;
-pub mod service_worker;
-pub mod settings;
-pub mod stage_worker;
-pub mod studio;
-pub mod view;
+pub mod pages;
+pub mod platform;
 
 use wasm_bindgen::prelude::*;
 

@@ -11,7 +11,7 @@ use wasm_bindgen_futures::JsFuture;
 
 use imagine_core::f32_rewrite::Limits;
 
-use crate::js::{get, JsError};
+use crate::platform::js::{get, JsError};
 
 /// What keeps this browser or GPU from running a pack on WebGPU; each message says what to do.
 #[derive(Debug, Error)]
@@ -38,7 +38,7 @@ const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and 
                        converted to float32 for it (it was installed for the wasm backend, or converted for a GPU \
                        with other limits). Install the pack again for this GPU, or choose the wasm backend.";
 
-#[wasm_bindgen(module = "/src/gpu_adapter.js")]
+#[wasm_bindgen(module = "/src/platform/gpu_adapter.js")]
 extern "C" {
     #[wasm_bindgen(catch, js_name = requestAnyAdapter)]
     fn request_any_adapter(gpu: &JsValue) -> Result<Promise, JsValue>;

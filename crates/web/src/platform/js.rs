@@ -5,7 +5,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
-use crate::protocol::ProtocolError;
+use crate::platform::protocol::ProtocolError;
 
 /// An error thrown or rejected by JS (a browser API, a promise), as the Rust side keeps it: its
 /// message, and its `name` (`NotFoundError`, `QuotaExceededError`, ...) when it has one.

@@ -5,7 +5,7 @@
 //! Losing nothing to interruptions rests on one rule: the download record says a prefix of a file is done
 //! only after that prefix is flushed to disk and hashed. Every [`CHECKPOINT_BYTES`] the worker flushes the
 //! file and asks the hash worker for its state after the bytes written so far; it reads on meanwhile and
-//! saves the record when the answer comes (the hash worker is at most [`crate::hasher::MAX_LENT`] blocks
+//! saves the record when the answer comes (the hash worker is at most [`crate::offscreen::hasher::MAX_LENT`] blocks
 //! behind). The worker can therefore be terminated at any instant (pause, cancel, the offscreen document
 //! closing, the browser quitting): the next attempt truncates each file to its recorded prefix (a file
 //! shorter than that starts over), restores
@@ -35,13 +35,13 @@ use web_sys::{
     ReadableStreamDefaultReader,
 };
 
-use crate::convert::{self, ConvertError, ConvertProgress};
-use crate::gpu::{self, GpuError};
-use crate::hasher::{HashError, HashWorker};
-use crate::hub_client::{self, check_status, FetchError, KeptFiles};
-use crate::js::{get, now_ms, random_u64, sleep_ms, JsError};
-use crate::opfs::{self, OpfsError, PackRecord, Slot, SyncFile};
-use crate::protocol::{self, DownloadCommand, DownloadReport, ProtocolError};
+use crate::offscreen::convert::{self, ConvertError, ConvertProgress};
+use crate::offscreen::hasher::{HashError, HashWorker};
+use crate::platform::gpu::{self, GpuError};
+use crate::platform::hub_client::{self, check_status, FetchError, KeptFiles};
+use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError};
+use crate::platform::opfs::{self, OpfsError, PackRecord, Slot, SyncFile};
+use crate::platform::protocol::{self, DownloadCommand, DownloadReport, ProtocolError};
 
 /// Bytes between two checkpoints (flush, then the hash state asked for and saved in the record).
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
@@ -852,7 +852,7 @@ fn random_unit() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::opfs::Op;
+    use crate::platform::opfs::Op;
 
     fn js(message: &str) -> JsError {
         JsError { name: None, message: message.into() }

@@ -30,10 +30,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
-use crate::js::{from_js, now_ms, to_js, JsError};
-use crate::messaging::broadcast;
-use crate::opfs::OpfsError;
-use crate::protocol::{
+use crate::platform::js::{from_js, now_ms, to_js, JsError};
+use crate::platform::messaging::broadcast;
+use crate::platform::opfs::OpfsError;
+use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
     StageOutput, StageReport, StageTask, StageTiming, KNOWN_JOBS,
 };
@@ -191,7 +191,7 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
 }
 
 async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError> {
-    if crate::messaging::sender(&sender) != Sender::ServiceWorker {
+    if crate::platform::messaging::sender(&sender) != Sender::ServiceWorker {
         return Err(OffscreenError::NotFromServiceWorker);
     }
     match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
@@ -325,7 +325,7 @@ async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, s
 /// room for every stage, say) is made again with nothing resident and one stage loaded at a time:
 /// loading ahead and residency never cost an image.
 async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure> {
-    let pack = crate::opfs::installed_pack().await.map(|(record, _)| record.commit);
+    let pack = crate::platform::opfs::installed_pack().await.map(|(record, _)| record.commit);
     let (keep, other_pack) = STATE.with_borrow_mut(|state| {
         state.idle_epoch += 1;
         state.release_running = false;
@@ -496,7 +496,7 @@ fn unload_later() {
         expired();
     } else {
         spawn_local(async move {
-            crate::js::sleep_ms(u64::from(seconds) * 1000).await;
+            crate::platform::js::sleep_ms(u64::from(seconds) * 1000).await;
             expired();
         });
     }
@@ -565,7 +565,7 @@ async fn prompt_embeddings(
     };
     let values = MAX_TOKENS * EMBED_WIDTH;
     if let (Some(commit), Some(key)) = (commit, &key) {
-        match crate::opfs::embeddings::read_entry(commit, key, values).await {
+        match crate::platform::opfs::embeddings::read_entry(commit, key, values).await {
             Ok(Some(embeddings)) => {
                 let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
                 return Ok((buffer, StageTiming::default()));
@@ -586,7 +586,9 @@ async fn prompt_embeddings(
         // Copied before the buffer is transferred to the transformer.
         let copy = Float32Array::new(&embeddings).to_vec();
         let (count, truncated) = (prompt.token_count as u32, prompt.truncated);
-        if let Err(e) = crate::opfs::embeddings::write_entry(commit, key, &copy, count, truncated).await {
+        if let Err(e) =
+            crate::platform::opfs::embeddings::write_entry(commit, key, &copy, count, truncated).await
+        {
             warn(&format!("imagine: the prompt embeddings could not be cached: {e}"));
         }
     }
@@ -600,11 +602,11 @@ async fn encoder_form(backend: Backend) -> EncoderForm {
         return EncoderForm::Pack;
     }
     let converted =
-        crate::opfs::installed_pack().await.is_some_and(|(record, _)| record.conversion.is_some());
+        crate::platform::opfs::installed_pack().await.is_some_and(|(record, _)| record.conversion.is_some());
     if !converted {
         return EncoderForm::Pack;
     }
-    match crate::gpu::adapter_info().await {
+    match crate::platform::gpu::adapter_info().await {
         Ok(adapter) if !adapter.has_f16 => EncoderForm::Float32Conversion,
         _ => EncoderForm::Pack,
     }
@@ -733,7 +735,7 @@ impl StageRun {
         let limit_ms = self.stall_limit_ms().await;
         loop {
             let waiting_since = now_ms();
-            let quiet = crate::js::sleep_ms(limit_ms as u64);
+            let quiet = crate::platform::js::sleep_ms(limit_ms as u64);
             let incoming = match futures_util::future::select(self.inbox.next(), pin!(quiet)).await {
                 Either::Left((Some(incoming), _)) => incoming,
                 Either::Left((None, _)) => return Err(OffscreenError::StageStopped.into()),
@@ -774,7 +776,7 @@ impl StageRun {
     /// How long this stage may go quiet now: scaled to the longest it did before, unless a test set
     /// it (the OPFS file `stall-limit-ms`).
     async fn stall_limit_ms(&self) -> f64 {
-        if let Some(ms) = crate::opfs::test_setting_u64(STALL_LIMIT_FILE).await {
+        if let Some(ms) = crate::platform::opfs::test_setting_u64(STALL_LIMIT_FILE).await {
             return ms as f64;
         }
         let known =
@@ -871,14 +873,14 @@ fn stop_install() -> Option<DownloadProgress> {
 
 /// Removes a download's partial files. The terminated worker's file locks go away shortly after it.
 async fn remove_staging() -> Result<(), OpfsError> {
-    let staging = crate::opfs::pack_state().await?.staging;
+    let staging = crate::platform::opfs::pack_state().await?.staging;
     let mut attempt = 0;
     loop {
-        match crate::opfs::clear_slot(staging).await {
+        match crate::platform::opfs::clear_slot(staging).await {
             Ok(()) => return Ok(()),
             Err(_) if attempt < 20 => {
                 attempt += 1;
-                crate::js::sleep_ms(100).await;
+                crate::platform::js::sleep_ms(100).await;
             }
             Err(error) => return Err(error),
         }
@@ -925,7 +927,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 STATE.with_borrow_mut(|state| state.swap_pending = true);
                 // The job that is running finishes on the installed pack.
                 while STATE.with_borrow(|state| state.running.is_some()) {
-                    crate::js::sleep_ms(100).await;
+                    crate::platform::js::sleep_ms(100).await;
                 }
                 let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
                 if let Some(worker) = worker {
@@ -934,7 +936,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
             }
             Ok(DownloadReport::Installed { pack }) => {
                 // Embeddings of the previous pack would never be used again.
-                if let Err(e) = crate::opfs::embeddings::clear().await {
+                if let Err(e) = crate::platform::opfs::embeddings::clear().await {
                     warn(&format!("imagine: the embedding cache could not be cleared: {e}"));
                 }
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };

@@ -26,7 +26,7 @@ use imagine_core::f32_rewrite::{f16_to_f32, Limits, NewFile, Piece, RewriteError
 use thiserror::Error;
 use web_sys::FileSystemDirectoryHandle;
 
-use crate::opfs::{self, OpfsError, SyncFile};
+use crate::platform::opfs::{self, OpfsError, SyncFile};
 
 /// Float32 bytes between two saved states.
 const CHECKPOINT_BYTES: u64 = 16 << 20;

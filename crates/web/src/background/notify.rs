@@ -5,11 +5,11 @@ use imagine_core::api::Event;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::chrome;
-use crate::i18n;
-use crate::js::{JsError, Obj};
-use crate::protocol::StudioFocus;
-use crate::studio;
+use crate::pages::studio;
+use crate::platform::chrome;
+use crate::platform::i18n;
+use crate::platform::js::{JsError, Obj};
+use crate::platform::protocol::StudioFocus;
 
 /// Notification ids: `imagine-job-<job>` for an image, this one for the download.
 const JOB_PREFIX: &str = "imagine-job-";

@@ -10,12 +10,12 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
-use crate::i18n::{self, t, t_args};
-use crate::js::from_js;
-use crate::messaging::request;
-use crate::settings::{self, Defaults};
-use crate::view::{self, element, fill_definitions, set_text, set_visible};
-use crate::{gpu, opfs};
+use crate::pages::view::{self, element, fill_definitions, set_text, set_visible};
+use crate::platform::i18n::{self, t, t_args};
+use crate::platform::js::from_js;
+use crate::platform::messaging::request;
+use crate::platform::settings::{self, Defaults};
+use crate::platform::{gpu, opfs};
 
 const MIB: i64 = 1 << 20;
 

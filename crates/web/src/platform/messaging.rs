@@ -1,13 +1,13 @@
 //! Sending the public API's messages (`imagine_core::api`) between contexts, and telling senders apart.
-//! The internal channels are typed in `crate::protocol`.
+//! The internal channels are typed in `crate::platform::protocol`.
 
 use imagine_core::api::{Event, Reply, Request, Sender};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::chrome;
-use crate::js::{from_js, get_string, to_js, JsError};
-use crate::protocol::ProtocolError;
+use crate::platform::chrome;
+use crate::platform::js::{from_js, get_string, to_js, JsError};
+use crate::platform::protocol::ProtocolError;
 
 /// Sends a message to every other extension context and waits for the first reply.
 pub async fn send(message: &JsValue) -> Result<JsValue, JsError> {
@@ -30,6 +30,6 @@ pub async fn request(request: &Request) -> Reply {
 
 /// Who sent a message (`runtime.onMessage`'s `sender`).
 pub fn sender(sender: &JsValue) -> Sender {
-    let own_id = crate::chrome::runtime_id();
+    let own_id = crate::platform::chrome::runtime_id();
     Sender::classify(&own_id, get_string(sender, "id").as_deref(), get_string(sender, "url").as_deref())
 }

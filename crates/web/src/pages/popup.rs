@@ -11,11 +11,11 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::i18n;
-use crate::js::from_js;
-use crate::messaging::request;
-use crate::settings;
-use crate::view::{self, element, set_text, set_visible, JobView};
+use crate::pages::view::{self, element, set_text, set_visible, JobView};
+use crate::platform::i18n;
+use crate::platform::js::from_js;
+use crate::platform::messaging::request;
+use crate::platform::settings;
 
 /// The job shown by the popup survives closing and reopening it.
 const JOB_KEY: &str = "imagine.popup.job";
@@ -39,7 +39,7 @@ pub fn popup_main() {
     view::confirm_delete_model(|| spawn_local(pack_action(Request::DeletePack {})));
     // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
     on_click("open-studio", || {
-        crate::studio::open_from_click(|| {
+        crate::pages::studio::open_from_click(|| {
             if let Some(window) = web_sys::window() {
                 let _ = window.close();
             }
@@ -186,7 +186,7 @@ fn show_download(progress: Option<&DownloadProgress>) {
     set_visible("download-error", error.is_some());
     let list = element::<web_sys::HtmlElement>("download-files");
     list.set_text_content(None);
-    let document = crate::view::document();
+    let document = crate::pages::view::document();
     for file in &p.files {
         let Ok(item) = document.create_element("li") else { continue };
         let mark = if file.verified { " \u{2713}" } else { "" };

@@ -7,10 +7,10 @@ use imagine_core::message::Message;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 
-use crate::i18n;
-use crate::js::from_js;
-use crate::messaging::request;
-use crate::view::{set_text, JobView};
+use crate::pages::view::{set_text, JobView};
+use crate::platform::i18n;
+use crate::platform::js::from_js;
+use crate::platform::messaging::request;
 
 thread_local! {
     static VIEW: RefCell<Option<JobView>> = const { RefCell::new(None) };

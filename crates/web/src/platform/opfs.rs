@@ -13,7 +13,7 @@ use web_sys::{
     FileSystemWritableFileStream, StorageManager,
 };
 
-use crate::js::{get, JsError};
+use crate::platform::js::{get, JsError};
 
 /// What an OPFS operation was doing when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,12 +179,12 @@ async fn once_not_open_elsewhere(
     name: &str,
     mut attempt: impl FnMut() -> js_sys::Promise,
 ) -> OpfsResult<JsValue> {
-    let started = crate::js::now_ms();
+    let started = crate::platform::js::now_ms();
     let mut pause_ms = 25;
     loop {
         match JsFuture::from(attempt()).await {
             Err(e) if is_open_elsewhere(&e) => {
-                if crate::js::now_ms() - started >= STILL_OPEN_WAIT_MS as f64 {
+                if crate::platform::js::now_ms() - started >= STILL_OPEN_WAIT_MS as f64 {
                     let seconds = STILL_OPEN_WAIT_MS / 1000;
                     return Err(OpfsError::StillOpen {
                         op,
@@ -193,7 +193,7 @@ async fn once_not_open_elsewhere(
                         source: e.into(),
                     });
                 }
-                crate::js::sleep_ms(pause_ms).await;
+                crate::platform::js::sleep_ms(pause_ms).await;
                 pause_ms = (pause_ms * 2).min(500);
             }
             outcome => return outcome.map_err(|e| OpfsError::js(op, name, e)),
@@ -477,7 +477,7 @@ pub async fn storage_use() -> OpfsResult<StorageUse> {
     let storage: StorageManager = get(&get(&js_sys::global(), "navigator"), "storage").unchecked_into();
     let estimate = storage.estimate().map_err(|e| OpfsError::js(Op::Estimate, "storage", e))?;
     let estimate = await_js(estimate, Op::Estimate, "storage").await?;
-    let number = |key| crate::js::get_f64(&estimate, key).unwrap_or(0.0) as u64;
+    let number = |key| crate::platform::js::get_f64(&estimate, key).unwrap_or(0.0) as u64;
     Ok(StorageUse { usage_bytes: number("usage"), quota_bytes: number("quota") })
 }
 

@@ -238,17 +238,17 @@ mod tests {
         use imagine_core::message::ErrorText;
         use imagine_core::{Graph, PackError, ParamError, PromptError, SessionError, StageError};
 
-        use crate::convert::ConvertError;
-        use crate::download::DownloadError;
-        use crate::gallery_store::GalleryStoreError;
-        use crate::gpu::GpuError;
-        use crate::hasher::HashError;
-        use crate::hub_client::FetchError;
-        use crate::js::JsError;
-        use crate::offscreen::OffscreenError;
-        use crate::opfs::{Op, OpfsError};
-        use crate::service_worker::ServiceWorkerError;
-        use crate::stage_worker::StageWorkerError;
+        use crate::background::service_worker::ServiceWorkerError;
+        use crate::offscreen::convert::ConvertError;
+        use crate::offscreen::document::OffscreenError;
+        use crate::offscreen::download::DownloadError;
+        use crate::offscreen::hasher::HashError;
+        use crate::offscreen::stage_worker::StageWorkerError;
+        use crate::platform::gallery_store::GalleryStoreError;
+        use crate::platform::gpu::GpuError;
+        use crate::platform::hub_client::FetchError;
+        use crate::platform::js::JsError;
+        use crate::platform::opfs::{Op, OpfsError};
 
         let js = || JsError { name: Some("TypeError".into()), message: "Failed to fetch".into() };
         let json_error = || serde_json::from_str::<u8>("x").unwrap_err();

@@ -5,7 +5,7 @@ use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
 use wasm_bindgen::prelude::*;
 use web_sys::{Document, HtmlElement, HtmlImageElement};
 
-use crate::i18n;
+use crate::platform::i18n;
 
 /// The page's document.
 pub fn document() -> Document {

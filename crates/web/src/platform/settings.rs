@@ -16,8 +16,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen_futures::JsFuture;
 
-use crate::chrome;
-use crate::js::{from_js, get, to_js, JsError, Obj};
+use crate::platform::chrome;
+use crate::platform::js::{from_js, get, to_js, JsError, Obj};
 
 /// `chrome.storage.local` key of the [`Defaults`].
 pub const DEFAULTS_KEY: &str = "imagine.defaults";
@@ -182,7 +182,8 @@ pub async fn take_reuse() -> Option<Reuse> {
 /// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);
 /// an empty field means the published pack's value.
 pub fn source_from_form() -> PackSource {
-    let value = |id: &str| crate::view::element::<web_sys::HtmlInputElement>(id).value().trim().to_owned();
+    let value =
+        |id: &str| crate::pages::view::element::<web_sys::HtmlInputElement>(id).value().trim().to_owned();
     let defaults = PackSource::default();
     let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
     PackSource {

@@ -22,12 +22,12 @@ use web_sys::{
     HtmlTextAreaElement,
 };
 
-use crate::chrome;
-use crate::i18n;
-use crate::js::{from_js, get, now_ms, random_u64, to_js, Obj};
-use crate::messaging::request;
-use crate::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
-use crate::view::{document, element, set_text, set_visible};
+use crate::pages::view::{document, element, set_text, set_visible};
+use crate::platform::chrome;
+use crate::platform::i18n;
+use crate::platform::js::{from_js, get, now_ms, random_u64, to_js, Obj};
+use crate::platform::messaging::request;
+use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
 
 /// `chrome.storage.local` key of the per-stage timings of finished runs, by image size.
 const TIMINGS_KEY: &str = "studioTimings";

@@ -15,12 +15,12 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
-use crate::i18n::{self, t, t_args};
-use crate::js::{from_js, sleep_ms};
-use crate::messaging::request;
-use crate::opfs;
-use crate::settings::{self, Reuse};
-use crate::view::{document, element, fill_definitions, set_text, set_visible};
+use crate::pages::view::{document, element, fill_definitions, set_text, set_visible};
+use crate::platform::i18n::{self, t, t_args};
+use crate::platform::js::{from_js, sleep_ms};
+use crate::platform::messaging::request;
+use crate::platform::opfs;
+use crate::platform::settings::{self, Reuse};
 
 #[derive(Default)]
 struct State {
@@ -285,7 +285,7 @@ async fn reuse() {
     }
     set_text("viewer-status", &t("galleryReused"));
     // Opens the toolbar popup where the browser allows it; otherwise the settings wait there.
-    if let Ok(promise) = crate::chrome::action_open_popup() {
+    if let Ok(promise) = crate::platform::chrome::action_open_popup() {
         let _ = JsFuture::from(promise).await;
     }
 }

@@ -7,18 +7,18 @@
 use imagine_core::message::{arg, cause, Arg, Localize, Message};
 use imagine_core::storage::{PACKS_DIR, STATE_FILE};
 
-use crate::convert::ConvertError;
-use crate::download::DownloadError;
-use crate::gallery_store::GalleryStoreError;
-use crate::gpu::GpuError;
-use crate::hasher::HashError;
-use crate::hub_client::FetchError;
-use crate::js::JsError;
-use crate::offscreen::OffscreenError;
-use crate::opfs::{Op, OpfsError};
-use crate::protocol::ProtocolError;
-use crate::service_worker::ServiceWorkerError;
-use crate::stage_worker::StageWorkerError;
+use crate::background::service_worker::ServiceWorkerError;
+use crate::offscreen::convert::ConvertError;
+use crate::offscreen::document::OffscreenError;
+use crate::offscreen::download::DownloadError;
+use crate::offscreen::hasher::HashError;
+use crate::offscreen::stage_worker::StageWorkerError;
+use crate::platform::gallery_store::GalleryStoreError;
+use crate::platform::gpu::GpuError;
+use crate::platform::hub_client::FetchError;
+use crate::platform::js::JsError;
+use crate::platform::opfs::{Op, OpfsError};
+use crate::platform::protocol::ProtocolError;
 
 /// `"<what>: <detail>"`, the shape of many messages.
 fn detail(what: Arg, detail: Arg) -> Message {
@@ -267,7 +267,7 @@ impl Localize for OffscreenError {
             OffscreenError::StageStopped => Message::new("errOffscreenStageStopped", []),
             OffscreenError::Stalled { stage, seconds } => Message::new(
                 "errOffscreenStageStalled",
-                [Arg::Message(Message::new(crate::options_page::stage_key(*stage), [])), arg(seconds)],
+                [Arg::Message(Message::new(crate::pages::options_page::stage_key(*stage), [])), arg(seconds)],
             ),
             OffscreenError::Asset { path, source } => {
                 detail(Arg::Message(Op::Read.message(path)), arg(source))

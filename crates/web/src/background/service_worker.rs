@@ -24,18 +24,20 @@ use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
-use crate::chrome;
-use crate::gallery_store::{self, GalleryStoreError};
-use crate::gpu;
-use crate::hub_client::{self, FetchError};
-use crate::i18n;
-use crate::js::{from_js, get, random_u64, to_js, JsError, Obj};
-use crate::messaging::{self, send};
-use crate::notify;
-use crate::opfs::{self, OpfsError};
-use crate::protocol::{self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET};
-use crate::settings;
-use crate::studio;
+use crate::background::notify;
+use crate::pages::studio;
+use crate::platform::chrome;
+use crate::platform::gallery_store::{self, GalleryStoreError};
+use crate::platform::gpu;
+use crate::platform::hub_client::{self, FetchError};
+use crate::platform::i18n;
+use crate::platform::js::{from_js, get, random_u64, to_js, JsError, Obj};
+use crate::platform::messaging::{self, send};
+use crate::platform::opfs::{self, OpfsError};
+use crate::platform::protocol::{
+    self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET,
+};
+use crate::platform::settings;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.

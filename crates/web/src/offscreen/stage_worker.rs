@@ -2,7 +2,7 @@
 //!
 //! Messages: [`StageTask`] in (with the previous stage's output buffer, or without it, which comes
 //! later in a `StageTask::Input` while the session is created), [`StageReport`] out (with this stage's
-//! output buffer), see `crate::protocol`.
+//! output buffer), see `crate::platform::protocol`.
 //!
 //! A task without `keep` releases the session before it reports `done`; the offscreen document then
 //! terminates the worker, which frees the GPU device ORT opened in it and the wasm heap. A task with
@@ -32,10 +32,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
-use crate::gpu::{self, GpuError};
-use crate::js::{now_ms, time_origin_ms, JsError};
-use crate::opfs::{self, OpfsError};
-use crate::protocol::{
+use crate::platform::gpu::{self, GpuError};
+use crate::platform::js::{now_ms, time_origin_ms, JsError};
+use crate::platform::opfs::{self, OpfsError};
+use crate::platform::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
 };
 

@@ -7,7 +7,7 @@
 //! the buffer here; this worker hashes it and transfers it back for the next read. Messages keep their
 //! order, so a `checkpoint` answered here is the hash state exactly after the blocks sent before it.
 //!
-//! Messages: [`HashSetup`], [`HashCommand`] and [`HashReport`] (`crate::protocol`).
+//! Messages: [`HashSetup`], [`HashCommand`] and [`HashReport`] (`crate::platform::protocol`).
 
 use std::cell::RefCell;
 
@@ -20,7 +20,7 @@ use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
-use crate::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
+use crate::platform::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
 
 /// Why hashing failed, on either side of the link between the download worker and its hash worker.
 #[derive(Debug, Error)]

@@ -18,9 +18,9 @@ use thiserror::Error;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemDirectoryHandle;
 
-use crate::chrome;
-use crate::js::{get, Obj};
-use crate::opfs::{self, OpfsError};
+use crate::platform::chrome;
+use crate::platform::js::{get, Obj};
+use crate::platform::opfs::{self, OpfsError};
 
 /// Why a gallery request failed.
 #[derive(Debug, Error)]

@@ -22,7 +22,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
-use crate::js::{from_js, get, to_js, JsError};
+use crate::platform::js::{from_js, get, to_js, JsError};
 
 /// A message that could not be posted, or that is not of the type its channel carries.
 #[derive(Debug, Error)]

@@ -17,7 +17,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit, Response};
 
-use crate::js::{get, now_ms, random_u64, sleep_ms, JsError};
+use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError};
 
 /// Why a request to the Hub failed. [`FetchError::is_transient`] says whether retrying may help.
 #[derive(Debug, Error)]
@@ -94,7 +94,7 @@ const IDLE_TIMEOUT_FILE: &str = "idle-timeout-ms";
 
 /// [`IDLE_TIMEOUT_MS`], or less when a test asked for it ([`IDLE_TIMEOUT_FILE`]).
 async fn idle_timeout_ms() -> u64 {
-    let asked = crate::opfs::test_setting_u64(IDLE_TIMEOUT_FILE).await;
+    let asked = crate::platform::opfs::test_setting_u64(IDLE_TIMEOUT_FILE).await;
     asked.map_or(IDLE_TIMEOUT_MS, |ms| ms.clamp(100, IDLE_TIMEOUT_MS))
 }
 

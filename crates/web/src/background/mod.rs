@@ -1,0 +1,5 @@
+//! The service worker: the one typed message API, the job queue and its records, the download intent
+//! and its alarms, the context menu, the toolbar badge, and notifications.
+
+pub mod notify;
+pub mod service_worker;

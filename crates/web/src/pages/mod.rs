@@ -1,0 +1,9 @@
+//! The extension's pages: the studio (side panel or tab), the popup, the gallery, the options page and
+//! the result page, on one small view layer.
+
+pub mod gallery_page;
+pub mod options_page;
+pub mod popup;
+pub mod result_page;
+pub mod studio;
+pub mod view;

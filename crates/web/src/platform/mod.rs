@@ -1,0 +1,14 @@
+//! What every context builds on: the `chrome.*` and JS bindings, the typed messages between contexts,
+//! localized text and errors, stored settings and gallery, WebGPU adapter facts, OPFS, and the Hub client.
+
+pub mod chrome;
+pub mod error_messages;
+pub mod gallery_store;
+pub mod gpu;
+pub mod hub_client;
+pub mod i18n;
+pub mod js;
+pub mod messaging;
+pub mod opfs;
+pub mod protocol;
+pub mod settings;
