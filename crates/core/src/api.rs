@@ -303,18 +303,6 @@ pub struct ConversionCost {
     pub gpu_bytes: u64,
 }
 
-impl ConversionCost {
-    /// What users see before the download (the popup, beside the download size).
-    pub fn notice(&self) -> String {
-        format!(
-            "This GPU has no shader-f16: Imagine will run in float32, needing {} more disk and about {} \
-             of GPU memory.",
-            gigabytes(self.extra_disk_bytes),
-            gigabytes(self.gpu_bytes)
-        )
-    }
-}
-
 /// Bytes in GB (10^9), with one decimal; at least 0.1 GB for anything above zero.
 pub fn gigabytes(bytes: u64) -> String {
     let tenths = bytes.div_ceil(100_000_000);
@@ -697,15 +685,13 @@ mod tests {
     }
 
     #[test]
-    fn the_conversion_notice_states_disk_and_gpu_memory_in_gb() {
+    fn the_conversion_cost_is_camel_case_and_sizes_read_in_gb() {
         let cost = ConversionCost { extra_disk_bytes: 1_234_567_890, gpu_bytes: 3_950_000_001 };
         assert_eq!(
-            cost.notice(),
-            "This GPU has no shader-f16: Imagine will run in float32, needing 1.3 GB more disk and about 4.0 GB \
-             of GPU memory."
+            (gigabytes(cost.extra_disk_bytes), gigabytes(cost.gpu_bytes)),
+            ("1.3 GB".to_owned(), "4.0 GB".to_owned())
         );
-        let tiny = ConversionCost { extra_disk_bytes: 5719, gpu_bytes: 0 };
-        assert!(tiny.notice().contains("needing 0.1 GB more disk and about 0.0 GB"), "{}", tiny.notice());
+        assert_eq!((gigabytes(5719), gigabytes(0)), ("0.1 GB".to_owned(), "0.0 GB".to_owned()));
         let json = serde_json::to_value(cost).unwrap();
         assert_eq!(
             json,

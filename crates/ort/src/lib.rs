@@ -268,28 +268,9 @@ impl Tensor {
         Self::build("float32", Float32Array::from(data).into(), dims)
     }
 
-    /// A float16 tensor holding `data` converted from float32 (round to nearest even).
-    pub fn from_f32_as_f16(data: &[f32], dims: &[i64]) -> Result<Tensor, OrtError> {
-        let bits: Vec<u16> = data.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-        Self::build("float16", Uint16Array::from(bits.as_slice()).into(), dims)
-    }
-
     /// A float16 tensor from raw half-precision bits.
     pub fn from_f16_bits(bits: &[u16], dims: &[i64]) -> Result<Tensor, OrtError> {
         Self::build("float16", Uint16Array::from(bits).into(), dims)
-    }
-
-    /// A tensor of `dtype` (float32 or float16) from float32 values.
-    pub fn from_f32_in(dtype: &DType, data: &[f32], dims: &[i64]) -> Result<Tensor, OrtError> {
-        match dtype {
-            DType::Float32 => Self::from_f32(data, dims),
-            DType::Float16 => Self::from_f32_as_f16(data, dims),
-            other => Err(OrtError::WrongType {
-                name: "input".into(),
-                found: other.name().to_owned(),
-                expected: "float32 or float16",
-            }),
-        }
     }
 
     /// A tensor of `elem_type` from its little-endian bytes, as an ONNX file stores them.

@@ -1,5 +1,6 @@
-//! What the popup and the result page both show for a job: progress, the image, errors.
-//! Text from the prompt or a page is only ever set as text, never parsed as HTML.
+//! The pages' view layer: elements by id, text and visibility, the "Delete model" confirmation, lists
+//! of definitions, and what the popup and the result page both show for a job (progress, the image,
+//! errors). Text from the prompt or a page is only ever set as text, never parsed as HTML.
 
 use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
 use wasm_bindgen::prelude::*;
