@@ -43,6 +43,7 @@
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
 pub mod embedding_cache;
+pub mod estimate;
 pub mod f32_rewrite;
 // Its item fields are the message API's (README documents them).
 #[allow(missing_docs)]

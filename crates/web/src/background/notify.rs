@@ -5,11 +5,11 @@ use imagine_core::api::Event;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::pages::studio;
 use crate::platform::chrome;
 use crate::platform::i18n;
 use crate::platform::js::{JsError, Obj};
 use crate::platform::protocol::StudioFocus;
+use crate::platform::side_panel;
 
 /// Notification ids: `imagine-job-<job>` for an image, this one for the download.
 const JOB_PREFIX: &str = "imagine-job-";
@@ -105,7 +105,7 @@ pub fn service_worker_notification_click(id: String, panel: js_sys::Promise) -> 
         }
         let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
         let tab = job.as_ref().map_or("studio.html".to_owned(), |job| format!("studio.html?job={job}"));
-        studio::show(StudioFocus { job, ..Default::default() }, opened, &tab).await;
+        side_panel::show(StudioFocus { job, ..Default::default() }, opened, &tab).await;
         if let Ok(promise) = chrome::notifications_clear(&id) {
             let _ = JsFuture::from(promise).await;
         }

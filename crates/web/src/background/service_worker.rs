@@ -25,7 +25,6 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::background::notify;
-use crate::pages::studio;
 use crate::platform::chrome;
 use crate::platform::gallery_store::{self, GalleryStoreError};
 use crate::platform::gpu;
@@ -38,6 +37,7 @@ use crate::platform::protocol::{
     self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET,
 };
 use crate::platform::settings;
+use crate::platform::side_panel;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.
@@ -212,7 +212,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
             .set("contexts", js_sys::Array::of1(&"selection".into()))
             .build();
         chrome::context_menus_create(&item)?;
-        studio::apply_toolbar(studio::toolbar_choice().await).await;
+        side_panel::apply_toolbar(side_panel::toolbar_choice().await).await;
         // After an update: files of an earlier storage layout, or of nothing, are removed.
         let _guard = lock_download().await;
         let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
@@ -239,7 +239,7 @@ pub fn service_worker_wake() -> js_sys::Promise {
 #[wasm_bindgen(js_name = serviceWorkerStartup)]
 pub fn service_worker_startup() -> js_sys::Promise {
     future_to_promise(async {
-        studio::apply_toolbar(studio::toolbar_choice().await).await;
+        side_panel::apply_toolbar(side_panel::toolbar_choice().await).await;
         resume_if_stalled().await;
         retry_offline_download().await;
         Ok(JsValue::UNDEFINED)
@@ -287,7 +287,7 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise, incognit
                 (focus, page)
             }
         };
-        studio::show(focus, opened, &page).await;
+        side_panel::show(focus, opened, &page).await;
         Ok(JsValue::UNDEFINED)
     })
 }

@@ -39,7 +39,7 @@ pub fn popup_main() {
     view::confirm_delete_model(|| spawn_local(pack_action(Request::DeletePack {})));
     // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
     on_click("open-studio", || {
-        crate::pages::studio::open_from_click(|| {
+        crate::platform::side_panel::open_from_click(|| {
             if let Some(window) = web_sys::window() {
                 let _ = window.close();
             }

@@ -4,15 +4,15 @@
 //! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
 //! and "reuse this seed".
 //!
-//! Also what the service worker uses to open the studio at a job ([`show`]) and to apply the toolbar
-//! button's choice ([`apply_toolbar`]).
+//! The estimate itself is `imagine_core::estimate`; opening the studio from the service worker and the
+//! popup is `platform::side_panel`.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 
 use imagine_core::api::{
     Event, GenerateRequest, GenerateResult, JobState, Progress, Reply, Request, Seed, Stage,
 };
+use imagine_core::estimate::{remember, size_key, stage_fraction, StageTimes, TimingStore};
 use imagine_core::prompt::{PromptEncoder, MAX_TOKENS};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -22,17 +22,16 @@ use web_sys::{
     HtmlTextAreaElement,
 };
 
-use crate::pages::view::{document, element, set_text, set_visible};
+use crate::pages::view::{describe, document, element, set_text, set_visible};
 use crate::platform::chrome;
 use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, to_js, Obj};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
+use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
 
 /// `chrome.storage.local` key of the per-stage timings of finished runs, by image size.
 const TIMINGS_KEY: &str = "studioTimings";
-/// Runs kept per size for the estimate.
-const KEPT_RUNS: usize = 5;
 /// Images made by "4 variations".
 const VARIATIONS: i64 = 4;
 /// The prompt is counted this long after the last key press.
@@ -88,70 +87,6 @@ fn local_storage() -> Option<web_sys::Storage> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Opening the studio (service worker side)
-
-/// Shows `focus` in the studio: `opened` says whether the side panel opened from the user's gesture;
-/// otherwise `fallback` (a page of the extension) opens in a new tab.
-pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
-    focus.nonce = random_u64() >> 11;
-    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
-    if let Ok(promise) = chrome::session_set(&items) {
-        let _ = JsFuture::from(promise).await;
-    }
-    if !opened {
-        let url = chrome::runtime_get_url(fallback);
-        if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
-            let _ = JsFuture::from(promise).await;
-        }
-    }
-}
-
-/// The toolbar button's choice, as stored (the studio by default).
-pub async fn toolbar_choice() -> ToolbarOpens {
-    let Ok(promise) = chrome::local_get(&TOOLBAR_KEY.into()) else { return ToolbarOpens::default() };
-    let Ok(items) = JsFuture::from(promise).await else { return ToolbarOpens::default() };
-    from_js(&get(&items, TOOLBAR_KEY)).unwrap_or_default()
-}
-
-/// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. The service worker
-/// applies the choice again on install and start-up, so it holds whatever Chrome keeps of it across a
-/// restart.
-pub async fn apply_toolbar(choice: ToolbarOpens) {
-    let studio = choice == ToolbarOpens::Studio;
-    let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
-    let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
-    for call in [chrome::side_panel_set_panel_behavior(&behavior), chrome::action_set_popup(&popup)] {
-        let done = match call {
-            Ok(promise) => JsFuture::from(promise).await.map(drop),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = done {
-            web_sys::console::warn_1(&e);
-        }
-    }
-}
-
-/// Opens the studio in the side panel from a click in a page (the click is the gesture Chrome asks
-/// for; the call must happen before anything is awaited), else in a tab. Used by the popup.
-pub fn open_from_click(then: impl FnOnce() + 'static) {
-    let options = Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build();
-    let opening = chrome::side_panel_open(&options);
-    spawn_local(async move {
-        let opened = match opening {
-            Ok(promise) => JsFuture::from(promise).await.is_ok(),
-            Err(_) => false,
-        };
-        if !opened {
-            let url = chrome::runtime_get_url("studio.html");
-            if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
-                let _ = JsFuture::from(promise).await;
-            }
-        }
-        then();
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
 // Pure parts: sizes, token counts, estimates
 
 /// The size presets: (message key, width, height). Every value is a multiple of 16 in 256..=1536.
@@ -174,91 +109,6 @@ pub struct TokenCount {
 impl TokenCount {
     pub fn new(tokens: usize) -> Self {
         TokenCount { tokens, over: tokens > MAX_TOKENS, near: tokens * 10 >= MAX_TOKENS * 9 }
-    }
-}
-
-/// Wall-clock time of each stage of one finished image, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StageTimes {
-    /// From the request to the first transformer report.
-    pub encode_ms: f64,
-    /// Loading the transformer (its report of step 0 to step 1).
-    pub load_ms: f64,
-    /// One denoising step.
-    pub step_ms: f64,
-    /// From the decoder's report to the image.
-    pub decode_ms: f64,
-}
-
-impl StageTimes {
-    /// The mean of `runs` (none: `None`).
-    pub fn mean(runs: &[StageTimes]) -> Option<StageTimes> {
-        if runs.is_empty() {
-            return None;
-        }
-        let n = runs.len() as f64;
-        let sum = |f: fn(&StageTimes) -> f64| runs.iter().map(f).sum::<f64>() / n;
-        Some(StageTimes {
-            encode_ms: sum(|t| t.encode_ms),
-            load_ms: sum(|t| t.load_ms),
-            step_ms: sum(|t| t.step_ms),
-            decode_ms: sum(|t| t.decode_ms),
-        })
-    }
-
-    /// Milliseconds left of an image at `progress` (`None`: not started), `in_stage_ms` after the
-    /// report, with `steps` steps.
-    pub fn left_ms(&self, progress: Option<&Progress>, in_stage_ms: f64, steps: u32) -> f64 {
-        let steps_ms = |n: u32| self.step_ms * f64::from(n);
-        let left = match progress {
-            None => self.encode_ms - in_stage_ms + self.load_ms + steps_ms(steps) + self.decode_ms,
-            Some(p) => match p.stage {
-                Stage::TextEncoder => {
-                    self.encode_ms - in_stage_ms + self.load_ms + steps_ms(steps) + self.decode_ms
-                }
-                Stage::Transformer if p.step == 0 => {
-                    self.load_ms - in_stage_ms + steps_ms(steps) + self.decode_ms
-                }
-                Stage::Transformer => steps_ms(steps.saturating_sub(p.step)) - in_stage_ms + self.decode_ms,
-                Stage::Decoder => self.decode_ms - in_stage_ms,
-            },
-        };
-        left.max(0.0)
-    }
-
-    /// One whole image.
-    pub fn image_ms(&self, steps: u32) -> f64 {
-        self.encode_ms + self.load_ms + self.step_ms * f64::from(steps) + self.decode_ms
-    }
-}
-
-/// How far one image is, 0..1, by stage (when there is no estimate yet).
-pub fn stage_fraction(progress: Option<&Progress>) -> f64 {
-    match progress {
-        None => 0.0,
-        Some(p) => match p.stage {
-            Stage::TextEncoder => 0.05,
-            Stage::Transformer => 0.1 + 0.8 * f64::from(p.step) / f64::from(p.steps.max(1)),
-            Stage::Decoder => 0.92,
-        },
-    }
-}
-
-/// The key of a size in the stored timings.
-fn size_key(width: u32, height: u32) -> String {
-    format!("{width}x{height}")
-}
-
-/// Stored timings: size key -> the last runs.
-type TimingStore = BTreeMap<String, Vec<StageTimes>>;
-
-/// Adds a run, keeping the last [`KEPT_RUNS`] per size.
-fn remember(store: &mut TimingStore, key: String, run: StageTimes) {
-    let runs = store.entry(key).or_default();
-    runs.push(run);
-    if runs.len() > KEPT_RUNS {
-        runs.drain(..runs.len() - KEPT_RUNS);
     }
 }
 
@@ -309,6 +159,29 @@ struct Run {
     step1_at: Option<f64>,
     decoder_at: Option<f64>,
     ended: bool,
+}
+
+impl Run {
+    /// A run of `job` followed from now; `started`: when its request was sent, if from this page.
+    fn new(job: String, count: u32, steps: u32, (width, height): (u32, u32), started: Option<f64>) -> Run {
+        let now = now_ms();
+        Run {
+            job,
+            count,
+            steps,
+            width,
+            height,
+            started,
+            followed: now,
+            progress: None,
+            image: 0,
+            progress_at: now,
+            transformer_at: None,
+            step1_at: None,
+            decoder_at: None,
+            ended: false,
+        }
+    }
 }
 
 struct Studio {
@@ -689,23 +562,8 @@ async fn generate(from: GenerateForm) {
         Err(error) => show_error(&i18n::error(&error)),
         Ok(params) => match request(&Request::Generate(wanted)).await {
             Reply::JobStarted { job, .. } => {
-                let run = Run {
-                    job: job.clone(),
-                    count,
-                    steps: params.steps,
-                    width: params.width,
-                    height: params.height,
-                    started: Some(now_ms()),
-                    followed: now_ms(),
-                    progress: None,
-                    image: 0,
-                    progress_at: now_ms(),
-                    transformer_at: None,
-                    step1_at: None,
-                    decoder_at: None,
-                    ended: false,
-                };
-                begin_run(run);
+                let size = (params.width, params.height);
+                begin_run(Run::new(job.clone(), count, params.steps, size, Some(now_ms())));
                 remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
             }
             Reply::Error { error, message } => show_error(&i18n::error_text(&error, message.as_ref())),
@@ -747,22 +605,8 @@ async fn follow(focus: StudioFocus) {
                 prompt_edited();
             }
             // Opened on a running job: its size comes with its first image.
-            begin_run(Run {
-                job,
-                count: 1,
-                steps: progress.as_ref().map_or(0, |p| p.steps),
-                width: 0,
-                height: 0,
-                started: None,
-                followed: now_ms(),
-                progress: progress.clone(),
-                image: 0,
-                progress_at: now_ms(),
-                transformer_at: None,
-                step1_at: None,
-                decoder_at: None,
-                ended: false,
-            });
+            let steps = progress.as_ref().map_or(0, |p| p.steps);
+            begin_run(Run { progress: progress.clone(), ..Run::new(job, 1, steps, (0, 0), None) });
             for result in earlier {
                 on_result(result);
             }
@@ -851,17 +695,6 @@ fn on_progress(progress: Progress) {
     }
     set_text("progress", &text);
     render_progress();
-}
-
-fn describe(progress: &Progress) -> String {
-    match progress.stage {
-        Stage::TextEncoder => i18n::t("progressEncoding"),
-        Stage::Transformer if progress.step == 0 => i18n::t("progressLoadingModel"),
-        Stage::Transformer => {
-            i18n::t_args("progressStep", &[&progress.step.to_string(), &progress.steps.to_string()])
-        }
-        Stage::Decoder => i18n::t("progressDecoding"),
-    }
 }
 
 /// Marks the stage list: done, current (`aria-current="step"`), to come.
@@ -1148,49 +981,5 @@ mod tests {
         assert_eq!(TokenCount::new(14), TokenCount { tokens: 14, over: false, near: false });
         assert!(TokenCount::new(470).near && !TokenCount::new(470).over);
         assert!(!TokenCount::new(512).over && TokenCount::new(513).over);
-    }
-
-    /// A progress report as the API sends it (so the test does not depend on every field).
-    fn p(stage: &str, step: u32) -> Progress {
-        serde_json::from_value(serde_json::json!({"stage": stage, "step": step, "steps": 4})).unwrap()
-    }
-
-    #[test]
-    fn estimates_follow_the_stages() {
-        let t = StageTimes { encode_ms: 1000.0, load_ms: 2000.0, step_ms: 500.0, decode_ms: 1000.0 };
-        assert_eq!(t.image_ms(4), 6000.0);
-        assert_eq!(t.left_ms(None, 0.0, 4), 6000.0);
-        assert_eq!(t.left_ms(Some(&p("transformer", 0)), 500.0, 4), 4500.0);
-        assert_eq!(t.left_ms(Some(&p("transformer", 2)), 100.0, 4), 1900.0);
-        assert_eq!(t.left_ms(Some(&p("decoder", 1)), 5000.0, 4), 0.0);
-        let mean = StageTimes::mean(&[t, StageTimes { step_ms: 1500.0, ..t }]).unwrap();
-        assert_eq!(mean.step_ms, 1000.0);
-        assert_eq!(StageTimes::mean(&[]), None);
-    }
-
-    #[test]
-    fn only_the_last_runs_are_kept() {
-        let mut store = TimingStore::new();
-        for i in 0..8 {
-            remember(
-                &mut store,
-                "512x512".into(),
-                StageTimes { step_ms: f64::from(i), ..Default::default() },
-            );
-        }
-        let runs = &store["512x512"];
-        assert_eq!(runs.len(), KEPT_RUNS);
-        assert_eq!(runs[0].step_ms, 3.0);
-    }
-
-    #[test]
-    fn the_fraction_without_history_moves_by_stage() {
-        let fractions = [
-            stage_fraction(None),
-            stage_fraction(Some(&p("textEncoder", 1))),
-            stage_fraction(Some(&p("transformer", 2))),
-            stage_fraction(Some(&p("decoder", 1))),
-        ];
-        assert!(fractions.windows(2).all(|w| w[0] < w[1]), "{fractions:?}");
     }
 }

@@ -76,6 +76,7 @@ pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
     }
 }
 
+/// What a progress report says: the stage, or the step of how many.
 pub fn describe(progress: &Progress) -> String {
     match progress.stage {
         Stage::TextEncoder => i18n::t("progressEncoding"),

@@ -143,6 +143,22 @@ mod tests {
             .collect()
     }
 
+    /// Every file below `dir`, in its sub-folders too.
+    fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+        let (mut files, mut dirs) = (Vec::new(), vec![dir.to_path_buf()]);
+        while let Some(dir) = dirs.pop() {
+            for entry in fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+        files
+    }
+
     fn used_keys() -> BTreeSet<(String, String)> {
         let mut used = BTreeSet::new();
         for entry in fs::read_dir(extension_dir()).unwrap() {
@@ -161,9 +177,7 @@ mod tests {
                 }
             }
         }
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        for entry in fs::read_dir(&src).unwrap() {
-            let path = entry.unwrap().path();
+        for path in files_under(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
             let text = fs::read_to_string(&path).unwrap();
             for marker in ["t(\"", "t_args(\"", "Message::new(\""] {
                 for key in quoted_after(&text, marker) {
@@ -172,17 +186,11 @@ mod tests {
             }
         }
         // The keys of the core's error messages.
-        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src")];
-        while let Some(dir) = dirs.pop() {
-            for entry in fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("message.rs") {
-                    let text = fs::read_to_string(&path).unwrap();
-                    for key in quoted_after(&text, "Message::new(\"") {
-                        used.insert((path.display().to_string(), key));
-                    }
+        for path in files_under(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src")) {
+            if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("message.rs") {
+                let text = fs::read_to_string(&path).unwrap();
+                for key in quoted_after(&text, "Message::new(\"") {
+                    used.insert((path.display().to_string(), key));
                 }
             }
         }

@@ -12,3 +12,4 @@ pub mod messaging;
 pub mod opfs;
 pub mod protocol;
 pub mod settings;
+pub mod side_panel;

@@ -1,0 +1,69 @@
+//! Opening the studio at a job (the side panel, or a tab when it cannot open) and the toolbar button's
+//! choice between the studio and the quick-prompt popup: used by the service worker and the popup.
+
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+
+use crate::platform::chrome;
+use crate::platform::js::{from_js, get, random_u64, to_js, Obj};
+use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
+
+/// Shows `focus` in the studio: `opened` says whether the side panel opened from the user's gesture;
+/// otherwise `fallback` (a page of the extension) opens in a new tab.
+pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
+    focus.nonce = random_u64() >> 11;
+    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
+    if let Ok(promise) = chrome::session_set(&items) {
+        let _ = JsFuture::from(promise).await;
+    }
+    if !opened {
+        let url = chrome::runtime_get_url(fallback);
+        if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
+            let _ = JsFuture::from(promise).await;
+        }
+    }
+}
+
+/// The toolbar button's choice, as stored (the studio by default).
+pub async fn toolbar_choice() -> ToolbarOpens {
+    let Ok(promise) = chrome::local_get(&TOOLBAR_KEY.into()) else { return ToolbarOpens::default() };
+    let Ok(items) = JsFuture::from(promise).await else { return ToolbarOpens::default() };
+    from_js(&get(&items, TOOLBAR_KEY)).unwrap_or_default()
+}
+
+/// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. The service worker
+/// applies the choice again on install and start-up, so it holds whatever Chrome keeps of it across a
+/// restart.
+pub async fn apply_toolbar(choice: ToolbarOpens) {
+    let studio = choice == ToolbarOpens::Studio;
+    let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
+    let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
+    for call in [chrome::side_panel_set_panel_behavior(&behavior), chrome::action_set_popup(&popup)] {
+        let done = match call {
+            Ok(promise) => JsFuture::from(promise).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            web_sys::console::warn_1(&e);
+        }
+    }
+}
+
+/// Opens the studio in the side panel from a click in a page (the click is the gesture Chrome asks
+/// for; the call must happen before anything is awaited), else in a tab. Used by the popup.
+pub fn open_from_click(then: impl FnOnce() + 'static) {
+    let options = Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build();
+    let opening = chrome::side_panel_open(&options);
+    spawn_local(async move {
+        let opened = match opening {
+            Ok(promise) => JsFuture::from(promise).await.is_ok(),
+            Err(_) => false,
+        };
+        if !opened {
+            let url = chrome::runtime_get_url("studio.html");
+            if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
+                let _ = JsFuture::from(promise).await;
+            }
+        }
+        then();
+    });
+}
