@@ -133,7 +133,7 @@ pub struct GenerateRequest {
     /// is neither read nor written with it.
     pub accuracy_level: Option<i64>,
     /// For benchmarks: ONNX Runtime keeps every GPU buffer a WebGPU session released for its next run
-    /// (its `simple` storage-buffer cache) instead of only those up to 160 MB (`bucket`, its default).
+    /// (its `simple` storage-buffer cache) instead of only those up to 160 MiB (`bucket`, its default).
     /// At 1024x1024 the transformer's attention scores (about 1 GB each) are far above that, so each
     /// step allocates them afresh.
     pub keep_buffers: bool,

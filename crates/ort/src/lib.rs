@@ -127,7 +127,7 @@ pub enum Provider {
         /// NCHW on an adapter that runs on the CPU (1.4x on SwiftShader), see BENCHMARKS.md.
         channels_first: bool,
         /// ORT keeps every GPU buffer a run released for the next run (its `simple` storage-buffer
-        /// cache) rather than only those up to 160 MB (`bucket`, its default): larger ones are
+        /// cache) rather than only those up to 160 MiB (`bucket`, its default): larger ones are
         /// allocated afresh on every run.
         keep_buffers: bool,
     },
