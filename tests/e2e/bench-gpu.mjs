@@ -474,39 +474,33 @@ function printReport() {
   console.log('\nimages (wall: from the request to the last result event):');
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
   const wall = (name) => report.images.find((i) => i.name === name && i.outcome === 'result')?.wallS;
-  const acc4 = [['cold, float32 conversion', 'f32-cold', 'f32-acc4'], ['cold', 'f16-cold', 'f16-acc4'], ['repeat', 'f16-repeat', 'f16-acc4-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-acc4']]
+  /** [what, image a, image b] -> [what, a s, b s, a / b], for the pairs where both images were made. */
+  const ratioRows = (pairs) => pairs
     .filter(([, a, b]) => wall(a) && wall(b))
     .map(([what, a, b]) => [what, wall(a).toFixed(2), wall(b).toFixed(2), (wall(a) / wall(b)).toFixed(2)]);
+  const acc4 = ratioRows([['cold, float32 conversion', 'f32-cold', 'f32-acc4'], ['cold', 'f16-cold', 'f16-acc4'], ['repeat', 'f16-repeat', 'f16-acc4-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-acc4']]);
   if (acc4.length) {
     console.log('\naccuracy level 4 (int8 activations in every MatMulNBits) against the pack as it is:');
     h.printTable(['image', 'as it is s', 'level 4 s', 'as it is / level 4'], acc4);
   }
-  const keep = [['cold', 'f16-cold', 'f16-keep'], ['repeat', 'f16-repeat', 'f16-keep-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-keep'],
-    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large', 'f32-large-keep']]
-    .filter(([, a, b]) => wall(a) && wall(b))
-    .map(([what, a, b]) => [what, wall(a).toFixed(2), wall(b).toFixed(2), (wall(a) / wall(b)).toFixed(2)]);
+  const keep = ratioRows([['cold', 'f16-cold', 'f16-keep'], ['repeat', 'f16-repeat', 'f16-keep-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-keep'],
+    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large', 'f32-large-keep']]);
   if (keep.length) {
     console.log('\nkeepBuffers (ORT keeps every GPU buffer between runs) against its default (those up to 160 MiB):');
     h.printTable(['image', 'default s', 'keepBuffers s', 'default / keepBuffers'], keep);
   }
-  const ratios = [['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]
-    .filter(([, base, now]) => wall(base) && wall(now))
-    .map(([what, base, now]) => [what, wall(base).toFixed(2), wall(now).toFixed(2), (wall(base) / wall(now)).toFixed(2)]);
+  const ratios = ratioRows([['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]);
   report.ratios = Object.fromEntries(ratios.map(([what, , , x]) => [what, Number(x)]));
   if (ratios.length) {
     console.log('\nagainst the baseline of this run (one stage loaded at a time, nothing kept loaded):');
     h.printTable(['image', 'baseline s', 'now s', 'baseline / now'], ratios);
   }
-  const f32Ratios = [['cold', 'f32-cold', 'f16-cold'], ['repeat', 'f32-repeat', 'f16-repeat'], [`cold ${o.large}x${o.large}`, 'f32-large', 'f16-large']]
-    .filter(([, f32, f16]) => wall(f32) && wall(f16))
-    .map(([what, f32, f16]) => [what, wall(f32).toFixed(2), wall(f16).toFixed(2), (wall(f32) / wall(f16)).toFixed(2)]);
+  const f32Ratios = ratioRows([['cold', 'f32-cold', 'f16-cold'], ['repeat', 'f32-repeat', 'f16-repeat'], [`cold ${o.large}x${o.large}`, 'f32-large', 'f16-large']]);
   if (f32Ratios.length) {
     console.log('\nwithout shader-f16 (float32 conversion) against with it:');
     h.printTable(['image', 'float32 s', 'float16 s', 'float32 / float16'], f32Ratios);
   }
-  const altRatios = [['cold', 'f16-cold', 'alt-cold'], ['repeat', 'f16-repeat', 'alt-repeat'], ['profiled cold', 'f16-profile', 'alt-profile']]
-    .filter(([, own, alt]) => wall(own) && wall(alt))
-    .map(([what, own, alt]) => [what, wall(own).toFixed(2), wall(alt).toFixed(2), (wall(own) / wall(alt)).toFixed(2)]);
+  const altRatios = ratioRows([['cold', 'f16-cold', 'alt-cold'], ['repeat', 'f16-repeat', 'alt-repeat'], ['profiled cold', 'f16-profile', 'alt-profile']]);
   if (altRatios.length) {
     console.log(`\nONNX Runtime Web ${report.ortAlt} against the extension's ${report.ort}:`);
     h.printTable(['image', `${report.ort} s`, `${report.ortAlt} s`, `${report.ort} / ${report.ortAlt}`], altRatios);

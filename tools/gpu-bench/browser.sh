@@ -92,9 +92,11 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
-    [ '"${LAYOUT:-1}"' = 1 ] && '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
-      --out '$W'/logs/layout.json > '$W'/logs/layout.log 2>&1
-    echo "layout bench exit $?" >> '$W'/logs/layout.log
+    if [ '"${LAYOUT:-1}"' = 1 ]; then
+      '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
+        --out '$W'/logs/layout.json > '$W'/logs/layout.log 2>&1
+      echo "layout bench exit $?" >> '$W'/logs/layout.log
+    fi
     touch '$W'/.bench-done
   ' < /dev/null > /dev/null 2>&1 &
   echo "== bench started in the background at $((SECONDS - T0)) s"
