@@ -27,7 +27,8 @@
 //      cold --large images, with `accuracyLevel` 4 (prompt J) and profiled (prompt K); then with
 //      `keepBuffers` (ORT keeps every GPU buffer between runs, not only those up to 160 MiB) a cold
 //      --size image (prompt M), its repeat, and a cold --large image (prompt L). Step 1 ends with a
-//      cold --large image (prompt C) and the same with `keepBuffers` (prompt L);
+//      cold --large image (prompt C), the same with `keepBuffers` (prompt L), and a cold --size image
+//      with `keepBuffers` and its repeat (prompt N);
 //   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
 //      again with that package's JSPI bundle and wasm in place of the extension's (swapped in the
 //      unpacked extension, so that the installed pack is the same, and put back after): a warm-up
@@ -100,6 +101,7 @@ const PROMPTS = {
   k: 'an old tram in a rainy city street, film photograph',
   l: 'a field of sunflowers under a thunderstorm, wide angle',
   m: 'a cup of coffee with latte art, top view',
+  n: 'a koi pond in autumn, ink painting',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -146,6 +148,10 @@ try {
     await keepLoaded(b, 0);
     await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: `keepBuffers: cold ${o.large}x${o.large}, float32 conversion`, prompt: PROMPTS.l, size: Number(o.large), seed: '42', keepBuffers: true, name: 'f32-large-keep' });
+    await keepLoaded(b, 0);
+    await keepLoaded(b, KEEP_LOADED_S);
+    await image(b, sampler, { label: 'keepBuffers: cold, float32 conversion', prompt: PROMPTS.n, size: SIZE, seed: '42', keepBuffers: true, name: 'f32-keep' });
+    await image(b, sampler, { label: 'keepBuffers: repeat, float32 conversion', prompt: PROMPTS.n, size: SIZE, seed: '43', keepBuffers: true, name: 'f32-keep-repeat' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -484,6 +490,7 @@ function printReport() {
     h.printTable(['image', 'as it is s', 'level 4 s', 'as it is / level 4'], acc4);
   }
   const keep = ratioRows([['cold', 'f16-cold', 'f16-keep'], ['repeat', 'f16-repeat', 'f16-keep-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-keep'],
+    ['cold, float32 conversion', 'f32-cold', 'f32-keep'], ['repeat, float32 conversion', 'f32-repeat', 'f32-keep-repeat'],
     [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large', 'f32-large-keep']]);
   if (keep.length) {
     console.log('\nkeepBuffers (ORT keeps every GPU buffer between runs) against its default (those up to 160 MiB):');
