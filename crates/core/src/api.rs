@@ -132,11 +132,11 @@ pub struct GenerateRequest {
     /// activations, faster and less exact); as the pack has it when absent. The prompt-embedding cache
     /// is neither read nor written with it.
     pub accuracy_level: Option<i64>,
-    /// For benchmarks: ONNX Runtime keeps every GPU buffer a WebGPU session released for its next run
-    /// (its `simple` storage-buffer cache) instead of only those up to 160 MiB (`bucket`, its default).
-    /// At 1024x1024 the transformer's attention scores (about 1 GB each) are far above that, so each
-    /// step allocates them afresh.
-    pub keep_buffers: bool,
+    /// ONNX Runtime keeps every GPU buffer a WebGPU session released for its next run (its `simple`
+    /// storage-buffer cache) instead of only those up to 160 MiB (`bucket`, its default). Absent: kept
+    /// for images larger than 512x512 ([`crate::params::KEEP_BUFFERS_ABOVE_PIXELS`]); benchmarks set it
+    /// to compare.
+    pub keep_buffers: Option<bool>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
     /// selected in a private window unless the user allowed keeping those.

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::api::{GenerateRequest, Seed};
 use crate::message::{arg, Localize, Message};
+use crate::pack::Graph;
 use crate::schedule::Schedule;
 
 /// Smallest width or height, in pixels.
@@ -39,6 +40,12 @@ pub const MAX_PROMPT_CHARS: usize = 20_000;
 pub const MAX_ACCURACY_LEVEL: u8 = 4;
 /// How long it stays loaded unless the user chose otherwise: a few minutes, for the next prompt.
 pub const DEFAULT_KEEP_LOADED_SECONDS: u32 = 300;
+/// Above this many pixels ORT keeps every GPU buffer between runs (`GenerateParams::keep_buffers`).
+/// The transformer's attention scores are then over ORT's 160 MiB cache cap even in float16 (at
+/// 1024x1024 about 1 GB, allocated afresh on every step otherwise): keeping them made a cold 1024x1024
+/// image 1.37x (float16) and 1.68x (float32) faster on an H200. At 512x512 it made no difference
+/// beyond the noise, and only costs memory while the model stays loaded (BENCHMARKS.md).
+pub const KEEP_BUFFERS_ABOVE_PIXELS: u32 = 512 * 512;
 
 /// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -106,7 +113,8 @@ pub struct GenerateParams {
     /// pack's).
     #[serde(default)]
     pub accuracy_level: Option<u8>,
-    /// ORT keeps every released GPU buffer for the next run (`GenerateRequest::keep_buffers`).
+    /// ORT keeps every released GPU buffer for the next run (`GenerateRequest::keep_buffers`; by
+    /// default above [`KEEP_BUFFERS_ABOVE_PIXELS`]).
     #[serde(default)]
     pub keep_buffers: bool,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
@@ -155,6 +163,13 @@ impl GenerateParams {
     /// The seed of image `index` of the batch: `seed + index`, wrapping past `u64::MAX`.
     pub fn seed_of(&self, index: u32) -> u64 {
         self.seed.wrapping_add(u64::from(index))
+    }
+
+    /// Whether `graph`'s session keeps every GPU buffer ([`GenerateParams::keep_buffers`]). Never the
+    /// text encoder's: its buffers do not grow with the image, and its loaded session then serves a job
+    /// of any size.
+    pub fn keeps_buffers(&self, graph: Graph) -> bool {
+        self.keep_buffers && graph != Graph::TextEncoder
     }
 }
 
@@ -321,7 +336,7 @@ impl GenerateRequest {
             load_ahead: self.load_ahead.unwrap_or(true),
             profile: self.profile,
             accuracy_level,
-            keep_buffers: self.keep_buffers,
+            keep_buffers: self.keep_buffers.unwrap_or(width * height > KEEP_BUFFERS_ABOVE_PIXELS),
             private: self.private,
         })
     }
@@ -539,7 +554,15 @@ mod tests {
             "the prompt is 20001 characters long: at most 20000 are allowed (only the first 512 tokens, about 2000 characters of English, are used)"
         );
         assert_eq!(req(r#"{"accuracyLevel":4}"#).validate(0).unwrap().accuracy_level, Some(4));
+        // Buffers are kept above 512x512 pixels unless the request says.
         assert!(!req("{}").validate(0).unwrap().keep_buffers);
+        assert!(!req(r#"{"width":512,"height":512}"#).validate(0).unwrap().keep_buffers);
+        assert!(req(r#"{"width":528,"height":512}"#).validate(0).unwrap().keep_buffers);
+        assert!(req(r#"{"width":1024,"height":1024}"#).validate(0).unwrap().keep_buffers);
+        assert!(!req(r#"{"width":1024,"height":1024,"keepBuffers":false}"#).validate(0).unwrap().keep_buffers);
+        let large = req(r#"{"width":1024,"height":1024}"#).validate(0).unwrap();
+        assert!(large.keeps_buffers(Graph::Transformer) && large.keeps_buffers(Graph::Decoder));
+        assert!(!large.keeps_buffers(Graph::TextEncoder));
         assert!(req(r#"{"keepBuffers":true}"#).validate(0).unwrap().keep_buffers);
         assert!(!req("{}").validate(0).unwrap().private);
         assert!(req(r#"{"private":true}"#).validate(0).unwrap().private);

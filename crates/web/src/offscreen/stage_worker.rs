@@ -178,7 +178,7 @@ struct Stage {
     backend: Backend,
     /// The `MatMulNBits` accuracy level set on the graph, if any.
     accuracy_level: Option<u8>,
-    /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keep_buffers`).
+    /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keeps_buffers`).
     keep_buffers: bool,
     session: Session,
     inputs: Vec<TensorInfo>,
@@ -238,7 +238,7 @@ impl Stage {
                         .0;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
-                (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keep_buffers })
+                (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keeps_buffers(graph) })
             }
         };
         // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
@@ -266,7 +266,7 @@ impl Stage {
             graph,
             backend,
             accuracy_level: params.accuracy_level,
-            keep_buffers: params.keep_buffers,
+            keep_buffers: params.keeps_buffers(graph),
             session,
             inputs,
             outputs,
@@ -289,7 +289,7 @@ impl Stage {
             stage.graph == graph
                 && stage.backend == params.backend
                 && stage.accuracy_level == params.accuracy_level
-                && stage.keep_buffers == params.keep_buffers
+                && stage.keep_buffers == params.keeps_buffers(graph)
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
