@@ -559,7 +559,9 @@ mod tests {
         assert!(!req(r#"{"width":512,"height":512}"#).validate(0).unwrap().keep_buffers);
         assert!(req(r#"{"width":528,"height":512}"#).validate(0).unwrap().keep_buffers);
         assert!(req(r#"{"width":1024,"height":1024}"#).validate(0).unwrap().keep_buffers);
-        assert!(!req(r#"{"width":1024,"height":1024,"keepBuffers":false}"#).validate(0).unwrap().keep_buffers);
+        assert!(
+            !req(r#"{"width":1024,"height":1024,"keepBuffers":false}"#).validate(0).unwrap().keep_buffers
+        );
         let large = req(r#"{"width":1024,"height":1024}"#).validate(0).unwrap();
         assert!(large.keeps_buffers(Graph::Transformer) && large.keeps_buffers(Graph::Decoder));
         assert!(!large.keeps_buffers(Graph::TextEncoder));
