@@ -43,8 +43,8 @@ pub const DEFAULT_KEEP_LOADED_SECONDS: u32 = 300;
 /// Above this many pixels ORT keeps every GPU buffer between runs (`GenerateParams::keep_buffers`).
 /// The transformer's attention scores are then over ORT's 160 MiB cache cap even in float16 (at
 /// 1024x1024 about 1 GB, allocated afresh on every step otherwise): keeping them made a cold 1024x1024
-/// image 1.37x (float16) and 1.68x (float32) faster on an H200. At 512x512 it made no difference
-/// beyond the noise, and only costs memory while the model stays loaded (BENCHMARKS.md).
+/// image 1.11-1.37x faster in float16 and 1.28-1.68x in the float32 conversion on an H200, for about
+/// 9 % more GPU memory. At 512x512 it made no difference beyond the noise (BENCHMARKS.md).
 pub const KEEP_BUFFERS_ABOVE_PIXELS: u32 = 512 * 512;
 
 /// The ONNX Runtime Web execution provider that runs the graphs. Serialized by its API name.
