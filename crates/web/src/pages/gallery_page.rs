@@ -15,7 +15,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
-use crate::pages::view::{document, element, fill_definitions, set_text, set_visible};
+use crate::pages::view::{
+    child, document, element, fill_definitions, from_template, on, on_item_click, set_text, set_visible,
+    show_png,
+};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::{from_js, sleep_ms};
 use crate::platform::messaging::request;
@@ -42,19 +45,24 @@ thread_local! {
 #[wasm_bindgen(js_name = galleryPageMain)]
 pub fn gallery_page_main() {
     i18n::localize_page();
-    on("search", "input", || spawn_local(reload()));
-    on("more", "click", || spawn_local(load_more()));
-    on("export", "click", || spawn_local(export()));
-    on("clear", "click", ask_clear);
-    on("confirm-yes", "click", || {
+    on("search", "input", |_| spawn_local(reload()));
+    on("more", "click", |_| spawn_local(load_more()));
+    on("export", "click", |_| spawn_local(export()));
+    on("clear", "click", |_| ask_clear());
+    on("confirm-yes", "click", |_| {
         dialog("confirm").close();
         spawn_local(clear());
     });
-    on("confirm-no", "click", || dialog("confirm").close());
-    on("reuse", "click", || spawn_local(reuse()));
-    on("delete", "click", || spawn_local(delete_viewed()));
-    on("viewer-close", "click", || dialog("viewer").close());
-    on("viewer", "close", viewer_closed);
+    on("confirm-no", "click", |_| dialog("confirm").close());
+    on("reuse", "click", |_| spawn_local(reuse()));
+    on("delete", "click", |_| spawn_local(delete_viewed()));
+    on("viewer-close", "click", |_| dialog("viewer").close());
+    on("viewer", "close", |_| viewer_closed());
+    on_item_click("grid", ".thumb[data-id]", |thumb| {
+        if let Some(id) = thumb.get_attribute("data-id") {
+            spawn_local(open(id));
+        }
+    });
     spawn_local(async {
         reload().await;
         let view = web_sys::window()
@@ -83,13 +91,6 @@ pub fn gallery_page_event(message: JsValue) {
             }
         });
     }
-}
-
-fn on(id: &str, event: &str, action: impl Fn() + 'static) {
-    let closure = Closure::<dyn Fn()>::new(action);
-    let _ =
-        element::<HtmlElement>(id).add_event_listener_with_callback(event, closure.as_ref().unchecked_ref());
-    closure.forget();
 }
 
 fn dialog(id: &str) -> web_sys::HtmlDialogElement {
@@ -165,27 +166,14 @@ async fn fetch_page(generation: u32, offset: i64) {
 }
 
 fn add_thumbnail(item: &GalleryItem) {
-    let document = document();
-    let (Ok(li), Ok(button), Ok(img)) =
-        (document.create_element("li"), document.create_element("button"), document.create_element("img"))
-    else {
-        return;
-    };
-    let _ = button.set_attribute("type", "button");
-    let _ = button.set_attribute("class", "thumb");
-    let _ = button.set_attribute("data-id", &item.id);
+    let card = from_template("card-template");
+    let _ = child::<HtmlElement>(&card, ".thumb").set_attribute("data-id", &item.id);
+    let img: HtmlImageElement = child(&card, "img");
     // The prompt is set as an attribute's text, never parsed as HTML.
-    let _ = img.set_attribute("alt", &item.prompt);
-    let _ = img.set_attribute("width", &item.width.to_string());
-    let _ = img.set_attribute("height", &item.height.to_string());
-    let _ = button.append_child(&img);
-    let _ = li.append_child(&button);
-    let _ = element::<HtmlElement>("grid").append_child(&li);
-    let id = item.id.clone();
-    let closure = Closure::<dyn Fn()>::new(move || spawn_local(open(id.clone())));
-    button.unchecked_ref::<HtmlElement>().set_onclick(Some(closure.as_ref().unchecked_ref()));
-    closure.forget();
-    let img: HtmlImageElement = img.unchecked_into();
+    img.set_alt(&item.prompt);
+    img.set_width(item.width);
+    img.set_height(item.height);
+    let _ = element::<HtmlElement>("grid").append_child(&card);
     let id = item.id.clone();
     spawn_local(async move {
         let Ok(dir) = opfs::dir(GALLERY_DIR, false).await else { return };
@@ -206,15 +194,9 @@ async fn open(id: String) {
         }
         _ => return,
     };
-    let url = format!("data:image/png;base64,{png}");
-    let image = element::<HtmlImageElement>("viewer-image");
-    image.set_src(&url);
-    let _ = image.set_attribute("alt", &item.prompt);
+    show_png("viewer-image", "viewer-save", &png, &item.prompt, &item.seed);
     set_text("viewer-prompt", &item.prompt);
     set_text("viewer-status", "");
-    let save = element::<HtmlAnchorElement>("viewer-save");
-    save.set_href(&url);
-    save.set_download(&format!("imagine-{}.png", item.seed));
     show_params(&item);
     set_view_url(Some(&item.id));
     STATE.with_borrow_mut(|s| s.viewing = Some(item));

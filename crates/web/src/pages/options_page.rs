@@ -10,7 +10,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
-use crate::pages::view::{self, element, fill_definitions, set_text, set_visible};
+use crate::pages::view::{self, element, fill_definitions, on, set_text, set_visible};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
@@ -23,13 +23,13 @@ const MIB: i64 = 1 << 20;
 #[wasm_bindgen(js_name = optionsPageMain)]
 pub fn options_page_main() {
     i18n::localize_page();
-    on_click("save-defaults", || spawn_local(save_defaults()));
-    on_click("save-limit", || spawn_local(save_limit()));
-    on_change("keep-loaded", || {
+    on("save-defaults", "click", |_| spawn_local(save_defaults()));
+    on("save-limit", "click", |_| spawn_local(save_limit()));
+    on("keep-loaded", "change", |_| {
         let seconds = element::<HtmlSelectElement>("keep-loaded").value().parse().ok();
         spawn_local(keep_loaded(seconds));
     });
-    on_change("keep-private", || {
+    on("keep-private", "change", |_| {
         let keep = element::<HtmlInputElement>("keep-private").checked();
         spawn_local(async move {
             if let Err(e) = settings::save_keep_private(keep).await {
@@ -37,8 +37,8 @@ pub fn options_page_main() {
             }
         });
     });
-    on_click("save-source", || source_clicked(false));
-    on_click("install", || source_clicked(true));
+    on("save-source", "click", |_| source_clicked(false));
+    on("install", "click", |_| source_clicked(true));
     view::confirm_delete_model(|| {
         spawn_local(async {
             if let Reply::Error { error, message } = request(&Request::DeletePack {}).await {
@@ -119,18 +119,6 @@ pub fn options_page_event(message: JsValue) {
     {
         spawn_local(refresh_model());
     }
-}
-
-fn on_click(id: &str, action: impl Fn() + 'static) {
-    let closure = Closure::<dyn Fn()>::new(action);
-    element::<HtmlElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
-    closure.forget();
-}
-
-fn on_change(id: &str, action: impl Fn() + 'static) {
-    let closure = Closure::<dyn Fn()>::new(action);
-    element::<HtmlElement>(id).set_onchange(Some(closure.as_ref().unchecked_ref()));
-    closure.forget();
 }
 
 fn input(id: &str) -> HtmlInputElement {

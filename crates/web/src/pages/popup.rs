@@ -11,7 +11,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::pages::view::{self, element, set_text, set_visible, JobView};
+use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
@@ -28,17 +28,17 @@ thread_local! {
 #[wasm_bindgen(js_name = popupMain)]
 pub fn popup_main() {
     i18n::localize_page();
-    on_click("generate", || spawn_local(generate()));
-    on_click("cancel", || spawn_local(cancel()));
-    on_click("install", install_clicked);
+    on("generate", "click", |_| spawn_local(generate()));
+    on("cancel", "click", |_| spawn_local(cancel()));
+    on("install", "click", |_| install_clicked());
     // The Hub is contacted only when the user asks: for the size, or for the download.
-    on_click("check-size", || spawn_local(show_plan()));
-    on_click("pause", || spawn_local(pack_action(Request::PausePack {})));
-    on_click("resume", || spawn_local(pack_action(Request::ResumePack {})));
-    on_click("cancel-download", || spawn_local(pack_action(Request::CancelPack {})));
+    on("check-size", "click", |_| spawn_local(show_plan()));
+    on("pause", "click", |_| spawn_local(pack_action(Request::PausePack {})));
+    on("resume", "click", |_| spawn_local(pack_action(Request::ResumePack {})));
+    on("cancel-download", "click", |_| spawn_local(pack_action(Request::CancelPack {})));
     view::confirm_delete_model(|| spawn_local(pack_action(Request::DeletePack {})));
     // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
-    on_click("open-studio", || {
+    on("open-studio", "click", |_| {
         crate::platform::side_panel::open_from_click(|| {
             if let Some(window) = web_sys::window() {
                 let _ = window.close();
@@ -72,12 +72,6 @@ pub fn popup_event(message: JsValue) {
             }
         }
     }
-}
-
-fn on_click(id: &str, action: impl Fn() + 'static) {
-    let closure = Closure::<dyn Fn()>::new(action);
-    element::<HtmlButtonElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
-    closure.forget();
 }
 
 fn storage() -> Option<web_sys::Storage> {

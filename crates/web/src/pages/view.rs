@@ -4,7 +4,7 @@
 
 use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
 use wasm_bindgen::prelude::*;
-use web_sys::{Document, HtmlElement, HtmlImageElement};
+use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
 
 use crate::platform::i18n;
 
@@ -28,31 +28,74 @@ pub fn set_visible(id: &str, visible: bool) {
     element::<HtmlElement>(id).set_hidden(!visible);
 }
 
+/// A copy of the element the `<template>` `#id` holds: rows a page repeats are drawn from its markup,
+/// the code filling in their text and attributes only.
+pub fn from_template(id: &str) -> web_sys::Element {
+    let template: web_sys::HtmlTemplateElement = element(id);
+    let first = template.content().first_element_child();
+    let copy = first.and_then(|e| e.clone_node_with_deep(true).ok());
+    copy.unwrap_or_else(|| panic!("#{id} holds no element")).unchecked_into()
+}
+
+/// The element matching `selector` inside `parent`, which the page's markup must have.
+pub fn child<T: JsCast>(parent: &web_sys::Element, selector: &str) -> T {
+    let found = parent.query_selector(selector).ok().flatten();
+    found.unwrap_or_else(|| panic!("no {selector} in its template")).unchecked_into()
+}
+
+/// Calls `action` on every `event` at the element `id`, for the page's life: each page wires its
+/// controls once, when it starts.
+pub fn on(id: &str, event: &str, action: impl Fn(web_sys::Event) + 'static) {
+    let closure = Closure::<dyn Fn(web_sys::Event)>::new(action);
+    let listener = closure.as_ref().unchecked_ref();
+    if let Err(e) = element::<HtmlElement>(id).add_event_listener_with_callback(event, listener) {
+        web_sys::console::error_2(&format!("#{id}: no {event} listener").into(), &e);
+    }
+    closure.forget();
+}
+
+/// Calls `action` with the element matching `selector` that a click in `#container_id` landed on or
+/// inside: one listener for a grid however often it is drawn anew, its items told apart by their
+/// attributes.
+pub fn on_item_click(
+    container_id: &str,
+    selector: &'static str,
+    action: impl Fn(web_sys::Element) + 'static,
+) {
+    on(container_id, "click", move |event| {
+        let target = event.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok());
+        if let Some(item) = target.and_then(|t| t.closest(selector).ok().flatten()) {
+            action(item);
+        }
+    });
+}
+
+/// Shows a PNG (`png`, base64) in the `<img>` `#image_id`, `alt` as its text, and points the link
+/// `#save_id` at it, saved as `imagine-<seed>.png`.
+pub fn show_png(image_id: &str, save_id: &str, png: &str, alt: &str, seed: &str) {
+    let url = format!("data:image/png;base64,{png}");
+    let image: HtmlImageElement = element(image_id);
+    image.set_src(&url);
+    image.set_alt(alt);
+    let save: HtmlAnchorElement = element(save_id);
+    save.set_href(&url);
+    save.set_download(&format!("imagine-{seed}.png"));
+}
+
 /// Wires the page's "Delete model" button (`#delete-pack`) to its confirmation (`#delete-confirm`, a
 /// `<dialog>`): deleting means downloading the pack again, so it is asked first, with the safe choice
 /// focused; `delete` runs on "Delete".
 pub fn confirm_delete_model(delete: impl Fn() + 'static) {
     let dialog = || element::<web_sys::HtmlDialogElement>("delete-confirm");
-    let on = |id: &str, f: Box<dyn Fn()>| {
-        let closure = Closure::<dyn Fn()>::new(f);
-        element::<HtmlElement>(id).set_onclick(Some(closure.as_ref().unchecked_ref()));
-        closure.forget();
-    };
-    on(
-        "delete-pack",
-        Box::new(move || {
-            let _ = dialog().show_modal();
-            let _ = element::<HtmlElement>("delete-confirm-no").focus();
-        }),
-    );
-    on("delete-confirm-no", Box::new(move || dialog().close()));
-    on(
-        "delete-confirm-yes",
-        Box::new(move || {
-            dialog().close();
-            delete();
-        }),
-    );
+    on("delete-pack", "click", move |_| {
+        let _ = dialog().show_modal();
+        let _ = element::<HtmlElement>("delete-confirm-no").focus();
+    });
+    on("delete-confirm-no", "click", move |_| dialog().close());
+    on("delete-confirm-yes", "click", move |_| {
+        dialog().close();
+        delete();
+    });
 }
 
 /// What the confirmation of [`confirm_delete_model`] says, for an installed pack of `bytes`.
@@ -61,7 +104,6 @@ pub fn set_delete_model_question(bytes: u64) {
     set_text("delete-confirm-text", &i18n::t_args("deleteModelQuestion", &[&size]));
 }
 
-/// A human description of a progress report.
 /// Appends a `<dt>name</dt><dd>value</dd>` pair to `list` for each row, as text.
 pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
     let document = document();
@@ -150,14 +192,8 @@ impl JobView {
     }
 
     fn show_result(&self, result: &GenerateResult) {
-        let url = format!("data:image/png;base64,{}", result.png);
-        let image: HtmlImageElement = element("image");
-        image.set_src(&url);
-        image.set_alt(&result.prompt);
+        show_png("image", "save-png", &result.png, &result.prompt, &result.seed);
         set_visible("image", true);
-        let download: web_sys::HtmlAnchorElement = element("save-png");
-        download.set_href(&url);
-        download.set_download(&format!("imagine-{}.png", result.seed));
         set_visible("save-png", true);
         set_text("progress", &i18n::t("progressDone"));
         let mut meta = i18n::t_args(

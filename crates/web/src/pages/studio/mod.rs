@@ -4,8 +4,10 @@
 //! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
 //! and "reuse this seed".
 //!
-//! The estimate itself is `imagine_core::estimate`; opening the studio from the service worker and the
-//! popup is `platform::side_panel`.
+//! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid, copying)
+//! are [`results`]; opening the studio from the service worker and the popup is `platform::side_panel`.
+
+mod results;
 
 use std::cell::RefCell;
 
@@ -17,18 +19,18 @@ use imagine_core::prompt::{PromptEncoder, MAX_TOKENS};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
-use web_sys::{
-    HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement, HtmlSelectElement,
-    HtmlTextAreaElement,
-};
+use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::pages::view::{describe, document, element, set_text, set_visible};
+use crate::pages::view::{
+    child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
+};
 use crate::platform::chrome;
 use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, to_js, Obj};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
+use results::Results;
 
 /// `chrome.storage.local` key of the per-stage timings of finished runs, by image size.
 const TIMINGS_KEY: &str = "studioTimings";
@@ -189,9 +191,7 @@ struct Studio {
     /// Bumped on every edit of the prompt: a count is shown only if no later edit came.
     edit: u64,
     run: Option<Run>,
-    /// One slot per image of the batch on screen.
-    results: Vec<Option<GenerateResult>>,
-    selected: usize,
+    results: Results,
     timings: TimingStore,
 }
 
@@ -200,8 +200,7 @@ thread_local! {
         encoder: Encoder::NotLoaded,
         edit: 0,
         run: None,
-        results: Vec::new(),
-        selected: 0,
+        results: Results::new(),
         timings: TimingStore::new(),
     }) };
 }
@@ -226,7 +225,17 @@ pub fn studio_main() {
     on("seed-fixed", "change", |_| seed_mode_changed());
     on("width", "input", |_| custom_size_edited());
     on("height", "input", |_| custom_size_edited());
-    on("copy", "click", |_| copy_selected());
+    on("copy", "click", |_| {
+        if let Some(result) = selected_result() {
+            results::copy(&result);
+        }
+    });
+    on_item_click("grid", ".thumb[data-index]", |thumb| {
+        let Some(index) = results::thumbnail_index(&thumb) else { return };
+        with(|s| s.results.select(index));
+        show_results();
+        results::focus_thumbnail(index);
+    });
     on("again", "click", |_| spawn_local(generate(GenerateForm::Again)));
     on("variations", "click", |_| spawn_local(generate(GenerateForm::Variations)));
     on("reuse-seed", "click", |_| reuse_seed());
@@ -317,51 +326,32 @@ pub fn studio_storage_changed(changes: JsValue, area: String) {
     }
 }
 
-fn on(id: &str, kind: &str, action: impl Fn(web_sys::Event) + 'static) {
-    let closure = Closure::<dyn Fn(web_sys::Event)>::new(action);
-    let _ =
-        element::<HtmlElement>(id).add_event_listener_with_callback(kind, closure.as_ref().unchecked_ref());
-    closure.forget();
-}
-
 fn input(id: &str) -> HtmlInputElement {
     element(id)
 }
 
-/// Builds the preset radio buttons (label and pixel size, as text).
+/// Builds the preset radio buttons (label and pixel size, as text) from `#preset-template`; one
+/// listener on the list hears them all.
 fn fill_presets() {
     let list = element::<HtmlElement>("presets");
-    let doc = document();
     let add = |value: String, label: String, size: Option<String>, checked: bool| {
-        let Ok(wrapper) = doc.create_element("label") else { return };
-        wrapper.set_class_name("chip");
-        let Ok(radio) = doc.create_element("input") else { return };
-        let radio: HtmlInputElement = radio.unchecked_into();
-        radio.set_type("radio");
-        radio.set_name("size");
+        let chip = from_template("preset-template");
+        let radio: HtmlInputElement = child(&chip, "input");
         radio.set_value(&value);
         radio.set_checked(checked);
-        let closure = Closure::<dyn Fn()>::new(preset_chosen);
-        let _ = radio.add_event_listener_with_callback("change", closure.as_ref().unchecked_ref());
-        closure.forget();
-        let _ = wrapper.append_child(&radio);
-        if let Ok(name) = doc.create_element("span") {
-            name.set_text_content(Some(&label));
-            let _ = wrapper.append_child(&name);
+        child::<HtmlElement>(&chip, ".name").set_text_content(Some(&label));
+        let px = child::<HtmlElement>(&chip, ".px");
+        match size {
+            Some(size) => px.set_text_content(Some(&size)),
+            None => px.remove(),
         }
-        if let Some(size) = size {
-            if let Ok(px) = doc.create_element("span") {
-                px.set_class_name("px");
-                px.set_text_content(Some(&size));
-                let _ = wrapper.append_child(&px);
-            }
-        }
-        let _ = list.append_child(&wrapper);
+        let _ = list.append_child(&chip);
     };
     for (i, (key, w, h)) in PRESETS.iter().enumerate() {
         add(format!("{w}x{h}"), i18n::t(key), Some(format!("{w}\u{00d7}{h}")), i == 0);
     }
     add("custom".into(), i18n::t("studioCustom"), None, false);
+    on("presets", "change", |_| preset_chosen());
 }
 
 fn preset_chosen() {
@@ -519,7 +509,7 @@ fn form_request() -> GenerateRequest {
 }
 
 fn selected_result() -> Option<GenerateResult> {
-    with(|s| s.results.get(s.selected).cloned().flatten())
+    with(|s| s.results.selected().cloned())
 }
 
 fn request_like(result: &GenerateResult) -> GenerateRequest {
@@ -622,8 +612,7 @@ async fn follow(focus: StudioFocus) {
             }
             with(|s| {
                 s.run = None;
-                s.results = results.into_iter().map(Some).collect();
-                s.selected = 0;
+                s.results.finished(results);
             });
             show_results();
         }
@@ -637,8 +626,7 @@ fn begin_run(run: Run) {
     let count = run.count as usize;
     with(|s| {
         s.run = Some(run);
-        s.results = vec![None; count];
-        s.selected = 0;
+        s.results.start(count);
     });
     set_running(true);
     set_visible("run", true);
@@ -669,7 +657,7 @@ fn on_progress(progress: Progress) {
         let Some(run) = s.run.as_mut() else { return };
         if progress.images > run.count {
             run.count = progress.images;
-            s.results.resize(progress.images as usize, None);
+            s.results.grow(progress.images as usize);
         }
         run.image = progress.image;
         run.steps = progress.steps.max(run.steps);
@@ -723,20 +711,7 @@ fn show_stages(progress: Option<&Progress>) {
 }
 
 fn on_result(result: GenerateResult) {
-    let ended = with(|s| {
-        if s.run.is_none() {
-            return true;
-        }
-        if s.results.len() < result.count as usize {
-            s.results.resize(result.count as usize, None);
-        }
-        let slot = (result.index as usize).min(s.results.len() - 1);
-        s.results[slot] = Some(result.clone());
-        if s.results.iter().take(s.selected + 1).all(Option::is_none) || s.results[s.selected].is_none() {
-            s.selected = slot;
-        }
-        s.results.iter().all(Option::is_some)
-    });
+    let ended = with(|s| s.run.is_none() || s.results.arrive(result));
     show_results();
     if ended {
         record_timings();
@@ -837,101 +812,10 @@ fn show_error(error: &str) {
     set_visible("error", true);
 }
 
-/// The selected image large, the batch as a grid of buttons when it has more than one.
+/// The selected image large, the batch as a grid when it has more than one.
 fn show_results() {
-    let (results, selected) = with(|s| (s.results.clone(), s.selected));
-    let Some(Some(result)) = results.get(selected).cloned() else { return };
-    set_visible("result", true);
-    let url = format!("data:image/png;base64,{}", result.png);
-    let image: HtmlImageElement = element("image");
-    image.set_src(&url);
-    image.set_alt(&result.prompt);
-    let save: web_sys::HtmlAnchorElement = element("save-png");
-    save.set_href(&url);
-    save.set_download(&format!("imagine-{}.png", result.seed));
-    let mut meta = i18n::t_args(
-        "studioMeta",
-        &[
-            &format!("{}\u{00d7}{}", result.width, result.height),
-            &result.steps.to_string(),
-            &result.schedule,
-            &result.seed,
-        ],
-    );
-    if result.truncated {
-        meta.push(' ');
-        meta.push_str(&i18n::t_args("studioTruncated", &[&result.token_count.to_string()]));
-    }
-    set_text("meta", &meta);
-    let grid = element::<HtmlElement>("grid");
-    grid.set_text_content(None);
-    set_visible("grid", results.len() > 1);
-    if results.len() > 1 {
-        let doc = document();
-        for (i, slot) in results.iter().enumerate() {
-            let Ok(button) = doc.create_element("button") else { continue };
-            let button: HtmlButtonElement = button.unchecked_into();
-            button.set_type("button");
-            button.set_class_name(if i == selected { "thumb selected" } else { "thumb" });
-            let _ = button.set_attribute("aria-pressed", if i == selected { "true" } else { "false" });
-            match slot {
-                Some(r) => {
-                    let _ = button.set_attribute("aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
-                    if let Ok(img) = doc.create_element("img") {
-                        let _ = img.set_attribute("src", &format!("data:image/png;base64,{}", r.png));
-                        let _ = img.set_attribute("alt", "");
-                        let _ = button.append_child(&img);
-                    }
-                    let closure = Closure::<dyn Fn()>::new(move || {
-                        with(|s| s.selected = i);
-                        show_results();
-                        // The grid was drawn anew: keep the keyboard focus on the chosen image.
-                        let chosen = document().query_selector(&format!("#grid .thumb:nth-child({})", i + 1));
-                        if let Ok(Some(button)) = chosen {
-                            let _ = button.unchecked_into::<HtmlElement>().focus();
-                        }
-                    });
-                    button.set_onclick(Some(closure.as_ref().unchecked_ref()));
-                    closure.forget();
-                }
-                None => {
-                    button.set_disabled(true);
-                    let _ = button.set_attribute("aria-label", &i18n::t("studioPending"));
-                }
-            }
-            let _ = grid.append_child(&button);
-        }
-    }
-}
-
-/// Copies the shown PNG to the clipboard. The blob is made at once, within the click, as Chrome wants.
-fn copy_selected() {
-    let Some(result) = selected_result() else { return };
-    use base64::Engine;
-    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&result.png) else { return };
-    let status = |key: &str| set_text("action-status", &i18n::t(key));
-    let copied = (|| -> Result<js_sys::Promise, JsValue> {
-        let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(bytes.as_slice()));
-        let options = web_sys::BlobPropertyBag::new();
-        options.set_type("image/png");
-        let blob = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &options)?;
-        let record = Obj::new().set("image/png", blob).build();
-        let item = web_sys::ClipboardItem::new_with_record_from_str_to_blob_promise(record.unchecked_ref())?;
-        let window = web_sys::window().ok_or(JsValue::NULL)?;
-        Ok(window.navigator().clipboard().write(&js_sys::Array::of1(&item)))
-    })();
-    spawn_local(async move {
-        match copied {
-            Ok(promise) => match JsFuture::from(promise).await {
-                Ok(_) => status("studioCopied"),
-                Err(e) => {
-                    web_sys::console::warn_1(&e);
-                    status("studioCopyFailed")
-                }
-            },
-            Err(_) => status("studioCopyFailed"),
-        }
-    });
+    // Drawn outside the borrow: the DOM may call back into the page.
+    with(|s| s.results.clone()).show();
 }
 
 fn reuse_seed() {

@@ -1,0 +1,218 @@
+//! The studio's results: one slot per image of the batch on screen, filled as the images arrive; the
+//! selected one large with its parameters and save link, the batch as a grid of thumbnails (`#grid`,
+//! one delegated listener, each thumbnail's slot in `data-index`), and copying the shown PNG.
+
+use imagine_core::api::GenerateResult;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement};
+
+use crate::pages::view::{child, document, element, from_template, set_text, set_visible, show_png};
+use crate::platform::i18n;
+use crate::platform::js::Obj;
+
+/// The batch on screen.
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    slots: Vec<Option<GenerateResult>>,
+    selected: usize,
+}
+
+impl Results {
+    pub const fn new() -> Self {
+        Results { slots: Vec::new(), selected: 0 }
+    }
+
+    /// A new batch of `count` images, none arrived yet.
+    pub fn start(&mut self, count: usize) {
+        self.slots = vec![None; count];
+        self.selected = 0;
+    }
+
+    /// A batch that has ended: every image there, the first selected.
+    pub fn finished(&mut self, results: Vec<GenerateResult>) {
+        self.slots = results.into_iter().map(Some).collect();
+        self.selected = 0;
+    }
+
+    /// Makes room for `count` images (a job followed midway learns its count late).
+    pub fn grow(&mut self, count: usize) {
+        if self.slots.len() < count {
+            self.slots.resize(count, None);
+        }
+    }
+
+    /// Puts `result` in its slot and selects it while the selected slot is still empty or nothing
+    /// before it has come; true when every slot is filled.
+    pub fn arrive(&mut self, result: GenerateResult) -> bool {
+        self.grow((result.count as usize).max(1));
+        let slot = (result.index as usize).min(self.slots.len() - 1);
+        self.slots[slot] = Some(result);
+        if self.slots.iter().take(self.selected + 1).all(Option::is_none)
+            || self.slots[self.selected].is_none()
+        {
+            self.selected = slot;
+        }
+        self.slots.iter().all(Option::is_some)
+    }
+
+    /// Selects slot `index`, if its image is there.
+    pub fn select(&mut self, index: usize) {
+        if self.slots.get(index).is_some_and(Option::is_some) {
+            self.selected = index;
+        }
+    }
+
+    /// The image shown large.
+    pub fn selected(&self) -> Option<&GenerateResult> {
+        self.slots.get(self.selected)?.as_ref()
+    }
+
+    /// Shows the selected image large, with its parameters, and the batch as a grid when it has more
+    /// than one image.
+    pub fn show(&self) {
+        let Some(result) = self.selected() else { return };
+        set_visible("result", true);
+        show_png("image", "save-png", &result.png, &result.prompt, &result.seed);
+        let mut meta = i18n::t_args(
+            "studioMeta",
+            &[
+                &format!("{}\u{00d7}{}", result.width, result.height),
+                &result.steps.to_string(),
+                &result.schedule,
+                &result.seed,
+            ],
+        );
+        if result.truncated {
+            meta.push(' ');
+            meta.push_str(&i18n::t_args("studioTruncated", &[&result.token_count.to_string()]));
+        }
+        set_text("meta", &meta);
+        let grid = element::<HtmlElement>("grid");
+        grid.set_text_content(None);
+        set_visible("grid", self.slots.len() > 1);
+        if self.slots.len() > 1 {
+            for (i, slot) in self.slots.iter().enumerate() {
+                let _ = grid.append_child(&self.thumbnail(i, slot.as_ref()));
+            }
+        }
+    }
+
+    /// Slot `index`'s button in the grid (`#thumb-template`): its image, or disabled while it is being
+    /// made.
+    fn thumbnail(&self, index: usize, result: Option<&GenerateResult>) -> HtmlButtonElement {
+        let button: HtmlButtonElement = from_template("thumb-template").unchecked_into();
+        let selected = index == self.selected;
+        if selected {
+            button.set_class_name("thumb selected");
+        }
+        let _ = button.set_attribute("data-index", &index.to_string());
+        let _ = button.set_attribute("aria-pressed", if selected { "true" } else { "false" });
+        let img: HtmlImageElement = child(&button, "img");
+        match result {
+            Some(r) => {
+                let _ = button.set_attribute("aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
+                img.set_src(&format!("data:image/png;base64,{}", r.png));
+            }
+            None => {
+                img.remove();
+                button.set_disabled(true);
+                let _ = button.set_attribute("aria-label", &i18n::t("studioPending"));
+            }
+        }
+        button
+    }
+}
+
+/// The slot of a grid thumbnail that was clicked.
+pub fn thumbnail_index(thumb: &web_sys::Element) -> Option<usize> {
+    thumb.get_attribute("data-index")?.parse().ok()
+}
+
+/// Keeps the keyboard focus on thumbnail `index` once the grid was drawn anew.
+pub fn focus_thumbnail(index: usize) {
+    let chosen = document().query_selector(&format!("#grid .thumb[data-index=\"{index}\"]"));
+    if let Ok(Some(button)) = chosen {
+        let _ = button.unchecked_into::<HtmlElement>().focus();
+    }
+}
+
+/// Copies `result`'s PNG to the clipboard. The blob is made at once, within the click, as Chrome wants.
+pub fn copy(result: &GenerateResult) {
+    use base64::Engine;
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&result.png) else { return };
+    let status = |key: &str| set_text("action-status", &i18n::t(key));
+    let copied = (|| -> Result<js_sys::Promise, JsValue> {
+        let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(bytes.as_slice()));
+        let options = web_sys::BlobPropertyBag::new();
+        options.set_type("image/png");
+        let blob = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &options)?;
+        let record = Obj::new().set("image/png", blob).build();
+        let item = web_sys::ClipboardItem::new_with_record_from_str_to_blob_promise(record.unchecked_ref())?;
+        let window = web_sys::window().ok_or(JsValue::NULL)?;
+        Ok(window.navigator().clipboard().write(&js_sys::Array::of1(&item)))
+    })();
+    spawn_local(async move {
+        match copied {
+            Ok(promise) => match JsFuture::from(promise).await {
+                Ok(_) => status("studioCopied"),
+                Err(e) => {
+                    web_sys::console::warn_1(&e);
+                    status("studioCopyFailed")
+                }
+            },
+            Err(_) => status("studioCopyFailed"),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(index: u32, count: u32) -> GenerateResult {
+        GenerateResult {
+            job: "j".into(),
+            png: String::new(),
+            prompt: "a cat".into(),
+            seed: (40 + index).to_string(),
+            width: 512,
+            height: 512,
+            steps: 4,
+            schedule: "flux2".into(),
+            token_count: 14,
+            truncated: false,
+            trace: None,
+            timings: None,
+            index,
+            count,
+            private: false,
+        }
+    }
+
+    #[test]
+    fn the_first_image_to_arrive_is_shown_until_the_first_slot_fills() {
+        let mut results = Results::new();
+        results.start(3);
+        assert!(results.selected().is_none());
+        assert!(!results.arrive(result(1, 3)));
+        assert_eq!(results.selected().map(|r| r.index), Some(1));
+        assert!(!results.arrive(result(0, 3)));
+        assert_eq!(results.selected().map(|r| r.index), Some(1), "a shown image stays shown");
+        results.select(2);
+        assert_eq!(results.selected().map(|r| r.index), Some(1), "slot 2 has no image yet");
+        assert!(results.arrive(result(2, 3)));
+        results.select(2);
+        assert_eq!(results.selected().map(|r| r.index), Some(2));
+    }
+
+    #[test]
+    fn a_job_followed_midway_grows_to_its_count() {
+        let mut results = Results::new();
+        results.start(1);
+        assert!(!results.arrive(result(3, 4)));
+        assert_eq!(results.selected().map(|r| r.index), Some(3));
+        results.finished(vec![result(0, 2), result(1, 2)]);
+        assert_eq!(results.selected().map(|r| r.index), Some(0));
+    }
+}
