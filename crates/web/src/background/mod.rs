@@ -2,4 +2,5 @@
 //! and its alarms, the context menu, the toolbar badge, and notifications.
 
 pub mod notify;
+pub mod records;
 pub mod service_worker;

@@ -17,14 +17,14 @@ use imagine_core::api::{
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
-use imagine_core::message::{ErrorText, Localize, Message};
+use imagine_core::message::{ErrorText, Localize};
 use imagine_core::{Backend, ParamError};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
 use crate::background::notify;
+use crate::background::records::{self, set_job, Download};
 use crate::platform::chrome;
 use crate::platform::gallery_store::{self, GalleryStoreError};
 use crate::platform::gpu;
@@ -38,6 +38,7 @@ use crate::platform::protocol::{
 };
 use crate::platform::settings;
 use crate::platform::side_panel;
+use crate::platform::storage;
 
 /// Why a request of the message API was refused or failed (the `error` of [`Reply::Error`]), or why a
 /// job's image could not be kept.
@@ -118,32 +119,10 @@ pub enum ServiceWorkerError {
 
 /// The context-menu item on selected text.
 pub const MENU_ID: &str = "imagine-selection";
-/// Jobs whose state is kept (results included) for pages that open late.
-const KEPT_JOBS: usize = 8;
-const JOBS_KEY: &str = "jobs";
-/// `chrome.storage.local` key of the [`Download`].
-const DOWNLOAD_KEY: &str = "download";
 /// The alarm that checks on an active download.
 pub const DOWNLOAD_ALARM: &str = "imagine-download";
 /// The alarm that checks, while jobs run, that their offscreen document still has them.
 const JOBS_ALARM: &str = "imagine-jobs";
-
-/// The download the user asked for, as long as it is not installed or cancelled.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Download {
-    request: InstallRequest,
-    state: DownloadState,
-    progress: Option<DownloadProgress>,
-    error: Option<String>,
-    /// `error` as a `_locales` message (absent in a download stored by an older version).
-    #[serde(default)]
-    message: Option<Message>,
-    /// It failed because the network was down: each download alarm (and a browser start) tries it again
-    /// until it works, is cancelled or is resumed by hand.
-    #[serde(default)]
-    retry_offline: bool,
-}
 
 /// `chrome.runtime.onMessage`: answers requests, records events. Resolves to the reply, or to
 /// `undefined` for messages that are not requests.
@@ -184,20 +163,17 @@ async fn request_reply(message: &JsValue) -> Result<Reply, ServiceWorkerError> {
 #[wasm_bindgen(js_name = serviceWorkerBoot)]
 pub fn service_worker_boot() -> js_sys::Promise {
     future_to_promise(async {
-        if load::<bool>(SESSION_KEY).await.is_none() {
+        if records::SESSION_STARTED.get().await.is_none() {
             if let Ok(root) = opfs::root().await {
                 if let Err(e) = opfs::remove(&root, PRIVATE_DIR).await {
                     web_sys::console::error_1(&e.to_string().into());
                 }
             }
-            let _ = save(SESSION_KEY, &true).await;
+            records::SESSION_STARTED.set_or_log(&true).await;
         }
         Ok(JsValue::UNDEFINED)
     })
 }
-
-/// `storage.session`: set once this browser session's service worker has started.
-const SESSION_KEY: &str = "session";
 
 /// `chrome.runtime.onInstalled`: (re)creates the context menu.
 #[wasm_bindgen(js_name = serviceWorkerInstalled)]
@@ -215,7 +191,7 @@ pub fn service_worker_installed() -> js_sys::Promise {
         side_panel::apply_toolbar(side_panel::toolbar_choice().await).await;
         // After an update: files of an earlier storage layout, or of nothing, are removed.
         let _guard = lock_download().await;
-        let keep_download = load_local::<Download>(DOWNLOAD_KEY).await.is_some();
+        let keep_download = records::DOWNLOAD.get().await.is_some();
         if let Err(e) = opfs::remove_stray(keep_download).await {
             web_sys::console::error_1(&e.to_string().into());
         }
@@ -316,7 +292,7 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
             pause().await?;
             Reply::Done
         }
-        Request::ResumePack {} => match load_local::<Download>(DOWNLOAD_KEY).await {
+        Request::ResumePack {} => match records::DOWNLOAD.get().await {
             Some(download) if !download.state.is_active() => {
                 install(download.request).await?;
                 Reply::InstallStarted
@@ -376,7 +352,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         }
     }
     let _guard = lock_download().await;
-    let current = load_local::<Download>(DOWNLOAD_KEY).await;
+    let current = records::DOWNLOAD.get().await;
     // A request for the running download joins it; one for another pack would silently replace it.
     if let Some(running) = current.as_ref().filter(|d| d.state.is_active()) {
         let source = running.request.source();
@@ -398,7 +374,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
         message: None,
         retry_offline: false,
     };
-    save_local(DOWNLOAD_KEY, &download).await;
+    records::DOWNLOAD.set_or_log(&download).await;
     set_alarm(DOWNLOAD_ALARM).await;
     command(&OffscreenCommand::InstallPack { request }).await?;
     Ok(())
@@ -428,11 +404,11 @@ async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
 
 async fn pause() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
-    let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await else {
+    let Some(mut download) = records::DOWNLOAD.get().await else {
         return Err(ServiceWorkerError::NoDownload("pause"));
     };
     download.state = DownloadState::Paused;
-    save_local(DOWNLOAD_KEY, &download).await;
+    records::DOWNLOAD.set_or_log(&download).await;
     clear_alarm(DOWNLOAD_ALARM).await;
     if let Ok(true) = offscreen_exists().await {
         command(&OffscreenCommand::PausePack).await?;
@@ -442,7 +418,7 @@ async fn pause() -> Result<(), ServiceWorkerError> {
 
 async fn cancel_download() -> Result<(), ServiceWorkerError> {
     let _guard = lock_download().await;
-    remove_local(DOWNLOAD_KEY).await;
+    records::DOWNLOAD.remove_or_log().await;
     clear_alarm(DOWNLOAD_ALARM).await;
     // The offscreen document stops the worker before removing the files it has open.
     match offscreen_exists().await {
@@ -465,7 +441,7 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
         return Err(ServiceWorkerError::JobRunning);
     }
     let _guard = lock_download().await;
-    let download = load_local::<Download>(DOWNLOAD_KEY).await;
+    let download = records::DOWNLOAD.get().await;
     if download.as_ref().is_some_and(|d| d.state == DownloadState::Installing) {
         return Err(ServiceWorkerError::Installing);
     }
@@ -488,7 +464,7 @@ async fn clear_alarm(name: &str) {
 /// service worker recorded how it ended, so what is read here cannot be stale.
 async fn resume_if_stalled() {
     let _guard = lock_download().await;
-    let Some(download) = load_local::<Download>(DOWNLOAD_KEY).await else {
+    let Some(download) = records::DOWNLOAD.get().await else {
         clear_alarm(DOWNLOAD_ALARM).await;
         return;
     };
@@ -508,7 +484,7 @@ async fn resume_if_stalled() {
 async fn retry_offline_download() {
     let request = {
         let _guard = lock_download().await;
-        match load_local::<Download>(DOWNLOAD_KEY).await {
+        match records::DOWNLOAD.get().await {
             Some(d) if d.state == DownloadState::Failed && d.retry_offline => d.request,
             _ => return,
         }
@@ -520,7 +496,7 @@ async fn retry_offline_download() {
 
 async fn pack_status() -> PackStatus {
     resume_if_stalled().await;
-    let download = load_local::<Download>(DOWNLOAD_KEY).await;
+    let download = records::DOWNLOAD.get().await;
     let record = opfs::installed_pack().await.map(|(record, _)| record);
     PackStatus {
         installed: record.is_some(),
@@ -585,8 +561,8 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
 /// The jobs recorded as running (the caller holds the job lock).
 async fn running_jobs() -> Vec<String> {
     let mut running = Vec::new();
-    for job in load::<Vec<String>>(JOBS_KEY).await.unwrap_or_default() {
-        if matches!(load(&job_key(&job)).await, Some(JobState::Running { .. })) {
+    for job in records::JOBS.get().await.unwrap_or_default() {
+        if matches!(records::job(&job).get().await, Some(JobState::Running { .. })) {
             running.push(job);
         }
     }
@@ -654,7 +630,7 @@ async fn keep_loaded(request: KeepLoadedRequest) -> Result<Residency, ServiceWor
     let seconds = match request.seconds {
         Some(value) => {
             let seconds = imagine_core::keep_loaded_seconds(value)?;
-            settings::save_keep_loaded_seconds(seconds).await?;
+            storage::KEEP_LOADED.set(&seconds).await?;
             Some(seconds)
         }
         None => None,
@@ -713,7 +689,7 @@ async fn record(event: Event) {
     };
     match event {
         Event::Progress { job, progress } => {
-            let (prompt, results) = match load(&job_key(&job)).await {
+            let (prompt, results) = match records::job(&job).get().await {
                 Some(JobState::Running { prompt, results, .. }) => (prompt, results),
                 _ => Default::default(),
             };
@@ -725,7 +701,7 @@ async fn record(event: Event) {
             result.trace = None;
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
-            let previous = load::<JobState>(&job_key(&job)).await;
+            let previous = records::job(&job).get().await;
             let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
             // The PNG first, then the job's state (which reads it), then the gallery's index: a page
             // asking for the job is answered as soon as the image is on disk.
@@ -782,7 +758,7 @@ async fn record(event: Event) {
         }
         Event::PackInstalled { .. } => {
             let _guard = lock_download().await;
-            remove_local(DOWNLOAD_KEY).await;
+            records::DOWNLOAD.remove_or_log().await;
             clear_alarm(DOWNLOAD_ALARM).await;
         }
         Event::PackFailed { error, message, offline } => {
@@ -825,7 +801,7 @@ async fn lock_download() -> OwnedMutexGuard<()> {
 /// Changes the stored download, if there is one (events of a cancelled download change nothing).
 async fn update_download(change: impl FnOnce(&mut Download)) {
     let _guard = lock_download().await;
-    if let Some(mut download) = load_local::<Download>(DOWNLOAD_KEY).await {
+    if let Some(mut download) = records::DOWNLOAD.get().await {
         // A paused download's worker may still report once; that does not resume it.
         if download.state != DownloadState::Paused {
             change(&mut download);
@@ -834,13 +810,13 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
             change(&mut copy);
             download.progress = copy.progress;
         }
-        save_local(DOWNLOAD_KEY, &download).await;
+        records::DOWNLOAD.set_or_log(&download).await;
     }
 }
 
 /// The images of a batch recorded so far (without their PNGs); `None` when the job is done already.
 async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
-    match load::<JobState>(&job_key(job)).await {
+    match records::job(job).get().await {
         Some(JobState::Done { .. }) => None,
         state => Some(state.map(|state| state.results().to_vec()).unwrap_or_default()),
     }
@@ -848,7 +824,7 @@ async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
 
 /// A job's state; its images are read back from OPFS.
 async fn job_state(job: &str) -> JobState {
-    let Some(mut state) = load::<JobState>(&job_key(job)).await else { return JobState::Unknown };
+    let Some(mut state) = records::job(job).get().await else { return JobState::Unknown };
     // A state recorded before batches existed has its one image in `result` only.
     if let JobState::Done { result, results } = &mut state {
         if results.is_empty() {
@@ -877,10 +853,6 @@ async fn job_state(job: &str) -> JobState {
         }
     }
     state
-}
-
-fn job_key(job: &str) -> String {
-    format!("job:{job}")
 }
 
 /// Keeps `result`'s image (`png`, base64, as the result event carries it) in the gallery, which is where
@@ -912,75 +884,3 @@ async fn kept_image(job: &str, result: &GenerateResult) -> Result<Vec<u8>, Galle
 /// gallery (whose index rebuild lists every PNG of its folder), emptied in the next browser session
 /// ([`service_worker_boot`]).
 const PRIVATE_DIR: &str = "private";
-
-/// Records a job's state. Every job ends in a state the pages can show: if the state cannot be written
-/// (`storage.session` is full), a short failure is written in its place.
-async fn set_job(job: &str, state: &JobState) {
-    let key = job_key(job);
-    if let Err(e) = save(&key, state).await {
-        let error = ServiceWorkerError::NotRecorded(e.clone());
-        if !matches!(state, JobState::Running { .. }) && save(&key, &JobState::failed(&error)).await.is_err()
-        {
-            web_sys::console::error_1(&format!("imagine: job {job}: {e}").into());
-        }
-    }
-    let mut jobs: Vec<String> = load(JOBS_KEY).await.unwrap_or_default();
-    if !jobs.iter().any(|j| j == job) {
-        jobs.push(job.to_owned());
-        while jobs.len() > KEPT_JOBS {
-            let old = jobs.remove(0);
-            // Its image stays in the gallery.
-            if let Ok(promise) = chrome::session_remove(&job_key(&old).into()) {
-                let _ = JsFuture::from(promise).await;
-            }
-        }
-        if let Err(e) = save(JOBS_KEY, &jobs).await {
-            web_sys::console::error_1(&format!("imagine: the job list: {e}").into());
-        }
-    }
-}
-
-async fn save<T: Serialize>(key: &str, value: &T) -> Result<(), JsError> {
-    let items = Obj::new().set(key, to_js(value)).build();
-    let promise = chrome::session_set(&items)?;
-    JsFuture::from(promise).await?;
-    Ok(())
-}
-
-async fn load<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {
-    fetch_stored(chrome::session_get, key).await
-}
-
-async fn save_local<T: Serialize>(key: &str, value: &T) {
-    store(chrome::local_set, key, value).await
-}
-
-async fn load_local<T: for<'de> Deserialize<'de>>(key: &str) -> Option<T> {
-    fetch_stored(chrome::local_get, key).await
-}
-
-async fn remove_local(key: &str) {
-    if let Ok(promise) = chrome::local_remove(&key.into()) {
-        let _ = JsFuture::from(promise).await;
-    }
-}
-
-type StorageCall = fn(&JsValue) -> Result<js_sys::Promise, JsValue>;
-
-async fn store<T: Serialize>(set: StorageCall, key: &str, value: &T) {
-    let items = Obj::new().set(key, to_js(value)).build();
-    if let Ok(promise) = set(&items) {
-        if let Err(e) = JsFuture::from(promise).await {
-            web_sys::console::error_1(&e);
-        }
-    }
-}
-
-async fn fetch_stored<T: for<'de> Deserialize<'de>>(get_items: StorageCall, key: &str) -> Option<T> {
-    let items = JsFuture::from(get_items(&key.into()).ok()?).await.ok()?;
-    let value = get(&items, key);
-    if value.is_undefined() {
-        return None;
-    }
-    from_js(&value).ok()
-}

@@ -23,7 +23,8 @@ use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::{from_js, sleep_ms};
 use crate::platform::messaging::request;
 use crate::platform::opfs;
-use crate::platform::settings::{self, Reuse};
+use crate::platform::settings::Reuse;
+use crate::platform::storage;
 
 #[derive(Default)]
 struct State {
@@ -261,7 +262,7 @@ async fn reuse() {
         seed: item.seed,
         schedule: item.schedule,
     };
-    if let Err(e) = settings::save_reuse(&reuse).await {
+    if let Err(e) = storage::REUSE.set(&reuse).await {
         set_text("viewer-status", &e.to_string());
         return;
     }

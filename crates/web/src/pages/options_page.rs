@@ -15,6 +15,7 @@ use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
 use crate::platform::settings::{self, Defaults};
+use crate::platform::storage;
 use crate::platform::{gpu, opfs};
 
 const MIB: i64 = 1 << 20;
@@ -32,7 +33,7 @@ pub fn options_page_main() {
     on("keep-private", "change", |_| {
         let keep = element::<HtmlInputElement>("keep-private").checked();
         spawn_local(async move {
-            if let Err(e) = settings::save_keep_private(keep).await {
+            if let Err(e) = storage::KEEP_PRIVATE.set(&keep).await {
                 set_text("limit-status", &e.to_string());
             }
         });
@@ -54,7 +55,7 @@ pub fn options_page_main() {
         input("default-height").set_value(&defaults.height.to_string());
         input("default-steps").set_value(&defaults.steps.to_string());
         element::<HtmlSelectElement>("default-schedule").set_value(&defaults.schedule);
-        if let Some(source) = settings::source().await {
+        if let Some(source) = storage::SOURCE.get().await {
             input("hub-endpoint").set_value(&source.endpoint);
             input("hub-repo").set_value(&source.repo);
             input("hub-revision").set_value(&source.revision);
@@ -137,7 +138,7 @@ async fn save_defaults() {
         number("default-steps"),
         schedule,
     ) {
-        Ok(defaults) => match settings::save_defaults(&defaults).await {
+        Ok(defaults) => match storage::DEFAULTS.set(&defaults).await {
             Ok(()) => t("optionsSaved"),
             Err(e) => e.to_string(),
         },
@@ -171,7 +172,7 @@ fn source_clicked(install: bool) {
     let permission = settings::request_host_permission(&source);
     spawn_local(async move {
         settings::host_permission_answered(permission).await;
-        if let Err(e) = settings::save_source(&source).await {
+        if let Err(e) = storage::SOURCE.set(&source).await {
             return show_model_error(Some(&e.to_string()));
         }
         show_model_error(None);

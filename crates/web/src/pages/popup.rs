@@ -16,6 +16,7 @@ use crate::platform::i18n;
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
 use crate::platform::settings;
+use crate::platform::storage;
 
 /// The job shown by the popup survives closing and reopening it.
 const JOB_KEY: &str = "imagine.popup.job";
@@ -229,7 +230,7 @@ async fn fill_form() {
     set("height", &defaults.height.to_string());
     set("steps", &defaults.steps.to_string());
     element::<HtmlSelectElement>("schedule").set_value(&defaults.schedule);
-    if let Some(source) = settings::source().await {
+    if let Some(source) = storage::SOURCE.get().await {
         set("hub-endpoint", &source.endpoint);
         set("hub-repo", &source.repo);
         set("hub-revision", &source.revision);

@@ -13,3 +13,4 @@ pub mod opfs;
 pub mod protocol;
 pub mod settings;
 pub mod side_panel;
+pub mod storage;

@@ -1,34 +1,17 @@
-//! What the pages share through `chrome.storage`: the user's defaults and pack source (set on the
-//! options page, read by the popup and the studio), the settings of a gallery image to reuse, and the
-//! host permission a pack source other than the Hub needs.
-//!
-//! | area | key | value |
-//! |---|---|---|
-//! | `local` | `imagine.defaults` | [`Defaults`]: `{width, height, steps, schedule}` |
-//! | `local` | `imagine.source` | `PackSource`: `{endpoint, repo, revision}` |
-//! | `local` | `imagine.keepLoaded` | seconds the model stays loaded after the last image (`keepLoaded`) |
-//! | `session` | `imagine.reuse` | [`Reuse`]: `{prompt, width, height, steps, seed, schedule}`, written by the gallery, read (and removed) by the page that opens next |
+//! The user's settings the pages share: the defaults a new prompt starts with and the pack source (set
+//! on the options page, read by the popup and the studio), the settings of a gallery image to reuse,
+//! how long the model stays loaded, and the host permission a pack source other than the Hub needs.
+//! Where they are stored is `platform::storage`.
 
 use imagine_core::api::{GenerateRequest, PackSource, Seed};
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::ParamError;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen_futures::JsFuture;
 
 use crate::platform::chrome;
-use crate::platform::js::{from_js, get, to_js, JsError, Obj};
-
-/// `chrome.storage.local` key of the [`Defaults`].
-pub const DEFAULTS_KEY: &str = "imagine.defaults";
-/// `chrome.storage.local` key of the pack source the options page saved.
-pub const SOURCE_KEY: &str = "imagine.source";
-/// `chrome.storage.local` key of the `keepLoaded` seconds.
-pub const KEEP_LOADED_KEY: &str = "imagine.keepLoaded";
-/// `chrome.storage.session` key of the [`Reuse`] the gallery wrote.
-pub const REUSE_KEY: &str = "imagine.reuse";
-/// `chrome.storage.local`: whether text selected in a private window makes images kept like others.
-pub const KEEP_PRIVATE_KEY: &str = "imagine.keepPrivate";
+use crate::platform::js::Obj;
+use crate::platform::storage;
 
 /// The generation settings a new prompt starts with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,75 +89,27 @@ impl Reuse {
     }
 }
 
-type StorageCall = fn(&wasm_bindgen::JsValue) -> Result<js_sys::Promise, wasm_bindgen::JsValue>;
-
-async fn read<T: DeserializeOwned>(get_items: StorageCall, key: &str) -> Option<T> {
-    let items = JsFuture::from(get_items(&key.into()).ok()?).await.ok()?;
-    let value = get(&items, key);
-    if value.is_undefined() {
-        return None;
-    }
-    from_js(&value).ok()
-}
-
-async fn write<T: Serialize>(set: StorageCall, key: &str, value: &T) -> Result<(), JsError> {
-    let items = Obj::new().set(key, to_js(value)).build();
-    JsFuture::from(set(&items)?).await?;
-    Ok(())
-}
-
 /// The saved defaults, or the built-in ones.
 pub async fn defaults() -> Defaults {
-    read(chrome::local_get, DEFAULTS_KEY).await.unwrap_or_default()
-}
-
-/// Saves the defaults.
-pub async fn save_defaults(defaults: &Defaults) -> Result<(), JsError> {
-    write(chrome::local_set, DEFAULTS_KEY, defaults).await
-}
-
-/// The saved pack source, if the user saved one.
-pub async fn source() -> Option<PackSource> {
-    read(chrome::local_get, SOURCE_KEY).await
-}
-
-/// Saves the pack source.
-pub async fn save_source(source: &PackSource) -> Result<(), JsError> {
-    write(chrome::local_set, SOURCE_KEY, source).await
+    storage::DEFAULTS.get().await.unwrap_or_default()
 }
 
 /// How long the model stays loaded after the last image, in seconds (`keepLoaded`).
 pub async fn keep_loaded_seconds() -> u32 {
-    read(chrome::local_get, KEEP_LOADED_KEY).await.unwrap_or(DEFAULT_KEEP_LOADED_SECONDS)
-}
-
-/// Saves `keepLoaded` (checked by the caller).
-pub async fn save_keep_loaded_seconds(seconds: u32) -> Result<(), JsError> {
-    write(chrome::local_set, KEEP_LOADED_KEY, &seconds).await
+    storage::KEEP_LOADED.get().await.unwrap_or(DEFAULT_KEEP_LOADED_SECONDS)
 }
 
 /// Whether images made from text selected in a private window are kept in the gallery (and notified)
 /// like any other; by default they are not (`GenerateRequest::private`).
 pub async fn keep_private() -> bool {
-    read(chrome::local_get, KEEP_PRIVATE_KEY).await.unwrap_or(false)
-}
-
-pub async fn save_keep_private(keep: bool) -> Result<(), JsError> {
-    write(chrome::local_set, KEEP_PRIVATE_KEY, &keep).await
-}
-
-/// Leaves a gallery image's settings for the next page.
-pub async fn save_reuse(reuse: &Reuse) -> Result<(), JsError> {
-    write(chrome::session_set, REUSE_KEY, reuse).await
+    storage::KEEP_PRIVATE.get().await.unwrap_or(false)
 }
 
 /// Takes the settings the gallery left, if any (once: they are removed).
 pub async fn take_reuse() -> Option<Reuse> {
-    let reuse = read(chrome::session_get, REUSE_KEY).await;
+    let reuse = storage::REUSE.get().await;
     if reuse.is_some() {
-        if let Ok(promise) = chrome::session_remove(&REUSE_KEY.into()) {
-            let _ = JsFuture::from(promise).await;
-        }
+        let _ = storage::REUSE.remove().await;
     }
     reuse
 }

@@ -4,17 +4,15 @@
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 
 use crate::platform::chrome;
-use crate::platform::js::{from_js, get, random_u64, to_js, Obj};
-use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
+use crate::platform::js::{random_u64, Obj};
+use crate::platform::protocol::{StudioFocus, ToolbarOpens};
+use crate::platform::storage;
 
 /// Shows `focus` in the studio: `opened` says whether the side panel opened from the user's gesture;
 /// otherwise `fallback` (a page of the extension) opens in a new tab.
 pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
     focus.nonce = random_u64() >> 11;
-    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
-    if let Ok(promise) = chrome::session_set(&items) {
-        let _ = JsFuture::from(promise).await;
-    }
+    storage::STUDIO_FOCUS.set_or_log(&focus).await;
     if !opened {
         let url = chrome::runtime_get_url(fallback);
         if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
@@ -25,9 +23,7 @@ pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
 
 /// The toolbar button's choice, as stored (the studio by default).
 pub async fn toolbar_choice() -> ToolbarOpens {
-    let Ok(promise) = chrome::local_get(&TOOLBAR_KEY.into()) else { return ToolbarOpens::default() };
-    let Ok(items) = JsFuture::from(promise).await else { return ToolbarOpens::default() };
-    from_js(&get(&items, TOOLBAR_KEY)).unwrap_or_default()
+    storage::TOOLBAR.get().await.unwrap_or_default()
 }
 
 /// Makes the toolbar button open the studio (side panel) or the quick-prompt popup. The service worker

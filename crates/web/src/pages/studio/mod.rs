@@ -24,16 +24,14 @@ use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElemen
 use crate::pages::view::{
     child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
-use crate::platform::chrome;
 use crate::platform::i18n;
-use crate::platform::js::{from_js, get, now_ms, random_u64, to_js, Obj};
+use crate::platform::js::{from_js, get, now_ms, random_u64};
 use crate::platform::messaging::request;
-use crate::platform::protocol::{StudioFocus, ToolbarOpens, STUDIO_FOCUS_KEY, TOOLBAR_KEY};
+use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
+use crate::platform::storage;
 use results::Results;
 
-/// `chrome.storage.local` key of the per-stage timings of finished runs, by image size.
-const TIMINGS_KEY: &str = "studioTimings";
 /// Images made by "4 variations".
 const VARIATIONS: i64 = 4;
 /// The prompt is counted this long after the last key press.
@@ -245,10 +243,7 @@ pub fn studio_main() {
             _ => ToolbarOpens::Studio,
         };
         spawn_local(async move {
-            let items = Obj::new().set(TOOLBAR_KEY, to_js(&choice)).build();
-            if let Ok(promise) = chrome::local_set(&items) {
-                let _ = JsFuture::from(promise).await;
-            }
+            storage::TOOLBAR.set_or_log(&choice).await;
             apply_toolbar(choice).await;
         });
     });
@@ -270,7 +265,7 @@ async fn start() {
         "studio"
     });
     show_shortcut().await;
-    let timings = load_timings().await;
+    let timings = storage::STUDIO_TIMINGS.get().await.unwrap_or_default();
     with(|s| s.timings = timings);
     if let Reply::PackStatus(status) = request(&Request::PackStatus {}).await {
         set_visible("pack-note", !status.installed);
@@ -281,7 +276,7 @@ async fn start() {
     match job {
         Some(job) => follow(StudioFocus { job: Some(job), ..Default::default() }).await,
         None => {
-            if let Some(focus) = stored_focus().await {
+            if let Some(focus) = storage::STUDIO_FOCUS.get().await {
                 follow(focus).await;
             }
         }
@@ -315,7 +310,7 @@ pub fn studio_storage_changed(changes: JsValue, area: String) {
     if area != "session" {
         return;
     }
-    let change = get(&changes, STUDIO_FOCUS_KEY);
+    let change = get(&changes, storage::STUDIO_FOCUS.name());
     if change.is_undefined() {
         return;
     }
@@ -554,24 +549,13 @@ async fn generate(from: GenerateForm) {
             Reply::JobStarted { job, .. } => {
                 let size = (params.width, params.height);
                 begin_run(Run::new(job.clone(), count, params.steps, size, Some(now_ms())));
-                remember_focus(StudioFocus { job: Some(job), prompt, ..Default::default() }).await;
+                let focus = StudioFocus { job: Some(job), prompt, ..Default::default() };
+                storage::STUDIO_FOCUS.set_or_log(&focus).await;
             }
             Reply::Error { error, message } => show_error(&i18n::error_text(&error, message.as_ref())),
             other => show_error(&format!("unexpected reply {other:?}")),
         },
     }
-}
-
-async fn remember_focus(focus: StudioFocus) {
-    let items = Obj::new().set(STUDIO_FOCUS_KEY, to_js(&focus)).build();
-    if let Ok(promise) = chrome::session_set(&items) {
-        let _ = JsFuture::from(promise).await;
-    }
-}
-
-async fn stored_focus() -> Option<StudioFocus> {
-    let items = JsFuture::from(chrome::session_get(&STUDIO_FOCUS_KEY.into()).ok()?).await.ok()?;
-    from_js(&get(&items, STUDIO_FOCUS_KEY)).ok()
 }
 
 /// Shows a job the service worker (context menu, notification) or an earlier visit asked for.
@@ -753,19 +737,8 @@ fn record_timings() {
         Some(s.timings.clone())
     });
     if let Some(timings) = sample {
-        spawn_local(async move {
-            let items = Obj::new().set(TIMINGS_KEY, to_js(&timings)).build();
-            if let Ok(promise) = chrome::local_set(&items) {
-                let _ = JsFuture::from(promise).await;
-            }
-        });
+        spawn_local(async move { storage::STUDIO_TIMINGS.set_or_log(&timings).await });
     }
-}
-
-async fn load_timings() -> TimingStore {
-    let Ok(promise) = chrome::local_get(&TIMINGS_KEY.into()) else { return TimingStore::new() };
-    let Ok(items) = JsFuture::from(promise).await else { return TimingStore::new() };
-    from_js(&get(&items, TIMINGS_KEY)).unwrap_or_default()
 }
 
 /// Every second while a job runs: the bar, the elapsed time and the estimate.
