@@ -53,6 +53,7 @@ pub mod image;
 pub mod latents;
 pub mod matmul_blocks;
 pub mod message;
+mod onnx;
 pub mod ort_profile;
 pub mod pack;
 pub mod params;

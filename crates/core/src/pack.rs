@@ -12,6 +12,12 @@
 //! Names from a pack become OPFS paths, so every one passes [`validate_relative_path`].
 
 use crate::message::{Localize, Message};
+use crate::onnx::fields::{
+    DATA_LOCATION_EXTERNAL, ENTRY_KEY, ENTRY_VALUE, FLOAT16, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT,
+    MODEL_GRAPH, TENSOR_DATA_LOCATION, TENSOR_EXTERNAL_DATA, TENSOR_TYPE_ELEM_TYPE, TYPE_TENSOR,
+    VALUE_INFO_TYPE,
+};
+use crate::onnx::wire::{self, Value, WireError};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -57,12 +63,12 @@ pub enum PackError {
     #[error("the manifest is not of the form {{\"shards\": [{{\"path\": \"...\"}}, ...]}}: {0}")]
     Manifest(#[from] serde_json::Error),
     /// An ONNX file that is not a well-formed protobuf.
-    #[error("the ONNX graph is not a valid protobuf: {what} at byte {offset}")]
+    #[error("the ONNX graph is not a valid protobuf: {what}: {detail}")]
     Protobuf {
-        /// What was wrong.
+        /// The message being read.
         what: &'static str,
-        /// Where, from the start of the enclosing message.
-        offset: usize,
+        /// What was wrong, and where.
+        detail: String,
     },
     /// A file name that cannot be used as a relative path inside the pack.
     #[error("{path:?} is not allowed as a file name in the pack: {reason}")]
@@ -130,21 +136,6 @@ pub fn validate_relative_path(path: &str) -> Result<&str, PackError> {
     Ok(rest)
 }
 
-// Field numbers in onnx.proto.
-const MODEL_GRAPH: u64 = 7;
-const GRAPH_INITIALIZER: u64 = 5;
-const TENSOR_EXTERNAL_DATA: u64 = 13;
-const TENSOR_DATA_LOCATION: u64 = 14;
-const ENTRY_KEY: u64 = 1;
-const ENTRY_VALUE: u64 = 2;
-const DATA_LOCATION_EXTERNAL: u64 = 1;
-const GRAPH_INPUT: u64 = 11;
-const GRAPH_OUTPUT: u64 = 12;
-const VALUE_INFO_TYPE: u64 = 2;
-const TYPE_TENSOR: u64 = 1;
-const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
-const ELEM_TYPE_FLOAT16: u64 = 10;
-
 /// One external-data file a graph's initializers name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalFile {
@@ -162,9 +153,9 @@ pub struct ExternalFile {
 pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<ExternalFile>, PackError> {
     let mut files: Vec<ExternalFile> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
-        for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
-            if let Some(location) = tensor_location(tensor?)? {
+    for graph in wire::bytes_fields(onnx_bytes, MODEL_GRAPH, "ModelProto")? {
+        for tensor in wire::bytes_fields(graph, GRAPH_INITIALIZER, "GraphProto")? {
+            if let Some(location) = tensor_location(tensor)? {
                 let file = validate_relative_path(location)?;
                 if seen.insert(location) {
                     files.push(ExternalFile { location: location.to_owned(), file: file.to_owned() });
@@ -179,15 +170,13 @@ pub fn external_data_locations(onnx_bytes: &[u8]) -> Result<Vec<ExternalFile>, P
 /// before a session exists, because loading a float16 graph on a WebGPU device without `shader-f16`
 /// fails or, on some backends, silently computes zeros.
 pub fn declares_float16(onnx_bytes: &[u8]) -> Result<bool, PackError> {
-    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
-        let graph = graph?;
-        let values =
-            Fields::new(graph).filter_field(GRAPH_INPUT).chain(Fields::new(graph).filter_field(GRAPH_OUTPUT));
-        for value in values {
-            for ty in Fields::new(value?).filter_field(VALUE_INFO_TYPE) {
-                for tensor in Fields::new(ty?).filter_field(TYPE_TENSOR) {
-                    for field in Fields::new(tensor?) {
-                        if field? == (TENSOR_TYPE_ELEM_TYPE, Value::Varint(ELEM_TYPE_FLOAT16)) {
+    for graph in wire::bytes_fields(onnx_bytes, MODEL_GRAPH, "ModelProto")? {
+        let inputs = wire::bytes_fields(graph, GRAPH_INPUT, "GraphProto")?;
+        for value in inputs.into_iter().chain(wire::bytes_fields(graph, GRAPH_OUTPUT, "GraphProto")?) {
+            for ty in wire::bytes_fields(value, VALUE_INFO_TYPE, "ValueInfoProto")? {
+                for tensor in wire::bytes_fields(ty, TYPE_TENSOR, "TypeProto")? {
+                    for field in wire::parse(tensor, "TypeProto.Tensor")? {
+                        if field.number == TENSOR_TYPE_ELEM_TYPE && field.value == Value::Varint(FLOAT16) {
                             return Ok(true);
                         }
                     }
@@ -202,15 +191,15 @@ pub fn declares_float16(onnx_bytes: &[u8]) -> Result<bool, PackError> {
 /// must fit in a single GPU buffer, so this is checked against the adapter's limits before a download.
 pub fn largest_external_tensor(onnx_bytes: &[u8]) -> Result<u64, PackError> {
     let mut largest = 0;
-    for graph in Fields::new(onnx_bytes).filter_field(MODEL_GRAPH) {
-        for tensor in Fields::new(graph?).filter_field(GRAPH_INITIALIZER) {
-            for entry in Fields::new(tensor?).filter_field(TENSOR_EXTERNAL_DATA) {
-                let (key, value) = string_entry(entry?)?;
+    for graph in wire::bytes_fields(onnx_bytes, MODEL_GRAPH, "ModelProto")? {
+        for tensor in wire::bytes_fields(graph, GRAPH_INITIALIZER, "GraphProto")? {
+            for entry in wire::bytes_fields(tensor, TENSOR_EXTERNAL_DATA, "TensorProto")? {
+                let (key, value) = string_entry(entry)?;
                 if key == b"length" {
                     let length = std::str::from_utf8(value).ok().and_then(|v| v.parse::<u64>().ok()).ok_or(
                         PackError::Protobuf {
-                            what: "an external-data length that is not a number",
-                            offset: 0,
+                            what: "StringStringEntryProto",
+                            detail: "an external-data length that is not a number".into(),
                         },
                     )?;
                     largest = largest.max(length);
@@ -224,15 +213,15 @@ pub fn largest_external_tensor(onnx_bytes: &[u8]) -> Result<u64, PackError> {
 /// The `location` of a TensorProto whose `data_location` is EXTERNAL.
 fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
     let (mut external, mut location) = (false, None);
-    for field in Fields::new(tensor) {
-        match field? {
+    for field in wire::parse(tensor, "TensorProto")? {
+        match (field.number, field.value) {
             (TENSOR_DATA_LOCATION, Value::Varint(v)) => external = v == DATA_LOCATION_EXTERNAL,
             (TENSOR_EXTERNAL_DATA, Value::Bytes(entry)) => {
                 let (key, value) = string_entry(entry)?;
                 if key == b"location" {
                     let s = std::str::from_utf8(value).map_err(|_| PackError::Protobuf {
-                        what: "a location that is not UTF-8",
-                        offset: 0,
+                        what: "StringStringEntryProto",
+                        detail: "a location that is not UTF-8".into(),
                     })?;
                     location = Some(s);
                 }
@@ -246,8 +235,8 @@ fn tensor_location(tensor: &[u8]) -> Result<Option<&str>, PackError> {
 /// The key and value of a StringStringEntryProto (an external-data entry); absent ones are empty.
 fn string_entry(entry: &[u8]) -> Result<(&[u8], &[u8]), PackError> {
     let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
-    for field in Fields::new(entry) {
-        match field? {
+    for field in wire::parse(entry, "StringStringEntryProto")? {
+        match (field.number, field.value) {
             (ENTRY_KEY, Value::Bytes(b)) => key = b,
             (ENTRY_VALUE, Value::Bytes(b)) => value = b,
             _ => {}
@@ -256,95 +245,9 @@ fn string_entry(entry: &[u8]) -> Result<(&[u8], &[u8]), PackError> {
     Ok((key, value))
 }
 
-/// A field's payload in the protobuf wire format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Value<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    /// fixed32 or fixed64, unused here.
-    Fixed,
-}
-
-/// Iterator over the `(field number, value)` pairs of one message.
-struct Fields<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    failed: bool,
-}
-
-impl<'a> Fields<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Self { buf, pos: 0, failed: false }
-    }
-
-    fn error<T>(&mut self, what: &'static str) -> Result<T, PackError> {
-        self.failed = true;
-        Err(PackError::Protobuf { what, offset: self.pos })
-    }
-
-    fn varint(&mut self) -> Result<u64, PackError> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let Some(&byte) = self.buf.get(self.pos) else {
-                return self.error("a truncated varint");
-            };
-            self.pos += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        self.error("a varint longer than 10 bytes")
-    }
-
-    fn take(&mut self, len: u64) -> Result<&'a [u8], PackError> {
-        let end = usize::try_from(len).ok().and_then(|l| self.pos.checked_add(l));
-        match end {
-            Some(end) if end <= self.buf.len() => {
-                let bytes = &self.buf[self.pos..end];
-                self.pos = end;
-                Ok(bytes)
-            }
-            _ => self.error("a field that runs past the end of its message"),
-        }
-    }
-
-    fn next_field(&mut self) -> Result<(u64, Value<'a>), PackError> {
-        let key = self.varint()?;
-        let value = match key & 7 {
-            0 => Value::Varint(self.varint()?),
-            1 => self.take(8).map(|_| Value::Fixed)?,
-            2 => {
-                let len = self.varint()?;
-                Value::Bytes(self.take(len)?)
-            }
-            5 => self.take(4).map(|_| Value::Fixed)?,
-            _ => return self.error("an unsupported wire type (groups are not used by ONNX)"),
-        };
-        Ok((key >> 3, value))
-    }
-
-    /// The length-delimited payloads of field `number`.
-    fn filter_field(self, number: u64) -> impl Iterator<Item = Result<&'a [u8], PackError>> {
-        self.filter_map(move |f| match f {
-            Ok((n, Value::Bytes(b))) if n == number => Some(Ok(b)),
-            Ok((n, _)) if n == number => {
-                Some(Err(PackError::Protobuf { what: "a message field with a scalar wire type", offset: 0 }))
-            }
-            Ok(_) => None,
-            Err(e) => Some(Err(e)),
-        })
-    }
-}
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = Result<(u64, Value<'a>), PackError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.pos >= self.buf.len() {
-            return None;
-        }
-        Some(self.next_field())
+impl From<WireError> for PackError {
+    fn from(e: WireError) -> Self {
+        PackError::Protobuf { what: e.what, detail: e.detail }
     }
 }
 

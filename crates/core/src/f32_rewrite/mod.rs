@@ -101,15 +101,14 @@
 //! Unknown fields must survive the rewrite byte for byte (fields from newer ONNX versions, ONNX
 //! Runtime's own annotations, metadata). A message crate such as `prost` drops unknown fields unless
 //! each message carries them by hand, and needs ONNX's schema declared for some 20 message types.
-//! This module reads a message as a list of fields that keep their raw bytes (`wire.rs`), changes the
-//! few fields it understands, and copies every other field as it was: a few hundred lines, no
-//! dependency, and the same wire-format rules as [`crate::pack`]'s reader.
+//! This module reads a message as a list of fields that keep their raw bytes (`crate::onnx::wire`, the
+//! reader [`crate::pack`] uses too), changes the few fields it understands, and copies every other
+//! field as it was: a few hundred lines, no dependency.
 
 mod ops;
 pub mod pack_conversion;
 pub(crate) mod reblock;
 pub(crate) mod rewrite;
-mod wire;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -399,6 +398,12 @@ pub fn f16_to_f32_vec(src: &[u8]) -> Result<Vec<u8>, RewriteError> {
     let mut dst = vec![0; src.len() * 2];
     f16_to_f32(src, &mut dst)?;
     Ok(dst)
+}
+
+impl From<crate::onnx::wire::WireError> for RewriteError {
+    fn from(e: crate::onnx::wire::WireError) -> Self {
+        RewriteError::Protobuf { what: e.what, detail: e.detail }
+    }
 }
 
 /// Why a graph cannot be rewritten.

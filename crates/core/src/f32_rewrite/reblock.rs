@@ -4,31 +4,14 @@ use std::collections::{HashMap, HashSet};
 
 use super::rewrite::{
     bytes_field, edit_message, entry, read_node, read_tensor, value_info_name, varint_field, with_graph,
-    Edit, Node, Tensor, ATTR_I, ATTR_NAME, ATTR_TYPE, DATA_LOCATION_EXTERNAL, GRAPH_INITIALIZER, GRAPH_INPUT,
-    GRAPH_NODE, GRAPH_OUTPUT, MODEL_GRAPH, NODE_ATTRIBUTE, NODE_INPUT, NODE_NAME, NODE_OP_TYPE, NODE_OUTPUT,
-    TENSOR_DATA_LOCATION, TENSOR_DATA_TYPE, TENSOR_DIMS, TENSOR_EXTERNAL_DATA, TENSOR_NAME, TENSOR_RAW_DATA,
+    Edit, Node, Tensor,
 };
-use super::wire;
 use super::RewriteError;
+use crate::onnx::fields::*;
+use crate::onnx::wire;
 
 /// The block size ONNX Runtime Web's tiled WebGPU kernel takes.
 pub const TARGET_BLOCK: u64 = 32;
-
-// Field numbers in onnx.proto that only this module reads or writes.
-const MODEL_OPSET_IMPORT: u64 = 8;
-const OPSET_DOMAIN: u64 = 1;
-const OPSET_VERSION: u64 = 2;
-const ATTR_TYPE_INT: u64 = 2;
-
-// TensorProto.DataType.
-const FLOAT: u64 = 1;
-const UINT8: u64 = 2;
-const INT8: u64 = 3;
-const INT32: u64 = 6;
-const INT64: u64 = 7;
-const FLOAT16: u64 = 10;
-const DOUBLE: u64 = 11;
-const BFLOAT16: u64 = 16;
 
 /// The external-data location of the scales and zero points [`to_block_32_computed`] computes: a file of
 /// the edited graph's own, handed to ONNX Runtime from memory.

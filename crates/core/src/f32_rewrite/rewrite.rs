@@ -4,74 +4,14 @@
 use std::collections::{HashMap, HashSet};
 
 use super::ops::{self, Kind};
-use super::wire::{self, Field, Value};
 use super::{
     f16_to_f32_vec, EmbeddingLookup, LookupPolicy, NewFile, Options, Plan, Range, Rewrite, RewriteError,
     TensorCopy,
 };
+use crate::onnx::fields::*;
+use crate::onnx::wire::{self, Field, Value};
 use crate::pack::validate_relative_path;
 use crate::table_lookup::{ElemType, TableLookup};
-
-// Field numbers in onnx.proto.
-pub(super) const MODEL_GRAPH: u64 = 7;
-pub(super) const MODEL_TRAINING_INFO: u64 = 20;
-pub(super) const MODEL_FUNCTIONS: u64 = 25;
-pub(super) const GRAPH_NODE: u64 = 1;
-pub(super) const GRAPH_INITIALIZER: u64 = 5;
-pub(super) const GRAPH_INPUT: u64 = 11;
-pub(super) const GRAPH_OUTPUT: u64 = 12;
-pub(super) const GRAPH_VALUE_INFO: u64 = 13;
-pub(super) const GRAPH_SPARSE_INITIALIZER: u64 = 15;
-pub(super) const NODE_INPUT: u64 = 1;
-pub(super) const NODE_OUTPUT: u64 = 2;
-pub(super) const NODE_NAME: u64 = 3;
-pub(super) const NODE_OP_TYPE: u64 = 4;
-pub(super) const NODE_ATTRIBUTE: u64 = 5;
-pub(super) const NODE_DOMAIN: u64 = 7;
-pub(super) const ATTR_NAME: u64 = 1;
-pub(super) const ATTR_I: u64 = 3;
-pub(super) const ATTR_T: u64 = 5;
-pub(super) const ATTR_G: u64 = 6;
-pub(super) const ATTR_TENSORS: u64 = 10;
-pub(super) const ATTR_GRAPHS: u64 = 11;
-pub(super) const ATTR_TP: u64 = 14;
-pub(super) const ATTR_TYPE_PROTOS: u64 = 15;
-pub(super) const ATTR_TYPE: u64 = 20;
-pub(super) const ATTR_SPARSE_TENSOR: u64 = 22;
-pub(super) const ATTR_SPARSE_TENSORS: u64 = 23;
-pub(super) const ATTR_TYPE_GRAPH: u64 = 5;
-pub(super) const ATTR_TYPE_GRAPHS: u64 = 10;
-pub(super) const TENSOR_DIMS: u64 = 1;
-pub(super) const TENSOR_DATA_TYPE: u64 = 2;
-pub(super) const TENSOR_SEGMENT: u64 = 3;
-pub(super) const TENSOR_FLOAT_DATA: u64 = 4;
-pub(super) const TENSOR_INT32_DATA: u64 = 5;
-pub(super) const TENSOR_NAME: u64 = 8;
-pub(super) const TENSOR_RAW_DATA: u64 = 9;
-pub(super) const TENSOR_EXTERNAL_DATA: u64 = 13;
-pub(super) const TENSOR_DATA_LOCATION: u64 = 14;
-pub(super) const SPARSE_VALUES: u64 = 1;
-pub(super) const ENTRY_KEY: u64 = 1;
-pub(super) const ENTRY_VALUE: u64 = 2;
-pub(super) const VALUE_INFO_NAME: u64 = 1;
-pub(super) const VALUE_INFO_TYPE: u64 = 2;
-pub(super) const TYPE_TENSOR: u64 = 1;
-pub(super) const TYPE_SEQUENCE: u64 = 4;
-pub(super) const TYPE_MAP: u64 = 5;
-pub(super) const TYPE_SPARSE_TENSOR: u64 = 8;
-pub(super) const TYPE_OPTIONAL: u64 = 9;
-pub(super) const TENSOR_TYPE_ELEM_TYPE: u64 = 1;
-pub(super) const TENSOR_TYPE_SHAPE: u64 = 2;
-pub(super) const SEQUENCE_ELEM_TYPE: u64 = 1;
-pub(super) const MAP_VALUE_TYPE: u64 = 2;
-pub(super) const OPTIONAL_ELEM_TYPE: u64 = 1;
-pub(super) const SHAPE_DIM: u64 = 1;
-pub(super) const DIM_VALUE: u64 = 1;
-pub(super) const DATA_LOCATION_EXTERNAL: u64 = 1;
-
-// TensorProto.DataType.
-pub(super) const FLOAT: u64 = 1;
-pub(super) const FLOAT16: u64 = 10;
 
 /// Attribute names that hold a dtype in some operator: one of them naming float16 on an operator
 /// whose table entry does not list it is refused rather than left.
@@ -459,7 +399,7 @@ fn sparse_values(bytes: &[u8]) -> Result<Tensor, RewriteError> {
 pub(super) fn value_info_name(bytes: &[u8]) -> Result<&str, RewriteError> {
     for f in wire::parse(bytes, "ValueInfoProto")? {
         if f.number == VALUE_INFO_NAME {
-            return f.string("ValueInfoProto");
+            return Ok(f.string("ValueInfoProto")?);
         }
     }
     Ok("")

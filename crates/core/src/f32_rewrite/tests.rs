@@ -6,16 +6,15 @@ use std::path::PathBuf;
 use half::f16;
 
 use super::rewrite::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
-use super::wire::{self, put_bytes_field, put_varint_field, Value};
 use super::*;
+use crate::onnx::fields::{
+    FLOAT, FLOAT16, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_NODE, GRAPH_OUTPUT, GRAPH_VALUE_INFO, INT64, UINT8,
+};
+use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 
 // ------------------------------------------------------------------------------------------------
 // A small ONNX writer for test models.
 
-const FLOAT: u64 = 1;
-const UINT8: u64 = 2;
-const INT64: u64 = 7;
-const FLOAT16: u64 = 10;
 /// A field no ONNX version defines, put in several messages to check that it survives.
 const UNKNOWN: &[u8] = &[0xd8, 0x3e, 0x2a]; // field 999, varint 42
 
@@ -158,12 +157,6 @@ fn model(graph_fields: &[(u64, Vec<u8>)]) -> Vec<u8> {
     m
 }
 
-const NODE: u64 = 1;
-const INIT: u64 = 5;
-const INPUT: u64 = 11;
-const OUTPUT: u64 = 12;
-const VALUE_INFO: u64 = 13;
-
 fn options(limit: u64) -> Options {
     Options::new("m", Limits { max_storage_buffer_binding_size: limit, max_buffer_size: u64::MAX })
 }
@@ -263,23 +256,23 @@ fn everything() -> Vec<u8> {
     let mm =
         node("mm", "com.microsoft", "MatMulNBits", &["x16", "B", "scales"], &["y"], &[attr_int("bits", 4)]);
     model(&[
-        (INPUT, value_info("x", FLOAT16, &[Dim::Param("batch"), Dim::Value(4)])),
-        (INPUT, value_info("shape", INT64, &[Dim::Value(2)])),
-        (OUTPUT, value_info("y", FLOAT16, &[Dim::Param("batch"), Dim::Value(2)])),
-        (OUTPUT, value_info("xi", INT64, &[Dim::Param("batch"), Dim::Value(4)])),
-        (VALUE_INFO, value_info("x16", FLOAT16, &[])),
-        (NODE, cast_to_f16),
-        (NODE, constant),
-        (NODE, fill),
-        (NODE, eye),
-        (NODE, cast_int),
-        (NODE, mm),
-        (INIT, raw_tensor("norm", &[3], FLOAT16, &halves(&[1.0, 65504.0, -0.0]))),
-        (INIT, int32_f16_tensor("bias", &[0.125, -1.5])),
-        (INIT, external_tensor("B", &[2, 1, 2], UINT8, "w.data", 0, 4)),
-        (INIT, external_tensor("scales", &[2, 3], FLOAT16, "./w.data", 64, 12)),
-        (INIT, external_tensor("other", &[5], FLOAT16, "v.data", 6, 10)),
-        (INIT, raw_tensor("float32", &[1], FLOAT, &floats(&[3.0]))),
+        (GRAPH_INPUT, value_info("x", FLOAT16, &[Dim::Param("batch"), Dim::Value(4)])),
+        (GRAPH_INPUT, value_info("shape", INT64, &[Dim::Value(2)])),
+        (GRAPH_OUTPUT, value_info("y", FLOAT16, &[Dim::Param("batch"), Dim::Value(2)])),
+        (GRAPH_OUTPUT, value_info("xi", INT64, &[Dim::Param("batch"), Dim::Value(4)])),
+        (GRAPH_VALUE_INFO, value_info("x16", FLOAT16, &[])),
+        (GRAPH_NODE, cast_to_f16),
+        (GRAPH_NODE, constant),
+        (GRAPH_NODE, fill),
+        (GRAPH_NODE, eye),
+        (GRAPH_NODE, cast_int),
+        (GRAPH_NODE, mm),
+        (GRAPH_INITIALIZER, raw_tensor("norm", &[3], FLOAT16, &halves(&[1.0, 65504.0, -0.0]))),
+        (GRAPH_INITIALIZER, int32_f16_tensor("bias", &[0.125, -1.5])),
+        (GRAPH_INITIALIZER, external_tensor("B", &[2, 1, 2], UINT8, "w.data", 0, 4)),
+        (GRAPH_INITIALIZER, external_tensor("scales", &[2, 3], FLOAT16, "./w.data", 64, 12)),
+        (GRAPH_INITIALIZER, external_tensor("other", &[5], FLOAT16, "v.data", 6, 10)),
+        (GRAPH_INITIALIZER, raw_tensor("float32", &[1], FLOAT, &floats(&[3.0]))),
     ])
 }
 
@@ -295,24 +288,28 @@ fn rewrites_types_casts_constants_and_initializers() {
     assert_eq!(remaining_float16(&graph).unwrap(), Vec::<String>::new());
 
     // I/O: names and order unchanged, float16 ones now float32.
-    assert_eq!(io_types(&graph, INPUT), [("x".into(), FLOAT), ("shape".into(), INT64)]);
-    assert_eq!(io_types(&graph, OUTPUT), [("y".into(), FLOAT), ("xi".into(), INT64)]);
+    assert_eq!(io_types(&graph, GRAPH_INPUT), [("x".into(), FLOAT), ("shape".into(), INT64)]);
+    assert_eq!(io_types(&graph, GRAPH_OUTPUT), [("y".into(), FLOAT), ("xi".into(), INT64)]);
     assert_eq!(plan.float32_io, ["x", "y"]);
-    assert_eq!(io_types(&graph, VALUE_INFO), [("x16".into(), FLOAT)]);
+    assert_eq!(io_types(&graph, GRAPH_VALUE_INFO), [("x16".into(), FLOAT)]);
     // Shapes are kept.
     assert_eq!(
-        shape_dims(&graph_fields(&graph, INPUT)[0]).unwrap().unwrap(),
-        shape_dims(&graph_fields(&original, INPUT)[0]).unwrap().unwrap()
+        shape_dims(&graph_fields(&graph, GRAPH_INPUT)[0]).unwrap().unwrap(),
+        shape_dims(&graph_fields(&original, GRAPH_INPUT)[0]).unwrap().unwrap()
     );
 
     // Nodes: dtype attributes and value tensors.
-    let nodes = graph_fields(&graph, NODE);
+    let nodes = graph_fields(&graph, GRAPH_NODE);
     let int_attr = |n: &[u8], name: &str| read_node(n, 0).unwrap().int_attribute_for_tests(name);
     assert_eq!(int_attr(&nodes[0], "to"), Some(FLOAT));
     assert_eq!(int_attr(&nodes[3], "dtype"), Some(FLOAT));
     assert_eq!(int_attr(&nodes[3], "k"), Some(10), "only dtype attributes change");
     assert_eq!(int_attr(&nodes[4], "to"), Some(INT64));
-    assert_eq!(nodes[5], graph_fields(&original, NODE)[5], "a node without dtype is copied byte for byte");
+    assert_eq!(
+        nodes[5],
+        graph_fields(&original, GRAPH_NODE)[5],
+        "a node without dtype is copied byte for byte"
+    );
     let value = |n: &[u8]| {
         let node = read_node(n, 0).unwrap();
         let t =
@@ -323,13 +320,13 @@ fn rewrites_types_casts_constants_and_initializers() {
     assert_eq!(value(&nodes[2]), (FLOAT, floats(&[0.25])));
 
     // Initializers.
-    let inits = graph_fields(&graph, INIT);
+    let inits = graph_fields(&graph, GRAPH_INITIALIZER);
     assert_eq!(read_tensor(&inits[0]).unwrap().data_type, FLOAT);
     assert_eq!(raw_data(&inits[0]), floats(&[1.0, 65504.0, -0.0]));
     assert!(contains(&inits[0], UNKNOWN), "unknown tensor fields survive");
     assert_eq!(raw_data(&inits[1]), floats(&[0.125, -1.5]));
-    assert_eq!(inits[2], graph_fields(&original, INIT)[2], "uint8 weights stay as they are");
-    assert_eq!(inits[5], graph_fields(&original, INIT)[5], "float32 tensors stay as they are");
+    assert_eq!(inits[2], graph_fields(&original, GRAPH_INITIALIZER)[2], "uint8 weights stay as they are");
+    assert_eq!(inits[5], graph_fields(&original, GRAPH_INITIALIZER)[5], "float32 tensors stay as they are");
     let e = |k: &str, v: &str| (k.to_owned(), v.to_owned());
     assert_eq!(entries(&inits[3]), [e("location", "m.f32-00000.data"), e("offset", "0"), e("length", "24")]);
     assert_eq!(entries(&inits[4]), [e("location", "m.f32-00000.data"), e("offset", "64"), e("length", "20")]);
@@ -379,10 +376,10 @@ impl super::rewrite::Node<'_> {
 /// Three float16 tensors (200, 120 and 40 bytes as float32) and new shards of at most 300 bytes.
 fn three_tensors_for_two_shards() -> (Vec<u8>, Options) {
     let m = model(&[
-        (NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
-        (INIT, external_tensor("a", &[50], FLOAT16, "w.data", 0, 100)),
-        (INIT, external_tensor("b", &[30], FLOAT16, "w.data", 100, 60)),
-        (INIT, external_tensor("d", &[10], FLOAT16, "w.data", 160, 20)),
+        (GRAPH_NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("a", &[50], FLOAT16, "w.data", 0, 100)),
+        (GRAPH_INITIALIZER, external_tensor("b", &[30], FLOAT16, "w.data", 100, 60)),
+        (GRAPH_INITIALIZER, external_tensor("d", &[10], FLOAT16, "w.data", 160, 20)),
     ]);
     let mut o = options(u64::MAX);
     o.max_shard_bytes = 300;
@@ -407,9 +404,9 @@ fn shards_stay_under_the_limit_and_tensors_are_aligned() {
 #[test]
 fn pieces_cover_each_copy_in_order() {
     let m = model(&[
-        (NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
-        (INIT, external_tensor("a", &[7], FLOAT16, "w.data", 10, 14)),
-        (INIT, external_tensor("b", &[2], FLOAT16, "w.data", 30, 4)),
+        (GRAPH_NODE, node("add", "", "Add", &["a", "b"], &["c"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("a", &[7], FLOAT16, "w.data", 10, 14)),
+        (GRAPH_INITIALIZER, external_tensor("b", &[2], FLOAT16, "w.data", 30, 4)),
     ]);
     let plan = rewrite(&m, &options(u64::MAX)).unwrap().plan;
     let pieces = plan.pieces(5); // rounded down to 4 float16 bytes
@@ -484,7 +481,7 @@ fn the_f16_fixture_pack_becomes_float32() {
         // No float16 anywhere: types, initializers, Cast targets, attribute tensors.
         assert_eq!(remaining_float16(&new).unwrap(), Vec::<String>::new(), "{graph:?}");
         // I/O names unchanged; float16 ones float32, the others as they were; as in the f32 pack.
-        for number in [INPUT, OUTPUT] {
+        for number in [GRAPH_INPUT, GRAPH_OUTPUT] {
             let (before, after) = (io_types(&original, number), io_types(&new, number));
             assert_eq!(before.len(), after.len());
             for ((name, was), (new_name, now)) in before.iter().zip(&after) {
@@ -496,8 +493,8 @@ fn the_f16_fixture_pack_becomes_float32() {
         // The fixture keeps its weights float32: nothing to convert, every external entry unchanged
         // and inside its file.
         assert!(plan.copies.is_empty() && plan.new_files.is_empty() && plan.lookups.is_empty());
-        assert_eq!(graph_fields(&new, INIT), graph_fields(&original, INIT));
-        for t in graph_fields(&new, INIT) {
+        assert_eq!(graph_fields(&new, GRAPH_INITIALIZER), graph_fields(&original, GRAPH_INITIALIZER));
+        for t in graph_fields(&new, GRAPH_INITIALIZER) {
             let t = read_tensor(&t).unwrap();
             if let Some(ext) = &t.external {
                 let size = std::fs::metadata(
@@ -529,12 +526,15 @@ fn the_f16_fixture_pack_becomes_float32() {
 /// Qwen3's layout in miniature: a [5, 3] float16 table Gathered by `input_ids`.
 fn table_model(extra: &[(u64, Vec<u8>)]) -> Vec<u8> {
     let mut fields = vec![
-        (INPUT, value_info("input_ids", INT64, &[Dim::Param("batch"), Dim::Param("sequence")])),
-        (OUTPUT, value_info("h", FLOAT16, &[Dim::Param("batch"), Dim::Param("sequence"), Dim::Value(3)])),
-        (VALUE_INFO, value_info("emb", FLOAT16, &[])),
-        (NODE, node("embed", "", "Gather", &["table", "input_ids"], &["emb"], &[attr_int("axis", 0)])),
-        (NODE, node("act", "", "Tanh", &["emb"], &["h"], &[])),
-        (INIT, external_tensor("table", &[5, 3], FLOAT16, "te.data", 32, 30)),
+        (GRAPH_INPUT, value_info("input_ids", INT64, &[Dim::Param("batch"), Dim::Param("sequence")])),
+        (
+            GRAPH_OUTPUT,
+            value_info("h", FLOAT16, &[Dim::Param("batch"), Dim::Param("sequence"), Dim::Value(3)]),
+        ),
+        (GRAPH_VALUE_INFO, value_info("emb", FLOAT16, &[])),
+        (GRAPH_NODE, node("embed", "", "Gather", &["table", "input_ids"], &["emb"], &[attr_int("axis", 0)])),
+        (GRAPH_NODE, node("act", "", "Tanh", &["emb"], &["h"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("table", &[5, 3], FLOAT16, "te.data", 32, 30)),
     ];
     fields.extend_from_slice(extra);
     model(&fields)
@@ -544,13 +544,20 @@ fn table_model(extra: &[(u64, Vec<u8>)]) -> Vec<u8> {
 fn a_table_too_large_for_one_buffer_is_looked_up_outside() {
     // float32 table: 60 bytes; a 48-byte limit leaves it outside.
     let Rewrite { graph, plan } = rewrite(&table_model(&[]), &options(48)).unwrap();
-    assert!(graph_fields(&graph, INIT).is_empty(), "the table left the graph");
-    let nodes = graph_fields(&graph, NODE);
+    assert!(graph_fields(&graph, GRAPH_INITIALIZER).is_empty(), "the table left the graph");
+    let nodes = graph_fields(&graph, GRAPH_NODE);
     assert_eq!(nodes.len(), 1, "the Gather left the graph");
-    assert!(graph_fields(&graph, VALUE_INFO).is_empty(), "the Gather output's value_info became an input");
-    assert_eq!(io_types(&graph, INPUT), [("input_ids".into(), INT64), ("emb".into(), FLOAT)]);
-    let dims: Vec<Vec<u8>> =
-        shape_dims(&graph_fields(&graph, INPUT)[1]).unwrap().unwrap().iter().map(|d| d.to_vec()).collect();
+    assert!(
+        graph_fields(&graph, GRAPH_VALUE_INFO).is_empty(),
+        "the Gather output's value_info became an input"
+    );
+    assert_eq!(io_types(&graph, GRAPH_INPUT), [("input_ids".into(), INT64), ("emb".into(), FLOAT)]);
+    let dims: Vec<Vec<u8>> = shape_dims(&graph_fields(&graph, GRAPH_INPUT)[1])
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|d| d.to_vec())
+        .collect();
     let mut three = Vec::new();
     put_bytes_field(&mut three, 1, &[0x08, 3]);
     assert_eq!(dims.len(), 3);
@@ -619,11 +626,18 @@ fn a_table_leaves_the_graph_in_its_own_type() {
     use crate::table_lookup::{take_out, ElemType, TableLookup};
     let original = table_model(&[]);
     let (graph, lookups) = take_out(&original).unwrap();
-    assert!(graph_fields(&graph, INIT).is_empty(), "the table left the graph");
-    assert_eq!(graph_fields(&graph, NODE), graph_fields(&original, NODE)[1..], "only the Gather left");
-    assert!(graph_fields(&graph, VALUE_INFO).is_empty(), "the Gather output's value_info became an input");
-    assert_eq!(io_types(&graph, INPUT), [("input_ids".into(), INT64), ("emb".into(), FLOAT16)]);
-    assert_eq!(io_types(&graph, OUTPUT), io_types(&original, OUTPUT));
+    assert!(graph_fields(&graph, GRAPH_INITIALIZER).is_empty(), "the table left the graph");
+    assert_eq!(
+        graph_fields(&graph, GRAPH_NODE),
+        graph_fields(&original, GRAPH_NODE)[1..],
+        "only the Gather left"
+    );
+    assert!(
+        graph_fields(&graph, GRAPH_VALUE_INFO).is_empty(),
+        "the Gather output's value_info became an input"
+    );
+    assert_eq!(io_types(&graph, GRAPH_INPUT), [("input_ids".into(), INT64), ("emb".into(), FLOAT16)]);
+    assert_eq!(io_types(&graph, GRAPH_OUTPUT), io_types(&original, GRAPH_OUTPUT));
     assert!(contains(&graph, UNKNOWN), "unknown fields survive");
     let lookup = TableLookup {
         input: "emb".into(),
@@ -656,14 +670,14 @@ fn a_table_leaves_the_graph_in_its_own_type() {
 
     // Any element type ONNX Runtime Web feeds; a 1-D table (the fixture packs') gives rows of one.
     let uint8 = model(&[
-        (INPUT, value_info("input_ids", INT64, &[Dim::Value(1), Dim::Value(4)])),
-        (OUTPUT, value_info("h", UINT8, &[])),
-        (NODE, node("embed", "", "Gather", &["table", "input_ids"], &["h0"], &[])),
-        (NODE, node("id", "", "Identity", &["h0"], &["h"], &[])),
-        (INIT, external_tensor("table", &[7], UINT8, "t.data", 0, 7)),
+        (GRAPH_INPUT, value_info("input_ids", INT64, &[Dim::Value(1), Dim::Value(4)])),
+        (GRAPH_OUTPUT, value_info("h", UINT8, &[])),
+        (GRAPH_NODE, node("embed", "", "Gather", &["table", "input_ids"], &["h0"], &[])),
+        (GRAPH_NODE, node("id", "", "Identity", &["h0"], &["h"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("table", &[7], UINT8, "t.data", 0, 7)),
     ]);
     let (graph, lookups) = take_out(&uint8).unwrap();
-    assert_eq!(io_types(&graph, INPUT), [("input_ids".into(), INT64), ("h0".into(), UINT8)]);
+    assert_eq!(io_types(&graph, GRAPH_INPUT), [("input_ids".into(), INT64), ("h0".into(), UINT8)]);
     assert_eq!((lookups[0].elem_type, lookups[0].row_bytes()), (ElemType::Uint8, 1));
     assert_eq!(lookups[0].input_dims(&[1, 4]), [1, 4]);
 }
@@ -677,27 +691,29 @@ fn tables_that_cannot_leave_stay() {
         assert!(lookups.is_empty());
         assert_eq!(graph, m, "unchanged, byte for byte");
     };
-    let ids = || (INPUT, value_info("input_ids", INT64, &[]));
-    let gather = |table: &str, ids: &str| (NODE, node("g", "", "Gather", &[table, ids], &["e"], &[]));
-    let table = |data_type, length| (INIT, external_tensor("table", &[5, 3], data_type, "t.data", 0, length));
+    let ids = || (GRAPH_INPUT, value_info("input_ids", INT64, &[]));
+    let gather = |table: &str, ids: &str| (GRAPH_NODE, node("g", "", "Gather", &[table, ids], &["e"], &[]));
+    let table = |data_type, length| {
+        (GRAPH_INITIALIZER, external_tensor("table", &[5, 3], data_type, "t.data", 0, length))
+    };
     // Read by something else too; gathered along axis 1; by ids that are not a graph input; stored
     // inside the graph; of a type ORT Web cannot feed (bfloat16); its length not its dims'.
     stays(&[
         ids(),
         gather("table", "input_ids"),
-        (NODE, node("n", "", "Neg", &["table"], &["x"], &[])),
+        (GRAPH_NODE, node("n", "", "Neg", &["table"], &["x"], &[])),
         table(FLOAT, 60),
     ]);
     stays(&[
         ids(),
-        (NODE, node("g", "", "Gather", &["table", "input_ids"], &["e"], &[attr_int("axis", 1)])),
+        (GRAPH_NODE, node("g", "", "Gather", &["table", "input_ids"], &["e"], &[attr_int("axis", 1)])),
         table(FLOAT, 60),
     ]);
     stays(&[gather("table", "other"), table(FLOAT, 60)]);
     stays(&[
         ids(),
         gather("table", "input_ids"),
-        (INIT, raw_tensor("table", &[2], FLOAT, &floats(&[1.0, 2.0]))),
+        (GRAPH_INITIALIZER, raw_tensor("table", &[2], FLOAT, &floats(&[1.0, 2.0]))),
     ]);
     stays(&[ids(), gather("table", "input_ids"), table(16, 30)]);
     stays(&[ids(), gather("table", "input_ids"), table(FLOAT, 59)]);
@@ -717,13 +733,13 @@ fn tables_that_cannot_leave_stay() {
 fn a_too_large_tensor_that_is_not_a_table_is_refused() {
     let other_reader = node("mm", "", "MatMul", &["emb", "table"], &["z"], &[]);
     assert_eq!(
-        rewrite(&table_model(&[(NODE, other_reader)]), &options(48)).unwrap_err().to_string(),
+        rewrite(&table_model(&[(GRAPH_NODE, other_reader)]), &options(48)).unwrap_err().to_string(),
         r#"cannot rewrite tensor "table" to float32: its float32 form (60 bytes) does not fit one GPU buffer (48 bytes), and it cannot be looked up outside the graph: node 2 "mm" (ai.onnx::MatMul) reads it, and only Gathers of its rows can be looked up"#
     );
     // Unconverted tensors are checked too.
     let m = model(&[
-        (NODE, node("mm", "com.microsoft", "MatMulNBits", &["x", "B"], &["y"], &[])),
-        (INIT, external_tensor("B", &[64], UINT8, "w.data", 0, 64)),
+        (GRAPH_NODE, node("mm", "com.microsoft", "MatMulNBits", &["x", "B"], &["y"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("B", &[64], UINT8, "w.data", 0, 64)),
     ]);
     assert_eq!(
         rewrite(&m, &options(48)).unwrap_err().to_string(),
@@ -744,15 +760,15 @@ fn refusal(fields: &[(u64, Vec<u8>)]) -> String {
 #[test]
 fn an_unknown_operator_is_refused() {
     let fields = [
-        (NODE, node("ok", "", "Relu", &["x"], &["y"], &[])),
-        (NODE, node("mystery", "com.example", "Frobnicate", &["y"], &["z"], &[])),
+        (GRAPH_NODE, node("ok", "", "Relu", &["x"], &["y"], &[])),
+        (GRAPH_NODE, node("mystery", "com.example", "Frobnicate", &["y"], &["z"], &[])),
     ];
     assert_eq!(
         refusal(&fields),
         r#"cannot rewrite node 1 "mystery" (com.example::Frobnicate) to float32: the operator is not in the list of operators known to compute the same function in float32"#
     );
     assert_eq!(
-        refusal(&[(NODE, node("", "", "NonMaxSuppression", &[], &[], &[]))]),
+        refusal(&[(GRAPH_NODE, node("", "", "NonMaxSuppression", &[], &[], &[]))]),
         r#"cannot rewrite node 0 "" (ai.onnx::NonMaxSuppression) to float32: the operator is not in the list of operators known to compute the same function in float32"#
     );
 }
@@ -760,7 +776,8 @@ fn an_unknown_operator_is_refused() {
 #[test]
 fn a_subgraph_is_refused() {
     let body = msg(&[(1, &node("inner", "", "Identity", &["a"], &["b"], &[]))]);
-    let fields = [(NODE, node("branch", "", "If", &["cond"], &["out"], &[attr_graph("then_branch", &body)]))];
+    let fields =
+        [(GRAPH_NODE, node("branch", "", "If", &["cond"], &["out"], &[attr_graph("then_branch", &body)]))];
     assert_eq!(
         refusal(&fields),
         r#"cannot rewrite node 0 "branch" (ai.onnx::If) to float32: attribute `then_branch` is a subgraph; graphs inside nodes are not rewritten"#
@@ -780,16 +797,16 @@ fn a_sparse_initializer_is_refused() {
 fn float16_attributes_it_cannot_convert_are_refused() {
     let t = raw_tensor("", &[1], FLOAT16, &halves(&[1.0]));
     assert_eq!(
-        refusal(&[(NODE, node("m", "", "Mul", &["a", "b"], &["c"], &[attr_tensor("weird", &t)]))]),
+        refusal(&[(GRAPH_NODE, node("m", "", "Mul", &["a", "b"], &["c"], &[attr_tensor("weird", &t)]))]),
         r#"cannot rewrite node 0 "m" (ai.onnx::Mul) to float32: attribute `weird` holds a float16 tensor, which this operator's rewrite does not convert"#
     );
     let ext = external_tensor("", &[1], FLOAT16, "w.data", 0, 2);
     assert_eq!(
-        refusal(&[(NODE, node("c", "", "Constant", &[], &["c"], &[attr_tensor("value", &ext)]))]),
+        refusal(&[(GRAPH_NODE, node("c", "", "Constant", &[], &["c"], &[attr_tensor("value", &ext)]))]),
         r#"cannot rewrite node 0 "c" (ai.onnx::Constant) to float32: attribute `value` holds a float16 tensor stored as external data"#
     );
     assert_eq!(
-        refusal(&[(NODE, node("s", "", "Shape", &["x"], &["y"], &[attr_int("dtype", FLOAT16)]))]),
+        refusal(&[(GRAPH_NODE, node("s", "", "Shape", &["x"], &["y"], &[attr_int("dtype", FLOAT16)]))]),
         r#"cannot rewrite node 0 "s" (ai.onnx::Shape) to float32: attribute `dtype` names float16, and this operator's rewrite does not handle it"#
     );
 }
@@ -806,17 +823,17 @@ fn model_level_refusals() {
         rewrite(&[0x08, 1], &options(u64::MAX)).unwrap_err().to_string(),
         "cannot rewrite the model to float32: it has no graph"
     );
-    let bad = model(&[(INIT, raw_tensor("short", &[3], FLOAT16, &halves(&[1.0])))]);
+    let bad = model(&[(GRAPH_INITIALIZER, raw_tensor("short", &[3], FLOAT16, &halves(&[1.0])))]);
     assert_eq!(
         rewrite(&bad, &options(u64::MAX)).unwrap_err().to_string(),
         r#"cannot rewrite tensor "short" to float32: it holds 2 bytes of float16 data for 3 elements"#
     );
-    let wrong_length = model(&[(INIT, external_tensor("w", &[3], FLOAT16, "w.data", 0, 8))]);
+    let wrong_length = model(&[(GRAPH_INITIALIZER, external_tensor("w", &[3], FLOAT16, "w.data", 0, 8))]);
     assert_eq!(
         rewrite(&wrong_length, &options(u64::MAX)).unwrap_err().to_string(),
         r#"cannot rewrite tensor "w" to float32: its external data is 8 bytes long, but 3 float16 elements take 6"#
     );
-    let escaping = model(&[(INIT, external_tensor("w", &[1], FLOAT16, "../w.data", 0, 2))]);
+    let escaping = model(&[(GRAPH_INITIALIZER, external_tensor("w", &[1], FLOAT16, "../w.data", 0, 2))]);
     assert_eq!(
         rewrite(&escaping, &options(u64::MAX)).unwrap_err().to_string(),
         r#"cannot rewrite tensor "w" to float32: "../w.data" is not allowed as a file name in the pack: it has a `..` component"#
@@ -876,15 +893,21 @@ fn the_qwen3_embedding_table_at_full_size() {
     let bytes = 151_936 * 2560 * 2;
     let qwen = |extra: &[(u64, Vec<u8>)]| {
         let mut fields = vec![
-            (INPUT, value_info("input_ids", INT64, &[Dim::Param("batch"), Dim::Param("sequence")])),
-            (OUTPUT, value_info("h", FLOAT16, &[])),
-            (NODE, node("/model/embed_tokens/Gather", "", "Gather", &["embed", "input_ids"], &["emb"], &[])),
-            (NODE, node("n", "", "SimplifiedLayerNormalization", &["emb", "ln"], &["h"], &[])),
+            (GRAPH_INPUT, value_info("input_ids", INT64, &[Dim::Param("batch"), Dim::Param("sequence")])),
+            (GRAPH_OUTPUT, value_info("h", FLOAT16, &[])),
             (
-                INIT,
+                GRAPH_NODE,
+                node("/model/embed_tokens/Gather", "", "Gather", &["embed", "input_ids"], &["emb"], &[]),
+            ),
+            (GRAPH_NODE, node("n", "", "SimplifiedLayerNormalization", &["emb", "ln"], &["h"], &[])),
+            (
+                GRAPH_INITIALIZER,
                 external_tensor("embed", &[151_936, 2560], FLOAT16, "text_encoder_q4-00000.data", 0, bytes),
             ),
-            (INIT, external_tensor("ln", &[2560], FLOAT16, "text_encoder_q4-00001.data", 0, 5120)),
+            (
+                GRAPH_INITIALIZER,
+                external_tensor("ln", &[2560], FLOAT16, "text_encoder_q4-00001.data", 0, 5120),
+            ),
         ];
         fields.extend_from_slice(extra);
         model(&fields)
@@ -907,7 +930,7 @@ fn the_qwen3_embedding_table_at_full_size() {
     // Tied embeddings read by an lm_head too cannot leave the graph.
     let lm_head = node("lm_head", "", "MatMul", &["h", "embed"], &["logits"], &[]);
     assert_eq!(
-        rewrite(&qwen(&[(NODE, lm_head)]), &Options::new("text_encoder_q4", swiftshader))
+        rewrite(&qwen(&[(GRAPH_NODE, lm_head)]), &Options::new("text_encoder_q4", swiftshader))
             .unwrap_err()
             .to_string(),
         r#"cannot rewrite tensor "embed" to float32: its float32 form (1555824640 bytes) does not fit one GPU buffer (1073741824 bytes), and it cannot be looked up outside the graph: node 2 "lm_head" (ai.onnx::MatMul) reads it, and only Gathers of its rows can be looked up"#
@@ -925,17 +948,20 @@ fn matmul_nbits_model(k: u64, n: u64, bits: u64, block: u64, opset: u64, extra: 
     let blob = block * bits / 8;
     let attrs = [attr_int("K", k), attr_int("N", n), attr_int("bits", bits), attr_int("block_size", block)];
     let mut fields = vec![
-        (INIT, external_tensor("B", &[n, blocks, blob], UINT8, "w.data", 64, n * blocks * blob)),
-        (INIT, raw_tensor("scales", &[n, blocks], FLOAT, &floats(&vec![0.5; (n * blocks) as usize]))),
+        (GRAPH_INITIALIZER, external_tensor("B", &[n, blocks, blob], UINT8, "w.data", 64, n * blocks * blob)),
         (
-            INIT,
+            GRAPH_INITIALIZER,
+            raw_tensor("scales", &[n, blocks], FLOAT, &floats(&vec![0.5; (n * blocks) as usize])),
+        ),
+        (
+            GRAPH_INITIALIZER,
             raw_tensor("zp", &[n, blocks.div_ceil(2)], UINT8, &vec![0x98; (n * blocks.div_ceil(2)) as usize]),
         ),
-        (NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales", "zp"], &["y"], &attrs)),
-        (INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(k)])),
-        (OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(n)])),
+        (GRAPH_NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales", "zp"], &["y"], &attrs)),
+        (GRAPH_INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(k)])),
+        (GRAPH_OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(n)])),
     ];
-    fields.extend(extra.iter().map(|e| (NODE, e.clone())));
+    fields.extend(extra.iter().map(|e| (GRAPH_NODE, e.clone())));
     let mut m = model(&fields);
     let mut opset_import = msg(&[(1, b"")]);
     put_varint_field(&mut opset_import, 2, opset);
@@ -944,7 +970,7 @@ fn matmul_nbits_model(k: u64, n: u64, bits: u64, block: u64, opset: u64, extra: 
 }
 
 fn matmul_nbits_node(model: &[u8]) -> (Vec<String>, u64) {
-    let nodes = graph_fields(model, NODE);
+    let nodes = graph_fields(model, GRAPH_NODE);
     let mm = nodes.iter().map(|n| read_node(n, 0).unwrap()).find(|n| n.op_type == "MatMulNBits").unwrap();
     let inputs = mm.inputs.iter().map(|i| (*i).to_owned()).collect();
     (inputs, mm.int_attribute("block_size").unwrap())
@@ -963,19 +989,23 @@ fn matmul_nbits_of_block_128_becomes_block_32_with_b_untouched() {
         inputs[2].starts_with("imagine_block32_") && inputs[3].starts_with("imagine_block32_"),
         "{inputs:?}"
     );
-    let b = graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap()).find(|t| t.name == "B").unwrap();
+    let b = graph_fields(&out, GRAPH_INITIALIZER)
+        .iter()
+        .map(|t| read_tensor(t).unwrap())
+        .find(|t| t.name == "B")
+        .unwrap();
     assert_eq!(b.dims, [4, 8, 16]);
     let external = b.external.unwrap();
     assert_eq!((external.file.as_str(), external.offset, external.length), ("w.data", 64, Some(4 * 2 * 64)));
     // The added nodes come first (they read only initializers), and every node keeps its unknown fields.
-    let nodes = graph_fields(&out, NODE);
+    let nodes = graph_fields(&out, GRAPH_NODE);
     let ops: Vec<String> = nodes.iter().map(|n| read_node(n, 0).unwrap().op_type.to_owned()).collect();
     assert_eq!(ops.last().map(String::as_str), Some("MatMulNBits"));
     assert!(ops.iter().filter(|o| *o == "Expand").count() == 2, "{ops:?}");
     assert!(nodes.last().unwrap().ends_with(UNKNOWN));
     // Every name an added node reads is an initializer or an earlier node's output.
     let mut known: Vec<String> =
-        graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap().name).collect();
+        graph_fields(&out, GRAPH_INITIALIZER).iter().map(|t| read_tensor(t).unwrap().name).collect();
     known.push("a".into());
     for n in &nodes {
         let n = read_node(n, 0).unwrap();
@@ -1011,7 +1041,11 @@ fn a_k_that_is_not_a_multiple_of_the_block_slices_the_padding_off() {
     let (inputs, block) = matmul_nbits_node(&out);
     assert_eq!(block, 32);
     assert!(inputs[1].starts_with("imagine_block32_"), "{inputs:?}");
-    let b = graph_fields(&out, INIT).iter().map(|t| read_tensor(t).unwrap()).find(|t| t.name == "B").unwrap();
+    let b = graph_fields(&out, GRAPH_INITIALIZER)
+        .iter()
+        .map(|t| read_tensor(t).unwrap())
+        .find(|t| t.name == "B")
+        .unwrap();
     assert_eq!(b.dims, [4, 1, 64], "the stored B is read as it is");
 }
 
@@ -1026,7 +1060,8 @@ fn computed_scales_and_zero_points_repeat_each_block_in_a_data_file_of_their_own
     assert_eq!((out.changed, out.data_length), (1, data.len() as u64));
     let (inputs, block) = matmul_nbits_node(&out.graph);
     assert_eq!(block, 32);
-    let tensors: Vec<_> = graph_fields(&out.graph, INIT).iter().map(|t| read_tensor(t).unwrap()).collect();
+    let tensors: Vec<_> =
+        graph_fields(&out.graph, GRAPH_INITIALIZER).iter().map(|t| read_tensor(t).unwrap()).collect();
     let find = |name: &str| tensors.iter().find(|t| t.name == name).unwrap();
     let (scales, zero_points) = (find(&inputs[2]), find(&inputs[3]));
     assert_eq!((scales.data_type, scales.dims.as_slice()), (FLOAT, &[4, 8][..]));
@@ -1044,7 +1079,7 @@ fn computed_scales_and_zero_points_repeat_each_block_in_a_data_file_of_their_own
     );
     assert_eq!(find(&inputs[3]).external.as_ref().unwrap().offset % 64, 0, "aligned");
     // No node is added for ONNX Runtime to fold.
-    assert_eq!(graph_fields(&out.graph, NODE).len(), 1);
+    assert_eq!(graph_fields(&out.graph, GRAPH_NODE).len(), 1);
 }
 
 #[test]
@@ -1052,11 +1087,11 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
     // Scales external (N 4 x 2 blocks of float32), no zero points.
     let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 8), attr_int("block_size", 128)];
     let mut m = model(&[
-        (INIT, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
-        (INIT, external_tensor("scales", &[4, 2], FLOAT, "w.data", 1024, 32)),
-        (NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales"], &["y"], &attrs)),
-        (INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(256)])),
-        (OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(4)])),
+        (GRAPH_INITIALIZER, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
+        (GRAPH_INITIALIZER, external_tensor("scales", &[4, 2], FLOAT, "w.data", 1024, 32)),
+        (GRAPH_NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales"], &["y"], &attrs)),
+        (GRAPH_INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(256)])),
+        (GRAPH_OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(4)])),
     ]);
     let mut opset_import = msg(&[(1, b"")]);
     put_varint_field(&mut opset_import, 2, 21);
@@ -1084,7 +1119,7 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
 #[test]
 fn accuracy_level_is_set_on_every_matmul_nbits_once() {
     let level = |m: &[u8]| {
-        let nodes = graph_fields(m, NODE);
+        let nodes = graph_fields(m, GRAPH_NODE);
         let mm = nodes.iter().map(|n| read_node(n, 0).unwrap()).find(|n| n.op_type == "MatMulNBits").unwrap();
         let count = mm.attributes.iter().filter(|a| a.name == "accuracy_level").count();
         (mm.int_attribute("accuracy_level"), count, mm.int_attribute("block_size"))
@@ -1095,6 +1130,6 @@ fn accuracy_level_is_set_on_every_matmul_nbits_once() {
     assert_eq!((changed, level(&four)), (1, (Some(4), 1, Some(128))));
     let (again, _) = reblock::with_accuracy_level(&four, 0).unwrap();
     assert_eq!(level(&again), (Some(0), 1, Some(128)), "replaced, not added twice");
-    assert_eq!(graph_fields(&again, NODE).len(), 2, "other nodes stay");
+    assert_eq!(graph_fields(&again, GRAPH_NODE).len(), 2, "other nodes stay");
     assert_eq!(reblock::with_accuracy_level(&model(&[]), 4).unwrap().1, 0);
 }

@@ -1,7 +1,17 @@
 //! The protobuf wire format, read with each field's raw bytes kept, so that a message can be written
 //! back with a few fields changed and every other field (unknown ones included) copied byte for byte.
 
-use super::RewriteError;
+use thiserror::Error;
+
+/// A message that is not well-formed protobuf, or a field that is not of the kind it must be.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the ONNX model is not a valid protobuf: {what}: {detail}")]
+pub struct WireError {
+    /// The message being read.
+    pub what: &'static str,
+    /// What was wrong, and where.
+    pub detail: String,
+}
 
 /// A field's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,39 +32,33 @@ pub(crate) struct Field<'a> {
 
 impl<'a> Field<'a> {
     /// The payload of a length-delimited field (a string, bytes, a message, a packed array).
-    pub fn bytes(&self, what: &'static str) -> Result<&'a [u8], RewriteError> {
+    pub fn bytes(&self, what: &'static str) -> Result<&'a [u8], WireError> {
         match self.value {
             Value::Bytes(b) => Ok(b),
-            _ => Err(RewriteError::Protobuf {
-                what,
-                detail: format!("field {} is not length-delimited", self.number),
-            }),
+            _ => Err(WireError { what, detail: format!("field {} is not length-delimited", self.number) }),
         }
     }
 
     /// The payload of a varint field.
-    pub fn varint(&self, what: &'static str) -> Result<u64, RewriteError> {
+    pub fn varint(&self, what: &'static str) -> Result<u64, WireError> {
         match self.value {
             Value::Varint(v) => Ok(v),
-            _ => {
-                Err(RewriteError::Protobuf { what, detail: format!("field {} is not a varint", self.number) })
-            }
+            _ => Err(WireError { what, detail: format!("field {} is not a varint", self.number) }),
         }
     }
 
     /// A UTF-8 string field.
-    pub fn string(&self, what: &'static str) -> Result<&'a str, RewriteError> {
+    pub fn string(&self, what: &'static str) -> Result<&'a str, WireError> {
         std::str::from_utf8(self.bytes(what)?)
-            .map_err(|_| RewriteError::Protobuf { what, detail: "a string that is not UTF-8".into() })
+            .map_err(|_| WireError { what, detail: "a string that is not UTF-8".into() })
     }
 }
 
 /// Every field of one message, in order. `what` names the message in errors.
-pub(crate) fn parse<'a>(buf: &'a [u8], what: &'static str) -> Result<Vec<Field<'a>>, RewriteError> {
+pub(crate) fn parse<'a>(buf: &'a [u8], what: &'static str) -> Result<Vec<Field<'a>>, WireError> {
     let mut pos = 0;
     let mut fields = Vec::new();
-    let fail =
-        |detail: &str, pos: usize| RewriteError::Protobuf { what, detail: format!("{detail} at byte {pos}") };
+    let fail = |detail: &str, pos: usize| WireError { what, detail: format!("{detail} at byte {pos}") };
     while pos < buf.len() {
         let start = pos;
         let key = read_varint(buf, &mut pos).ok_or_else(|| fail("a truncated or overlong varint", start))?;
@@ -87,6 +91,16 @@ pub(crate) fn parse<'a>(buf: &'a [u8], what: &'static str) -> Result<Vec<Field<'
     Ok(fields)
 }
 
+/// The payloads of every length-delimited field `number` of one message (the messages, strings or
+/// packed arrays of a repeated field), in order.
+pub(crate) fn bytes_fields<'a>(
+    buf: &'a [u8],
+    number: u64,
+    what: &'static str,
+) -> Result<Vec<&'a [u8]>, WireError> {
+    parse(buf, what)?.iter().filter(|f| f.number == number).map(|f| f.bytes(what)).collect()
+}
+
 fn read_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
@@ -108,13 +122,13 @@ fn take<'a>(buf: &'a [u8], pos: &mut usize, len: usize) -> Option<&'a [u8]> {
 }
 
 /// The varints of a packed repeated field (or of one unpacked element).
-pub(crate) fn packed_varints(payload: &[u8], what: &'static str) -> Result<Vec<u64>, RewriteError> {
+pub(crate) fn packed_varints(payload: &[u8], what: &'static str) -> Result<Vec<u64>, WireError> {
     let mut pos = 0;
     let mut out = Vec::new();
     while pos < payload.len() {
         out.push(
             read_varint(payload, &mut pos)
-                .ok_or_else(|| RewriteError::Protobuf { what, detail: "a truncated packed varint".into() })?,
+                .ok_or_else(|| WireError { what, detail: "a truncated packed varint".into() })?,
         );
     }
     Ok(out)

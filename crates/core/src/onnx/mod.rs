@@ -1,0 +1,7 @@
+//! The ONNX protobuf, read and written without a generated schema, by every part of the core that
+//! looks into a graph (`pack`, `f32_rewrite`, `table_lookup`, `matmul_blocks`): the wire format
+//! ([`wire`]: fields with their raw bytes, so that a message is written back with every other field
+//! copied byte for byte) and the field numbers of `onnx.proto` ([`fields`]).
+
+pub(crate) mod fields;
+pub(crate) mod wire;
