@@ -1,7 +1,7 @@
 """Writes attention-T.onnx: LAYERS chained attentions over T tokens at the FLUX.2 [klein] transformer's
 heads (24 x 128), float32, no weights: q' = softmax(q k^T / sqrt(128)) v + q. Each layer's scores are
 24 x T x T values (T = 4608, a 1024x1024 image with 512 text tokens: 2.04 GB), the buffers whose
-allocation `tests/e2e/bench-buffers.mjs` measures under ONNX Runtime Web's two storage-buffer caches.
+allocation `tests/e2e/bench/buffers.mjs` measures under ONNX Runtime Web's two storage-buffer caches.
 
     python3 tools/gpu-bench/attention_graph.py --tokens 1536,4608 --out DIR
 """

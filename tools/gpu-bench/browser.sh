@@ -1,6 +1,6 @@
 #!/bin/bash
 # Browser mode, ON the GPU machine, from the repository root: the extension's release build in Chromium
-# on the GPU, driven by tests/e2e/bench-gpu.mjs (README.md, "Browser mode"). The same command is called
+# on the GPU, driven by tests/e2e/bench/gpu.mjs (README.md, "Browser mode"). The same command is called
 # once per part that prepare-browser.sh made, back to back while the machine is warm, each call carrying
 # its part (.gpu/N); then again, carrying nothing, until it prints "bench finished". Each call:
 #   1. copies the part it carries to /tmp/gpu;
@@ -9,8 +9,8 @@
 #      background (it outlives the call): text encoder int4 and transformer int8 with float16
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
 #   3. once every part of Chromium is there: unpacks it and starts, in the background, the bench (it
-#      waits for the export): bench-gpu.mjs with $BENCH_ARGS (default --reference), and --ort-alt
-#      when part 1 brought another onnxruntime-web; then bench-layout.mjs on the export's decoder
+#      waits for the export): tests/e2e/bench/gpu.mjs with $BENCH_ARGS (default --reference), and --ort-alt
+#      when part 1 brought another onnxruntime-web; then tests/e2e/bench/layout.mjs on the export's decoder
 #      (LAYOUT=0: not);
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
@@ -89,11 +89,11 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     [ -e '$PACK'/.done ] || { echo "export failed" > '$W'/logs/bench.log; touch '$W'/.bench-done; exit; }
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
     alt=; [ -e '$W'/ort-alt/package ] && alt="--ort-alt '$W'/ort-alt/package"
-    '$W'/node tests/e2e/bench-gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
+    '$W'/node tests/e2e/bench/gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1
     echo "bench exit $?" >> '$W'/logs/bench.log
     if [ '"${LAYOUT:-1}"' = 1 ]; then
-      '$W'/node tests/e2e/bench-layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
+      '$W'/node tests/e2e/bench/layout.mjs --graph '$PACK'/vae_decoder.onnx --sizes 512,1024 --runs 3 \
         --out '$W'/logs/layout.json > '$W'/logs/layout.log 2>&1
       echo "layout bench exit $?" >> '$W'/logs/layout.log
     fi

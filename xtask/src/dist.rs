@@ -325,9 +325,12 @@ mod tests {
         files.remove("icons/icon32.png");
         files.remove("pkg/imagine_web_bg.wasm");
         files.remove("style.css");
-        files.insert("tests/e2e/popup.test.mjs".into(), b"test".to_vec());
+        files.insert("tests/e2e/pages/popup.test.mjs".into(), b"test".to_vec());
         let problems = check(&files);
-        assert!(problems.contains(&"tests/e2e/popup.test.mjs is a test file".to_string()), "{problems:?}");
+        assert!(
+            problems.contains(&"tests/e2e/pages/popup.test.mjs is a test file".to_string()),
+            "{problems:?}"
+        );
         assert!(problems
             .iter()
             .any(|p| p.starts_with("icons/icon32.png is missing (named by manifest.json")));

@@ -23,7 +23,7 @@ commands:
   build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
   dist                   release build, then the store zip target/imagine-<version>.zip (contents checked)
   test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, dist, e2e tests
-  e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/NAME.test.mjs), two
+  e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/*/NAME.test.mjs), two
                          files at a time ($IMAGINE_E2E_JOBS sets how many); a file that fails beside
                          another runs again alone, and passing there is reported as FLAKY
   fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
@@ -134,8 +134,8 @@ fn dispatch(args: &[String]) -> Result {
             if !no_build {
                 build(&root, false, &tools)?;
             }
-            step("run: node tests/e2e/run.mjs");
-            node_script(&root, "tests/e2e/run.mjs", &rest)
+            step("run: node tools/run.mjs");
+            node_script(&root, "tools/run.mjs", &rest)
         }
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
@@ -144,13 +144,13 @@ fn dispatch(args: &[String]) -> Result {
                 ));
             };
             let script = match what.as_str() {
-                "generate" => "tests/e2e/bench-generate.mjs",
-                "download" => "tests/e2e/bench-download.mjs",
-                "scale" => "tests/e2e/bench-scale.mjs",
-                "soak" => "tests/e2e/bench-soak.mjs",
-                "blocks" => "tests/e2e/bench-blocks.mjs",
-                "layout" => "tests/e2e/bench-layout.mjs",
-                "buffers" => "tests/e2e/bench-buffers.mjs",
+                "generate" => "tests/e2e/bench/generate.mjs",
+                "download" => "tests/e2e/bench/download.mjs",
+                "scale" => "tests/e2e/bench/scale.mjs",
+                "soak" => "tests/e2e/bench/soak.mjs",
+                "blocks" => "tests/e2e/bench/blocks.mjs",
+                "layout" => "tests/e2e/bench/layout.mjs",
+                "buffers" => "tests/e2e/bench/buffers.mjs",
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout)"
@@ -573,31 +573,39 @@ fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
     diffs
 }
 
-/// `node --test` over tests/e2e/*.test.mjs (or the named ones), one file at a time.
+/// `node --test` over the test files of tests/e2e's flow folders (`install/`, `generate/`, `pages/`,
+/// `faults/`), or the named ones (`NAME` for `<flow>/NAME.test.mjs`).
 fn e2e(root: &Path, names: &[String]) -> Result {
     let dir = root.join("tests/e2e");
-    let mut files: Vec<PathBuf> = Vec::new();
-    if names.is_empty() {
-        let rd = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            if name.ends_with(".test.mjs") {
-                files.push(e.path());
+    let mut all: Vec<PathBuf> = Vec::new();
+    for flow in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
+        let Ok(entries) = fs::read_dir(flow.path()) else { continue };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".test.mjs") {
+                all.push(e.path());
             }
-        }
-        files.sort();
-    } else {
-        for n in names {
-            let n = n.trim_end_matches(".mjs").trim_end_matches(".test");
-            let p = dir.join(format!("{n}.test.mjs"));
-            if !p.exists() {
-                return Err(format!("{} does not exist", rel(root, &p)));
-            }
-            files.push(p);
         }
     }
+    // The longest first, so that none of them starts last and runs on beside an idle slot.
+    let rank = |p: &PathBuf| {
+        let name = p.file_name().map(|f| f.to_string_lossy().trim_end_matches(".test.mjs").to_owned());
+        E2E_LONGEST.iter().position(|l| Some(*l) == name.as_deref()).unwrap_or(E2E_LONGEST.len())
+    };
+    all.sort_by_key(|p| (rank(p), p.clone()));
+    let mut files: Vec<PathBuf> = Vec::new();
+    for n in names {
+        let n = n.trim_end_matches(".mjs").trim_end_matches(".test");
+        let n = n.rsplit('/').next().unwrap_or(n);
+        let found = all
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy() == format!("{n}.test.mjs")));
+        files.push(found.cloned().ok_or_else(|| format!("no tests/e2e/*/{n}.test.mjs"))?);
+    }
+    if names.is_empty() {
+        files = all;
+    }
     if files.is_empty() {
-        return Err("no tests/e2e/*.test.mjs".into());
+        return Err("no tests/e2e/*/*.test.mjs".into());
     }
     let jobs = env::var("IMAGINE_E2E_JOBS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(E2E_JOBS);
     step(&format!("e2e: node --test ({} files, {jobs} at a time) in {}", files.len(), chromium_version()));
@@ -610,7 +618,7 @@ fn e2e(root: &Path, names: &[String]) -> Result {
                 .args(["--test", &format!("--test-concurrency={jobs}"), "--test-timeout=1200000"])
                 .args(["--test-reporter=spec", "--test-reporter-destination=stdout"])
                 .args([
-                    "--test-reporter=./tests/e2e/file-durations.mjs",
+                    "--test-reporter=./tests/e2e/lib/file-durations.mjs",
                     "--test-reporter-destination=stdout",
                 ])
                 .env("IMAGINE_E2E_FAILED", &failed_list)
@@ -638,6 +646,10 @@ fn e2e(root: &Path, names: &[String]) -> Result {
 /// Browser test files run at once: two on this 2-core machine use it fully (each browser test waits on
 /// timers, the service worker and the GPU process much of the time); more only add contention.
 const E2E_JOBS: usize = 2;
+
+/// The longest test files (on this 2-core machine, Chromium 148-156), longest first: started before
+/// the others.
+const E2E_LONGEST: &[&str] = &["real-arch-bench", "repeat", "real-arch", "download-integrity", "errors"];
 
 /// At most this many files that failed are run again alone; more failures are not load.
 const MAX_E2E_RERUNS: usize = 2;

@@ -1,0 +1,47 @@
+// Where things are and how long to wait: the repository, the extension under test, Chromium, the
+// fixture packs, the output folder, the timeouts, WebGPU's flags.
+
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+export const DIST = process.env.IMAGINE_DIST ? path.resolve(process.env.IMAGINE_DIST) : path.join(ROOT, 'dist');
+
+/** The URL extension pages import `gpu_adapter.js` from (a wasm-bindgen snippet of the web crate). */
+export function gpuAdapterUrl() {
+  const [dir] = fs.readdirSync(path.join(DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-web-'));
+  return `/pkg/snippets/${dir}/src/platform/gpu_adapter.js`;
+}
+export const CHROMIUM = process.env.IMAGINE_CHROMIUM || '/usr/lib/chromium/chromium';
+export const PACKS = process.env.IMAGINE_PACKS ? path.resolve(process.env.IMAGINE_PACKS) : path.join(ROOT, 'tests/fixtures/packs');
+export const OUT = path.join(ROOT, 'tests/e2e/out');
+
+/** SwiftShader is slow: one generation may take this long. */
+export const GENERATION_TIMEOUT_MS = 180_000;
+/** A pack install from loopback. */
+export const INSTALL_TIMEOUT_MS = 120_000;
+/**
+ * The longest a job may go without an event (a stage's start, a step, an image) before its test fails,
+ * naming the stage it was in. The longest quiet stretch in the browser tests is the tiny
+ * real-architecture decoder's one run at 256x256 on SwiftShader, about 80 s here (2026-12-02); a stage
+ * that never ends fails within minutes, not at the test file's timeout.
+ */
+export const STALL_MS = 300_000;
+
+/**
+ * WebGPU's flags by IMAGINE_WEBGPU. swiftshader: WebGPU without a GPU (`--enable-unsafe-webgpu` gives the
+ * SwiftShader adapter; the other two don't hurt). vulkan: headless Chromium on a real GPU; without
+ * `--disable-vulkan-surface` Vulkan fails to start there and only SwiftShader is left (measured on an
+ * NVIDIA H200, Chromium 156, 2026-12-02).
+ */
+export const WEBGPU_ARGS = {
+  swiftshader: ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader', '--use-webgpu-adapter=swiftshader'],
+  vulkan: ['--enable-unsafe-webgpu', '--ignore-gpu-blocklist', '--use-angle=vulkan', '--enable-features=Vulkan', '--disable-vulkan-surface'],
+};
+
+export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
+  const args = WEBGPU_ARGS[kind];
+  if (!args) throw new Error(`IMAGINE_WEBGPU=${kind}: expected one of ${Object.keys(WEBGPU_ARGS).join(', ')}`);
+  return args;
+}

@@ -1,0 +1,100 @@
+// The context menu on a selection opens a result page that generates the selected text (headless, the
+// side panel cannot open without a user gesture, so the result page is the fallback shown).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+
+test('context menu on a selection opens result.html with the image, made with the saved defaults', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  // The defaults saved on the options page apply to images made from the context menu too.
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 320, steps: 2, schedule: 'linear-shift' } }));
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  const prompt = 'a lighthouse at dusk <b>bold</b>';
+  const [tab] = await Promise.all([
+    b.context.waitForEvent('page', { timeout: 30_000 }),
+    sw.evaluate(
+      (selectionText) =>
+        chrome.contextMenus.onClicked.dispatch(
+          { menuItemId: 'imagine-selection', selectionText, editable: false, pageUrl: 'https://example.com/' },
+          { id: -1 },
+        ),
+      prompt,
+    ),
+  ]);
+  await tab.waitForLoadState('domcontentloaded');
+  const url = new URL(tab.url());
+  assert.equal(url.protocol, 'chrome-extension:');
+  assert.equal(url.pathname, '/result.html');
+  assert.ok(url.searchParams.get('job'), `no job in ${tab.url()}`);
+  // The selection is not in the URL (it would land in the browser's history), yet the page shows it
+  // while the image is made.
+  assert.ok(!tab.url().includes('lighthouse'), tab.url());
+  await tab.waitForFunction((p) => document.querySelector('#prompt-text')?.textContent.trim() === p, prompt, { timeout: 30_000 });
+
+  await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, {
+    timeout: h.GENERATION_TIMEOUT_MS,
+  });
+  const job = url.searchParams.get('job');
+  const state = await h.endedJob(b.page, job);
+  assert.deepEqual(
+    [state.result.width, state.result.height, state.result.steps, state.result.schedule],
+    [256, 320, 2, 'linear-shift'],
+  );
+  // The prompt is rendered as text, not as HTML.
+  assert.equal((await tab.textContent('#prompt-text')).trim(), prompt);
+  assert.equal(await tab.locator('#prompt-text b').count(), 0);
+});
+
+test('text selected in a private window makes an image that is shown but leaves nothing behind, unless the option keeps it', { timeout: 600_000 }, async (t) => {
+  let b = await h.setup(t);
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 256, steps: 1 } }));
+  const fromPrivateWindow = async (selectionText) => {
+    const sw = await h.currentServiceWorker(b.context, b.extensionId);
+    const [tab] = await Promise.all([
+      b.context.waitForEvent('page', { timeout: 30_000 }),
+      sw.evaluate(
+        (text) =>
+          chrome.contextMenus.onClicked.dispatch(
+            { menuItemId: 'imagine-selection', selectionText: text, editable: false, pageUrl: 'https://example.com/' },
+            { id: -1, incognito: true },
+          ),
+        selectionText,
+      ),
+    ]);
+    await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, { timeout: h.GENERATION_TIMEOUT_MS });
+    const job = new URL(tab.url()).searchParams.get('job');
+    await tab.close();
+    return { job, state: await h.endedJob(b.page, job) };
+  };
+  const until = async (ok, ms, what) => {
+    for (const end = Date.now() + ms; !(await ok()); await h.sleep(200)) if (Date.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
+  };
+  const galleryPrompts = async () => (await h.api(b.page, { type: 'galleryList' })).items.map((i) => i.prompt);
+  const cached = async () => Object.keys(await h.opfsTree(b.page)).filter((p) => p.startsWith('cache/') && p.endsWith('.bin'));
+
+  // Shown (the job's state holds the image), but not in the gallery, and the prompt's embeddings are not cached.
+  const hidden = await fromPrivateWindow('a private lighthouse');
+  assert.equal(hidden.state.status, 'done');
+  assert.ok(hidden.state.result.png.length > 0);
+  assert.ok(!(await galleryPrompts()).includes('a private lighthouse'));
+  assert.deepEqual(await cached(), []);
+  const privateFiles = Object.keys(await h.opfsTree(b.page)).filter((p) => p.startsWith('private/') && p.endsWith('.png'));
+  assert.equal(privateFiles.length, 1, JSON.stringify(privateFiles));
+  // Gone once the browser starts again (the page asks for a job, so the service worker has started).
+  const first = b;
+  b = await b.relaunch();
+  first.close = b.close; // setup's cleanup closes the new browser
+  assert.equal((await h.api(b.page, { type: 'job', job: hidden.job })).status, 'unknown');
+  assert.ok(!(await h.opfsEntries(b.page)).includes('private'), 'private/ is still there');
+
+  // With the option on (options page), such an image is kept like any other.
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.check('#keep-private');
+  await until(async () => (await b.page.evaluate(() => chrome.storage.local.get('imagine.keepPrivate')))['imagine.keepPrivate'] === true, 10_000, 'option saved');
+  await options.close();
+  const kept = await fromPrivateWindow('a kept lighthouse');
+  assert.equal(kept.state.status, 'done');
+  assert.ok((await galleryPrompts()).includes('a kept lighthouse'));
+  assert.equal((await cached()).length, 1);
+});

@@ -1,0 +1,306 @@
+// The gallery: every result is kept (OPFS gallery/<job>.png + index.json), listed newest first,
+// searchable, opened with its parameters, reused, deleted, exported as a zip, limited (oldest first,
+// never the one being viewed, never by the batch that made it), rebuilt from the PNGs when the index is lost, and kept across a
+// browser restart.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+import { startSampler, peakBetween, medianBetween } from '../lib/proc-memory.mjs';
+
+const IMAGES = [
+  { prompt: 'a red fox in the snow', seed: '11' },
+  { prompt: 'a blue boat', seed: '12' },
+  { prompt: 'A RED barn at dusk', seed: '13' },
+];
+
+async function list(page, request = {}) {
+  const reply = await h.api(page, { type: 'galleryList', ...request });
+  assert.equal(reply.type, 'gallery', JSON.stringify(reply));
+  return reply;
+}
+
+/** The ids of the grid's thumbnails, in page order, once there are `count` of them. */
+async function gridIds(page, count) {
+  await page.waitForFunction((n) => document.querySelectorAll('#grid button.thumb').length === n, count, { timeout: 20_000 });
+  return page.$$eval('#grid button.thumb', (buttons) => buttons.map((b) => b.dataset.id));
+}
+
+/** The large view's parameters as { name: value }. */
+async function viewerParams(page) {
+  return page.$$eval('#viewer-params dt', (dts) => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
+}
+
+async function screenshots(page, name) {
+  fs.mkdirSync(h.OUT, { recursive: true });
+  for (const scheme of ['light', 'dark']) {
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.screenshot({ path: path.join(h.OUT, `${name}-${scheme}.png`) });
+  }
+  await page.emulateMedia({ colorScheme: null });
+}
+
+/**
+ * The zip's entries as { name: [sha256, written front to back] }: the second is whether the entry's
+ * sizes follow its data (a data descriptor), which is how a zip written in pieces, never patched, looks.
+ */
+function unzipList(zipPath) {
+  const script = [
+    'import json, sys, zipfile, hashlib',
+    'z = zipfile.ZipFile(sys.argv[1])',
+    'assert z.testzip() is None',
+    'print(json.dumps({i.filename: [hashlib.sha256(z.read(i)).hexdigest(), i.flag_bits & 8 != 0] for i in z.infolist()}))',
+  ].join('\n');
+  return h.run('python3', ['-c', script, zipPath]);
+}
+
+test('the gallery keeps every result and lets the user find, open, reuse, limit, export and delete them', { timeout: 1_200_000 }, async (t) => {
+  let b = await h.setup(t);
+  const made = [];
+  for (const image of IMAGES) {
+    const { result } = await h.generateOk(b.page, { ...image, width: 256, height: 256, steps: 1 });
+    made.push(result);
+  }
+  const [fox, boat, barn] = made.map((r) => r.job);
+  // The service worker stores a result when it sees the same event the test waited for.
+  for (let deadline = Date.now() + 20_000; (await list(b.page)).count < 3; ) {
+    if (Date.now() > deadline) throw new Error(`the gallery never held 3 images: ${JSON.stringify(await list(b.page))}`);
+    await h.sleep(200);
+  }
+  let gallery = await b.context.newPage();
+  await gallery.goto(h.extensionUrl(b.extensionId, 'gallery.html'));
+
+  await t.test('every result is in the gallery, newest first, with its parameters and bytes', async () => {
+    const page = await list(b.page);
+    assert.deepEqual(page.items.map((i) => i.id), [barn, boat, fox]);
+    assert.equal(page.total, 3);
+    assert.equal(page.count, 3);
+    const tree = await h.opfsTree(b.page);
+    for (const r of made) {
+      const item = page.items.find((i) => i.id === r.job);
+      assert.equal(item.bytes, h.pngBytes(r).length);
+      assert.equal(tree[`gallery/${r.job}.png`], item.bytes);
+      assert.deepEqual([item.prompt, item.seed, item.width, item.height, item.steps, item.schedule], [r.prompt, r.seed, 256, 256, 1, 'empirical']);
+      assert.ok(Math.abs(item.created - Date.now()) < 3_600_000 && item.timings.totalMs > 0, JSON.stringify(item));
+      assert.match(item.packCommit, /^[0-9a-f]{40}$/);
+    }
+    assert.equal(page.bytesUsed, made.reduce((n, r) => n + h.pngBytes(r).length, 0));
+    // No second copy of the bytes anywhere else.
+    assert.deepEqual(Object.keys(tree).filter((k) => k.endsWith('.png')).sort(), made.map((r) => `gallery/${r.job}.png`).sort());
+    assert.deepEqual(await gridIds(gallery, 3), [barn, boat, fox]);
+    assert.match(await gallery.textContent('#usage'), /^3 images, /);
+    assert.equal(await gallery.isHidden('#more'), true, 'all are shown: no "Show more"');
+    await screenshots(gallery, 'gallery');
+  });
+
+  await t.test('search filters by prompt, case-insensitively', async () => {
+    const page = await list(b.page, { query: 'RED' });
+    assert.deepEqual(page.items.map((i) => i.id), [barn, fox]);
+    assert.equal(page.total, 2);
+    await gallery.fill('#search', 'red');
+    assert.deepEqual(await gridIds(gallery, 2), [barn, fox]);
+    await gallery.fill('#search', 'no such thing');
+    await gridIds(gallery, 0);
+    await gallery.fill('#search', '');
+    await gridIds(gallery, 3);
+    const bad = await h.api(b.page, { type: 'galleryList', limit: 0 });
+    assert.deepEqual(bad, {
+      type: 'error',
+      error: 'limit 0 is not allowed: use 1 to 500',
+      message: { key: 'errGalleryOutOfRange', args: ['limit', '0', '1', '500'] },
+    });
+  });
+
+  await t.test('opening one shows it large with its parameters, from the keyboard too', async () => {
+    await gallery.focus(`#grid button.thumb[data-id="${fox}"]`);
+    await gallery.keyboard.press('Enter');
+    await gallery.waitForSelector('#viewer[open]');
+    assert.equal(await gallery.textContent('#viewer-prompt'), IMAGES[0].prompt);
+    const params = await viewerParams(gallery);
+    assert.equal(params.Seed, '11');
+    assert.equal(params.Size, '256 × 256');
+    assert.equal(params.Steps, '1');
+    assert.equal(params.Schedule, 'empirical');
+    const src = await gallery.getAttribute('#viewer-image', 'src');
+    assert.equal(src, `data:image/png;base64,${made[0].png}`);
+    assert.ok(gallery.url().endsWith(`gallery.html?view=${fox}`), gallery.url());
+    await screenshots(gallery, 'gallery-view');
+  });
+
+  await t.test('the limit drops the oldest first, never the one being viewed', async () => {
+    // The fox (oldest) is open in the gallery page: the boat goes instead.
+    const reply = await h.api(b.page, { type: 'galleryLimit', maxItems: 2 });
+    assert.equal(reply.type, 'galleryLimit', JSON.stringify(reply));
+    assert.equal(reply.maxItems, 2);
+    assert.deepEqual((await list(b.page)).items.map((i) => i.id), [barn, fox]);
+    const tree = await h.opfsTree(b.page);
+    assert.equal(tree[`gallery/${boat}.png`], undefined);
+    const bad = await h.api(b.page, { type: 'galleryLimit', maxItems: 0 });
+    assert.deepEqual(bad, {
+      type: 'error',
+      error: 'maxItems 0 is not allowed: use 1 to 10000',
+      message: { key: 'errGalleryOutOfRange', args: ['maxItems', '0', '1', '10000'] },
+    });
+    const unknown = await h.api(b.page, { type: 'galleryLimit', maxItem: 3 });
+    assert.equal(unknown.type, 'error');
+    assert.match(unknown.error, /unknown field `maxItem`/);
+  });
+
+  await t.test('reuse leaves the prompt and settings for the popup, which starts from them', async () => {
+    await gallery.evaluate(() => {
+      window.__popupOpened = 0;
+      chrome.action.openPopup = async () => { window.__popupOpened += 1; };
+    });
+    await gallery.click('#reuse');
+    await gallery.waitForFunction(() => window.__popupOpened === 1);
+    const stored = await gallery.evaluate(() => chrome.storage.session.get('imagine.reuse'));
+    assert.deepEqual(stored['imagine.reuse'], { prompt: IMAGES[0].prompt, width: 256, height: 256, steps: 1, seed: '11', schedule: 'empirical' });
+    const popup = await b.context.newPage();
+    await popup.goto(h.extensionUrl(b.extensionId, 'popup.html'));
+    await popup.waitForFunction(() => document.querySelector('#prompt').value !== '');
+    assert.equal(await popup.inputValue('#prompt'), IMAGES[0].prompt);
+    assert.equal(await popup.inputValue('#seed'), '11');
+    assert.equal(await popup.inputValue('#width'), '256');
+    assert.equal(await popup.inputValue('#steps'), '1');
+    // Taken once.
+    assert.deepEqual(await popup.evaluate(() => chrome.storage.session.get('imagine.reuse')), {});
+    await popup.close();
+    await gallery.keyboard.press('Escape');
+    await gallery.waitForFunction(() => !document.querySelector('#viewer').open);
+    // The dialog's `close` event, which takes `?view=` off the address, is a task after `open` drops.
+    await gallery.waitForFunction(() => location.href.endsWith('gallery.html'), null, { timeout: 5000 });
+  });
+
+  await t.test('export all gives a zip of the PNGs and their parameters', async () => {
+    const download = gallery.waitForEvent('download', { timeout: 30_000 });
+    await gallery.click('#export');
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-export-')), 'gallery.zip');
+    await (await download).saveAs(file);
+    const r = await unzipList(file);
+    assert.equal(r.code, 0, r.stderr);
+    const entries = JSON.parse(r.stdout);
+    assert.deepEqual(Object.keys(entries).sort(), [`${barn}.png`, `${fox}.png`, 'gallery.json'].sort());
+    for (const [job, result] of [[fox, made[0]], [barn, made[2]]]) {
+      const want = (await import('node:crypto')).createHash('sha256').update(h.pngBytes(result)).digest('hex');
+      assert.equal(entries[`${job}.png`][0], want);
+    }
+    // Written a PNG at a time, front to back (never the whole gallery in memory to patch headers in).
+    assert.ok(Object.values(entries).every(([, streamed]) => streamed), JSON.stringify(entries));
+    // The OPFS copy is gone once downloaded.
+    await gallery.waitForFunction(async () => {
+      try {
+        await (await (await navigator.storage.getDirectory()).getDirectoryHandle('exports')).getFileHandle('gallery.zip');
+        return false;
+      } catch {
+        return true;
+      }
+    });
+    fs.rmSync(path.dirname(file), { recursive: true, force: true });
+  });
+
+  await t.test('a corrupt index is rebuilt from the PNGs', async () => {
+    await h.opfsWrite(b.page, 'gallery/index.json', '{"version": 1, "items": [trunc');
+    const page = await list(b.page);
+    assert.deepEqual(page.items.map((i) => [i.id, i.prompt, i.seed]).sort(), [[barn, IMAGES[2].prompt, '13'], [fox, IMAGES[0].prompt, '11']].sort());
+  });
+
+  await t.test('the gallery survives a browser restart', async () => {
+    b = await b.relaunch();
+    gallery = await b.context.newPage();
+    await gallery.goto(h.extensionUrl(b.extensionId, 'gallery.html'));
+    assert.equal((await gridIds(gallery, 2)).length, 2);
+  });
+
+  await t.test('delete one', async () => {
+    await gallery.click(`#grid button.thumb[data-id="${barn}"]`);
+    await gallery.waitForSelector('#viewer[open]');
+    await gallery.click('#delete');
+    assert.deepEqual(await gridIds(gallery, 1), [fox]);
+    assert.equal((await h.opfsTree(b.page))[`gallery/${barn}.png`], undefined);
+    const again = await h.api(b.page, { type: 'galleryDelete', id: barn });
+    assert.deepEqual(again, {
+      type: 'error',
+      error: `there is no image "${barn}" in the gallery`,
+      message: { key: 'errGalleryNotFound', args: [`"${barn}"`] },
+    });
+    const bad = await h.api(b.page, { type: 'galleryImage', id: '../packs' });
+    assert.equal(bad.type, 'error');
+    assert.match(bad.error, /not allowed/);
+  });
+
+  await t.test('delete all asks first', async () => {
+    await gallery.click('#clear');
+    await gallery.waitForSelector('#confirm[open]');
+    await gallery.click('#confirm-no');
+    assert.equal((await list(b.page)).count, 1);
+    await gallery.click('#clear');
+    await gallery.click('#confirm-yes');
+    await gallery.waitForSelector('#empty:not([hidden])');
+    assert.equal((await list(b.page)).count, 0);
+    const left = Object.keys(await h.opfsTree(b.page)).filter((k) => k.startsWith('gallery/'));
+    assert.deepEqual(left.sort(), ['gallery/', 'gallery/index.json']);
+  });
+  // The relaunched browser (setup's hook closes the first one and removes the profile after it).
+  await b.close({ keepProfile: true });
+});
+
+test('a batch at the gallery limit keeps all of its images; the next image lets them go', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  assert.equal((await h.api(b.page, { type: 'galleryLimit', maxItems: 1 })).maxItems, 1);
+  const size = { width: 256, height: 256, steps: 1 };
+  const reply = await h.api(b.page, { type: 'generate', prompt: 'three boats', ...size, seed: '21', count: 3 });
+  assert.equal(reply.type, 'jobStarted', JSON.stringify(reply));
+  await h.waitForEvent(b.page, (e) => e.type === 'result' && e.job === reply.job && e.index === 2);
+  assert.equal((await h.endedJob(b.page, reply.job)).status, 'done');
+  const batch = [reply.job, `${reply.job}-1`, `${reply.job}-2`];
+  let page = await list(b.page);
+  for (let deadline = Date.now() + 20_000; !page.items.some((i) => i.id === batch[2]) && Date.now() < deadline; ) {
+    await h.sleep(200);
+    page = await list(b.page);
+  }
+  // Over the cap of one while the batch is the newest: its images are the job's results.
+  assert.deepEqual(page.items.map((i) => i.id), [...batch].reverse());
+  for (const id of batch) assert.equal((await h.api(b.page, { type: 'galleryImage', id })).type, 'galleryImage', id);
+  const { result } = await h.generateOk(b.page, { prompt: 'one more boat', ...size, seed: '30' });
+  for (let deadline = Date.now() + 20_000; (await list(b.page)).items[0]?.id !== result.job; ) {
+    if (Date.now() > deadline) throw new Error(`the next image was never kept: ${JSON.stringify(await list(b.page))}`);
+    await h.sleep(200);
+  }
+  assert.deepEqual((await list(b.page)).items.map((i) => i.id), [result.job]);
+});
+
+test('an index rebuild reads only the start of each PNG, one at a time', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const { result } = await h.generateOk(b.page, { prompt: 'a large harbour', width: 256, height: 256, steps: 1, seed: '40' });
+  // 32 images of 10 MB (the result's PNG with bytes after its end): read whole, and all at once, they
+  // would leave the extension's process 320 MB larger.
+  const COUNT = 32;
+  const PAD = 10 << 20;
+  await b.page.evaluate(async ({ png, count, pad }) => {
+    const head = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+    const bytes = new Uint8Array(head.length + pad).fill(7);
+    bytes.set(head);
+    const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('gallery');
+    for (let i = 0; i < count; i++) {
+      const w = await (await dir.getFileHandle(`big${i}.png`, { create: true })).createWritable();
+      await w.write(bytes);
+      await w.close();
+    }
+  }, { png: result.png, count: COUNT, pad: PAD });
+  await h.opfsWrite(b.page, 'gallery/index.json', '{"version": 1, "items": [trunc');
+  const sampler = startSampler(b.profileDir, 50);
+  t.after(() => sampler.stop());
+  await h.sleep(1500);
+  const before = Date.now();
+  const page = await list(b.page, { limit: 500 });
+  await h.sleep(1000);
+  const after = Date.now();
+  assert.equal(page.count, COUNT + 1, JSON.stringify(page.items.map((i) => i.id)));
+  assert.ok(page.items.filter((i) => i.id.startsWith('big')).every((i) => i.bytes === h.pngBytes(result).length + PAD && i.prompt === 'a large harbour'));
+  const baseline = medianBetween(sampler.history, before - 1500, before).extension;
+  const peak = peakBetween(sampler.history, before, after).peak.extension;
+  const grewMb = (peak - baseline) / (1 << 20);
+  assert.ok(grewMb < 100, `the rebuild grew the extension's process by ${grewMb.toFixed(0)} MB (${COUNT * (PAD >> 20)} MB of PNGs)`);
+});

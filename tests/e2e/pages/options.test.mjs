@@ -1,0 +1,263 @@
+// The options page: defaults (saved, checked, used by the popup), the pack source, the gallery's
+// limit, the device report before any download, and deleting the model.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+
+async function report(page) {
+  await page.waitForFunction(() => document.querySelectorAll('#device-report dt').length >= 4, null, { timeout: 30_000 });
+  return page.$$eval('#device-report dt', (dts) => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
+}
+
+test('options: defaults reach the popup, the device report, the gallery limit, delete the model', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const manifest = await b.page.evaluate(() => chrome.runtime.getManifest());
+  assert.equal(manifest.options_ui.page, 'options.html');
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+
+  await t.test('the device report names the SwiftShader adapter, shader-f16 no, the limits and the quota', async () => {
+    const r = await report(options);
+    assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
+    assert.equal(r['shader-f16'], 'no');
+    // What that means for the published float16 pack: it runs converted, and how Linux + NVIDIA gets the feature.
+    assert.match(r['What this means'], /converted to float32/);
+    assert.match(r['What this means'], /--enable-dawn-features=vulkan_enable_f16_on_nvidia/);
+    assert.equal(r['Found by asking for'], 'the high-performance GPU');
+    assert.match(r.maxBufferSize, /\d/);
+    assert.match(r.maxStorageBufferBindingSize, /\d/);
+    assert.match(r.Storage, /used of/);
+  });
+
+  await t.test('defaults are checked, saved, and the popup starts from them', async () => {
+    await options.waitForFunction(() => document.querySelector('#default-width').value === '512');
+    await options.fill('#default-width', '300');
+    await options.click('#save-defaults');
+    await options.waitForFunction(() => /width/.test(document.querySelector('#defaults-status').textContent));
+    assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.defaults')), {});
+    await options.fill('#default-width', '768');
+    await options.fill('#default-height', '384');
+    await options.fill('#default-steps', '6');
+    await options.selectOption('#default-schedule', 'linear-shift');
+    await options.click('#save-defaults');
+    await options.waitForFunction(() => document.querySelector('#defaults-status').textContent === 'Saved.');
+    const stored = await options.evaluate(() => chrome.storage.local.get('imagine.defaults'));
+    assert.deepEqual(stored['imagine.defaults'], { width: 768, height: 384, steps: 6, schedule: 'linear-shift' });
+    await b.page.reload();
+    await b.page.waitForFunction(() => document.querySelector('#width').value === '768');
+    assert.equal(await b.page.inputValue('#height'), '384');
+    assert.equal(await b.page.inputValue('#steps'), '6');
+    assert.equal(await b.page.inputValue('#schedule'), 'linear-shift');
+  });
+
+  await t.test('the source is saved and the popup offers it', async () => {
+    await options.fill('#hub-revision', 'v1.0');
+    await options.click('#save-source');
+    await options.waitForFunction(() => document.querySelector('#model-status').textContent.startsWith('Source saved. '));
+    const stored = await options.evaluate(() => chrome.storage.local.get('imagine.source'));
+    assert.deepEqual(stored['imagine.source'], { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b-onnx-webgpu', revision: 'v1.0' });
+    await b.page.reload();
+    await b.page.waitForFunction(() => document.querySelector('#hub-revision').value === 'v1.0');
+  });
+
+  await t.test('the gallery limit is set through the message API', async () => {
+    await options.fill('#max-items', '7');
+    await options.fill('#max-megabytes', '64');
+    await options.click('#save-limit');
+    await options.waitForFunction(() => /^Saved: at most 7 images/.test(document.querySelector('#limit-status').textContent));
+    const page = await h.api(b.page, { type: 'galleryList' });
+    assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64 << 20 });
+    await options.fill('#max-items', '0');
+    await options.click('#save-limit');
+    await options.waitForFunction(() => /maxItems 0 is not allowed/.test(document.querySelector('#limit-status').textContent));
+  });
+
+  await t.test('keep the model loaded: the setting, what is loaded now, off unloads it', async () => {
+    await options.reload();
+    const status = () => options.evaluate(() => document.querySelector('#keep-loaded-status').textContent);
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
+    assert.equal(await options.inputValue('#keep-loaded'), '300');
+    assert.equal(await status(), 'Nothing is loaded now.');
+    await h.generateOk(b.page, { prompt: 'a kettle', width: 256, height: 256, steps: 1, seed: '5' });
+    await options.reload();
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
+    assert.equal(await status(), 'Loaded now: text encoder, transformer, decoder.');
+    await options.selectOption('#keep-loaded', '0');
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent === 'Nothing is loaded now.');
+    assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.keepLoaded')), { 'imagine.keepLoaded': 0 });
+    assert.deepEqual(await h.api(b.page, { type: 'keepLoaded' }), { type: 'keepLoaded', seconds: 0, loaded: [] });
+    // A value set through the message API is shown as it is.
+    await h.api(b.page, { type: 'keepLoaded', seconds: 90 });
+    await options.reload();
+    await options.waitForFunction(() => document.querySelector('#keep-loaded').value === '90');
+    assert.equal(await options.evaluate(() => document.querySelector('#keep-loaded').selectedOptions[0].textContent), 'for 90 seconds after the last image');
+    await options.selectOption('#keep-loaded', '1800');
+    await options.waitForFunction(async () => (await chrome.storage.local.get('imagine.keepLoaded'))['imagine.keepLoaded'] === 1800);
+  });
+
+  await t.test('screenshots in light and dark', async () => {
+    await options.reload();
+    await report(options);
+    fs.mkdirSync(h.OUT, { recursive: true });
+    for (const scheme of ['light', 'dark']) {
+      await options.emulateMedia({ colorScheme: scheme });
+      await options.screenshot({ path: path.join(h.OUT, `options-${scheme}.png`), fullPage: true });
+    }
+    await options.emulateMedia({ colorScheme: null });
+  });
+
+  await t.test('delete model', async () => {
+    await options.waitForFunction(() => /^Installed: fixtures\/f32/.test(document.querySelector('#model-status').textContent));
+    // Asked first, saying what it costs; "Keep it" (focused) keeps it.
+    await options.click('#delete-pack');
+    await options.waitForSelector('#delete-confirm[open]');
+    assert.match(await options.textContent('#delete-confirm-text'), /^Delete the model \(.+\)\? Making images again means downloading it again/);
+    assert.equal(await options.evaluate(() => document.activeElement.id), 'delete-confirm-no');
+    await options.click('#delete-confirm-no');
+    await options.waitForSelector('#delete-confirm:not([open])', { state: 'attached' });
+    assert.equal((await h.packStatus(b.page)).installed, true);
+    await options.click('#delete-pack');
+    await options.click('#delete-confirm-yes');
+    await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'The model is not installed yet.');
+    assert.equal((await h.packStatus(b.page)).installed, false);
+    assert.equal(await options.isHidden('#delete-pack'), true);
+  });
+});
+
+test('the adapter is looked for with high-performance, then no preference, then low-power', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const url = h.gpuAdapterUrl();
+  const orders = await b.page.evaluate(async (url) => {
+    const { requestAnyAdapter } = await import(url);
+    // A stand-in GPU that offers an adapter for the preferences in `offers` only, and records the asks.
+    const ask = async (offers, options) => {
+      const asked = [];
+      const gpu = { async requestAdapter(o) { asked.push(o.powerPreference ?? 'none'); return offers.includes(o.powerPreference ?? 'none') ? { offered: o.powerPreference ?? 'none' } : null; } };
+      const found = await requestAnyAdapter(gpu, options);
+      return { asked, found: found.powerPreference, adapter: found.adapter?.offered ?? null };
+    };
+    return {
+      first: await ask(['high-performance', 'low-power']),
+      none: await ask(['none', 'low-power']),
+      low: await ask(['low-power']),
+      nothing: await ask([]),
+      askedLow: await ask(['high-performance', 'low-power'], { powerPreference: 'low-power' }),
+    };
+  }, url);
+  assert.deepEqual(orders.first, { asked: ['high-performance'], found: 'high-performance', adapter: 'high-performance' });
+  assert.deepEqual(orders.none, { asked: ['high-performance', 'none'], found: 'default', adapter: 'none' });
+  assert.deepEqual(orders.low, { asked: ['high-performance', 'none', 'low-power'], found: 'low-power', adapter: 'low-power' });
+  assert.deepEqual(orders.nothing, { asked: ['high-performance', 'none', 'low-power'], found: null, adapter: null });
+  assert.deepEqual(orders.askedLow, { asked: ['low-power'], found: 'low-power', adapter: 'low-power' });
+
+  // Patched as the stage workers patch it (for ONNX Runtime's own request): a real adapter although
+  // high-performance gives none.
+  const patched = await b.page.evaluate(async (url) => {
+    const asked = [];
+    const real = GPU.prototype.requestAdapter;
+    GPU.prototype.requestAdapter = function (o = {}) {
+      asked.push(o.powerPreference ?? 'none');
+      return o.powerPreference === 'high-performance' ? Promise.resolve(null) : real.call(this, o);
+    };
+    const { findAnyAdapter } = await import(url);
+    findAnyAdapter();
+    findAnyAdapter(); // idempotent: one level of fallback, not two
+    const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
+    const patchedAsked = asked.splice(0);
+    // The options page's probe, in a context patched so: it still says which preference found it.
+    const { requestAnyAdapter } = await import(url);
+    const found = await requestAnyAdapter(navigator.gpu);
+    return { asked: patchedAsked, isAdapter: adapter instanceof GPUAdapter, probe: found.powerPreference, probeAsked: asked };
+  }, url);
+  assert.deepEqual(patched, {
+    asked: ['high-performance', 'none'],
+    isAdapter: true,
+    probe: 'default',
+    probeAsked: ['high-performance', 'none'],
+  });
+});
+
+test('the device report says which preference found the adapter when high-performance finds none', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  // As on a GPU machine whose Chrome offers its GPU only for other preferences.
+  await b.context.addInitScript(() => {
+    const real = GPU.prototype.requestAdapter;
+    GPU.prototype.requestAdapter = function (o = {}) {
+      return o.powerPreference === 'high-performance' ? Promise.resolve(null) : real.call(this, o);
+    };
+  });
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  const r = await report(options);
+  assert.match(`${r['WebGPU adapter']} ${r.Description ?? ''}`, /swiftshader/i, JSON.stringify(r));
+  assert.equal(r['Found by asking for'], "the browser's default GPU (none for high performance)");
+});
+
+test('ONNX Runtime gets subgroup matrices only where its form of the WGSL compiles', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const url = h.gpuAdapterUrl();
+  const SM = 'chromium-experimental-subgroup-matrix';
+
+  // Stand-ins: an adapter offering an f16 16x16x16 configuration, the probe device compiling or not.
+  const cases = await b.page.evaluate(async ({ url, SM }) => {
+    const { requestDeviceOrtCanUse } = await import(url);
+    const adapter = { info: { subgroupMatrixConfigs: [{ componentType: 'u8', M: 8, N: 8, K: 32 }, { componentType: 'f16', M: 16, N: 16, K: 16 }] } };
+    const run = async (requiredFeatures, probe) => {
+      const asked = [];
+      const seen = { probeFeatures: null, code: null, destroyed: false };
+      const request = async function (descriptor) { asked.push(descriptor); return { features: new Set(descriptor.requiredFeatures) }; };
+      const openProbe = async (features) => {
+        seen.probeFeatures = features;
+        if (probe === 'throws') throw new Error('no such feature');
+        if (probe === 'none') return null;
+        return {
+          createShaderModule({ code }) {
+            seen.code = code;
+            return { getCompilationInfo: async () => ({ messages: probe === 'fails' ? [{ type: 'error', message: 'unresolved value row_major' }] : [{ type: 'warning', message: 'w' }] }) };
+          },
+          destroy() { seen.destroyed = true; },
+        };
+      };
+      const device = await requestDeviceOrtCanUse(adapter, { requiredFeatures, requiredLimits: { maxBufferSize: 1024 } }, request, openProbe);
+      return { asked, features: [...device.features], ...seen };
+    };
+    return {
+      notAsked: await run(['shader-f16'], 'fails'),
+      compiles: await run(['shader-f16', 'subgroups', SM, 'timestamp-query'], 'compiles'),
+      fails: await run(['shader-f16', 'subgroups', SM, 'timestamp-query'], 'fails'),
+      noProbeDevice: await run([SM], 'none'),
+      probeThrows: await run([SM], 'throws'),
+    };
+  }, { url, SM });
+  assert.deepEqual(cases.notAsked, { asked: [{ requiredFeatures: ['shader-f16'], requiredLimits: { maxBufferSize: 1024 } }], features: ['shader-f16'], probeFeatures: null, code: null, destroyed: false });
+  assert.deepEqual(cases.compiles.features, ['shader-f16', 'subgroups', SM, 'timestamp-query']);
+  assert.deepEqual(cases.compiles.probeFeatures, ['shader-f16', 'subgroups', SM]);
+  assert.equal(cases.compiles.destroyed, true);
+  // ORT's form, of the adapter's float configuration (16x16, f16 as the device gets shader-f16).
+  assert.match(cases.compiles.code, /^enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;\n/);
+  assert.match(cases.compiles.code, /subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>\(&data, 0, 16\)/);
+  assert.match(cases.compiles.code, /subgroupMatrixStore<row_major>\(&data, 0, m, 16\)/);
+  assert.deepEqual(cases.fails.asked, [{ requiredFeatures: ['shader-f16', 'subgroups', 'timestamp-query'], requiredLimits: { maxBufferSize: 1024 } }]);
+  assert.equal(cases.fails.destroyed, true);
+  assert.deepEqual(cases.noProbeDevice.features, []);
+  assert.deepEqual(cases.probeThrows.features, []);
+
+  // The real thing on SwiftShader: its compiler rejects the probe on a device without the feature and
+  // takes a plain shader; asked for a feature this adapter lacks, the patched requestDevice (as ORT
+  // calls it) opens the device without it; other requests pass through unchanged.
+  const real = await b.page.evaluate(async ({ url, SM }) => {
+    const { compiles, subgroupMatrixProbe, openDevicesOrtCanUse } = await import(url);
+    openDevicesOrtCanUse();
+    openDevicesOrtCanUse(); // idempotent
+    const plainDevice = await (await navigator.gpu.requestAdapter()).requestDevice();
+    const probe = await compiles(plainDevice, subgroupMatrixProbe());
+    const plain = await compiles(plainDevice, '@compute @workgroup_size(1) fn main() {}');
+    const adapter = await navigator.gpu.requestAdapter();
+    const offered = adapter.features.has(SM);
+    const device = await adapter.requestDevice({ requiredFeatures: [SM] });
+    return { probe, plain, offered, hasIt: device.features.has(SM), lost: await Promise.race([device.lost.then(() => true), new Promise((r) => setTimeout(() => r(false), 200))]) };
+  }, { url, SM });
+  assert.deepEqual(real, { probe: false, plain: true, offered: false, hasIt: false, lost: false });
+});
