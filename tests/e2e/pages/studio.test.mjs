@@ -136,6 +136,10 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
     new MutationObserver(() => window.__timing.push(el.textContent)).observe(el, { childList: true, characterData: true, subtree: true });
   });
   await page.click('#again');
+  // The last image stays on screen while the next one is made.
+  await page.waitForFunction(() => !document.querySelector('#cancel').hidden || document.querySelector('#generate').disabled);
+  assert.equal(await page.isVisible('#result'), true);
+  assert.equal(await page.getAttribute('#image', 'src'), first);
   await imageShown(page, first);
   const timing = await page.evaluate(() => window.__timing);
   assert.ok(timing.some((s) => /about \d+ s left/.test(s)), JSON.stringify(timing));
@@ -182,7 +186,7 @@ test('studio: 4 variations send count 4 and show the batch as a grid', { timeout
     const send = chrome.runtime.sendMessage.bind(chrome.runtime);
     chrome.runtime.sendMessage = (message) => {
       window.__sent.push(message);
-      if (message?.type === 'generate') return Promise.resolve({ type: 'jobStarted', job: 'batchjob', seed: '8' });
+      if (message?.type === 'generate') return Promise.resolve({ type: 'jobStarted', job: window.__job ?? 'batchjob', seed: '8' });
       return send(message);
     };
   });
@@ -214,6 +218,21 @@ test('studio: 4 variations send count 4 and show the batch as a grid', { timeout
   await page.waitForFunction(() => /seed 10/.test(document.querySelector('#meta').textContent));
   assert.equal(await page.getAttribute('#grid .thumb:nth-child(3)', 'aria-pressed'), 'true');
   await screenshots(page, 'studio-variations');
+
+  // A run that is cancelled before its first image leaves the last images on screen, with their actions.
+  const shown = await page.getAttribute('#image', 'src');
+  await page.evaluate(() => { window.__job = 'cancelledjob'; });
+  await page.click('#again');
+  await page.waitForFunction(() => !document.querySelector('#cancel').hidden);
+  assert.equal(await page.isVisible('#result'), true);
+  await broadcast({ type: 'cancelled', job: 'cancelledjob' });
+  await page.waitForFunction(() => /Cancelled/.test(document.querySelector('#progress').textContent));
+  assert.equal(await page.isVisible('#result'), true);
+  assert.equal(await page.getAttribute('#image', 'src'), shown);
+  assert.match(await page.textContent('#meta'), /seed 10/);
+  assert.equal(await page.locator('#grid .thumb img').count(), 4);
+  await page.click('#reuse-seed');
+  assert.equal(await page.inputValue('#seed'), '10');
 });
 
 test('side panel, shortcut, toolbar choice; the context menu shows its job in an open studio', { timeout: 600_000 }, async (t) => {

@@ -614,7 +614,7 @@ fn begin_run(run: Run) {
     });
     set_running(true);
     set_visible("run", true);
-    set_visible("result", false);
+    // The last image stays on screen, with its actions, until this run's first one arrives.
     set_text("progress", &i18n::t("starting"));
     show_stages(None);
     render_progress();

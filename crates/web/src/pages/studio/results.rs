@@ -11,33 +11,38 @@ use crate::pages::view::{child, document, element, from_template, set_text, set_
 use crate::platform::i18n;
 use crate::platform::js::Obj;
 
-/// The batch on screen.
+/// The batch on screen. A new run's batch replaces it only when its first image arrives: until then,
+/// and if the run is cancelled or fails, the last images stay on screen with their actions.
 #[derive(Debug, Clone, Default)]
 pub struct Results {
     slots: Vec<Option<GenerateResult>>,
     selected: usize,
+    /// The size of the batch a run has started, none of whose images has arrived yet.
+    next: Option<usize>,
 }
 
 impl Results {
     pub const fn new() -> Self {
-        Results { slots: Vec::new(), selected: 0 }
+        Results { slots: Vec::new(), selected: 0, next: None }
     }
 
-    /// A new batch of `count` images, none arrived yet.
+    /// A new batch of `count` images, none arrived yet: it replaces the one on screen with its first image.
     pub fn start(&mut self, count: usize) {
-        self.slots = vec![None; count];
-        self.selected = 0;
+        self.next = Some(count);
     }
 
     /// A batch that has ended: every image there, the first selected.
     pub fn finished(&mut self, results: Vec<GenerateResult>) {
         self.slots = results.into_iter().map(Some).collect();
         self.selected = 0;
+        self.next = None;
     }
 
     /// Makes room for `count` images (a job followed midway learns its count late).
     pub fn grow(&mut self, count: usize) {
-        if self.slots.len() < count {
+        if let Some(next) = self.next.as_mut() {
+            *next = (*next).max(count);
+        } else if self.slots.len() < count {
             self.slots.resize(count, None);
         }
     }
@@ -45,6 +50,10 @@ impl Results {
     /// Puts `result` in its slot and selects it while the selected slot is still empty or nothing
     /// before it has come; true when every slot is filled.
     pub fn arrive(&mut self, result: GenerateResult) -> bool {
+        if let Some(count) = self.next.take() {
+            self.slots = vec![None; count];
+            self.selected = 0;
+        }
         self.grow((result.count as usize).max(1));
         let slot = (result.index as usize).min(self.slots.len() - 1);
         self.slots[slot] = Some(result);
@@ -204,6 +213,23 @@ mod tests {
         assert!(results.arrive(result(2, 3)));
         results.select(2);
         assert_eq!(results.selected().map(|r| r.index), Some(2));
+    }
+
+    #[test]
+    fn the_last_images_stay_until_the_next_run_has_one() {
+        let mut results = Results::new();
+        results.finished(vec![result(0, 2), result(1, 2)]);
+        results.select(1);
+        results.start(4);
+        results.grow(4);
+        assert_eq!(
+            results.selected().map(|r| r.seed.as_str()),
+            Some("41"),
+            "shown while the next run starts"
+        );
+        assert!(!results.arrive(result(2, 4)));
+        assert_eq!(results.selected().map(|r| r.index), Some(2));
+        assert_eq!(results.slots.len(), 4);
     }
 
     #[test]
