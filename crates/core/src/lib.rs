@@ -36,7 +36,11 @@
 //! `tests/reference/reference.py` recomputes it independently); each module says where and why it
 //! departs from it.
 
-#![deny(missing_docs)]
+// The workspace denies `missing_docs` (Cargo.toml). `unwrap_used` is denied here rather than there
+// because xtask's tests unwrap; a panic would kill the wasm worker that runs this code.
+#![deny(clippy::unwrap_used)]
+// Tests may unwrap: a failing unwrap is a failing test, with the value in its message.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 // The message API is documented in README.md and on its types; its messages are built and
 // serialized one at a time, so the size of their largest variant does not matter.

@@ -17,6 +17,13 @@
 //! ORT opens its own `GPUDevice`: a device passed in is imported into a wgpu instance that cannot wait
 //! on it with timeouts, which ORT's synchronous downloads need (onnxruntime #32257).
 
+// The workspace denies `missing_docs` (Cargo.toml). `unwrap_used` is denied here rather than there
+// because xtask's tests unwrap; a panic in wasm silently kills the worker running the model. `expect`
+// panics the same way.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+// Tests may unwrap: a failing unwrap is a failing test, with the value in its message.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub use imagine_core::table_lookup::ElemType;
 pub use imagine_core::{DType, Dim, TensorInfo};
 use js_sys::{
@@ -98,7 +105,14 @@ pub enum OrtError {
     Ort(String),
     /// A tensor did not have the type the caller asked for.
     #[error("tensor `{name}` is {found}, expected {expected}")]
-    WrongType { name: String, found: String, expected: &'static str },
+    WrongType {
+        /// The tensor's name in the graph.
+        name: String,
+        /// Its element type, as ONNX names it.
+        found: String,
+        /// The type asked for.
+        expected: &'static str,
+    },
     /// `run` did not return an output the caller asked for.
     #[error("the graph returned no output named `{0}`")]
     MissingOutput(String),

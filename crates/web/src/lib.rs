@@ -21,6 +21,14 @@
 //! on). The internal channels between them are typed in [`platform::protocol`]. The pipeline itself lives in
 //! `imagine-core` (no web dependency) and ORT in `imagine-ort`.
 
+// The workspace denies `missing_docs` (Cargo.toml). `unwrap_used` is denied here rather than there
+// because xtask's tests unwrap; a panic in wasm silently kills the service worker or worker it
+// happens in, so errors must be handled, propagated or logged (`platform::js::LogError`). `expect`
+// panics the same way.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+// Tests may unwrap: a failing unwrap is a failing test, with the value in its message.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod background;
 pub mod offscreen;
 pub mod pages;

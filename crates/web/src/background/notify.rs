@@ -7,7 +7,7 @@ use wasm_bindgen_futures::JsFuture;
 
 use crate::platform::chrome;
 use crate::platform::i18n;
-use crate::platform::js::{JsError, Obj};
+use crate::platform::js::{settled, JsError, LogError, Obj};
 use crate::platform::protocol::StudioFocus;
 use crate::platform::side_panel;
 
@@ -106,9 +106,7 @@ pub fn service_worker_notification_click(id: String, panel: js_sys::Promise) -> 
         let opened = JsFuture::from(panel).await.ok().and_then(|v| v.as_bool()).unwrap_or(false);
         let tab = job.as_ref().map_or("studio.html".to_owned(), |job| format!("studio.html?job={job}"));
         side_panel::show(StudioFocus { job, ..Default::default() }, opened, &tab).await;
-        if let Ok(promise) = chrome::notifications_clear(&id) {
-            let _ = JsFuture::from(promise).await;
-        }
+        settled(chrome::notifications_clear(&id)).await.log_error(&format!("clearing the notification {id}"));
         Ok(JsValue::UNDEFINED)
     })
 }

@@ -28,9 +28,13 @@ pub fn job(id: &str) -> Key<JobState> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Download {
+    /// What was asked for: the pack's source and the backend it is for.
     pub request: InstallRequest,
+    /// Where the download is: checking, downloading, paused, failed, ...
     pub state: DownloadState,
+    /// The latest progress the download worker reported; `None` before its first report.
     pub progress: Option<DownloadProgress>,
+    /// Why it stopped, when it failed.
     pub error: Option<String>,
     /// `error` as a `_locales` message (absent in a download stored by an older version).
     #[serde(default)]
@@ -56,7 +60,7 @@ pub async fn set_job(id: &str, state: &JobState) {
         jobs.push(id.to_owned());
         while jobs.len() > KEPT_JOBS {
             // Its images stay in the gallery.
-            let _ = job(&jobs.remove(0)).remove().await;
+            job(&jobs.remove(0)).remove_or_log().await;
         }
         JOBS.set_or_log(&jobs).await;
     }

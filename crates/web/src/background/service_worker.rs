@@ -30,7 +30,7 @@ use crate::platform::gallery_store::{self, GalleryStoreError};
 use crate::platform::gpu;
 use crate::platform::hub_client::{self, FetchError};
 use crate::platform::i18n;
-use crate::platform::js::{from_js, get, random_u64, to_js, JsError, Obj};
+use crate::platform::js::{from_js, get, random_u64, settled, to_js, JsError, LogError, Obj};
 use crate::platform::messaging::{self, send};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
@@ -44,8 +44,10 @@ use crate::platform::storage;
 /// job's image could not be kept.
 #[derive(Debug, Error)]
 pub enum ServiceWorkerError {
+    /// A message from another extension, a content script or a web page.
     #[error("Imagine answers only its own pages")]
     Foreign,
+    /// A page sent an [`Event`], which only the offscreen document reports.
     #[error("events are reported by Imagine itself, not sent to it")]
     EventSent,
     /// Not a [`Request`] (serde says why: `unknown field ...`).
@@ -54,27 +56,35 @@ pub enum ServiceWorkerError {
     /// A pack source that cannot be used.
     #[error(transparent)]
     Source(#[from] HubError),
+    /// An `installPack` backend that is not a backend's name; the name given.
     #[error("backend {0:?} is not allowed: use \"webgpu\" or \"wasm\"")]
     Backend(String),
+    /// `generate` parameters out of range (size, steps, count, ...).
     #[error(transparent)]
     Params(#[from] ParamError),
     /// `what`: "pause", "resume".
     #[error("there is no download to {0}")]
     NoDownload(&'static str),
+    /// `deletePack` while the verified download is taking the installed pack's place.
     #[error("a new model pack is being installed right now: delete it once it is installed")]
     Installing,
+    /// `generate` with no pack installed.
     #[error("no model pack is installed yet: install one (installPack) before generating")]
     NoPack,
+    /// Asking the Hub for a pack's plan (`packPlan`).
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    /// Reading or writing the pack state, a pack or a private image in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
+    /// `chrome.offscreen.createDocument` failed (not because the document exists already).
     #[error("could not open the offscreen document: {0}")]
     OffscreenNotOpened(JsError),
     /// The offscreen document refused a command (its own typed error, as text: it crossed
     /// `sendMessage`).
     #[error("{0}")]
     Refused(ErrorText),
+    /// The offscreen document's answer was not an [`OffscreenReply`] (it closed, or nobody answered).
     #[error("the offscreen document did not answer")]
     NoAnswer,
     /// A `chrome.*` call failed.
@@ -83,6 +93,7 @@ pub enum ServiceWorkerError {
     /// A result whose PNG is not base64.
     #[error(transparent)]
     Image(#[from] base64::DecodeError),
+    /// Reading, writing or exporting the gallery.
     #[error(transparent)]
     Gallery(#[from] GalleryStoreError),
     /// A finished job whose image is gone from the gallery.
@@ -93,7 +104,12 @@ pub enum ServiceWorkerError {
         "the image was made but could not be kept ({error}); free some disk space and generate it again \
          with seed {seed}"
     )]
-    Unkept { error: ErrorText, seed: String },
+    Unkept {
+        /// Why it could not be written.
+        error: ErrorText,
+        /// The image's seed, as text (a u64 does not fit a JS number), to make it again.
+        seed: String,
+    },
     /// A job's state that `storage.session` did not take.
     #[error("the job's outcome could not be recorded: {0}")]
     NotRecorded(JsError),
@@ -102,7 +118,11 @@ pub enum ServiceWorkerError {
         "a download of {running} is running: wait for it, or pause or cancel it, before installing \
          another pack"
     )]
-    OtherDownload { running: String },
+    OtherDownload {
+        /// The running download's source: `repo@revision from endpoint`.
+        running: String,
+    },
+    /// `deletePack` while a job runs on the pack.
     #[error("an image is being made: delete the model pack once it is done, or cancel it first")]
     JobRunning,
     /// The offscreen document running or queueing a job closed or crashed before the job ended.
@@ -179,9 +199,7 @@ pub fn service_worker_boot() -> js_sys::Promise {
 #[wasm_bindgen(js_name = serviceWorkerInstalled)]
 pub fn service_worker_installed() -> js_sys::Promise {
     future_to_promise(async {
-        if let Ok(promise) = chrome::context_menus_remove_all() {
-            let _ = JsFuture::from(promise).await;
-        }
+        settled(chrome::context_menus_remove_all()).await.log_error("removing the context menu");
         let item = Obj::new()
             .set("id", MENU_ID)
             .set("title", i18n::t("menuImagineSelection"))
@@ -383,9 +401,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
 /// Starts the 30-second alarm `name` (again: a running one restarts its period).
 async fn set_alarm(name: &str) {
     let info = Obj::new().set("periodInMinutes", 0.5).build();
-    if let Ok(promise) = chrome::alarms_create(name, &info) {
-        let _ = JsFuture::from(promise).await;
-    }
+    settled(chrome::alarms_create(name, &info)).await.log_error(&format!("starting the alarm {name}"));
 }
 
 async fn plan(source: PackSource) -> Result<PackPlan, ServiceWorkerError> {
@@ -454,9 +470,7 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
 }
 
 async fn clear_alarm(name: &str) {
-    if let Ok(promise) = chrome::alarms_clear(name) {
-        let _ = JsFuture::from(promise).await;
-    }
+    settled(chrome::alarms_clear(name)).await.log_error(&format!("clearing the alarm {name}"));
 }
 
 /// Restarts an active download whose worker is gone; the worker resumes from what it saved. Holds the
@@ -476,7 +490,9 @@ async fn resume_if_stalled() {
         _ => false,
     };
     if !running {
-        let _ = command(&OffscreenCommand::InstallPack { request: download.request }).await;
+        command(&OffscreenCommand::InstallPack { request: download.request })
+            .await
+            .log_error("resuming the download");
     }
 }
 
@@ -675,9 +691,9 @@ async fn ensure_offscreen() -> Result<(), ServiceWorkerError> {
 /// Keeps the latest state of jobs and installs, from the events the offscreen document broadcasts.
 async fn record(event: Event) {
     if let Some(text) = event.badge() {
-        if let Ok(promise) = chrome::action_set_badge_text(&Obj::new().set("text", text).build()) {
-            let _ = JsFuture::from(promise).await;
-        }
+        settled(chrome::action_set_badge_text(&Obj::new().set("text", text).build()))
+            .await
+            .log_error("setting the badge");
     }
     // Each job event reads the job's state and writes it back; one at a time, so that no result of a
     // batch is lost to the progress event that follows it.

@@ -34,8 +34,10 @@ const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// Why a conversion stopped.
 #[derive(Debug, Error)]
 pub enum ConvertError {
+    /// Reading a float16 source, or writing a float32 file or the saved state, in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
+    /// A graph or a piece of weights that cannot be converted as planned.
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
     /// A converted file that read back differently twice.
@@ -43,13 +45,23 @@ pub enum ConvertError {
     Corrupt(String),
     /// A source file shorter than the graph says.
     #[error("{file} ends before byte {end}, where the graph's tensor {tensor} ends")]
-    ShortSource { file: String, end: u64, tensor: String },
+    ShortSource {
+        /// The float16 source file.
+        file: String,
+        /// The byte offset the tensor ends at.
+        end: u64,
+        /// The tensor's name in the graph.
+        tensor: String,
+    },
 }
 
 /// Progress: bytes written of the total, per file.
 pub struct ConvertProgress {
+    /// Float32 bytes written so far, all files together.
     pub done_bytes: u64,
+    /// Float32 bytes to write in all.
     pub total_bytes: u64,
+    /// Each new file (rewritten graph or float32 weights): its size, bytes written, and whether it is done.
     pub files: Vec<FileProgress>,
 }
 
@@ -153,7 +165,7 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
     /// Saves the state (the previous one stays readable until the write is whole: a torn state is
     /// unreadable, which starts the conversion over, and that is always correct).
     fn save(&self) -> Result<(), OpfsError> {
-        let bytes = serde_json::to_vec(&self.state).expect("the conversion state always serializes");
+        let bytes = opfs::json_bytes(&self.state, CONVERSION_STATE_FILE)?;
         self.state_file.truncate(0)?;
         self.state_file.write_at(&bytes, 0)?;
         self.state_file.flush()

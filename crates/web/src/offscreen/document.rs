@@ -30,7 +30,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
-use crate::platform::js::{from_js, now_ms, to_js, JsError};
+use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
 use crate::platform::messaging::broadcast;
 use crate::platform::opfs::OpfsError;
 use crate::platform::protocol::{
@@ -41,8 +41,10 @@ use crate::platform::protocol::{
 /// Why a command, a job or an install failed in the offscreen document.
 #[derive(Debug, Error)]
 pub enum OffscreenError {
+    /// A command came from another sender than the service worker (a page); it is refused.
     #[error("offscreen: commands are taken from the service worker only")]
     NotFromServiceWorker,
+    /// A message for this document that is not an [`OffscreenCommand`].
     #[error("offscreen: bad command: {0}")]
     BadCommand(ProtocolError),
     /// A worker could not be started or linked.
@@ -51,29 +53,57 @@ pub enum OffscreenError {
     /// A message to or from a worker.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
+    /// Reading or writing the pack's files or the embedding cache in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
     /// What a worker reported (its own typed error, as text: it crossed `postMessage`).
     #[error("{0}")]
     Reported(ErrorText),
+    /// A worker threw an error it did not catch (its `error` event).
     #[error("{script} crashed: {message}")]
-    Crashed { script: String, message: String },
+    Crashed {
+        /// The worker's script (`stage-worker.js`, `download-worker.js`, ...).
+        script: String,
+        /// The error event's message.
+        message: String,
+    },
+    /// The stage worker's inbox closed without a report: it is gone.
     #[error("the stage worker stopped unexpectedly")]
     StageStopped,
     /// A stage reported nothing for longer than it may ([`stall_limit_ms`]); its worker was ended.
     #[error("the {} made no progress for {seconds} s and was stopped", stage_name(*.stage))]
-    Stalled { stage: Stage, seconds: u64 },
+    Stalled {
+        /// The stage that went quiet.
+        stage: Stage,
+        /// Its stall limit, in seconds.
+        seconds: u64,
+    },
+    /// A stage worker's `Done` carried another stage's output (a bug); the stage it was asked for.
     #[error("internal: the {0} worker handed on another stage's output")]
     WrongOutput(&'static str),
+    /// A stage handed on no buffer where the next one needs it (a bug).
     #[error("internal: a stage handed on nothing")]
     NoOutput,
     /// A file shipped with the extension (the tokenizer) could not be read.
     #[error("reading {path}: {source}")]
-    Asset { path: &'static str, source: JsError },
+    Asset {
+        /// Its path in the extension.
+        path: &'static str,
+        /// `fetch`'s or the body's error.
+        source: JsError,
+    },
+    /// A file shipped with the extension answered with an error status (missing from the build).
     #[error("reading {path}: HTTP {status}")]
-    AssetStatus { path: &'static str, status: u16 },
+    AssetStatus {
+        /// Its path in the extension.
+        path: &'static str,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The shipped tokenizer files could not be loaded into a [`PromptEncoder`].
     #[error("loading the tokenizer failed: {0}")]
     Tokenizer(PromptError),
+    /// The prompt could not be tokenized.
     #[error("encoding the prompt failed: {0}")]
     Prompt(PromptError),
 }
@@ -931,7 +961,8 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 }
                 let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
                 if let Some(worker) = worker {
-                    let _ = protocol::post(&worker, &DownloadCommand::Swap, None);
+                    protocol::post(&worker, &DownloadCommand::Swap, None)
+                        .log_error("asking the download worker to swap");
                 }
             }
             Ok(DownloadReport::Installed { pack }) => {

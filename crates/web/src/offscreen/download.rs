@@ -39,7 +39,7 @@ use crate::offscreen::convert::{self, ConvertError, ConvertProgress};
 use crate::offscreen::hasher::{HashError, HashWorker};
 use crate::platform::gpu::{self, GpuError};
 use crate::platform::hub_client::{self, check_status, FetchError, KeptFiles};
-use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError};
+use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError, LogError};
 use crate::platform::opfs::{self, OpfsError, PackRecord, Slot, SyncFile};
 use crate::platform::protocol::{self, DownloadCommand, DownloadReport, ProtocolError};
 
@@ -60,6 +60,7 @@ pub enum DownloadError {
     /// A bad source, too little space, a file that does not verify.
     #[error(transparent)]
     Hub(#[from] HubError),
+    /// Asking the Hub for the revision, the listing or a small file (the plan's requests).
     #[error(transparent)]
     Fetch(#[from] FetchError),
     /// An OPFS operation failed (running out of storage is [`DownloadError::NoSpace`]).
@@ -71,50 +72,99 @@ pub enum DownloadError {
          disk, then resume."
     )]
     NoSpace(OpfsError),
+    /// The hash worker failed, or the link to it broke.
     #[error(transparent)]
     Hash(#[from] HashError),
+    /// No WebGPU adapter to check the pack against, or a tensor too large for it.
     #[error(transparent)]
     Gpu(#[from] GpuError),
     /// Converting the float16 graphs to float32 for this GPU failed.
     #[error(transparent)]
     Convert(#[from] ConvertError),
+    /// A message from the offscreen document that is not a [`DownloadCommand`], or one that could not
+    /// be posted.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     /// A resumed request answered from another offset (transient).
     #[error("{url} answered a range that does not start at {start}")]
-    RangeMismatch { url: String, start: u64 },
+    RangeMismatch {
+        /// The file's URL.
+        url: String,
+        /// The byte the request asked to start from.
+        start: u64,
+    },
     /// A response without a body (transient).
     #[error("{url} sent no body")]
-    NoBody { url: String },
+    NoBody {
+        /// The file's URL.
+        url: String,
+    },
     /// The body of a pack file stopped coming (transient).
     #[error("downloading {path} was interrupted: {source}")]
-    Interrupted { path: String, source: JsError },
+    Interrupted {
+        /// The file's path in the pack.
+        path: String,
+        /// The failed read's error.
+        source: JsError,
+    },
     /// The server's file is longer than the listing says.
     #[error(
         "{url} sent more than the {size} bytes the Hub lists for {path}: the server's copy differs from the \
          listing, so the download stopped"
     )]
-    TooLong { url: String, path: String, size: u64 },
+    TooLong {
+        /// The file's URL.
+        url: String,
+        /// The file's path in the pack.
+        path: String,
+        /// The size the listing gives, in bytes.
+        size: u64,
+    },
     /// The server's file is shorter than the listing says.
     #[error(
         "{url} ended {path} after {offset} of the {size} bytes the Hub lists: the server's copy differs from \
          the listing, so the download stopped"
     )]
-    TooShort { url: String, path: String, offset: u64, size: u64 },
+    TooShort {
+        /// The file's URL.
+        url: String,
+        /// The file's path in the pack.
+        path: String,
+        /// Where the body ended, in bytes from the file's start.
+        offset: u64,
+        /// The size the listing gives, in bytes.
+        size: u64,
+    },
     /// The response's headers announce another length than the listing's.
     #[error(
         "{url} serves {path} as {total} bytes, the Hub lists {size}: the server's copy differs from the \
          listing, so the download stopped"
     )]
-    OtherLength { url: String, path: String, total: u64, size: u64 },
+    OtherLength {
+        /// The file's URL.
+        url: String,
+        /// The file's path in the pack.
+        path: String,
+        /// The length the response's headers announce, in bytes.
+        total: u64,
+        /// The size the listing gives, in bytes.
+        size: u64,
+    },
     /// Transient failures in a row that saved nothing new; `last` is the last of them.
     #[error(
         "{last}; gave up after {attempts} attempts in a row that saved nothing new (resume to try again)"
     )]
-    GaveUp { last: Box<DownloadError>, attempts: u32 },
+    GaveUp {
+        /// The last attempt's failure.
+        last: Box<DownloadError>,
+        /// How many attempts in a row saved nothing new.
+        attempts: u32,
+    },
     /// A file downloaded twice that does not match the listing either time.
     #[error("{0}; it failed verification twice, so the download stopped")]
     Corrupt(HubError),
+    /// The pack state names another staging slot than the one downloaded into (another context
+    /// installed or deleted a pack meanwhile); nothing is swapped.
     #[error("the model storage changed during the download: resume to download again")]
     StorageChanged,
     /// A step of the protocol with the offscreen document that did not happen.
@@ -529,7 +579,9 @@ impl Download {
             // it can be saved (the failure is what gets reported either way).
             if self.hasher.checkpoint_asked() {
                 if let Ok(checkpoint) = self.hasher.wait_checkpoint().await {
-                    let _ = self.save_checkpoint(index, checkpoint).await;
+                    self.save_checkpoint(index, checkpoint)
+                        .await
+                        .warn_on_error("saving the checkpoint before the failure");
                 }
             }
         }
@@ -750,14 +802,17 @@ impl RecordStore {
     ) -> Result<(), OpfsError> {
         self.sequence += 1;
         let stored = StoredRecord { sequence: self.sequence, record: record.clone() };
-        let bytes = serde_json::to_vec(&stored).expect("the download record always serializes");
-        if self.slots.is_none() {
+        let slot = (self.sequence % 2) as usize;
+        let bytes = opfs::json_bytes(&stored, RECORD_SLOTS[slot])?;
+        let slots = match &mut self.slots {
+            Some(slots) => slots,
             // Kept open for the whole download: a save is then three synchronous calls.
-            let [a, b] = RECORD_SLOTS;
-            self.slots = Some([SyncFile::open(dir, a).await?, SyncFile::open(dir, b).await?]);
-        }
-        let slots = self.slots.as_ref().expect("opened above");
-        let file = &slots[(self.sequence % 2) as usize];
+            none => {
+                let [a, b] = RECORD_SLOTS;
+                none.insert([SyncFile::open(dir, a).await?, SyncFile::open(dir, b).await?])
+            }
+        };
+        let file = &slots[slot];
         file.truncate(0)?;
         file.write_at(&bytes, 0)?;
         file.flush()

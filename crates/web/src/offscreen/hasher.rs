@@ -28,10 +28,13 @@ pub enum HashError {
     /// A checkpoint the hash state cannot be restored from.
     #[error(transparent)]
     Checkpoint(#[from] HubError),
+    /// A message on the link that is not of its type, or one that could not be posted.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
+    /// A [`HashCommand::Data`] came without its buffer (hash worker side).
     #[error("hash worker: data without a buffer")]
     NoData,
+    /// A [`HashReport::Buffer`] came without the buffer (download worker side).
     #[error("the hash worker returned no buffer")]
     NoBuffer,
     /// What the hash worker reported (its own [`HashError`], as text: it crossed `postMessage`).
@@ -39,10 +42,19 @@ pub enum HashError {
     Reported(ErrorText),
     /// A reply nothing asked for (`reply` as Rust prints it).
     #[error("the hash worker sent {reply} unasked")]
-    Unasked { reply: String },
+    Unasked {
+        /// The reply, as Rust debug-prints it.
+        reply: String,
+    },
     /// Another reply than the one due (`when`: "to a reset", "where a digest was due").
     #[error("the hash worker answered {reply} {when}")]
-    Unexpected { reply: String, when: &'static str },
+    Unexpected {
+        /// The reply, as Rust debug-prints it.
+        reply: String,
+        /// What was due instead.
+        when: &'static str,
+    },
+    /// The link to the hash worker closed: it is gone.
     #[error("the hash worker stopped")]
     Stopped,
 }
@@ -264,12 +276,14 @@ impl HashWorker {
     /// The checkpoint asked for, waiting for its answer if need be (after a failed request, so that
     /// what was read before the failure still counts).
     pub async fn wait_checkpoint(&mut self) -> Result<HashCheckpoint, HashError> {
-        while self.checkpoint.is_none() {
+        loop {
+            if let Some(checkpoint) = self.checkpoint.take() {
+                self.checkpoint_asked = false;
+                return Ok(checkpoint);
+            }
             let message = self.next().await?;
             self.accept_unasked(message)?;
         }
-        self.checkpoint_asked = false;
-        Ok(self.checkpoint.take().expect("checked above"))
     }
 
     /// The SHA-256 of everything sent since the last reset.

@@ -33,7 +33,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
 use crate::platform::gpu::{self, GpuError};
-use crate::platform::js::{now_ms, time_origin_ms, JsError};
+use crate::platform::js::{now_ms, time_origin_ms, JsError, LogError};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
@@ -42,26 +42,53 @@ use crate::platform::protocol::{
 /// Why a stage could not run.
 #[derive(Debug, Error)]
 pub enum StageWorkerError {
+    /// A message to this worker that is not a [`StageTask`].
     #[error("not a stage task: {0}")]
     NotATask(ProtocolError),
+    /// No pack is installed (it was deleted after the job was accepted).
     #[error("no model pack is installed: install one first")]
     NoPack,
+    /// Reading the pack's files in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
     /// A graph of the installed pack that breaks the pack contract.
     #[error("{graph}: {source}")]
-    Graph { graph: String, source: PackError },
+    Graph {
+        /// The graph's file name.
+        graph: String,
+        /// What of the contract it breaks.
+        source: PackError,
+    },
     /// A graph that could not be edited before its session is created (tables taken out, blocks of 32):
     /// it is not a readable ONNX model.
     #[error("{graph}: {source}")]
-    GraphEdit { graph: String, source: imagine_core::f32_rewrite::RewriteError },
+    GraphEdit {
+        /// The graph's file name.
+        graph: String,
+        /// Why the edit failed.
+        source: imagine_core::f32_rewrite::RewriteError,
+    },
     /// A file a graph's external data is in.
     #[error("{graph} needs {file}: {source}")]
-    ExternalData { graph: String, file: String, source: Box<OpfsError> },
+    ExternalData {
+        /// The graph's file name.
+        graph: String,
+        /// The external-data file it names.
+        file: String,
+        /// Why that file could not be opened.
+        source: Box<OpfsError>,
+    },
+    /// No WebGPU adapter, or one the chosen graph cannot run on.
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// ORT could not create the session.
     #[error("loading {graph} failed: {source}")]
-    Load { graph: String, source: OrtError },
+    Load {
+        /// The graph's file name.
+        graph: String,
+        /// ORT's error.
+        source: OrtError,
+    },
     /// The pipeline itself (a graph that does not fit the contract, a failed run).
     #[error(transparent)]
     Stage(#[from] StageError),
@@ -332,7 +359,7 @@ impl Stage {
         match kept {
             Some(kept) => *kept = Some(self),
             None => {
-                let _ = self.session.release().await;
+                self.session.release().await.log_error("releasing the session");
             }
         }
         timing
@@ -340,7 +367,7 @@ impl Stage {
 
     /// Releases the session.
     async fn close(self) {
-        let _ = self.session.release().await;
+        self.session.release().await.log_error("releasing the session");
     }
 }
 

@@ -12,7 +12,7 @@ use imagine_core::api::{Event, GalleryListRequest, Reply, Request};
 use imagine_core::gallery::{self, GalleryItem, EXPORT_DIR, EXPORT_FILE, GALLERY_DIR};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{spawn_local, JsFuture};
+use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
 use crate::pages::view::{
@@ -20,7 +20,7 @@ use crate::pages::view::{
     show_png,
 };
 use crate::platform::i18n::{self, t, t_args};
-use crate::platform::js::{from_js, sleep_ms};
+use crate::platform::js::{from_js, settled, sleep_ms, LogError};
 use crate::platform::messaging::request;
 use crate::platform::opfs;
 use crate::platform::settings::Reuse;
@@ -268,9 +268,7 @@ async fn reuse() {
     }
     set_text("viewer-status", &t("galleryReused"));
     // Opens the toolbar popup where the browser allows it; otherwise the settings wait there.
-    if let Ok(promise) = crate::platform::chrome::action_open_popup() {
-        let _ = JsFuture::from(promise).await;
-    }
+    settled(crate::platform::chrome::action_open_popup()).await.warn_on_error("opening the popup");
 }
 
 async fn delete_viewed() {

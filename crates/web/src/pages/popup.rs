@@ -13,7 +13,7 @@ use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAr
 
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
-use crate::platform::js::from_js;
+use crate::platform::js::{from_js, LogError};
 use crate::platform::messaging::request;
 use crate::platform::settings;
 use crate::platform::storage;
@@ -42,7 +42,7 @@ pub fn popup_main() {
     on("open-studio", "click", |_| {
         crate::platform::side_panel::open_from_click(|| {
             if let Some(window) = web_sys::window() {
-                let _ = window.close();
+                window.close().log_error("closing the popup");
             }
         })
     });
@@ -272,7 +272,7 @@ async fn generate() {
     match request(&Request::Generate(generate)).await {
         Reply::JobStarted { job, .. } => {
             if let Some(storage) = storage() {
-                let _ = storage.set_item(JOB_KEY, &job);
+                storage.set_item(JOB_KEY, &job).warn_on_error("remembering the job");
             }
             show_job(job);
             set_text("progress", &i18n::t("starting"));

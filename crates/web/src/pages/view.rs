@@ -8,9 +8,9 @@ use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
 
 use crate::platform::i18n;
 
-/// The page's document.
+/// The page's document (`globalThis.document`, which every page has; workers never come here).
 pub fn document() -> Document {
-    web_sys::window().and_then(|w| w.document()).expect("pages have a document")
+    crate::platform::js::get(&js_sys::global(), "document").unchecked_into()
 }
 
 /// The element with `id`, which the page's HTML must have.
@@ -132,6 +132,7 @@ pub fn describe(progress: &Progress) -> String {
 
 /// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#save-png`.
 pub struct JobView {
+    /// The id of the job shown.
     pub job: String,
 }
 
@@ -185,6 +186,7 @@ impl JobView {
         }
     }
 
+    /// Shows `error` in place of the progress.
     pub fn show_error(&self, error: &str) {
         set_text("progress", "");
         set_text("error", error);

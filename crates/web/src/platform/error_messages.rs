@@ -50,6 +50,7 @@ impl Localize for OpfsError {
             OpfsError::QuotaExceeded { op, name, detail: text } => {
                 detail(Arg::Message(op.message(name)), arg(text))
             }
+            OpfsError::Encode { .. } => Message::text(self),
             OpfsError::UnreadableState(e) => {
                 Message::new("errOpfsUnreadableState", [arg(format!("{PACKS_DIR}/{STATE_FILE}")), arg(e)])
             }

@@ -25,8 +25,10 @@ use crate::platform::opfs::{self, OpfsError};
 /// Why a gallery request failed.
 #[derive(Debug, Error)]
 pub enum GalleryStoreError {
+    /// A request the gallery refuses (a bad id, a value out of range), or an index it cannot read.
     #[error(transparent)]
     Gallery(#[from] GalleryError),
+    /// Reading or writing the images, the index or the export in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
 }

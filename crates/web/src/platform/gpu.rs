@@ -16,22 +16,35 @@ use crate::platform::js::{get, JsError};
 /// What keeps this browser or GPU from running a pack on WebGPU; each message says what to do.
 #[derive(Debug, Error)]
 pub enum GpuError {
+    /// `navigator.gpu` is missing: no WebGPU in this browser or context.
     #[error(
         "WebGPU is not available in this browser (navigator.gpu is missing). Use a browser with WebGPU, or \
          choose the wasm backend."
     )]
     NoWebGpu,
+    /// `requestAdapter` threw or rejected.
     #[error("requesting a WebGPU adapter failed: {0}")]
     Adapter(JsError),
+    /// `requestAdapter` answered `null` for every power preference.
     #[error("no WebGPU adapter is available on this device. Choose the wasm backend instead.")]
     NoAdapter,
     /// `what` (a graph) uses float16, the adapter lacks `shader-f16`, and the installed pack has no
     /// float32 conversion for this adapter.
     #[error("{what} uses float16, but {NO_F16}")]
-    NoF16 { what: String },
+    NoF16 {
+        /// The graph's file name.
+        what: String,
+    },
     /// A tensor larger than a buffer may be on this GPU.
     #[error("the model has a {largest_tensor}-byte tensor, but this GPU's {limit} is {available} bytes")]
-    Limit { limit: &'static str, largest_tensor: u64, available: u64 },
+    Limit {
+        /// The WebGPU limit's name: `maxBufferSize` or `maxStorageBufferBindingSize`.
+        limit: &'static str,
+        /// The model's largest tensor, in bytes.
+        largest_tensor: u64,
+        /// The adapter's value of that limit, in bytes.
+        available: u64,
+    },
 }
 
 const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and the installed pack was not \
@@ -114,14 +127,19 @@ pub fn check_limits(limits: Limits, largest_tensor: u64) -> Result<(), GpuError>
 /// What the options page reports about this device before anything is downloaded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceReport {
-    /// `GPUAdapterInfo`: vendor, architecture, description (each may be empty).
+    /// `GPUAdapterInfo.vendor` (may be empty, as each of these three).
     pub vendor: String,
+    /// `GPUAdapterInfo.architecture`.
     pub architecture: String,
+    /// `GPUAdapterInfo.description`.
     pub description: String,
     /// The power preference that found it: `high-performance`, `default` (none) or `low-power`.
     pub power_preference: String,
+    /// The adapter has `shader-f16` (float16 graphs run as they are).
     pub shader_f16: bool,
+    /// The adapter's `maxBufferSize`, in bytes.
     pub max_buffer_size: u64,
+    /// The adapter's `maxStorageBufferBindingSize`, in bytes.
     pub max_storage_buffer_binding_size: u64,
 }
 

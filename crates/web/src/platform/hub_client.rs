@@ -24,41 +24,89 @@ use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError};
 pub enum FetchError {
     /// The request never got an answer (transient).
     #[error("could not reach {url} ({source}): offline, or the server is down?")]
-    Unreachable { url: String, source: JsError },
+    Unreachable {
+        /// The URL asked for.
+        url: String,
+        /// `fetch`'s rejection.
+        source: JsError,
+    },
     /// A 404 (fatal).
     #[error("{url} was not found (HTTP 404)")]
-    NotFound { url: String },
+    NotFound {
+        /// The URL asked for.
+        url: String,
+    },
     /// Another status than success: transient for 408, 429 and 5xx, fatal otherwise.
     #[error("{url} answered HTTP {status}")]
-    Http { url: String, status: u16 },
+    Http {
+        /// The URL asked for.
+        url: String,
+        /// The HTTP status of the answer.
+        status: u16,
+    },
     /// The body stopped coming (transient).
     #[error("downloading {url} was interrupted: {source}")]
-    Interrupted { url: String, source: JsError },
+    Interrupted {
+        /// The URL whose body was being read.
+        url: String,
+        /// The failed read's error.
+        source: JsError,
+    },
     /// Nothing came, neither the answer nor more of its body, for the idle timeout, with the connection
     /// open (transient: the request is made again).
     #[error("{url} sent nothing for {seconds} s, so the request was given up")]
-    Stalled { url: String, seconds: u64 },
+    Stalled {
+        /// The URL asked for.
+        url: String,
+        /// The idle timeout that ran out, in seconds.
+        seconds: u64,
+    },
     /// An answer larger than it may be (fatal).
     #[error("{url} sent more than the {cap} bytes allowed for it")]
-    TooLarge { url: String, cap: u64 },
+    TooLarge {
+        /// The URL asked for.
+        url: String,
+        /// The most bytes allowed for it (its listed size, or a cap for Hub JSON).
+        cap: u64,
+    },
     /// A file list longer than any pack's (fatal).
     #[error("the file list of {repo} goes on past {pages} pages")]
-    TooManyPages { repo: String, pages: usize },
+    TooManyPages {
+        /// The Hub repository (`owner/name`).
+        repo: String,
+        /// The most pages read ([`hub::MAX_TREE_PAGES`]).
+        pages: usize,
+    },
     /// A file list larger than any pack's, all pages together (fatal).
     #[error(
         "the file list of {repo} holds more than the {cap} bytes allowed for it, all pages together (a \
          pack's lists a few dozen files in a few kB)"
     )]
-    ListingTooLarge { repo: String, cap: u64 },
+    ListingTooLarge {
+        /// The Hub repository (`owner/name`).
+        repo: String,
+        /// The most bytes allowed ([`hub::MAX_LISTING_BYTES`]).
+        cap: u64,
+    },
     /// Transient failures of one Hub request in a row; `last` is the last of them (fatal).
     #[error("{last}; gave up after {attempts} attempts")]
-    GaveUp { last: Box<FetchError>, attempts: u32 },
+    GaveUp {
+        /// The last attempt's failure.
+        last: Box<FetchError>,
+        /// How many attempts were made.
+        attempts: u32,
+    },
     /// An answer that is not what the Hub sends, or a file that breaks the plan (fatal).
     #[error(transparent)]
     Hub(#[from] HubError),
     /// A fetched graph that breaks the pack contract (fatal).
     #[error("{graph}: {source}")]
-    Graph { graph: String, source: PackError },
+    Graph {
+        /// The graph's file name.
+        graph: String,
+        /// What of the contract it breaks.
+        source: PackError,
+    },
     /// A float16 pack that cannot be converted to float32 for this GPU (fatal).
     #[error("this GPU has no shader-f16, and the pack cannot be converted to float32 for it: {0}")]
     Conversion(#[from] PackConversionError),
@@ -331,7 +379,9 @@ pub async fn fetch_verified(
 /// Small files of an earlier attempt, already verified, with the commit they belong to.
 #[derive(Debug, Default)]
 pub struct KeptFiles {
+    /// The commit the files were fetched at; at another commit none of them is used.
     pub commit: String,
+    /// The files' bytes by their path in the repository.
     pub files: HashMap<String, Vec<u8>>,
 }
 

@@ -5,6 +5,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
+use crate::background::service_worker::ServiceWorkerError;
+use crate::offscreen::download::DownloadError;
+use crate::platform::opfs::OpfsError;
 use crate::platform::protocol::ProtocolError;
 
 /// An error thrown or rejected by JS (a browser API, a promise), as the Rust side keeps it: its
@@ -42,10 +45,14 @@ impl From<&JsValue> for JsError {
     }
 }
 
-/// Converts a Rust value to a plain JS object (through JSON, so u64 sizes stay numbers).
+/// Converts a Rust value to a plain JS object (through JSON, so u64 sizes stay numbers). The types
+/// sent are plain data that always serialize; one that did not would be logged and sent as `undefined`
+/// rather than kill the context.
 pub fn to_js<T: Serialize>(value: &T) -> JsValue {
-    let text = serde_json::to_string(value).expect("API types always serialize");
-    JSON::parse(&text).expect("serde_json writes valid JSON")
+    let text = serde_json::to_string(value).map_err(|e| JsValue::from_str(&e.to_string()));
+    text.and_then(|text| JSON::parse(&text))
+        .log_error("converting a value to JS")
+        .unwrap_or(JsValue::UNDEFINED)
 }
 
 /// Converts a plain JS object to a Rust value.
@@ -74,16 +81,19 @@ pub fn get_f64(object: &JsValue, key: &str) -> Option<f64> {
 pub struct Obj(Object);
 
 impl Obj {
+    /// An empty object.
     pub fn new() -> Self {
         Obj(Object::new())
     }
 
+    /// Sets `key` to `value`.
     pub fn set(self, key: &str, value: impl Into<JsValue>) -> Self {
         // Defining a property on a fresh plain object cannot fail.
         let _ = Reflect::set(&self.0, &key.into(), &value.into());
         self
     }
 
+    /// The object built.
     pub fn build(self) -> JsValue {
         self.0.into()
     }
@@ -99,8 +109,13 @@ impl Default for Obj {
 pub fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     let crypto = get(&js_sys::global(), "crypto").unchecked_into::<web_sys::Crypto>();
-    crypto.get_random_values_with_u8_array(&mut bytes).expect("crypto.getRandomValues is always available");
-    u64::from_le_bytes(bytes)
+    if crypto.get_random_values_with_u8_array(&mut bytes).log_error("crypto.getRandomValues").is_some() {
+        return u64::from_le_bytes(bytes);
+    }
+    // It refuses only more than 64 KiB at once, never these 8 bytes. Should it fail all the same,
+    // `Math.random` is random enough for what this draws (seeds, job ids, retry jitter).
+    let half = || (js_sys::Math::random() * 4_294_967_296.0) as u64;
+    (half() << 32) | half()
 }
 
 /// Milliseconds from `performance.now()`.
@@ -125,4 +140,70 @@ pub async fn sleep_ms(ms: u64) {
         let _ = set_timeout.call2(&global, &resolve, &JsValue::from_f64(ms as f64));
     });
     let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+}
+
+/// The outcome of a `catch` binding that returns a promise (most `chrome.*` calls): its throw or its
+/// rejection as the error, else what it resolved to.
+pub async fn settled(call: Result<js_sys::Promise, JsValue>) -> Result<JsValue, JsValue> {
+    wasm_bindgen_futures::JsFuture::from(call?).await
+}
+
+/// An error that [`LogError`] can log: a JS value as the console shows it (an `Error` with its stack),
+/// or one of this crate's errors as its text.
+pub trait Loggable {
+    /// What goes to the console after the context.
+    fn console_value(&self) -> JsValue;
+}
+
+impl Loggable for JsValue {
+    fn console_value(&self) -> JsValue {
+        self.clone()
+    }
+}
+
+/// `Loggable` by their `Display` text. Listed one by one: a blanket impl over `Display` would
+/// overlap the one for `JsValue`.
+macro_rules! loggable_by_display {
+    ($($error:ty),* $(,)?) => {
+        $(impl Loggable for $error {
+            fn console_value(&self) -> JsValue {
+                JsValue::from_str(&self.to_string())
+            }
+        })*
+    };
+}
+
+loggable_by_display!(
+    JsError,
+    ProtocolError,
+    OpfsError,
+    ServiceWorkerError,
+    DownloadError,
+    imagine_ort::OrtError
+);
+
+/// For a `Result` whose failure changes nothing for the caller but must not pass unseen (a `chrome.*`
+/// call, a storage write, a `postMessage`, closing a file or a page): logs the error in the context's
+/// console as `imagine: <context>:` and the error, where `let _ =` would drop it silently.
+pub trait LogError<T> {
+    /// Logs a failure with `console.error`; the value, if it succeeded.
+    fn log_error(self, context: &str) -> Option<T>;
+
+    /// Logs a failure with `console.warn`, for failures that are expected now and then; the value, if
+    /// it succeeded.
+    fn warn_on_error(self, context: &str) -> Option<T>;
+}
+
+impl<T, E: Loggable> LogError<T> for Result<T, E> {
+    fn log_error(self, context: &str) -> Option<T> {
+        self.map_err(|e| {
+            web_sys::console::error_2(&format!("imagine: {context}:").into(), &e.console_value())
+        })
+        .ok()
+    }
+
+    fn warn_on_error(self, context: &str) -> Option<T> {
+        self.map_err(|e| web_sys::console::warn_2(&format!("imagine: {context}:").into(), &e.console_value()))
+            .ok()
+    }
 }

@@ -13,19 +13,28 @@ use web_sys::{
     FileSystemWritableFileStream, StorageManager,
 };
 
-use crate::platform::js::{get, JsError};
+use crate::platform::js::{get, JsError, LogError};
 
 /// What an OPFS operation was doing when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// Getting the OPFS root, or a file or directory handle in it.
     Open,
+    /// Opening a synchronous access handle (which locks the file for this worker).
     OpenForWriting,
+    /// Reading a file's bytes, or the entries of a directory.
     Read,
+    /// Asking a synchronous access handle for the file's length.
     ReadSize,
+    /// Writing: through a synchronous access handle or a writable stream.
     Write,
+    /// Cutting a file to a length.
     Truncate,
+    /// Making a synchronous access handle's writes durable.
     Flush,
+    /// Removing a file or a directory.
     Remove,
+    /// `navigator.storage.estimate()`: the origin's usage and quota.
     Estimate,
 }
 
@@ -51,17 +60,49 @@ impl Op {
 pub enum OpfsError {
     /// The browser refused the operation.
     #[error("{}: {source}", .op.on(.name))]
-    Failed { op: Op, name: String, source: JsError },
+    Failed {
+        /// What was being done.
+        op: Op,
+        /// The file or directory it was done on.
+        name: String,
+        /// The browser's error.
+        source: JsError,
+    },
     /// The origin's storage quota is used up (a `QuotaExceededError`, or a short write, which is how
     /// running out of quota shows on some platforms).
     #[error("{}: {detail}", .op.on(.name))]
-    QuotaExceeded { op: Op, name: String, detail: String },
+    QuotaExceeded {
+        /// What was being done (a write, mostly).
+        op: Op,
+        /// The file it was done on.
+        name: String,
+        /// The browser's message, or how short the write was.
+        detail: String,
+    },
+    /// A record that could not be encoded as JSON to be written (none of ours fails to; nothing is
+    /// written then).
+    #[error("encoding {name} as JSON: {source}")]
+    Encode {
+        /// The file it was to be written to.
+        name: String,
+        /// serde's error.
+        source: serde_json::Error,
+    },
     /// `packs/state.json` is not a pack state.
     #[error("{PACKS_DIR}/{STATE_FILE} is unreadable ({0}): delete the model and install it again")]
     UnreadableState(serde_json::Error),
     /// The file stayed open in another worker for [`STILL_OPEN_WAIT_MS`] (only one may hold it open).
     #[error("{}: it stayed open in another worker for {seconds} s ({source})", .op.on(.name))]
-    StillOpen { op: Op, name: String, seconds: u64, source: JsError },
+    StillOpen {
+        /// What was being done: opening for writing, or removing.
+        op: Op,
+        /// The file another worker holds open.
+        name: String,
+        /// How long it was waited for, in seconds.
+        seconds: u64,
+        /// The browser's last `NoModificationAllowedError`.
+        source: JsError,
+    },
 }
 
 /// How long opening a file for writing, or removing it, waits for another worker to let go of it. A
@@ -83,6 +124,11 @@ impl OpfsError {
 
 /// The outcome of an OPFS operation.
 pub type OpfsResult<T> = Result<T, OpfsError>;
+
+/// `value` as JSON, to be written to `name`.
+pub fn json_bytes<T: serde::Serialize>(value: &T, name: &str) -> OpfsResult<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|source| OpfsError::Encode { name: name.to_owned(), source })
+}
 
 async fn await_js(promise: js_sys::Promise, op: Op, name: &str) -> OpfsResult<JsValue> {
     JsFuture::from(promise).await.map_err(|e| OpfsError::js(op, name, e))
@@ -227,7 +273,7 @@ pub async fn pack_state() -> OpfsResult<PackState> {
 /// Replaces `packs/state.json` whole (see [`write_whole`]), so an interruption leaves either the old
 /// state or the new one.
 pub async fn write_pack_state(state: &PackState) -> OpfsResult<()> {
-    let text = serde_json::to_vec(state).expect("the pack state always serializes");
+    let text = json_bytes(state, &format!("{PACKS_DIR}/{STATE_FILE}"))?;
     write_whole(&dir(PACKS_DIR, true).await?, STATE_FILE, &text).await
 }
 
@@ -250,6 +296,7 @@ pub struct WholeFileWriter {
 }
 
 impl WholeFileWriter {
+    /// Starts writing `name` in `dir` (created if absent); the old contents stay until [`Self::close`].
     pub async fn create(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<WholeFileWriter> {
         let handle = file_handle(dir, name, true).await?;
         let stream = await_js(handle.create_writable(), Op::Write, name).await?.unchecked_into();
@@ -267,7 +314,9 @@ impl WholeFileWriter {
 
     /// Leaves the file as it was: nothing appended takes its place (also after a failed append).
     pub async fn abort(self) {
-        let _ = JsFuture::from(self.stream.abort()).await;
+        JsFuture::from(self.stream.abort())
+            .await
+            .warn_on_error(&format!("aborting the write of {}", self.name));
     }
 
     /// Puts what was appended in the file's place.
@@ -460,7 +509,7 @@ pub async fn failpoint_reached(name: &str) -> bool {
     if read(&root, FAILPOINT_FILE).await.ok().as_deref() != Some(name.as_bytes()) {
         return false;
     }
-    let _ = remove(&root, FAILPOINT_FILE).await;
+    remove(&root, FAILPOINT_FILE).await.log_error(&format!("disarming the failpoint {name}"));
     true
 }
 

@@ -44,14 +44,30 @@ pub const OFFSCREEN_TARGET: &str = "offscreen";
 pub enum OffscreenCommand {
     /// Queue a job; its stages run one after the other in workers, which stay loaded
     /// `keep_loaded_seconds` after the last job.
-    RunJob { job: String, params: GenerateParams, keep_loaded_seconds: u32 },
+    RunJob {
+        /// The job's id, as the service worker gave it to the page that asked.
+        job: String,
+        /// The validated parameters of its images.
+        params: GenerateParams,
+        /// Seconds the stages stay loaded after the last job (the user's setting).
+        keep_loaded_seconds: u32,
+    },
     /// How long stages stay loaded after the last job from now on (0 unloads the idle ones at once);
     /// nothing: only say which are loaded.
-    KeepLoaded { seconds: Option<u32> },
+    KeepLoaded {
+        /// The new setting, in seconds; `None` leaves it as it is.
+        seconds: Option<u32>,
+    },
     /// Stop a queued or running job.
-    CancelJob { job: String },
+    CancelJob {
+        /// The id of the job to stop.
+        job: String,
+    },
     /// Start the download worker (or let a running one go on).
-    InstallPack { request: InstallRequest },
+    InstallPack {
+        /// Which pack to download, and from where.
+        request: InstallRequest,
+    },
     /// Stop the download worker, keeping what it saved.
     PausePack,
     /// Stop the download worker and empty the staging slot.
@@ -71,9 +87,12 @@ pub enum OffscreenReply {
     /// Done; whether a download worker runs now, which stages are loaded, and the jobs this document
     /// was given (running, queued or ended; the latest [`KNOWN_JOBS`]).
     Done {
+        /// A download worker runs.
         installing: bool,
+        /// The stages whose sessions are loaded now.
         #[serde(default)]
         loaded: Vec<Stage>,
+        /// The ids of the latest [`KNOWN_JOBS`] jobs this document was given, oldest first.
         #[serde(default)]
         jobs: Vec<String>,
     },
@@ -90,12 +109,29 @@ pub enum OffscreenReply {
 #[serde(tag = "task", rename_all = "camelCase")]
 pub enum StageTask {
     /// The prompt, tokenized by the offscreen document, to `prompt_embeds`.
-    TextEncoder { params: GenerateParams, prompt: EncodedPrompt, keep: bool },
+    TextEncoder {
+        /// The job's parameters (backend, batch size, profiling).
+        params: GenerateParams,
+        /// The prompt's token ids and attention mask.
+        prompt: EncodedPrompt,
+        /// Keep the session after the task (a resident stage).
+        keep: bool,
+    },
     /// The denoising loop of each image, seeds in a row (`data`: the prompt embeddings, float32).
-    Transformer { params: GenerateParams, keep: bool },
+    Transformer {
+        /// The job's parameters (size, steps, seed, schedule, batch size).
+        params: GenerateParams,
+        /// Keep the session after the task (a resident stage).
+        keep: bool,
+    },
     /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
     /// other).
-    Decoder { params: GenerateParams, keep: bool },
+    Decoder {
+        /// The job's parameters (size, and what each PNG records of them).
+        params: GenerateParams,
+        /// Keep the session after the task (a resident stage).
+        keep: bool,
+    },
     /// The `data` of the task posted before without it.
     Input,
 }
@@ -117,14 +153,32 @@ impl StageTask {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum StageReport {
     /// Transformer step `step` of `steps` of image `image` is done.
-    Progress { image: u32, step: u32, steps: u32 },
+    Progress {
+        /// The image in the batch, from 0.
+        image: u32,
+        /// Steps done for that image, from 1.
+        step: u32,
+        /// Steps each image takes.
+        steps: u32,
+    },
     /// The decoder finished image `index` (`data`: its PNG); `timing`: its session's creation and
     /// ORT's run for this image.
-    Image { index: u32, timing: StageTiming },
+    Image {
+        /// The image in the batch, from 0.
+        index: u32,
+        /// The decoder's times for this image.
+        timing: StageTiming,
+    },
     /// The stage's session is created (for benchmarks that watch a stage which may not finish).
-    SessionCreated { timing: StageTiming },
+    SessionCreated {
+        /// The times so far; `started_at_ms` and `session_create_ms` are set.
+        timing: StageTiming,
+    },
     /// The stage is done and its session released (`data`: its output buffer, if it hands one on).
-    Done { output: StageOutput },
+    Done {
+        /// What the stage hands on beside its buffer.
+        output: StageOutput,
+    },
     /// The stage failed.
     Error(ErrorText),
 }
@@ -133,15 +187,22 @@ pub enum StageReport {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "stage", rename_all = "camelCase")]
 pub enum StageOutput {
+    /// The text encoder's (`data`: the prompt embeddings).
     TextEncoder(EncoderOutput),
+    /// The transformer's (`data`: the final latents).
     Transformer(TransformerOutput),
-    Decoder { timing: StageTiming },
+    /// The decoder's: it sent its PNGs one by one in [`StageReport::Image`], so only its times.
+    Decoder {
+        /// The decoder's times, all images.
+        timing: StageTiming,
+    },
 }
 
 /// What the text encoder hands on (`data`: the prompt embeddings).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EncoderOutput {
+    /// The text encoder's times.
     pub timing: StageTiming,
 }
 
@@ -149,11 +210,13 @@ pub struct EncoderOutput {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TransformerOutput {
+    /// The noise levels of the schedule, `steps + 1` of them (the same for every image), for the trace.
     pub sigmas: Vec<f32>,
     /// Each image's initial noise, float32 LE base64, when tracing.
     pub noise: Vec<String>,
     /// Time in ORT's run for each image's denoising loop.
     pub image_run_ms: Vec<f64>,
+    /// The transformer's times, all images.
     pub timing: StageTiming,
 }
 
@@ -169,11 +232,13 @@ pub struct StageTiming {
     pub started_at_ms: f64,
     /// When the stage's work ended (its session released; the decoder: this image decoded).
     pub finished_at_ms: f64,
+    /// How long creating the ORT session took (0 for a resident one), in milliseconds.
     pub session_create_ms: f64,
     /// The session was kept from an earlier task of this worker.
     pub resident: bool,
-    /// Inside ORT's `run`, all runs, and each run.
+    /// Time inside ORT's `run`, all runs together, in milliseconds.
     pub run_ms: f64,
+    /// Time inside ORT's `run`, each run in order, in milliseconds.
     pub runs_ms: Vec<f64>,
     /// ORT's profile, when the job asked for one.
     pub profile: Option<imagine_core::ort_profile::StageProfile>,
@@ -184,7 +249,10 @@ pub struct StageTiming {
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum DownloadCommand {
     /// Download (or resume) and install `request` (`data`: the port to the hash worker).
-    Install { request: InstallRequest },
+    Install {
+        /// The pack's source and the backend it is for.
+        request: InstallRequest,
+    },
     /// No job runs: the verified pack may replace the installed one.
     Swap,
 }
@@ -193,18 +261,23 @@ pub enum DownloadCommand {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum DownloadReport {
+    /// Bytes downloaded and verified so far.
     Progress {
+        /// The download's progress, as the pages show it.
         progress: DownloadProgress,
     },
     /// Every file is verified; waiting for [`DownloadCommand::Swap`].
     SwapReady,
     /// The pack is installed.
     Installed {
+        /// The record of the installed pack.
         pack: PackRecord,
     },
     /// The download stopped; `offline` when the Hub could not be reached at all.
     Failed {
+        /// Why, as text and as a `_locales` message.
         error: ErrorText,
+        /// The Hub could not be reached at all (no network), rather than answering with an error.
         offline: bool,
     },
 }
@@ -213,6 +286,7 @@ pub enum DownloadReport {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum HashSetup {
+    /// Here is the port to the download worker (`data`): hash what comes through it.
     Port,
 }
 
@@ -221,9 +295,15 @@ pub enum HashSetup {
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum HashCommand {
     /// Start over, from a checkpoint or from the first byte.
-    Reset { checkpoint: Option<HashCheckpoint> },
+    Reset {
+        /// The state to resume from; `None` starts from the first byte.
+        checkpoint: Option<HashCheckpoint>,
+    },
     /// Hash the first `length` bytes of the buffer in `data`, then send it back.
-    Data { length: u32 },
+    Data {
+        /// How many bytes of the buffer are the file's (the last block is short).
+        length: u32,
+    },
     /// The state after every block sent so far.
     Checkpoint,
     /// The digest of everything since the last reset.
@@ -234,21 +314,29 @@ pub enum HashCommand {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum HashReport {
+    /// Reset, as asked ([`HashCommand::Reset`]).
     Reset,
     /// A buffer handed back (`data`).
     Buffer,
+    /// The answer to [`HashCommand::Checkpoint`].
     Checkpoint {
+        /// The hasher's state after every block sent so far, to save in the download record.
         checkpoint: HashCheckpoint,
     },
+    /// The answer to [`HashCommand::Finish`].
     Digest {
+        /// The SHA-256 of every byte since the last reset.
         digest: [u8; 32],
     },
+    /// A command failed (a bad checkpoint, a `Data` without its buffer).
     Error(ErrorText),
 }
 
 /// Where messages can be posted: a worker, a worker's own scope, a message port.
 pub trait Endpoint {
+    /// `postMessage(message, transfer)`: the objects in the `transfer` array move, not copied.
     fn post_message_with_transfer(&self, message: &JsValue, transfer: &JsValue) -> Result<(), JsValue>;
+    /// `postMessage(message)`.
     fn post_message(&self, message: &JsValue) -> Result<(), JsValue>;
 }
 
@@ -319,9 +407,12 @@ pub const STUDIO_FOCUS_KEY: &str = "studioFocus";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StudioFocus {
+    /// The job to follow, when it started.
     pub job: Option<String>,
+    /// The prompt, to show in the studio's prompt box.
     #[serde(default)]
     pub prompt: String,
+    /// Why the job could not start, when it did not.
     pub error: Option<String>,
     /// The same, as a `_locales` message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -338,8 +429,10 @@ pub const TOOLBAR_KEY: &str = "toolbarOpens";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ToolbarOpens {
+    /// The studio, in the side panel (the action has no popup).
     #[default]
     Studio,
+    /// The quick-prompt popup (`popup.html`).
     Popup,
 }
 

@@ -10,16 +10,20 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen_futures::JsFuture;
 
 use crate::platform::chrome;
-use crate::platform::js::Obj;
+use crate::platform::js::{LogError, Obj};
 use crate::platform::storage;
 
 /// The generation settings a new prompt starts with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Defaults {
+    /// Image width in pixels (a multiple of 16, as `generate` takes it).
     pub width: u32,
+    /// Image height in pixels (a multiple of 16).
     pub height: u32,
+    /// Denoising steps.
     pub steps: u32,
+    /// The sigma schedule's API name (`empirical`, `linear-shift`).
     pub schedule: String,
 }
 
@@ -65,12 +69,17 @@ impl Defaults {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reuse {
+    /// The image's prompt.
     pub prompt: String,
+    /// Its width in pixels.
     pub width: u32,
+    /// Its height in pixels.
     pub height: u32,
+    /// Its denoising steps.
     pub steps: u32,
-    /// Decimal u64.
+    /// Its seed, a decimal u64 (a JS number would round it).
     pub seed: String,
+    /// Its sigma schedule's API name.
     pub schedule: String,
 }
 
@@ -109,7 +118,7 @@ pub async fn keep_private() -> bool {
 pub async fn take_reuse() -> Option<Reuse> {
     let reuse = storage::REUSE.get().await;
     if reuse.is_some() {
-        let _ = storage::REUSE.remove().await;
+        storage::REUSE.remove_or_log().await;
     }
     reuse
 }
@@ -143,6 +152,6 @@ pub fn request_host_permission(source: &PackSource) -> Option<js_sys::Promise> {
 /// download may still work if the mirror allows CORS.
 pub async fn host_permission_answered(permission: Option<js_sys::Promise>) {
     if let Some(permission) = permission {
-        let _ = JsFuture::from(permission).await;
+        JsFuture::from(permission).await.warn_on_error("asking for the host permission");
     }
 }

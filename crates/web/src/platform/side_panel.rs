@@ -4,7 +4,7 @@
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 
 use crate::platform::chrome;
-use crate::platform::js::{random_u64, Obj};
+use crate::platform::js::{random_u64, settled, LogError, Obj};
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::storage;
 
@@ -15,9 +15,7 @@ pub async fn show(mut focus: StudioFocus, opened: bool, fallback: &str) {
     storage::STUDIO_FOCUS.set_or_log(&focus).await;
     if !opened {
         let url = chrome::runtime_get_url(fallback);
-        if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
-            let _ = JsFuture::from(promise).await;
-        }
+        settled(chrome::tabs_create(&Obj::new().set("url", url).build())).await.log_error("opening a tab");
     }
 }
 
@@ -56,9 +54,9 @@ pub fn open_from_click(then: impl FnOnce() + 'static) {
         };
         if !opened {
             let url = chrome::runtime_get_url("studio.html");
-            if let Ok(promise) = chrome::tabs_create(&Obj::new().set("url", url).build()) {
-                let _ = JsFuture::from(promise).await;
-            }
+            settled(chrome::tabs_create(&Obj::new().set("url", url).build()))
+                .await
+                .log_error("opening the studio in a tab");
         }
         then();
     });

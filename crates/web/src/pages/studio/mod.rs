@@ -25,7 +25,7 @@ use crate::pages::view::{
     child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
 use crate::platform::i18n;
-use crate::platform::js::{from_js, get, now_ms, random_u64};
+use crate::platform::js::{from_js, get, now_ms, random_u64, LogError};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
@@ -61,7 +61,7 @@ fn save_settings() {
         schedule: element::<HtmlSelectElement>("schedule").value(),
     };
     if let (Some(storage), Ok(text)) = (local_storage(), serde_json::to_string(&settings)) {
-        let _ = storage.set_item(SETTINGS_KEY, &text);
+        storage.set_item(SETTINGS_KEY, &text).warn_on_error("saving the form");
     }
 }
 
@@ -100,13 +100,16 @@ pub const PRESETS: [(&str, u32, u32); 4] = [
 /// What the token counter says: the count, and whether the end of the prompt would be cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenCount {
+    /// Tokens of the templated prompt, before truncation.
     pub tokens: usize,
+    /// More than [`MAX_TOKENS`]: the end of the prompt will be cut.
     pub over: bool,
     /// At 90 % of the cap or more.
     pub near: bool,
 }
 
 impl TokenCount {
+    /// The counter's state for `tokens` tokens.
     pub fn new(tokens: usize) -> Self {
         TokenCount { tokens, over: tokens > MAX_TOKENS, near: tokens * 10 >= MAX_TOKENS * 9 }
     }
