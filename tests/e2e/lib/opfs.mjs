@@ -147,7 +147,7 @@ const quotaSessions = new WeakMap();
  * (`null` removes the override). The override lives as long as the CDP session that set it, so the
  * session is kept open (per page) until setQuota(…, null).
  *
- * What it does in Chromium 156 (checked, see tests/e2e/README.md):
+ * What it does in Chromium 148 and 156 (checked by the download-interrupt and download-basic tests):
  *  - extension WITH `unlimitedStorage` (dist/ as built): navigator.storage.estimate().quota reports the
  *    override, but OPFS writes are not limited by it;
  *  - extension WITHOUT `unlimitedStorage` (quotaDist()): OPFS writes fail with QuotaExceededError past
