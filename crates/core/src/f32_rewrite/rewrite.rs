@@ -575,39 +575,61 @@ pub(super) fn with_graph(fields: &[Field], graph: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What the rewrites read of a GraphProto.
+struct GraphParts<'a> {
+    nodes: Vec<Node<'a>>,
+    /// Each initializer with the index of its field in the graph, in graph order.
+    initializers: Vec<(usize, Tensor)>,
+    /// The graph's inputs by name, with their ValueInfoProto's bytes.
+    inputs: HashMap<&'a str, &'a [u8]>,
+    outputs: HashSet<&'a str>,
+    /// The first sparse initializer's bytes, if the graph has one.
+    sparse: Option<&'a [u8]>,
+}
+
+/// Reads the nodes, initializers, inputs and outputs of a GraphProto's `fields`.
+fn read_graph<'a>(fields: &[Field<'a>], what: &'static str) -> Result<GraphParts<'a>, RewriteError> {
+    let mut graph = GraphParts {
+        nodes: Vec::new(),
+        initializers: Vec::new(),
+        inputs: HashMap::new(),
+        outputs: HashSet::new(),
+        sparse: None,
+    };
+    for (i, f) in fields.iter().enumerate() {
+        match f.number {
+            GRAPH_NODE => graph.nodes.push(read_node(f.bytes(what)?, graph.nodes.len())?),
+            GRAPH_INITIALIZER => graph.initializers.push((i, read_tensor(f.bytes(what)?)?)),
+            GRAPH_SPARSE_INITIALIZER => {
+                graph.sparse.get_or_insert(f.bytes(what)?);
+            }
+            GRAPH_INPUT => {
+                let b = f.bytes(what)?;
+                graph.inputs.insert(value_info_name(b)?, b);
+            }
+            GRAPH_OUTPUT => {
+                graph.outputs.insert(value_info_name(f.bytes(what)?)?);
+            }
+            _ => {}
+        }
+    }
+    Ok(graph)
+}
+
 fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(graph, WHAT)?;
 
     // Read.
-    let mut nodes = Vec::new();
-    let mut tensors: HashMap<usize, Tensor> = HashMap::new(); // by field index
-    let mut order = Vec::new(); // initializer field indices, in graph order
-    let mut inputs: HashMap<&str, &[u8]> = HashMap::new();
-    let mut outputs: HashSet<&str> = HashSet::new();
-    for (i, f) in fields.iter().enumerate() {
-        match f.number {
-            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
-            GRAPH_INITIALIZER => {
-                tensors.insert(i, read_tensor(f.bytes(WHAT)?)?);
-                order.push(i);
-            }
-            GRAPH_SPARSE_INITIALIZER => {
-                return Err(RewriteError::Tensor {
-                    name: sparse_values(f.bytes(WHAT)?)?.name,
-                    reason: "it is a sparse initializer, which the rewrite does not convert".into(),
-                })
-            }
-            GRAPH_INPUT => {
-                let b = f.bytes(WHAT)?;
-                inputs.insert(value_info_name(b)?, b);
-            }
-            GRAPH_OUTPUT => {
-                outputs.insert(value_info_name(f.bytes(WHAT)?)?);
-            }
-            _ => {}
-        }
+    let GraphParts { nodes, initializers, inputs, outputs, sparse } = read_graph(&fields, WHAT)?;
+    if let Some(sparse) = sparse {
+        return Err(RewriteError::Tensor {
+            name: sparse_values(sparse)?.name,
+            reason: "it is a sparse initializer, which the rewrite does not convert".into(),
+        });
     }
+    let order: Vec<usize> = initializers.iter().map(|(i, _)| *i).collect(); // field indices, in graph order
+    let tensors: HashMap<usize, Tensor> = initializers.into_iter().collect(); // by field index
     let kinds = nodes.iter().map(check_node).collect::<Result<Vec<_>, _>>()?;
     let initializer_names: HashSet<&str> = tensors.values().map(|t| t.name.as_str()).collect();
 
@@ -881,24 +903,8 @@ pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), Re
         None => return Err(RewriteError::Model("it has no graph".into())),
     };
     let graph_fields = wire::parse(graph, WHAT)?;
-    let mut nodes = Vec::new();
-    let mut tensors = Vec::new();
-    let mut inputs: HashMap<&str, &[u8]> = HashMap::new();
-    let mut outputs: HashSet<&str> = HashSet::new();
-    for f in &graph_fields {
-        match f.number {
-            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
-            GRAPH_INITIALIZER => tensors.push(read_tensor(f.bytes(WHAT)?)?),
-            GRAPH_INPUT => {
-                let b = f.bytes(WHAT)?;
-                inputs.insert(value_info_name(b)?, b);
-            }
-            GRAPH_OUTPUT => {
-                outputs.insert(value_info_name(f.bytes(WHAT)?)?);
-            }
-            _ => {}
-        }
-    }
+    let GraphParts { nodes, initializers, inputs, outputs, .. } = read_graph(&graph_fields, WHAT)?;
+    let tensors: Vec<Tensor> = initializers.into_iter().map(|(_, t)| t).collect();
     let initializer_names: HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
 
     let mut lookups = Vec::new();

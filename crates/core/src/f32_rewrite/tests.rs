@@ -157,6 +157,18 @@ fn model(graph_fields: &[(u64, Vec<u8>)]) -> Vec<u8> {
     m
 }
 
+/// A lookup's `read` over the bytes of `file`, counting the reads.
+fn read_from<'a>(
+    file: &'a [u8],
+    reads: &'a mut usize,
+) -> impl FnMut(u64, &mut [u8]) -> Result<(), String> + 'a {
+    move |offset, buf| {
+        *reads += 1;
+        buf.copy_from_slice(&file[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+}
+
 fn options(limit: u64) -> Options {
     Options::new("m", Limits { max_storage_buffer_binding_size: limit, max_buffer_size: u64::MAX })
 }
@@ -584,13 +596,7 @@ fn a_table_too_large_for_one_buffer_is_looked_up_outside() {
     let mut file = vec![0u8; 32];
     file.extend(halves(&rows));
     let mut reads = 0;
-    let got = lookup
-        .gather(&[4, 0, -1, 4], |offset, buf| {
-            reads += 1;
-            buf.copy_from_slice(&file[offset as usize..offset as usize + buf.len()]);
-            Ok(())
-        })
-        .unwrap();
+    let got = lookup.gather(&[4, 0, -1, 4], read_from(&file, &mut reads)).unwrap();
     assert_eq!(got, [&rows[12..15], &rows[0..3], &rows[12..15], &rows[12..15]].concat());
     assert_eq!(reads, 2, "each distinct row is read once");
     assert_eq!(lookup.row_range(1).unwrap(), Range { file: "te.data".into(), offset: 38, length: 6 });
@@ -654,13 +660,7 @@ fn a_table_leaves_the_graph_in_its_own_type() {
     // The stage worker's part: the rows' bytes as stored, each distinct row read once.
     let file: Vec<u8> = (0..62).collect();
     let mut reads = 0;
-    let got = lookup
-        .gather(&[4, 0, -1, 4], |offset, buf| {
-            reads += 1;
-            buf.copy_from_slice(&file[offset as usize..offset as usize + buf.len()]);
-            Ok(())
-        })
-        .unwrap();
+    let got = lookup.gather(&[4, 0, -1, 4], read_from(&file, &mut reads)).unwrap();
     assert_eq!(got, [&file[56..62], &file[32..38], &file[56..62], &file[56..62]].concat());
     assert_eq!(reads, 2);
     assert_eq!(
