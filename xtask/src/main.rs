@@ -586,19 +586,17 @@ fn e2e(root: &Path, names: &[String]) -> Result {
             }
         }
     }
+    // A test file's name: `NAME` of `<flow>/NAME.test.mjs`.
+    let name =
+        |p: &PathBuf| p.file_name().map_or(String::new(), |f| f.to_string_lossy().replace(".test.mjs", ""));
     // The longest first, so that none of them starts last and runs on beside an idle slot.
-    let rank = |p: &PathBuf| {
-        let name = p.file_name().map(|f| f.to_string_lossy().trim_end_matches(".test.mjs").to_owned());
-        E2E_LONGEST.iter().position(|l| Some(*l) == name.as_deref()).unwrap_or(E2E_LONGEST.len())
-    };
+    let rank = |p: &PathBuf| E2E_LONGEST.iter().position(|l| *l == name(p)).unwrap_or(E2E_LONGEST.len());
     all.sort_by_key(|p| (rank(p), p.clone()));
     let mut files: Vec<PathBuf> = Vec::new();
     for n in names {
         let n = n.trim_end_matches(".mjs").trim_end_matches(".test");
         let n = n.rsplit('/').next().unwrap_or(n);
-        let found = all
-            .iter()
-            .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy() == format!("{n}.test.mjs")));
+        let found = all.iter().find(|p| name(p) == n);
         files.push(found.cloned().ok_or_else(|| format!("no tests/e2e/*/{n}.test.mjs"))?);
     }
     if names.is_empty() {

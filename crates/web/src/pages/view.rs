@@ -7,6 +7,7 @@ use wasm_bindgen::prelude::*;
 use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
 
 use crate::platform::i18n;
+use crate::platform::js::LogError;
 
 /// The page's document (`globalThis.document`, which every page has; workers never come here).
 pub fn document() -> Document {
@@ -48,9 +49,9 @@ pub fn child<T: JsCast>(parent: &web_sys::Element, selector: &str) -> T {
 pub fn on(id: &str, event: &str, action: impl Fn(web_sys::Event) + 'static) {
     let closure = Closure::<dyn Fn(web_sys::Event)>::new(action);
     let listener = closure.as_ref().unchecked_ref();
-    if let Err(e) = element::<HtmlElement>(id).add_event_listener_with_callback(event, listener) {
-        web_sys::console::error_2(&format!("#{id}: no {event} listener").into(), &e);
-    }
+    element::<HtmlElement>(id)
+        .add_event_listener_with_callback(event, listener)
+        .log_error(&format!("#{id}: no {event} listener"));
     closure.forget();
 }
 

@@ -15,10 +15,9 @@ use imagine_core::estimate::TimingStore;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use wasm_bindgen::JsValue;
-use wasm_bindgen_futures::JsFuture;
 
 use crate::platform::chrome;
-use crate::platform::js::{from_js, get, to_js, JsError, Obj};
+use crate::platform::js::{from_js, get, settled, to_js, JsError, LogError, Obj};
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::settings::{Defaults, Reuse};
 
@@ -65,7 +64,7 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
             Area::Local => chrome::local_get(&self.name().into()),
             Area::Session => chrome::session_get(&self.name().into()),
         };
-        let items = JsFuture::from(read.ok()?).await.ok()?;
+        let items = settled(read).await.ok()?;
         let value = get(&items, self.name());
         if value.is_undefined() {
             return None;
@@ -80,22 +79,18 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
             Area::Local => chrome::local_set(&items),
             Area::Session => chrome::session_set(&items),
         };
-        JsFuture::from(write?).await?;
+        settled(write).await?;
         Ok(())
     }
 
     /// Stores `value`; a failure is logged, for values that only save work (a cache, a page's state).
     pub async fn set_or_log(&self, value: &T) {
-        if let Err(e) = self.set(value).await {
-            web_sys::console::error_1(&format!("imagine: storing {}: {e}", self.name()).into());
-        }
+        self.set(value).await.log_error(&format!("storing {}", self.name()));
     }
 
     /// Removes the key; a failure is logged.
     pub async fn remove_or_log(&self) {
-        if let Err(e) = self.remove().await {
-            web_sys::console::error_1(&format!("imagine: removing {}: {e}", self.name()).into());
-        }
+        self.remove().await.log_error(&format!("removing {}", self.name()));
     }
 
     /// Removes the key.
@@ -105,7 +100,7 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
             Area::Local => chrome::local_remove(&key),
             Area::Session => chrome::session_remove(&key),
         };
-        JsFuture::from(remove?).await?;
+        settled(remove).await?;
         Ok(())
     }
 }
