@@ -54,8 +54,9 @@ fn run(input: &Path, output: &Path, computed: bool) -> Result<usize, String> {
         read.insert(range.clone(), bytes.to_vec());
     }
     let mut data = Vec::new();
-    let reblocked = to_block_32_computed(&model, &read, &mut |bytes| data.extend_from_slice(bytes))
-        .map_err(|e| e.to_string())?;
+    let reblocked =
+        to_block_32_computed(&model, &read, COMPUTED_DATA, &mut |bytes| data.extend_from_slice(bytes))
+            .map_err(|e| e.to_string())?;
     std::fs::write(output, reblocked.graph).map_err(|e| e.to_string())?;
     let data_dir = output.parent().unwrap_or(Path::new("."));
     std::fs::write(data_dir.join(COMPUTED_DATA), data).map_err(|e| e.to_string())?;

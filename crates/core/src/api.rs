@@ -522,6 +522,10 @@ pub struct Timings {
 #[serde(rename_all = "camelCase")]
 pub struct StageTimings {
     pub stage: Stage,
+    /// The graph file its session was created from (`transformer.b32.onnx`: the form re-blocked to 32
+    /// at install); empty when the stage did not run.
+    #[serde(default)]
+    pub graph_file: String,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
     #[serde(default)]
     pub worker_created_at_ms: f64,

@@ -15,19 +15,17 @@
 //!
 //! [`to_block_32`] rewrites every `MatMulNBits` whose block size is a power of two above 32 to block
 //! 32, exactly: each block of 32 takes the scale and zero point of the block it was part of, so the
-//! node computes the same function. Only the graph protobuf is edited, in memory, before a WebGPU
-//! session is created, as [`crate::table_lookup`] does; nothing on disk changes.
+//! node computes the same function. The pack's own files never change.
 //!
 //! * B keeps its bytes. A block of 32 is the old block cut in pieces, so when K is a multiple of the
 //!   old block only B's dims change (`[N, K / 32, 4 * bits]`) and its external data is read as
 //!   before. Otherwise (only the tiny test graphs, whose K can be 64) a Reshape and a Slice drop the
 //!   padding at the end of each column.
 //! * Scales and zero points are repeated, each value once per block of 32 of its old block (4-bit zero
-//!   points unpacked first). [`to_block_32_computed`], what the stage worker uses, computes them here
-//!   from the stored values ([`sources_to_read`] says which ranges of the external data to read) into
-//!   tensors of an external-data file of their own, [`COMPUTED_DATA`], handed to ONNX Runtime from
-//!   memory: about 6 % of the transformer's int8 weights and 12 % of the text encoder's int4 ones for
-//!   the published pack (float16 scales), 4 times those of block 128. [`to_block_32`] adds nodes in
+//!   points unpacked first). [`to_block_32_computed`] computes them here from the stored values
+//!   ([`sources_to_read`] says which ranges of the external data to read) into tensors of an
+//!   external-data file of their own: about 6 % of the transformer's int8 weights and 12 % of the
+//!   text encoder's int4 ones for the published pack (float16 scales), 4 times those of block 128. [`to_block_32`] adds nodes in
 //!   front of the graph instead (Reshape, Expand, Reshape, Slice) that ONNX Runtime's constant folding
 //!   computes while it creates the session; it does the same for any input the computed form cannot
 //!   read (typed fields, segments). Folding is slow: for 27 layers of the text encoder's shapes, ONNX
@@ -35,11 +33,25 @@
 //!   than without (2 shared cores, BENCHMARKS.md), seconds of the stage that sets the pace of a cold
 //!   image.
 //!
+//! # When
+//!
+//! Once, when a pack is installed for WebGPU: the download worker writes each re-blocked graph and its
+//! computed data beside the pack ([`Block32Graph::names`]), reads both back against a second
+//! computation, and records them with the pack ([`Block32Record`]); [`stored_bytes`] tells the space
+//! check what they will take before anything is downloaded. A stage then loads the stored form as it
+//! loads any graph. Computing them while a stage loads cost the transformer 2-4 s of CPU on the
+//! critical path of every cold image (BENCHMARKS.md); a pack installed without the record (by an older
+//! version) is still re-blocked that way, in memory, under [`COMPUTED_DATA`].
+//!
 //! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
 //! initializer of the documented shape or that another node reads too, scales or zero points that are
 //! not initializers of one value per block. The wasm backend is left alone: its kernels have no such cliff.
 //! Tests: `f32_rewrite/tests.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
 //! graphs against the originals on ONNX Runtime).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::f32_rewrite::RewriteError;
 
@@ -59,15 +71,73 @@ pub fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteError> {
 }
 
 /// As [`to_block_32`], with the repeated scales and zero points computed here from `read` (the bytes of
-/// each range [`sources_to_read`] listed) into the external-data file [`COMPUTED_DATA`] the new graph
-/// reads, whose bytes go to `write` in order, a tensor at a time. Inputs it cannot compute are repeated
-/// by nodes.
+/// each range [`sources_to_read`] listed) into the external-data file `location` the new graph reads
+/// ([`COMPUTED_DATA`] when it is handed to ONNX Runtime from memory, [`Block32Graph::data`] when it is
+/// stored), whose bytes go to `write` in order, a tensor at a time. Inputs it cannot compute are
+/// repeated by nodes.
 pub fn to_block_32_computed(
     model: &[u8],
-    read: &std::collections::HashMap<DataRange, Vec<u8>>,
+    read: &HashMap<DataRange, Vec<u8>>,
+    location: &str,
     write: &mut dyn FnMut(&[u8]),
 ) -> Result<Reblocked, RewriteError> {
-    crate::f32_rewrite::reblock::to_block_32_computed(model, read, write)
+    crate::f32_rewrite::reblock::to_block_32_computed(model, read, location, write)
+}
+
+/// The re-blocked form of one graph, made when the pack is installed and stored with it, so that a
+/// WebGPU session reads it as it reads the pack's own files: nothing is computed while it loads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Block32Graph {
+    /// The graph it was made from, as a WebGPU stage chooses it: the pack's (`transformer.onnx`) or
+    /// its float32 conversion (`transformer.f32.onnx`).
+    pub graph: String,
+    /// The re-blocked graph, [`Block32Graph::names`]'s first.
+    pub onnx: String,
+    /// The computed scales and zero points it reads, [`Block32Graph::names`]'s second.
+    pub data: String,
+    /// Bytes of the two files.
+    pub bytes: u64,
+}
+
+impl Block32Graph {
+    /// The stored files of `graph`'s re-blocked form: `<stem>.b32.onnx` and `<stem>.b32.data`.
+    pub fn names(graph: &str) -> (String, String) {
+        let stem = graph.strip_suffix(".onnx").unwrap_or(graph);
+        (format!("{stem}.b32.onnx"), format!("{stem}.b32.data"))
+    }
+}
+
+/// The re-blocked forms stored with an installed pack (in its record): every graph a WebGPU session
+/// of this pack loads that has a node to re-block. A graph not listed needs none; a pack without this
+/// record (installed for the wasm backend, or by an older version) is re-blocked while it loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Block32Record {
+    /// The stored forms.
+    pub graphs: Vec<Block32Graph>,
+}
+
+impl Block32Record {
+    /// The stored form made from `graph` (a file name of the pack or its conversion), if any.
+    pub fn graph(&self, graph: &str) -> Option<&Block32Graph> {
+        self.graphs.iter().find(|g| g.graph == graph)
+    }
+
+    /// Bytes of all stored forms.
+    pub fn bytes(&self) -> u64 {
+        self.graphs.iter().map(|g| g.bytes).sum()
+    }
+}
+
+/// Bytes the stored re-blocked form of `model` (the graph file `graph`) takes, its graph and computed
+/// data; 0 when no node is re-blocked. Computed as [`to_block_32_computed`] does, on zeros, so it is
+/// known before the weights are downloaded.
+pub fn stored_bytes(graph: &str, model: &[u8]) -> Result<u64, RewriteError> {
+    let read = sources_to_read(model)?.into_iter().map(|r| (r.clone(), vec![0; r.length as usize])).collect();
+    let (_, data) = Block32Graph::names(graph);
+    let reblocked = to_block_32_computed(model, &read, &data, &mut |_| {})?;
+    Ok(if reblocked.changed == 0 { 0 } else { reblocked.graph.len() as u64 + reblocked.data_length })
 }
 
 /// `model` with `accuracy_level` `level` on every `MatMulNBits` (ONNX Runtime's compute type for it: 4

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
 use crate::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
+use crate::matmul_blocks::Block32Record;
 
 /// The directory of both slots and the state file.
 pub const PACKS_DIR: &str = "packs";
@@ -80,13 +81,16 @@ pub struct PackRecord {
     /// The float32 graphs made for an adapter without `shader-f16`, if any (in the same slot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversion: Option<ConversionRecord>,
+    /// The graphs re-blocked for WebGPU and stored with the pack, if it was installed for WebGPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block32: Option<Block32Record>,
 }
 
 impl PackRecord {
     /// The record of `files` from `source` at `commit`.
     pub fn new(source: PackSource, commit: String, files: Vec<PackFile>) -> PackRecord {
         let bytes = files.iter().map(|f| f.size).sum();
-        PackRecord { source, commit, files, bytes, conversion: None }
+        PackRecord { source, commit, files, bytes, conversion: None, block32: None }
     }
 
     /// Whether this pack is what `plan` would download: then there is nothing to download.
@@ -146,7 +150,7 @@ mod tests {
             revision: "main".into(),
         };
         let files = vec![PackFile { path: "x.onnx".into(), size: 3, sha256: None, git_oid: None }];
-        PackRecord { source, commit: commit.into(), files, bytes: 3, conversion: None }
+        PackRecord { source, commit: commit.into(), files, bytes: 3, conversion: None, block32: None }
     }
 
     #[test]

@@ -1,9 +1,19 @@
 // Packs of the real architectures (tiny-packs.mjs) installed through the extension and run by it: on
 // WebGPU with float32 activations, on the wasm backend with float16 ones, each compared with the
-// independent Python reference on the same graphs (ORT on the CPU).
+// independent Python reference on the same graphs (ORT on the CPU). On WebGPU the graphs re-blocked to
+// 32 at install are what the stages load, and a pack installed without them (by an older version)
+// makes the same image by re-blocking while it loads.
+import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
 import { tinyPack, TOLERANCE } from '../lib/tiny-packs.mjs';
+
+const B32 = { text_encoder_q4: 'text_encoder_q4.b32.onnx', transformer_q8: 'transformer_q8.b32.onnx' };
+
+/** Each stage's graph file in a result's timings, by stage. */
+function graphFiles(result) {
+  return Object.fromEntries(result.timings.stages.map((s) => [s.stage, s.graphFile]));
+}
 
 for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm']]) {
   test(`a tiny real-architecture ${activations} pack installs and matches the reference`, { timeout: 900_000 }, async (t) => {
@@ -11,10 +21,36 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     const repo = `tiny/${activations}`;
     const b = await h.setup(t, { pack: null, install: false, hubOptions: { repos: { [repo]: { dir } } } });
     await h.installPack(b.page, b.hub, repo, { backend });
+    const installed = (await h.packState(b.page)).installed;
+    if (backend === 'wasm') {
+      assert.equal(installed.block32, undefined, 'the wasm backend needs no graph re-blocked');
+    } else {
+      // Stored beside the pack, each file whole: the text encoder's and the transformer's MatMulNBits
+      // (block 128 as exported); the decoder has none.
+      assert.deepEqual(installed.block32.graphs.map((g) => g.onnx), Object.values(B32));
+      const tree = await h.opfsTree(b.page);
+      const pack = await h.installedDir(b.page);
+      for (const g of installed.block32.graphs) {
+        assert.equal(tree[`${pack}/${g.onnx}`] + tree[`${pack}/${g.data}`], g.bytes, JSON.stringify(g));
+      }
+      // Sessions made afresh for each image, so that the second one loads its graphs again.
+      await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
+    }
     const req = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
     if (backend) req.backend = backend;
     const { result } = await h.generateOk(b.page, req, 600_000);
     const files = h.writeResult(`real-arch-${activations}`, result);
     await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: TOLERANCE[activations], name: `real-arch-${activations}` });
+    if (backend === 'wasm') return;
+    assert.deepEqual(graphFiles(result), { textEncoder: B32.text_encoder_q4, transformer: B32.transformer_q8, decoder: 'vae_decoder.onnx' });
+
+    // The same pack as an older version installed it, without the stored forms: the transformer is
+    // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.
+    const state = await h.packState(b.page);
+    delete state.installed.block32;
+    await h.opfsWrite(b.page, 'packs/state.json', JSON.stringify(state));
+    const again = await h.generateOk(b.page, req, 600_000);
+    assert.deepEqual(graphFiles(again.result), { textEncoder: '', transformer: 'transformer_q8.onnx', decoder: 'vae_decoder.onnx' });
+    assert.ok(h.pngBytes(again.result).equals(h.pngBytes(result)), 'the image re-blocked at load differs from the stored form\'s');
   });
 }

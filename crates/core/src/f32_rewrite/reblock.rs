@@ -13,11 +13,11 @@ use crate::onnx::wire;
 /// The block size ONNX Runtime Web's tiled WebGPU kernel takes.
 pub const TARGET_BLOCK: u64 = 32;
 
-/// The external-data location of the scales and zero points [`to_block_32_computed`] computes: a file of
-/// the edited graph's own, handed to ONNX Runtime from memory.
+/// The external-data location of the scales and zero points [`to_block_32_computed`] computes when they
+/// are handed to ONNX Runtime from memory: a file of the edited graph's own.
 pub const COMPUTED_DATA: &str = "imagine-block32.data";
 
-/// Where each tensor starts in [`COMPUTED_DATA`]: a multiple of this.
+/// Where each tensor starts in the computed data: a multiple of this.
 const COMPUTED_ALIGN: u64 = 64;
 
 /// A range of bytes of a graph's external data.
@@ -36,7 +36,7 @@ pub struct DataRange {
 pub struct Reblocked {
     /// The edited ModelProto.
     pub graph: Vec<u8>,
-    /// How many bytes of [`COMPUTED_DATA`] were written (0 when nothing was computed).
+    /// How many bytes of computed data were written (0 when nothing was computed).
     pub data_length: u64,
     /// How many `MatMulNBits` changed.
     pub changed: usize,
@@ -64,14 +64,15 @@ pub(crate) fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteErr
 
 /// As [`to_block_32`], but the repeated scales and zero points are computed here, from their stored
 /// values (`read`: the bytes of each range [`sources_to_read`] listed; inline ones from the graph), into
-/// tensors of [`COMPUTED_DATA`], whose bytes go to `write` in order. An input whose bytes are missing,
-/// of another length, or not raw bytes is repeated by nodes as in [`to_block_32`].
+/// tensors of the external-data file `location`, whose bytes go to `write` in order. An input whose
+/// bytes are missing, of another length, or not raw bytes is repeated by nodes as in [`to_block_32`].
 pub(crate) fn to_block_32_computed(
     model: &[u8],
     read: &HashMap<DataRange, Vec<u8>>,
+    location: &str,
     write: &mut dyn FnMut(&[u8]),
 ) -> Result<Reblocked, RewriteError> {
-    rewrite(model, Some(&mut Sources::Reading { read, data: ComputedData { write, length: 0 } }))
+    rewrite(model, Some(&mut Sources::Reading { read, data: ComputedData { location, write, length: 0 } }))
 }
 
 /// Where repeated scales and zero points come from when not from nodes.
@@ -82,8 +83,10 @@ enum Sources<'s> {
     Reading { read: &'s HashMap<DataRange, Vec<u8>>, data: ComputedData<'s> },
 }
 
-/// The bytes of [`COMPUTED_DATA`], as they are written.
+/// The bytes of the computed data file, as they are written.
 struct ComputedData<'s> {
+    /// The file's external-data location in the edited graph.
+    location: &'s str,
     write: &'s mut dyn FnMut(&[u8]),
     length: u64,
 }
@@ -567,8 +570,8 @@ impl Added {
         name
     }
 
-    /// Adds an initializer `prefix + name` whose `values` are appended to `data` and read from there as
-    /// [`COMPUTED_DATA`]; its name.
+    /// Adds an initializer `prefix + name` whose `values` are appended to `data` and read from there;
+    /// its name.
     fn computed(
         &mut self,
         prefix: &str,
@@ -587,7 +590,7 @@ impl Added {
         wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
         wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
         for (key, value) in [
-            ("location", COMPUTED_DATA.to_owned()),
+            ("location", data.location.to_owned()),
             ("offset", offset.to_string()),
             ("length", values.len().to_string()),
         ] {

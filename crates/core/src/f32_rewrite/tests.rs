@@ -1056,7 +1056,10 @@ fn computed_scales_and_zero_points_repeat_each_block_in_a_data_file_of_their_own
     let m = matmul_nbits_model(256, 4, 4, 128, 21, &[]);
     assert_eq!(reblock::sources_to_read(&m).unwrap(), [], "inline scales and zero points need no read");
     let mut data = Vec::new();
-    let out = reblock::to_block_32_computed(&m, &HashMap::new(), &mut |b| data.extend_from_slice(b)).unwrap();
+    let out = reblock::to_block_32_computed(&m, &HashMap::new(), reblock::COMPUTED_DATA, &mut |b| {
+        data.extend_from_slice(b)
+    })
+    .unwrap();
     assert_eq!((out.changed, out.data_length), (1, data.len() as u64));
     let (inputs, block) = matmul_nbits_node(&out.graph);
     assert_eq!(block, 32);
@@ -1102,7 +1105,9 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
     let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let read = HashMap::from([(range.clone(), floats(&values))]);
     let mut data = Vec::new();
-    let out = reblock::to_block_32_computed(&m, &read, &mut |b| data.extend_from_slice(b)).unwrap();
+    let out =
+        reblock::to_block_32_computed(&m, &read, reblock::COMPUTED_DATA, &mut |b| data.extend_from_slice(b))
+            .unwrap();
     assert_eq!(out.changed, 1);
     // Column c's blocks 2c and 2c + 1, each 4 times (8 bits: 4 blocks of 32 in one of 128).
     let expected: Vec<f32> = (0..8).flat_map(|i| [i as f32; 4]).collect();
@@ -1110,10 +1115,44 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
     // Bytes of another length, or none: the scales come from nodes, as `to_block_32` makes them.
     for read in [HashMap::from([(range, floats(&values[..4]))]), HashMap::new()] {
         let mut data = Vec::new();
-        let out = reblock::to_block_32_computed(&m, &read, &mut |b| data.extend_from_slice(b)).unwrap();
+        let out = reblock::to_block_32_computed(&m, &read, reblock::COMPUTED_DATA, &mut |b| {
+            data.extend_from_slice(b)
+        })
+        .unwrap();
         assert_eq!((out.changed, out.data_length, data.len()), (1, 0, 0));
         assert_eq!(out.graph, reblock::to_block_32(&m).unwrap().0);
     }
+}
+
+#[test]
+fn the_stored_form_names_its_own_data_file_and_its_size_is_known_before_the_weights() {
+    use crate::matmul_blocks::{stored_bytes, Block32Graph};
+    let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 8), attr_int("block_size", 128)];
+    let mut m = model(&[
+        (GRAPH_INITIALIZER, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
+        (GRAPH_INITIALIZER, external_tensor("scales", &[4, 2], FLOAT, "w.data", 1024, 32)),
+        (GRAPH_NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales"], &["y"], &attrs)),
+        (GRAPH_INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(256)])),
+        (GRAPH_OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(4)])),
+    ]);
+    let mut opset_import = msg(&[(1, b"")]);
+    put_varint_field(&mut opset_import, 2, 21);
+    put_bytes_field(&mut m, 8, &opset_import);
+    let (onnx, data_name) = Block32Graph::names("transformer.f32.onnx");
+    assert_eq!((onnx.as_str(), data_name.as_str()), ("transformer.f32.b32.onnx", "transformer.f32.b32.data"));
+    let range = reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
+    let read = HashMap::from([(range, floats(&(0..8).map(|i| i as f32).collect::<Vec<_>>()))]);
+    let mut data = Vec::new();
+    let out =
+        reblock::to_block_32_computed(&m, &read, &data_name, &mut |b| data.extend_from_slice(b)).unwrap();
+    let locations: Vec<String> =
+        crate::pack::external_data_locations(&out.graph).unwrap().into_iter().map(|f| f.location).collect();
+    assert_eq!(locations, ["w.data", "transformer.f32.b32.data"]);
+    // Known from the graph alone, to the byte: what the space check charges is what is written.
+    assert_eq!(stored_bytes("transformer.f32.onnx", &m).unwrap(), out.graph.len() as u64 + data.len() as u64);
+    // A graph with nothing to re-block stores nothing.
+    let (unchanged, _) = reblock::to_block_32(&matmul_nbits_model(64, 4, 4, 32, 21, &[])).unwrap();
+    assert_eq!(stored_bytes("decoder.onnx", &unchanged).unwrap(), 0);
 }
 
 #[test]

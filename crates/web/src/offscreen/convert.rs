@@ -40,8 +40,18 @@ pub enum ConvertError {
     /// A graph or a piece of weights that cannot be converted as planned.
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
-    /// A converted file that read back differently twice.
-    #[error("the float32 conversion of {0} read back differently from what was written, twice: the disk may be failing")]
+    /// A graph of the pack that cannot be read as the planner read it.
+    #[error("{graph}: {source}")]
+    Graph {
+        /// The graph's file name.
+        graph: String,
+        /// Why.
+        source: imagine_core::pack::PackError,
+    },
+    /// A file made for this GPU (converted or re-blocked) that read back differently twice.
+    #[error(
+        "{0}, made for this GPU, read back differently from what was written, twice: the disk may be failing"
+    )]
     Corrupt(String),
     /// A source file shorter than the graph says.
     #[error("{file} ends before byte {end}, where the graph's tensor {tensor} ends")]

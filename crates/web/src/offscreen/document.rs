@@ -452,6 +452,7 @@ async fn run_stages(
                     .into_iter()
                     .map(|(stage, t)| StageTimings {
                         stage,
+                        graph_file: t.graph_file,
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,

@@ -22,8 +22,11 @@ use std::collections::HashMap;
 use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
-use imagine_core::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
-use imagine_core::hub::{self, DownloadRecord, HashCheckpoint, HubError, RateMeter};
+use imagine_core::f32_rewrite::pack_conversion::{
+    converted_graph_name, ConversionRecord, GraphPlan, CONVERSION_STATE_FILE,
+};
+use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
+use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record};
 use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
@@ -35,6 +38,7 @@ use web_sys::{
     ReadableStreamDefaultReader,
 };
 
+use crate::offscreen::block32;
 use crate::offscreen::convert::{self, ConvertError, ConvertProgress};
 use crate::offscreen::hasher::{HashError, HashWorker};
 use crate::platform::gpu::{self, GpuError};
@@ -272,7 +276,8 @@ async fn install(
     // shader-f16 gets the float16 graphs rewritten to float32 (refused here, naming the node, when the
     // rewrite cannot do it).
     let mut conversion = None;
-    if request.backend.as_deref() != Some("wasm") {
+    let webgpu = request.backend.as_deref() != Some("wasm");
+    if webgpu {
         let adapter = gpu::adapter_info().await?;
         let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
         gpu::check_limits(adapter.limits, largest)?;
@@ -281,6 +286,12 @@ async fn install(
                 Some((hub_client::conversion_plans(&graphs, &plan, adapter.limits)?, adapter.limits));
         }
     }
+    // The graphs WebGPU stages will load, re-blocked and stored once the files they read are there.
+    let block32_graphs = if webgpu {
+        webgpu_graphs(&graphs, conversion.as_ref().map(|(plans, _)| plans.as_slice()))
+    } else {
+        Vec::new()
+    };
     // An installed pack converted for other limits (or not converted) is not what this adapter runs.
     let converted_as_needed = |installed: &PackRecord| match &conversion {
         None => true,
@@ -320,8 +331,25 @@ async fn install(
         }
         None => 0,
     };
+    let mut block32_bytes = 0;
+    for (name, model) in &block32_graphs {
+        block32_bytes += matmul_blocks::stored_bytes(name, model).map_err(ConvertError::from)?;
+    }
+    if let Ok(dir) = opfs::slot_dir(staging, false).await {
+        // What an interrupted attempt stored is made again: removed before the space check counts it.
+        for (name, _) in &block32_graphs {
+            let (onnx, data) = Block32Graph::names(name);
+            for file in [onnx, data] {
+                opfs::remove(&dir, &file).await?;
+            }
+        }
+    }
     let usage = opfs::storage_use().await?;
-    hub::check_space(record.remaining_bytes() + converted_bytes, usage.usage_bytes, usage.quota_bytes)?;
+    hub::check_space(
+        record.remaining_bytes() + converted_bytes + block32_bytes,
+        usage.usage_bytes,
+        usage.quota_bytes,
+    )?;
     let dir = opfs::slot_dir(staging, true).await?;
     // The graphs and manifests were fetched and verified while planning; store them now.
     let small: HashMap<String, &[u8]> = graphs
@@ -365,15 +393,33 @@ async fn install(
         }
         None => None,
     };
-    // A generation may be reading the installed pack: the offscreen document lets the new one replace
-    // it only once no job runs, and holds the next jobs until it has.
     download.report.state = DownloadState::Installing;
     download.report.record(&download.record);
+    let block32 = if webgpu {
+        let names: Vec<String> = block32_graphs.into_iter().map(|(name, _)| name).collect();
+        Some(block32::store(&download.dir, &names).await?)
+    } else {
+        None
+    };
+    // A generation may be reading the installed pack: the offscreen document lets the new one replace
+    // it only once no job runs, and holds the next jobs until it has.
     let (allow, allowed) = oneshot::channel();
     SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
     send(&DownloadReport::SwapReady);
     allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
-    swap(staging, &download.record, converted).await
+    swap(staging, &download.record, converted, block32).await
+}
+
+/// Each graph of the pack as a WebGPU stage will load it (its float32 conversion where `plans` has
+/// one), by file name.
+fn webgpu_graphs(graphs: &[GraphFiles], plans: Option<&[GraphPlan]>) -> Vec<(String, Vec<u8>)> {
+    graphs
+        .iter()
+        .map(|g| match plans.and_then(|plans| plans.iter().find(|p| p.graph == g.graph)) {
+            Some(plan) => (converted_graph_name(plan.graph), plan.rewrite.graph.clone()),
+            None => (g.graph.file_name(), g.onnx.clone()),
+        })
+        .collect()
 }
 
 thread_local! {
@@ -827,6 +873,7 @@ async fn swap(
     staging: Slot,
     record: &DownloadRecord,
     conversion: Option<ConversionRecord>,
+    block32: Option<Block32Record>,
 ) -> Result<PackRecord, DownloadError> {
     let state = opfs::pack_state().await?;
     if state.staging != staging {
@@ -835,6 +882,7 @@ async fn swap(
     let files = record.files.iter().map(|f| f.file.clone()).collect();
     let mut installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
     installed.conversion = conversion;
+    installed.block32 = block32;
     opfs::failpoint("swap:before-state").await;
     let swapped = state.swapped(installed.clone());
     opfs::write_pack_state(&swapped).await?;

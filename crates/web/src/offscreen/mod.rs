@@ -1,7 +1,8 @@
 //! The offscreen document and the dedicated workers it starts: a stage worker per pipeline stage (text
 //! encoder, transformer, VAE decoder) on ONNX Runtime, and the download worker (with its hash worker and
-//! the float32 conversion) that fills the pack's OPFS folder.
+//! the float32 conversion and the block-32 form) that fills the pack's OPFS folder.
 
+pub mod block32;
 pub mod convert;
 pub mod document;
 pub mod download;

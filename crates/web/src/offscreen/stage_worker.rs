@@ -198,6 +198,16 @@ fn report(report: &StageReport, data: Option<&JsValue>) {
 /// A stage's output, and the buffer it hands on (the decoder hands its PNGs on one by one instead).
 type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 
+/// Where a WebGPU stage's graph re-blocked to 32 comes from (`imagine_core::matmul_blocks`).
+enum Block32 {
+    /// Stored with the pack when it was installed.
+    Stored(imagine_core::matmul_blocks::Block32Graph),
+    /// The pack's stored forms need none for this graph, or the backend (wasm) needs none.
+    NotNeeded,
+    /// Made here, in memory: the pack was installed without its stored forms (by an older version).
+    AtLoad,
+}
+
 /// A session on the chosen backend; the pipeline runs it through
 /// [`imagine_core::Session`].
 struct Stage {
@@ -235,6 +245,17 @@ impl Stage {
             Backend::Wasm => None,
         };
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
+        let block32 = match (backend, &record.block32) {
+            (Backend::Wasm, _) => Block32::NotNeeded,
+            (Backend::WebGpu, None) => Block32::AtLoad,
+            (Backend::WebGpu, Some(stored)) => {
+                stored.graph(&name).cloned().map_or(Block32::NotNeeded, Block32::Stored)
+            }
+        };
+        let (name, bytes) = match &block32 {
+            Block32::Stored(stored) => (stored.onnx.clone(), opfs::read(&dir, &stored.onnx).await?),
+            _ => (name, bytes),
+        };
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
             .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
         let mut tables = Vec::new();
@@ -257,7 +278,10 @@ impl Stage {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
             Backend::WebGpu => {
-                let (mut bytes, computed) = reblock(&name, &bytes, &dir, &files).await?;
+                let (mut bytes, computed) = match block32 {
+                    Block32::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
+                    Block32::Stored(_) | Block32::NotNeeded => (bytes, None),
+                };
                 external.extend(computed);
                 if let Some(level) = params.accuracy_level {
                     bytes = matmul_blocks::with_accuracy_level(&bytes, level)
@@ -276,8 +300,9 @@ impl Stage {
         let started = now_ms();
         let created =
             Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile).await;
-        let session = created.map_err(|source| StageWorkerError::Load { graph: name, source })?;
+        let session = created.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
         let timing = StageTiming {
+            graph_file: name,
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,
@@ -321,6 +346,7 @@ impl Stage {
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
                 stage.timing = StageTiming {
+                    graph_file: std::mem::take(&mut stage.timing.graph_file),
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
                     started_at_ms: js_sys::Date::now(),
@@ -515,10 +541,11 @@ async fn reblock(
     }
     let read: HashMap<_, _> = futures_util::future::try_join_all(reads).await?.into_iter().collect();
     let parts = js_sys::Array::new();
-    let reblocked = matmul_blocks::to_block_32_computed(bytes, &read, &mut |chunk| {
-        parts.push(&Uint8Array::from(chunk));
-    })
-    .map_err(edit_failed)?;
+    let reblocked =
+        matmul_blocks::to_block_32_computed(bytes, &read, matmul_blocks::COMPUTED_DATA, &mut |chunk| {
+            parts.push(&Uint8Array::from(chunk));
+        })
+        .map_err(edit_failed)?;
     if reblocked.data_length == 0 {
         return Ok((reblocked.graph, None));
     }

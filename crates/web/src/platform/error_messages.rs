@@ -178,7 +178,7 @@ impl Localize for ConvertError {
     fn message(&self) -> Message {
         match self {
             ConvertError::Opfs(e) => e.message(),
-            ConvertError::Rewrite(_) => Message::text(self),
+            ConvertError::Rewrite(_) | ConvertError::Graph { .. } => Message::text(self),
             ConvertError::Corrupt(file) => Message::new("errConvertCorrupt", [arg(file)]),
             ConvertError::ShortSource { file, end, tensor } => {
                 Message::new("errConvertShortSource", [arg(file), arg(end), arg(tensor)])

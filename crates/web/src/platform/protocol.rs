@@ -224,6 +224,9 @@ pub struct TransformerOutput {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTiming {
+    /// The graph file its session was created from (`transformer.b32.onnx` for the form re-blocked to 32
+    /// at install, say).
+    pub graph_file: String,
     /// The worker's creation (its `performance.timeOrigin`).
     pub worker_created_at_ms: f64,
     /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.

@@ -1,0 +1,141 @@
+//! The pack's graphs re-blocked to 32 for WebGPU once, in the download worker, in the staging slot,
+//! after the download (and the float32 conversion) and before the pack is installed (issue 21; the edit
+//! itself and why: `imagine_core::matmul_blocks`).
+//!
+//! * Verified: the stored form is a pure function of the verified files it is made from, so after it is
+//!   written it is computed again and compared with what reads back, byte for byte. A file that
+//!   differs is made again once, then the install stops.
+//! * Not resumed: it takes seconds, so an install interrupted here makes it again from the start.
+//! * Installed with the pack: the `Block32Record` goes into the pack record in the one `state.json`
+//!   write that installs the pack; the files live in the slot and go with it.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+
+use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange};
+use imagine_core::pack;
+use web_sys::FileSystemDirectoryHandle;
+
+use crate::offscreen::convert::ConvertError;
+use crate::platform::opfs::{self, OpfsError, SyncFile};
+
+/// Stores the re-blocked form of each of `graphs` (file names in `dir`: the graphs a WebGPU stage will
+/// load) that has a node to re-block; the record to install with the pack.
+pub async fn store(
+    dir: &FileSystemDirectoryHandle,
+    graphs: &[String],
+) -> Result<Block32Record, ConvertError> {
+    let mut record = Block32Record::default();
+    for graph in graphs {
+        let model = opfs::read(dir, graph).await?;
+        let read = read_sources(dir, graph, &model).await?;
+        if let Some(stored) = store_graph(dir, graph, &model, &read).await? {
+            record.graphs.push(stored);
+        }
+    }
+    Ok(record)
+}
+
+/// The stored scales and zero points `model` (the graph `graph`) re-blocks, by range.
+async fn read_sources(
+    dir: &FileSystemDirectoryHandle,
+    graph: &str,
+    model: &[u8],
+) -> Result<HashMap<DataRange, Vec<u8>>, ConvertError> {
+    let broken = |source| ConvertError::Graph { graph: graph.to_owned(), source };
+    // Only the files the graph's external data names, checked to stay inside the slot.
+    let files: HashMap<String, String> = pack::external_data_locations(model)
+        .map_err(broken)?
+        .into_iter()
+        .map(|f| (f.location, f.file))
+        .collect();
+    let mut opened: HashMap<&str, SyncFile> = HashMap::new();
+    let mut read = HashMap::new();
+    for range in matmul_blocks::sources_to_read(model)? {
+        // A location the graph does not list as external data is left to the edit's nodes.
+        let Some(file) = files.get(&range.location) else { continue };
+        if !opened.contains_key(file.as_str()) {
+            opened.insert(file, SyncFile::open(dir, file).await?);
+        }
+        let mut bytes = vec![0; range.length as usize];
+        if opened[file.as_str()].read_at(&mut bytes, range.offset)? != bytes.len() {
+            return Err(ConvertError::ShortSource {
+                file: file.clone(),
+                end: range.offset + range.length,
+                tensor: format!("{graph} (MatMulNBits scales or zero points)"),
+            });
+        }
+        read.insert(range, bytes);
+    }
+    Ok(read)
+}
+
+/// Writes `graph`'s re-blocked form and checks it; `None` when it has no node to re-block.
+async fn store_graph(
+    dir: &FileSystemDirectoryHandle,
+    graph: &str,
+    model: &[u8],
+    read: &HashMap<DataRange, Vec<u8>>,
+) -> Result<Option<Block32Graph>, ConvertError> {
+    let (onnx, data) = Block32Graph::names(graph);
+    for _ in 0..2 {
+        let data_file = SyncFile::create(dir, &data).await?;
+        let failed: Cell<Option<OpfsError>> = Cell::new(None);
+        let mut written = 0;
+        let reblocked = matmul_blocks::to_block_32_computed(model, read, &data, &mut |chunk| {
+            if let Err(e) = data_file.write_at(chunk, written) {
+                failed.set(Some(e));
+            }
+            written += chunk.len() as u64;
+        })?;
+        if let Some(e) = failed.take() {
+            return Err(e.into());
+        }
+        if reblocked.changed == 0 {
+            drop(data_file);
+            opfs::remove(dir, &data).await?;
+            return Ok(None);
+        }
+        data_file.flush()?;
+        let graph_file = SyncFile::create(dir, &onnx).await?;
+        graph_file.write_at(&reblocked.graph, 0)?;
+        graph_file.flush()?;
+        if reads_back(&graph_file, &reblocked.graph)? && data_reads_back(&data_file, model, read, &data)? {
+            let bytes = reblocked.graph.len() as u64 + reblocked.data_length;
+            opfs::failpoint("block32:graph-done").await;
+            return Ok(Some(Block32Graph { graph: graph.to_owned(), onnx, data, bytes }));
+        }
+    }
+    Err(ConvertError::Corrupt(onnx))
+}
+
+/// Whether `file` holds exactly `bytes`.
+fn reads_back(file: &SyncFile, bytes: &[u8]) -> Result<bool, OpfsError> {
+    let mut back = vec![0; bytes.len()];
+    Ok(file.size()? == bytes.len() as u64 && file.read_at(&mut back, 0)? == bytes.len() && back == bytes)
+}
+
+/// Whether `file` holds exactly the computed data of `model`'s re-blocked form, computed again.
+fn data_reads_back(
+    file: &SyncFile,
+    model: &[u8],
+    read: &HashMap<DataRange, Vec<u8>>,
+    location: &str,
+) -> Result<bool, ConvertError> {
+    let failed: Cell<Option<OpfsError>> = Cell::new(None);
+    let mut same = true;
+    let mut offset = 0;
+    let mut back = Vec::new();
+    let again = matmul_blocks::to_block_32_computed(model, read, location, &mut |chunk| {
+        back.resize(chunk.len(), 0);
+        match file.read_at(&mut back, offset) {
+            Ok(n) => same &= n == chunk.len() && back == chunk,
+            Err(e) => failed.set(Some(e)),
+        }
+        offset += chunk.len() as u64;
+    })?;
+    if let Some(e) = failed.take() {
+        return Err(e.into());
+    }
+    Ok(same && file.size()? == again.data_length)
+}
