@@ -108,20 +108,47 @@ impl Block32Graph {
     }
 }
 
-/// The re-blocked forms stored with an installed pack (in its record): every graph a WebGPU session
-/// of this pack loads that has a node to re-block. A graph not listed needs none; a pack without this
-/// record (installed for the wasm backend, or by an older version) is re-blocked while it loads.
+/// The re-blocked forms stored with an installed pack (in its record), for the graphs a WebGPU stage
+/// loaded on the adapter it was installed for. A graph in neither list (another adapter's choice: the
+/// pack's float16 graph where the float32 conversion was stored, say), or a pack without this record
+/// (installed for the wasm backend, or by an older version), is re-blocked while it loads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Block32Record {
     /// The stored forms.
     pub graphs: Vec<Block32Graph>,
+    /// The graphs that have no node to re-block (the decoder), loaded as they are.
+    #[serde(default)]
+    pub unchanged: Vec<String>,
+}
+
+/// How a WebGPU stage gets `graph` re-blocked to 32, by [`Block32Record::form`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Block32Form<'r> {
+    /// Stored with the pack.
+    Stored(&'r Block32Graph),
+    /// It has no node to re-block.
+    Unchanged,
+    /// Not made at install: re-blocked in memory while it loads.
+    AtLoad,
 }
 
 impl Block32Record {
     /// The stored form made from `graph` (a file name of the pack or its conversion), if any.
     pub fn graph(&self, graph: &str) -> Option<&Block32Graph> {
         self.graphs.iter().find(|g| g.graph == graph)
+    }
+
+    /// How `graph` gets re-blocked when a pack with this record (or `None`: without one) is loaded.
+    pub fn form<'r>(record: Option<&'r Block32Record>, graph: &str) -> Block32Form<'r> {
+        match record {
+            Some(record) => match record.graph(graph) {
+                Some(stored) => Block32Form::Stored(stored),
+                None if record.unchanged.iter().any(|g| g == graph) => Block32Form::Unchanged,
+                None => Block32Form::AtLoad,
+            },
+            None => Block32Form::AtLoad,
+        }
     }
 
     /// Bytes of all stored forms.
@@ -144,4 +171,29 @@ pub fn stored_bytes(graph: &str, model: &[u8]) -> Result<u64, RewriteError> {
 /// quantizes the activations to int8, faster on WebGPU and less exact), and how many nodes changed.
 pub fn with_accuracy_level(model: &[u8], level: u8) -> Result<(Vec<u8>, usize), RewriteError> {
     crate::f32_rewrite::reblock::with_accuracy_level(model, level.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_graph_the_record_does_not_name_is_re_blocked_while_it_loads() {
+        let (onnx, data) = Block32Graph::names("transformer_q8.f32.onnx");
+        let stored = Block32Graph { graph: "transformer_q8.f32.onnx".into(), onnx, data, bytes: 9 };
+        let record =
+            Block32Record { graphs: vec![stored.clone()], unchanged: vec!["vae_decoder.onnx".into()] };
+        assert_eq!(
+            Block32Record::form(Some(&record), "transformer_q8.f32.onnx"),
+            Block32Form::Stored(&stored)
+        );
+        assert_eq!(Block32Record::form(Some(&record), "vae_decoder.onnx"), Block32Form::Unchanged);
+        // Installed without shader-f16, loaded with it: the float16 graph was never re-blocked.
+        assert_eq!(Block32Record::form(Some(&record), "transformer_q8.onnx"), Block32Form::AtLoad);
+        // Installed by a version before the record.
+        assert_eq!(Block32Record::form(None, "transformer_q8.f32.onnx"), Block32Form::AtLoad);
+        // `unchanged` may be absent: read as empty.
+        let old: Block32Record = serde_json::from_str(r#"{"graphs":[]}"#).unwrap();
+        assert_eq!(Block32Record::form(Some(&old), "vae_decoder.onnx"), Block32Form::AtLoad);
+    }
 }

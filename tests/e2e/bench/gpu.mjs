@@ -5,7 +5,7 @@
 //   node tests/e2e/bench/gpu.mjs --pack DIR [--out DIR] [--size 512] [--large 1024] [--steps 4] [--batch 4]
 //        [--f16-args "--enable-dawn-features=vulkan_enable_f16_on_nvidia"] [--f16-backend webgpu|wasm]
 //        [--reference] [--tolerance-f16 N] [--tolerance-f32 N] [--max-pixels N] [--threads N]
-//        [--ort-alt DIR] [--images NAME,...]
+//        [--ort-alt DIR] [--images NAME,...] [--f16-install]
 //
 // With IMAGINE_WEBGPU=vulkan (harness.mjs) Chromium runs on the GPU. A float16 pack exported like the
 // published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
@@ -28,8 +28,11 @@
 //      `keepBuffers` (ORT keeps every GPU buffer between runs, not only those up to 160 MiB) a cold
 //      --size image (prompt M) and its repeat, and a cold --large image with ORT's own cache
 //      (`keepBuffers: false`, prompt L), as the extension keeps the buffers above 512x512 by default.
-//      Step 1 ends with a cold --large image (prompt C), the same with ORT's own cache (prompt L), and a
-//      cold --size image with `keepBuffers` and its repeat (prompt N);
+//      Then, unloaded first, a cold --size image with the graphs re-blocked to 32 while they load rather
+//      than stored at install (the pack record as an older version wrote it, put back after; prompt O).
+//      Step 1 ends with a cold --large image (prompt C), the same with ORT's own cache (prompt L), a
+//      cold --size image with `keepBuffers` and its repeat (prompt N), and a cold --size image
+//      re-blocked while loading (prompt P);
 //   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
 //      again with that package's JSPI bundle and wasm in place of the extension's (swapped in the
 //      unpacked extension, so that the installed pack is the same, and put back after): a warm-up
@@ -39,11 +42,14 @@
 //      images from their traces on the pack's own graphs, and compare.py compares each with the
 //      extension's; then the check is run once with one input perturbed (the cold image of step 2
 //      against a reference fed the noise of seed 43 instead of 42), which must fail.
+// --f16-install installs the pack again in step 2's browser before its images (deleted first), as a
+// user whose GPU has shader-f16 does: the float16 graphs are then the ones re-blocked to 32 and stored at
+// install, not step 1's float32 conversion; with --images naming no float32 image, step 1 is left out.
 // --images (names as in bench-gpu.json, e.g. f16-warm-up,f16-cold,f16-repeat,f16-large) makes only those
 // images of the plan, when device time is short; the install and the launches stay. --large 0 leaves out
 // the --large images.
 // Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
-// preparing the graph (reading it, the block-32 edit), session creation, each run, the stage's wall
+// preparing the graph (reading it and its edits; the block-32 one only when re-blocking while loading), session creation, each run, the stage's wall
 // time (its worker's creation to the end of its work) and what of it was neither (waiting for the
 // stage before it, the messages between); the peak memory above idle of the extension's renderer (offscreen document and stage workers)
 // and of the GPU process, and the GPU's memory in use (`nvidia-smi`, when there is one).
@@ -69,6 +75,7 @@ const { values: o } = parseArgs({
     'f16-args': { type: 'string', default: '--enable-dawn-features=vulkan_enable_f16_on_nvidia' },
     'f16-backend': { type: 'string' },
     images: { type: 'string' },
+    'f16-install': { type: 'boolean', default: false },
     reference: { type: 'boolean', default: false },
     // Levels of 255 per channel; those of the tiny real-architecture packs (tiny-packs.mjs): the same
     // graphs on both sides, summed in another order, rounded to float16 elsewhere. Measured at full size
@@ -103,6 +110,8 @@ const PROMPTS = {
   l: 'a field of sunflowers under a thunderstorm, wide angle',
   m: 'a cup of coffee with latte art, top view',
   n: 'a koi pond in autumn, ink painting',
+  o: 'a lantern-lit night market, long exposure',
+  p: 'a fox made of paper, origami on white',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -129,7 +138,9 @@ const profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-bench-gpu-'));
 let failed = false;
 try {
   // 1. Chromium as it starts by default: no shader-f16 on Linux + NVIDIA --------------------------------
-  await withBrowser('default', [], async (b, sampler) => {
+  // Step 1 installs the pack; with --f16-install and only step 2's images asked for, step 2 does.
+  const step1 = !(o['f16-install'] && o.images && !o.images.split(',').some((n) => n.startsWith('f32-')));
+  if (step1) await withBrowser('default', [], async (b, sampler) => {
     const plan = await h.api(b.page, { type: 'planPack', endpoint: hub.url, repo: REPO, revision: 'main' });
     if (plan?.type !== 'packPlan') throw new Error(`planPack: ${JSON.stringify(plan, h.shorten)}`);
     report.plan = { totalBytes: plan.totalBytes, conversion: plan.conversion ?? null };
@@ -153,6 +164,9 @@ try {
     await keepLoaded(b, KEEP_LOADED_S);
     await image(b, sampler, { label: 'keepBuffers: cold, float32 conversion', prompt: PROMPTS.n, size: SIZE, seed: '42', keepBuffers: true, name: 'f32-keep' });
     await image(b, sampler, { label: 'keepBuffers: repeat, float32 conversion', prompt: PROMPTS.n, size: SIZE, seed: '43', keepBuffers: true, name: 'f32-keep-repeat' });
+    await keepLoaded(b, 0);
+    await keepLoaded(b, KEEP_LOADED_S);
+    await withoutStoredBlock32(b, () => image(b, sampler, { label: 're-blocked while loading: cold, float32 conversion', prompt: PROMPTS.p, size: SIZE, seed: '42', name: 'f32-atload' }));
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -169,6 +183,13 @@ try {
       const extra = backend ? { backend } : {};
       const tag = backend ? ` (${backend}: no shader-f16)` : '';
       await keepLoaded(b, 0);
+      if (o['f16-install']) {
+        // As a user whose GPU has shader-f16 installs it: no conversion, and the float16 graphs
+        // re-blocked to 32 at install (step 1's install stored the float32 conversion's).
+        const deleted = step1 ? await h.api(b.page, { type: 'deletePack' }) : { type: 'done' };
+        if (deleted?.type !== 'done') throw new Error(`deletePack: ${JSON.stringify(deleted)}`);
+        report.installF16 = await install(b, sampler);
+      }
       // The browser compiles each shader once: a first image, so that neither side below pays for it.
       await image(b, sampler, { label: `warm-up${tag}`, prompt: PROMPTS.e, size: SIZE, seed: '42', name: 'f16-warm-up', ...extra });
       const baseline = { ...extra, loadAhead: false };
@@ -182,6 +203,11 @@ try {
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.c, size: Number(o.large), seed: '42', name: 'f16-large', ...extra });
+      // The graphs re-blocked to 32 while they load, as for a pack an older version installed: the cold
+      // image again, against the form stored at install above.
+      await keepLoaded(b, 0);
+      await keepLoaded(b, KEEP_LOADED_S);
+      await withoutStoredBlock32(b, () => image(b, sampler, { label: `re-blocked while loading: cold${tag}`, prompt: PROMPTS.o, size: SIZE, seed: '42', name: 'f16-atload', ...extra }));
       // Int8 activations in every MatMulNBits (`accuracyLevel` 4): the cold and repeat images again.
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
@@ -357,10 +383,32 @@ async function install(b, sampler) {
     downloadMBps: installed.bytes / ((downloadEnd - t) / 1000) / 1e6,
     conversionSeconds: states.converting ? ((states.installing ?? end) - states.converting) / 1000 : null,
     extraDiskBytes: converted.reduce((n, p) => n + tree[p], 0),
+    // From the end of the conversion (or the download) to the pack installed: the graphs re-blocked to
+    // 32 and stored, then the swap.
+    block32Seconds: states.installing ? (end - states.installing) / 1000 : null,
+    block32Bytes: (await h.packState(b.page)).installed.block32?.graphs.reduce((n, g) => n + g.bytes, 0) ?? 0,
     rendererPeakAboveIdle: (peak.extension ?? 0) - (idle.extension ?? 0),
   };
-  log(`installed ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s: download and verify ${r.downloadSeconds.toFixed(1)} s (${r.downloadMBps.toFixed(0)} MB/s), conversion ${r.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(r.extraDiskBytes)} MB`);
+  log(`installed ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s: download and verify ${r.downloadSeconds.toFixed(1)} s (${r.downloadMBps.toFixed(0)} MB/s), conversion ${r.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(r.extraDiskBytes)} MB; re-blocked to 32 and stored ${r.block32Seconds?.toFixed(1) ?? '-'} s, ${mb(r.block32Bytes)} MB`);
   return r;
+}
+
+/**
+ * Runs `fn` with the installed pack's record as a version before issue 21's install-time re-blocking
+ * wrote it (no `block32`), so that the stage workers re-block the graphs while they load; the record
+ * is put back after.
+ */
+async function withoutStoredBlock32(b, fn) {
+  const state = await h.packState(b.page);
+  const stored = state.installed.block32;
+  delete state.installed.block32;
+  await h.opfsWrite(b.page, 'packs/state.json', JSON.stringify(state));
+  try {
+    await fn();
+  } finally {
+    state.installed.block32 = stored;
+    await h.opfsWrite(b.page, 'packs/state.json', JSON.stringify(state));
+  }
 }
 
 /** One generation request; records its wall time, each image's timings and the stages' memory. */
@@ -411,6 +459,7 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
     report.stages.push({
       image: label,
       stage: st.stage,
+      graphFile: st.graphFile,
       workerStartMs,
       prepareMs: st.startedAtMs - st.taskAtMs,
       sessionCreateMs: st.sessionCreateMs,
@@ -477,7 +526,11 @@ function printReport() {
   for (const [name, x] of Object.entries(l)) console.log(`  ${name}: ${JSON.stringify(x.adapter)} (flags: ${x.args.join(' ') || 'none added'})`);
   if (report.install) {
     const i = report.install;
-    console.log(`install: ${(i.bytes / 1e9).toFixed(2)} GB in ${i.seconds.toFixed(1)} s; download and verify ${i.downloadSeconds.toFixed(1)} s = ${i.downloadMBps.toFixed(0)} MB/s; conversion ${i.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(i.extraDiskBytes)} MB; fake Hub hashing ${report.hubHashS.toFixed(1)} s`);
+    console.log(`install: ${(i.bytes / 1e9).toFixed(2)} GB in ${i.seconds.toFixed(1)} s; download and verify ${i.downloadSeconds.toFixed(1)} s = ${i.downloadMBps.toFixed(0)} MB/s; conversion ${i.conversionSeconds?.toFixed(1) ?? '-'} s, extra disk ${mb(i.extraDiskBytes)} MB; re-blocked and stored ${i.block32Seconds?.toFixed(1) ?? '-'} s, ${mb(i.block32Bytes)} MB; fake Hub hashing ${report.hubHashS.toFixed(1)} s`);
+  }
+  if (report.installF16) {
+    const i = report.installF16;
+    console.log(`install with shader-f16: ${(i.bytes / 1e9).toFixed(2)} GB in ${i.seconds.toFixed(1)} s; download and verify ${i.downloadSeconds.toFixed(1)} s; re-blocked and stored ${i.block32Seconds?.toFixed(1) ?? '-'} s, ${mb(i.block32Bytes)} MB`);
   }
   console.log('\nimages (wall: from the request to the last result event):');
   h.printTable(['image', 'size', 'count', 'wall s', 'in extension s', 'outcome'], report.images.map((i) => [i.label, `${i.size}x${i.size}`, i.count, i.wallS.toFixed(2), s(i.totalMs), i.outcome]));
@@ -497,6 +550,11 @@ function printReport() {
   if (keep.length) {
     console.log(`\nkeepBuffers (ORT keeps every GPU buffer between runs; the extension's default above 512x512) against ORT's cache (those up to 160 MiB):`);
     h.printTable(['image', "ORT's cache s", 'keepBuffers s', "ORT's cache / keepBuffers"], keep);
+  }
+  const stored = ratioRows([['cold', 'f16-atload', 'f16-cold'], ['cold, float32 conversion', 'f32-atload', 'f32-cold']]);
+  if (stored.length) {
+    console.log('\nthe graphs re-blocked to 32 while they load (a pack installed without them) against the form stored at install:');
+    h.printTable(['image', 'while loading s', 'stored s', 'while loading / stored'], stored);
   }
   const ratios = ratioRows([['cold', 'base-cold', 'f16-cold'], ['repeat', 'base-repeat', 'f16-repeat']]);
   report.ratios = Object.fromEntries(ratios.map(([what, , , x]) => [what, Number(x)]));

@@ -20,7 +20,20 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     const dir = await tinyPack(activations);
     const repo = `tiny/${activations}`;
     const b = await h.setup(t, { pack: null, install: false, hubOptions: { repos: { [repo]: { dir } } } });
-    await h.installPack(b.page, b.hub, repo, { backend });
+    if (backend === 'wasm') {
+      await h.installPack(b.page, b.hub, repo, { backend });
+    } else {
+      // Stopped once the first graph's re-blocked form is stored, then paused and resumed: nothing is
+      // installed until every stored form is made again and checked.
+      await h.armFailpoint(b.page, 'block32:graph-done');
+      assert.equal((await h.startInstall(b.page, b.hub, repo)).type, 'installStarted');
+      await h.waitForFailpoint(b.page);
+      assert.equal((await h.packState(b.page))?.installed ?? null, null);
+      assert.equal((await h.api(b.page, { type: 'pausePack' })).type, 'done');
+      await h.waitForDownload(b.page, (s) => s.download?.state === 'paused', 10_000);
+      assert.equal((await h.resumePack(b.page)).type, 'installStarted');
+      await h.waitForInstall(b.page);
+    }
     const installed = (await h.packState(b.page)).installed;
     if (backend === 'wasm') {
       assert.equal(installed.block32, undefined, 'the wasm backend needs no graph re-blocked');
@@ -28,6 +41,7 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
       // Stored beside the pack, each file whole: the text encoder's and the transformer's MatMulNBits
       // (block 128 as exported); the decoder has none.
       assert.deepEqual(installed.block32.graphs.map((g) => g.onnx), Object.values(B32));
+      assert.deepEqual(installed.block32.unchanged, ['vae_decoder.onnx']);
       const tree = await h.opfsTree(b.page);
       const pack = await h.installedDir(b.page);
       for (const g of installed.block32.graphs) {

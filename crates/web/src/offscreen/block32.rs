@@ -29,8 +29,9 @@ pub async fn store(
     for graph in graphs {
         let model = opfs::read(dir, graph).await?;
         let read = read_sources(dir, graph, &model).await?;
-        if let Some(stored) = store_graph(dir, graph, &model, &read).await? {
-            record.graphs.push(stored);
+        match store_graph(dir, graph, &model, &read).await? {
+            Some(stored) => record.graphs.push(stored),
+            None => record.unchanged.push(graph.clone()),
         }
     }
     Ok(record)

@@ -15,7 +15,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
-use imagine_core::matmul_blocks;
+use imagine_core::matmul_blocks::{self, Block32Form, Block32Record};
 use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
@@ -198,16 +198,6 @@ fn report(report: &StageReport, data: Option<&JsValue>) {
 /// A stage's output, and the buffer it hands on (the decoder hands its PNGs on one by one instead).
 type StageResult = Result<(StageOutput, Option<JsValue>), StageWorkerError>;
 
-/// Where a WebGPU stage's graph re-blocked to 32 comes from (`imagine_core::matmul_blocks`).
-enum Block32 {
-    /// Stored with the pack when it was installed.
-    Stored(imagine_core::matmul_blocks::Block32Graph),
-    /// The pack's stored forms need none for this graph, or the backend (wasm) needs none.
-    NotNeeded,
-    /// Made here, in memory: the pack was installed without its stored forms (by an older version).
-    AtLoad,
-}
-
 /// A session on the chosen backend; the pipeline runs it through
 /// [`imagine_core::Session`].
 struct Stage {
@@ -245,15 +235,13 @@ impl Stage {
             Backend::Wasm => None,
         };
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
-        let block32 = match (backend, &record.block32) {
-            (Backend::Wasm, _) => Block32::NotNeeded,
-            (Backend::WebGpu, None) => Block32::AtLoad,
-            (Backend::WebGpu, Some(stored)) => {
-                stored.graph(&name).cloned().map_or(Block32::NotNeeded, Block32::Stored)
-            }
+        // The wasm backend's kernels need no re-blocking.
+        let block32 = match backend {
+            Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
+            Backend::Wasm => Block32Form::Unchanged,
         };
-        let (name, bytes) = match &block32 {
-            Block32::Stored(stored) => (stored.onnx.clone(), opfs::read(&dir, &stored.onnx).await?),
+        let (name, bytes) = match block32 {
+            Block32Form::Stored(stored) => (stored.onnx.clone(), opfs::read(&dir, &stored.onnx).await?),
             _ => (name, bytes),
         };
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -279,8 +267,8 @@ impl Stage {
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
             Backend::WebGpu => {
                 let (mut bytes, computed) = match block32 {
-                    Block32::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
-                    Block32::Stored(_) | Block32::NotNeeded => (bytes, None),
+                    Block32Form::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
+                    Block32Form::Stored(_) | Block32Form::Unchanged => (bytes, None),
                 };
                 external.extend(computed);
                 if let Some(level) = params.accuracy_level {
