@@ -522,6 +522,7 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
 }
 
 async fn generate(from: GenerateForm) {
+    let again = matches!(from, GenerateForm::Again);
     let wanted = match from {
         GenerateForm::Form => {
             save_settings();
@@ -549,7 +550,11 @@ async fn generate(from: GenerateForm) {
     match wanted.clone().validate(0) {
         Err(error) => show_error(&i18n::error(&error)),
         Ok(params) => match request(&Request::Generate(wanted)).await {
-            Reply::JobStarted { job, .. } => {
+            Reply::JobStarted { job, seed } => {
+                if again {
+                    // The service worker picked it: shown where a seed is set, to keep or note.
+                    input("seed").set_value(&seed);
+                }
                 let size = (params.width, params.height);
                 begin_run(Run::new(job.clone(), count, params.steps, size, Some(now_ms())));
                 let focus = StudioFocus { job: Some(job), prompt, ..Default::default() };
