@@ -88,6 +88,10 @@ if (o.demo) {
 }
 
 console.log(`run: launching ${h.CHROMIUM} (${h.isHeadless() ? 'headless' : 'headed'}), profile ${profileDir}`);
+// Said before a download that may take an hour, not only after it.
+if (h.isHeadless() && o.prompt === undefined) {
+  console.log('run: headless (no $DISPLAY, or IMAGINE_HEADLESS=1): nobody sees this browser, so this run only installs the pack and exits; add --prompt P --out F.png to make an image, or run where there is a display (a desktop session, or xvfb-run) to use the popup and the studio');
+}
 const b = await h.launch({ profileDir });
 console.log(`run: extension ${b.extensionId}: ${h.extensionUrl(b.extensionId, 'popup.html')}`);
 let exitCode = 0;
@@ -141,8 +145,11 @@ try {
       console.log(`run: pack installed (${mb(ev.bytes)} MB, commit ${ev.commit})`);
     } catch (e) {
       // A machine without the Internet (CI, a sandbox) can still run the extension: on the demo pack.
-      if (!o.demo && /could not reach/.test(String(e.message ?? e))) {
-        console.error(`run: ${source.endpoint} could not be reached from here; \`cargo xtask run --demo\` installs a tiny demo pack from a local fake Hub and works offline`);
+      // Said last, in the same line as what failed (no stack: nothing in this program went wrong).
+      const message = String(e.message ?? e);
+      if (!o.demo && /could not reach/.test(message)) {
+        console.error(`run: ${message.replace(/^pack install failed: /, '')}. ${source.endpoint} cannot be reached from here: \`cargo xtask run --demo\` installs a tiny demo pack from a local fake Hub and works offline`);
+        await shutdown(1);
       }
       throw e;
     } finally {

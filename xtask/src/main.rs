@@ -135,7 +135,17 @@ fn dispatch(args: &[String]) -> Result {
                 build(&root, false, &tools)?;
             }
             step("run: node tools/run.mjs");
-            node_script(&root, "tools/run.mjs", &rest)
+            let status = Command::new("node")
+                .arg(root.join("tools/run.mjs"))
+                .args(&rest)
+                .status()
+                .map_err(|e| format!("tools/run.mjs: could not start `node`: {e}"))?;
+            // run.mjs says what went wrong and what to do, in its last line; one of ours after it
+            // would bury that.
+            if !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
+            }
+            Ok(())
         }
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {

@@ -13,7 +13,7 @@
 //   IMAGINE_WEBGPU    swiftshader (default: the CPU adapter every machine has) or vulkan (a real GPU
 //                     through Vulkan, as on a Linux machine with an NVIDIA GPU and no display)
 //
-// The helpers are split by what they touch (config, browser, api, opfs, cdp, process); tests and
+// The helpers are split by what they touch (config, browser, api, opfs, cdp, process, axe); tests and
 // scripts import them all from here: `import * as h from '../lib/harness.mjs'`.
 
 export * from './config.mjs';
@@ -22,3 +22,4 @@ export * from './api.mjs';
 export * from './opfs.mjs';
 export * from './cdp.mjs';
 export * from './process.mjs';
+export * from './axe.mjs';

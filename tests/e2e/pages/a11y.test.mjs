@@ -2,21 +2,8 @@
 // page through the DevTools protocol, so the pages' CSP stays as shipped) finds no serious or critical
 // violation, and every visible control can be reached with the Tab key.
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
-
-const AXE = fs.readFileSync(path.join(h.ROOT, 'node_modules/axe-core/axe.min.js'), 'utf8');
-
-async function axeViolations(page) {
-  await page.evaluate(AXE);
-  const result = await page.evaluate(() =>
-    globalThis.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'best-practice'] } }));
-  return result.violations
-    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
-    .map((v) => `${v.impact} ${v.id}: ${v.help} — ${v.nodes.map((n) => n.target.join(' ')).slice(0, 5).join(', ')}`);
-}
 
 /** The visible, enabled controls that Tab does not reach (pressed as many times as there are controls, plus some). */
 async function unreachableByTab(page) {
@@ -54,7 +41,7 @@ test('every page: no serious or critical axe findings in both themes; every cont
         await page.goto(h.extensionUrl(b.extensionId, file));
         await page.waitForLoadState('networkidle');
         await h.sleep(1000); // the wasm module fills the page after load
-        assert.deepEqual(await axeViolations(page), [], `${file} ${colorScheme}`);
+        assert.deepEqual(await h.axeViolations(page), [], `${file} ${colorScheme}`);
         if (colorScheme === 'light') assert.deepEqual(await unreachableByTab(page), [], `${file}: not reachable by Tab`);
         await page.close();
       });

@@ -1,7 +1,8 @@
 // The gallery: every result is kept (OPFS gallery/<job>.png + index.json), listed newest first,
-// searchable, opened with its parameters, reused, deleted, exported as a zip, limited (oldest first,
-// never the one being viewed, never by the batch that made it), rebuilt from the PNGs when the index is lost, and kept across a
-// browser restart.
+// searchable, opened with its parameters, reused (in the studio or the popup, whichever the toolbar
+// button opens; in English and German), deleted, exported as a zip, limited (oldest first, never the
+// one being viewed, never by the batch that made it), rebuilt from the PNGs when the index is lost,
+// and kept across a browser restart.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -40,6 +41,55 @@ async function screenshots(page, name) {
     await page.screenshot({ path: path.join(h.OUT, `${name}-${scheme}.png`) });
   }
   await page.emulateMedia({ colorScheme: null });
+}
+
+async function openStudio(b) {
+  const page = await b.context.newPage();
+  await page.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+  await page.waitForFunction(() => document.querySelectorAll('#presets input').length > 0);
+  return page;
+}
+
+/** Waits until the studio's form holds `want` (prompt, size preset, width, height, steps, seed, schedule). */
+async function studioFilledWith(page, want) {
+  const form = () => page.evaluate(() => ({
+    prompt: document.querySelector('#prompt').value,
+    size: document.querySelector('input[name=size]:checked')?.value,
+    width: document.querySelector('#width').value,
+    height: document.querySelector('#height').value,
+    steps: document.querySelector('#steps').value,
+    seedFixed: document.querySelector('#seed-fixed').checked,
+    seed: document.querySelector('#seed').value,
+    schedule: document.querySelector('#schedule').value,
+  }));
+  await page.waitForFunction((p) => document.querySelector('#prompt').value === p, want.prompt, { timeout: 20_000 }).catch(() => {});
+  assert.deepEqual(await form(), want);
+}
+
+/**
+ * Sets what the toolbar button opens, as the studio's footer does, and returns once `page` has heard
+ * of it (its own `storage.onChanged` listeners, registered before this one, have run).
+ */
+async function setToolbar(page, choice) {
+  await page.evaluate((choice) => new Promise((resolve) => {
+    chrome.storage.onChanged.addListener(function heard(changes) {
+      if (!changes.toolbarOpens) return;
+      chrome.storage.onChanged.removeListener(heard);
+      setTimeout(resolve, 0);
+    });
+    chrome.storage.local.set({ toolbarOpens: choice });
+  }), choice);
+}
+
+/** Waits until a side panel shows the studio. */
+async function sidePanelOpen(b) {
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  let panels = [];
+  for (let i = 0; i < 50 && !panels.some((c) => c.documentUrl.endsWith('/studio.html')); i++) {
+    await h.sleep(200);
+    panels = await sw.evaluate(() => chrome.runtime.getContexts({ contextTypes: ['SIDE_PANEL'] }));
+  }
+  assert.ok(panels.some((c) => c.documentUrl.endsWith('/studio.html')), JSON.stringify(panels));
 }
 
 /**
@@ -148,15 +198,49 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.match(unknown.error, /unknown field `maxItem`/);
   });
 
-  await t.test('reuse leaves the prompt and settings for the popup, which starts from them', async () => {
+  await t.test('reuse fills what the toolbar button opens: the studio by default (side panel, or a tab)', async () => {
+    await gallery.evaluate(() => {
+      window.__popupOpened = 0;
+      chrome.action.openPopup = async () => { window.__popupOpened += 1; };
+    });
+    // A studio open already takes them at once; the click opens the side panel.
+    const studio = await openStudio(b);
+    await gallery.click('#reuse');
+    await studioFilledWith(studio, { prompt: IMAGES[0].prompt, size: 'custom', width: '256', height: '256', steps: '1', seedFixed: true, seed: '11', schedule: 'empirical' });
+    assert.equal(await gallery.textContent('#viewer-status'), 'Prompt and settings copied: the studio opens with them.');
+    assert.equal(await gallery.evaluate(() => window.__popupOpened), 0);
+    await sidePanelOpen(b);
+    // Taken once.
+    await gallery.waitForFunction(async () => Object.keys(await chrome.storage.session.get('imagine.reuse')).length === 0);
+    await studio.close();
+
+    // Where the side panel cannot open, the studio opens in a tab, with them.
+    await gallery.evaluate(() => { chrome.sidePanel.open = () => Promise.reject(new Error('no side panel here')); });
+    const [tab] = await Promise.all([b.context.waitForEvent('page', { timeout: 30_000 }), gallery.click('#reuse')]);
+    await tab.waitForLoadState('domcontentloaded');
+    assert.equal(new URL(tab.url()).pathname, '/studio.html');
+    await studioFilledWith(tab, { prompt: IMAGES[0].prompt, size: 'custom', width: '256', height: '256', steps: '1', seedFixed: true, seed: '11', schedule: 'empirical' });
+    assert.deepEqual(await h.axeViolations(tab), []);
+    await tab.close();
+    assert.equal(await gallery.evaluate(() => window.__popupOpened), 0);
+    assert.deepEqual(await h.axeViolations(gallery), []);
+  });
+
+  await t.test('reuse leaves the prompt and settings for the popup when the toolbar button opens it, which starts from them', async () => {
+    // Switched as the studio's footer does it; the open gallery follows.
+    await setToolbar(gallery, 'popup');
     await gallery.evaluate(() => {
       window.__popupOpened = 0;
       chrome.action.openPopup = async () => { window.__popupOpened += 1; };
     });
     await gallery.click('#reuse');
     await gallery.waitForFunction(() => window.__popupOpened === 1);
+    assert.equal(await gallery.textContent('#viewer-status'), 'Prompt and settings copied: the Imagine popup opens with them.');
     const stored = await gallery.evaluate(() => chrome.storage.session.get('imagine.reuse'));
     assert.deepEqual(stored['imagine.reuse'], { prompt: IMAGES[0].prompt, width: 256, height: 256, steps: 1, seed: '11', schedule: 'empirical' });
+    // The side panel still open (a studio) leaves them to the popup.
+    await h.sleep(1000);
+    assert.deepEqual(Object.keys(await gallery.evaluate(() => chrome.storage.session.get('imagine.reuse'))), ['imagine.reuse']);
     const popup = await b.context.newPage();
     await popup.goto(h.extensionUrl(b.extensionId, 'popup.html'));
     await popup.waitForFunction(() => document.querySelector('#prompt').value !== '');
@@ -167,6 +251,7 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     // Taken once.
     assert.deepEqual(await popup.evaluate(() => chrome.storage.session.get('imagine.reuse')), {});
     await popup.close();
+    await setToolbar(gallery, 'studio');
     await gallery.keyboard.press('Escape');
     await gallery.waitForFunction(() => !document.querySelector('#viewer').open);
     // The dialog's `close` event, which takes `?view=` off the address, is a task after `open` drops.
@@ -303,4 +388,38 @@ test('an index rebuild reads only the start of each PNG, one at a time', { timeo
   const peak = peakBetween(sampler.history, before, after).peak.extension;
   const grewMb = (peak - baseline) / (1 << 20);
   assert.ok(grewMb < 100, `the rebuild grew the extension's process by ${grewMb.toFixed(0)} MB (${COUNT * (PAD >> 20)} MB of PNGs)`);
+});
+
+test('reuse in German: the studio or the popup gets the prompt and settings, and the gallery says which', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t, { args: ['--lang=de'] });
+  const { result } = await h.generateOk(b.page, { prompt: 'ein roter Fuchs im Schnee', seed: '21', width: 256, height: 256, steps: 1 });
+  for (let deadline = Date.now() + 20_000; (await list(b.page)).count < 1; ) {
+    if (Date.now() > deadline) throw new Error(`the gallery never held the image: ${JSON.stringify(await list(b.page))}`);
+    await h.sleep(200);
+  }
+  const gallery = await b.context.newPage();
+  await gallery.goto(h.extensionUrl(b.extensionId, `gallery.html?view=${result.job}`));
+  await gallery.waitForSelector('#viewer[open]');
+  assert.equal(await gallery.textContent('#reuse'), 'Prompt und Einstellungen übernehmen');
+  await gallery.evaluate(() => {
+    window.__popupOpened = 0;
+    chrome.action.openPopup = async () => { window.__popupOpened += 1; };
+    chrome.sidePanel.open = () => Promise.reject(new Error('no side panel here'));
+  });
+  const [tab] = await Promise.all([b.context.waitForEvent('page', { timeout: 30_000 }), gallery.click('#reuse')]);
+  await tab.waitForLoadState('domcontentloaded');
+  await studioFilledWith(tab, { prompt: 'ein roter Fuchs im Schnee', size: 'custom', width: '256', height: '256', steps: '1', seedFixed: true, seed: '21', schedule: 'empirical' });
+  assert.equal(await gallery.textContent('#viewer-status'), 'Prompt und Einstellungen übernommen: Das Studio öffnet sich damit.');
+  assert.deepEqual(await h.axeViolations(gallery), []);
+  await tab.close();
+
+  await setToolbar(gallery, 'popup');
+  await gallery.click('#reuse');
+  await gallery.waitForFunction(() => window.__popupOpened === 1);
+  assert.equal(await gallery.textContent('#viewer-status'), 'Prompt und Einstellungen übernommen: Das Imagine-Popup öffnet sich damit.');
+  const popup = await b.context.newPage();
+  await popup.goto(h.extensionUrl(b.extensionId, 'popup.html'));
+  await popup.waitForFunction(() => document.querySelector('#prompt').value !== '');
+  assert.equal(await popup.inputValue('#prompt'), 'ein roter Fuchs im Schnee');
+  assert.equal(await popup.inputValue('#seed'), '21');
 });

@@ -114,16 +114,55 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.click('#delete-pack');
     await options.waitForSelector('#delete-confirm[open]');
     assert.match(await options.textContent('#delete-confirm-text'), /^Delete the model \(.+\)\? Making images again means downloading it again/);
+    // What downloading it again costs is this pack's size, as the page shows it (6.5 GB only for the
+    // published pack).
+    const size = /\(([^)]+)\), works offline\.$/.exec(await options.textContent('#model-status'))[1];
+    assert.equal(await options.textContent('#delete-confirm-text'), `Delete the model (fixtures/f32)? Making images again means downloading it again (${size}).`);
+    assert.deepEqual(await h.axeViolations(options), []);
     assert.equal(await options.evaluate(() => document.activeElement.id), 'delete-confirm-no');
     await options.click('#delete-confirm-no');
     await options.waitForSelector('#delete-confirm:not([open])', { state: 'attached' });
     assert.equal((await h.packStatus(b.page)).installed, true);
+    // Escape cancels too.
+    await options.click('#delete-pack');
+    await options.waitForSelector('#delete-confirm[open]');
+    await options.keyboard.press('Escape');
+    await options.waitForSelector('#delete-confirm:not([open])', { state: 'attached' });
+    await h.sleep(500);
+    assert.equal((await h.packStatus(b.page)).installed, true);
+    assert.match(await options.textContent('#model-status'), /^Installed: fixtures\/f32/);
     await options.click('#delete-pack');
     await options.click('#delete-confirm-yes');
     await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'The model is not installed yet.');
     assert.equal((await h.packStatus(b.page)).installed, false);
     assert.equal(await options.isHidden('#delete-pack'), true);
   });
+});
+
+test('options in German: deleting the model asks first, with the size to download again; cancelled, nothing is deleted', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t, { args: ['--lang=de'] });
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.waitForFunction(() => /^Installiert: fixtures\/f32/.test(document.querySelector('#model-status').textContent));
+  const size = /\(([^)]+)\), funktioniert offline\.$/.exec(await options.textContent('#model-status'))[1];
+  assert.equal(await options.textContent('#delete-pack'), 'Modell löschen');
+  await options.click('#delete-pack');
+  await options.waitForSelector('#delete-confirm[open]');
+  assert.equal(
+    await options.textContent('#delete-confirm-text'),
+    `Das Modell (fixtures/f32) löschen? Um wieder Bilder zu erzeugen, muss es erneut heruntergeladen werden (${size}).`,
+  );
+  assert.deepEqual([await options.textContent('#delete-confirm-yes'), await options.textContent('#delete-confirm-no')], ['Löschen', 'Behalten']);
+  assert.equal(await options.evaluate(() => document.activeElement.id), 'delete-confirm-no');
+  assert.deepEqual(await h.axeViolations(options), []);
+  await options.keyboard.press('Enter');
+  await options.waitForSelector('#delete-confirm:not([open])', { state: 'attached' });
+  await h.sleep(500);
+  assert.equal((await h.packStatus(b.page)).installed, true);
+  await options.click('#delete-pack');
+  await options.click('#delete-confirm-yes');
+  await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'Das Modell ist noch nicht installiert.');
+  assert.equal((await h.packStatus(b.page)).installed, false);
 });
 
 test('the adapter is looked for with high-performance, then no preference, then low-power', { timeout: 120_000 }, async (t) => {

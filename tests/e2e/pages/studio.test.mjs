@@ -1,6 +1,6 @@
 // The studio (studio.html, the side panel; driven here as a tab, since a side panel is hard to drive
 // headless): token count, size presets, a generation with the stage bar, the result's actions, the
-// batch grid; the side panel settings; notifications when no page is open; screenshots for review.
+// last image again when the studio is reopened, the batch grid; the side panel settings; notifications when no page is open; screenshots for review.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -147,6 +147,8 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.match(meta, /256×256, 2 steps/);
   const seed = /seed (\d+)/.exec(meta)[1];
   assert.notEqual(seed, '42');
+  // The seed box shows the seed it used.
+  assert.equal(await page.inputValue('#seed'), seed);
 
   // Reuse the seed of this image.
   await page.uncheck('#seed-fixed');
@@ -164,6 +166,16 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.equal(await page.isChecked('#presets input[value="custom"]'), true);
   assert.equal(await page.inputValue('#seed'), '42');
   assert.equal(await page.inputValue('#prompt'), 'a small red boat on a calm lake');
+
+  // Closed and opened again (as a side panel is), the studio shows the last image, the new seed's.
+  const last = await page.getAttribute('#image', 'src');
+  await page.close();
+  const reopened = await openStudio(b);
+  await imageShown(reopened);
+  assert.equal(await reopened.getAttribute('#image', 'src'), last);
+  assert.match(await reopened.textContent('#meta'), new RegExp(`256×256, 2 steps, empirical, seed ${seed}\\b`));
+  assert.equal(await reopened.inputValue('#prompt'), 'a small red boat on a calm lake');
+  assert.deepEqual(await h.axeViolations(reopened), []);
 });
 
 test('studio: 4 variations send count 4 and show the batch as a grid', { timeout: 600_000 }, async (t) => {

@@ -1,5 +1,6 @@
 //! The gallery page: every kept image as a grid, newest first, searchable by prompt; a large view
-//! with the parameters; reuse, delete one or all, export all as a zip.
+//! with the parameters; reuse (in whatever the toolbar button opens: the studio or the popup), delete
+//! one or all, export all as a zip.
 //!
 //! While the large view is open the page's URL carries `?view=<id>`, which is how the service worker
 //! knows not to drop that image when the gallery is over its limit (`gallery::viewed_ids`). Thumbnails
@@ -20,10 +21,12 @@ use crate::pages::view::{
     show_png,
 };
 use crate::platform::i18n::{self, t, t_args};
-use crate::platform::js::{from_js, settled, sleep_ms, LogError};
+use crate::platform::js::{from_js, get, settled, sleep_ms, LogError};
 use crate::platform::messaging::request;
 use crate::platform::opfs;
+use crate::platform::protocol::ToolbarOpens;
 use crate::platform::settings::Reuse;
+use crate::platform::side_panel::{self, toolbar_choice};
 use crate::platform::storage;
 
 #[derive(Default)]
@@ -36,6 +39,9 @@ struct State {
     viewing: Option<GalleryItem>,
     /// Bumped on each reload, so an older reply that arrives late is dropped.
     generation: u32,
+    /// What the toolbar button opens, and so what "Reuse" fills: known before the click, in which the
+    /// side panel must be opened before anything is awaited.
+    toolbar: ToolbarOpens,
 }
 
 thread_local! {
@@ -55,7 +61,7 @@ pub fn gallery_page_main() {
         spawn_local(clear());
     });
     on("confirm-no", "click", |_| dialog("confirm").close());
-    on("reuse", "click", |_| spawn_local(reuse()));
+    on("reuse", "click", |_| reuse());
     on("delete", "click", |_| spawn_local(delete_viewed()));
     on("viewer-close", "click", |_| dialog("viewer").close());
     on("viewer", "close", |_| viewer_closed());
@@ -65,6 +71,9 @@ pub fn gallery_page_main() {
         }
     });
     spawn_local(async {
+        // Before the large view can open, and so before "Reuse" can be clicked.
+        let toolbar = toolbar_choice().await;
+        STATE.with_borrow_mut(|s| s.toolbar = toolbar);
         reload().await;
         let view = web_sys::window()
             .and_then(|w| w.location().search().ok())
@@ -92,6 +101,19 @@ pub fn gallery_page_event(message: JsValue) {
             }
         });
     }
+}
+
+/// `chrome.storage.onChanged` on the gallery page: follows the toolbar button's choice, which the
+/// studio may change while this page is open.
+#[wasm_bindgen(js_name = galleryStorageChanged)]
+pub fn gallery_storage_changed(changes: JsValue, area: String) {
+    let change = get(&changes, storage::TOOLBAR.name());
+    if area != "local" || change.is_undefined() {
+        return;
+    }
+    // Removed, it is the default again.
+    let toolbar = from_js::<ToolbarOpens>(&get(&change, "newValue")).unwrap_or_default();
+    STATE.with_borrow_mut(|s| s.toolbar = toolbar);
 }
 
 fn dialog(id: &str) -> web_sys::HtmlDialogElement {
@@ -252,7 +274,11 @@ fn viewer_closed() {
     }
 }
 
-async fn reuse() {
+/// "Reuse prompt and settings": leaves them for the page the toolbar button opens and opens it. The
+/// studio is opened at once (the side panel, within the click, else a tab) and takes them when they
+/// are stored; the popup is opened once they are stored, where the browser allows it (otherwise they
+/// wait there).
+fn reuse() {
     let Some(item) = STATE.with_borrow(|s| s.viewing.clone()) else { return };
     let reuse = Reuse {
         prompt: item.prompt,
@@ -262,13 +288,25 @@ async fn reuse() {
         seed: item.seed,
         schedule: item.schedule,
     };
-    if let Err(e) = storage::REUSE.set(&reuse).await {
-        set_text("viewer-status", &e.to_string());
-        return;
+    let toolbar = STATE.with_borrow(|s| s.toolbar);
+    if toolbar == ToolbarOpens::Studio {
+        side_panel::open_from_click(|| {});
     }
-    set_text("viewer-status", &t("galleryReused"));
-    // Opens the toolbar popup where the browser allows it; otherwise the settings wait there.
-    settled(crate::platform::chrome::action_open_popup()).await.warn_on_error("opening the popup");
+    spawn_local(async move {
+        if let Err(e) = storage::REUSE.set(&reuse).await {
+            set_text("viewer-status", &e.to_string());
+            return;
+        }
+        match toolbar {
+            ToolbarOpens::Studio => set_text("viewer-status", &t("galleryReusedStudio")),
+            ToolbarOpens::Popup => {
+                set_text("viewer-status", &t("galleryReused"));
+                settled(crate::platform::chrome::action_open_popup())
+                    .await
+                    .warn_on_error("opening the popup");
+            }
+        }
+    });
 }
 
 async fn delete_viewed() {

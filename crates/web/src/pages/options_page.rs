@@ -220,7 +220,7 @@ async fn refresh_model() {
         ),
     );
     set_visible("delete-pack", status.installed);
-    view::set_delete_model_question(status.bytes);
+    view::set_delete_model_question(&status);
 }
 
 /// The adapter, `shader-f16`, the buffer limits and the storage quota, as a list of name and value.

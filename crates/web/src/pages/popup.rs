@@ -114,7 +114,7 @@ async fn refresh_pack() {
         ),
     );
     set_visible("delete-pack", status.installed);
-    view::set_delete_model_question(status.bytes);
+    view::set_delete_model_question(&status);
     let idle = !status.installed && status.download.is_none();
     set_visible("install-form", idle);
     show_download(status.download.as_ref());

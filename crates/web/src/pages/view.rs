@@ -99,10 +99,13 @@ pub fn confirm_delete_model(delete: impl Fn() + 'static) {
     });
 }
 
-/// What the confirmation of [`confirm_delete_model`] says, for an installed pack of `bytes`.
-pub fn set_delete_model_question(bytes: u64) {
-    let size = imagine_core::hub::format_bytes(bytes);
-    set_text("delete-confirm-text", &i18n::t_args("deleteModelQuestion", &[&size]));
+/// What the confirmation of [`confirm_delete_model`] says for the installed pack: its name, and that
+/// making images again means downloading its size again (the published pack's 6.5 GB, or whatever the
+/// installed one holds), in the units the pages show sizes in.
+pub fn set_delete_model_question(status: &imagine_core::api::PackStatus) {
+    let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
+    let size = imagine_core::hub::format_bytes(status.bytes);
+    set_text("delete-confirm-text", &i18n::t_args("deleteModelQuestion", &[repo, &size]));
 }
 
 /// Appends a `<dt>name</dt><dd>value</dd>` pair to `list` for each row, as text.

@@ -1,5 +1,6 @@
 //! Opening the studio at a job (the side panel, or a tab when it cannot open) and the toolbar button's
-//! choice between the studio and the quick-prompt popup: used by the service worker and the popup.
+//! choice between the studio and the quick-prompt popup: used by the service worker, the popup and the
+//! gallery.
 
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 
@@ -43,7 +44,8 @@ pub async fn apply_toolbar(choice: ToolbarOpens) {
 }
 
 /// Opens the studio in the side panel from a click in a page (the click is the gesture Chrome asks
-/// for; the call must happen before anything is awaited), else in a tab. Used by the popup.
+/// for; the call must happen before anything is awaited), else in a tab. Used by the popup and the
+/// gallery ("Reuse").
 pub fn open_from_click(then: impl FnOnce() + 'static) {
     let options = Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build();
     let opening = chrome::side_panel_open(&options);

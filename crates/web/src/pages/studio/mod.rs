@@ -2,10 +2,11 @@
 //! 512-token cap (the core's own tokenizer and chat template, loaded once, when first needed), size
 //! presets, steps, seed, schedule; progress as a bar by stage with the elapsed time and an estimate from
 //! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
-//! and "reuse this seed".
+//! and "reuse this seed"; a gallery image's prompt and settings when the gallery reuses them.
 //!
 //! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid, copying)
-//! are [`results`]; opening the studio from the service worker and the popup is `platform::side_panel`.
+//! are [`results`]; opening the studio from the service worker, the popup and the gallery is
+//! `platform::side_panel`.
 
 mod results;
 
@@ -25,9 +26,10 @@ use crate::pages::view::{
     child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
 use crate::platform::i18n;
-use crate::platform::js::{from_js, get, now_ms, random_u64, LogError};
+use crate::platform::js::{from_js, get, now_ms, random_u64, sleep_ms, LogError};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
+use crate::platform::settings::{take_reuse, Reuse};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
 use crate::platform::storage;
 use results::Results;
@@ -36,6 +38,9 @@ use results::Results;
 const VARIATIONS: i64 = 4;
 /// The prompt is counted this long after the last key press.
 const COUNT_DELAY_MS: i32 = 150;
+/// How long a gallery image's settings stay stored once an open studio filled them in, for a studio
+/// that is just opening (the side panel takes a second or two).
+const REUSE_LEFT_MS: u64 = 10_000;
 /// `localStorage` key of the form's settings, kept from one visit to the next.
 const SETTINGS_KEY: &str = "imagine.studio.settings";
 
@@ -194,6 +199,11 @@ struct Studio {
     run: Option<Run>,
     results: Results,
     timings: TimingStore,
+    /// Whether [`start`] is done: a gallery image's settings that come before are kept in `reuse` and
+    /// filled in there, after the job it shows, so that they are not overwritten by it.
+    started: bool,
+    /// A gallery image's settings offered before [`start`] was done.
+    reuse: Option<Reuse>,
 }
 
 thread_local! {
@@ -203,6 +213,8 @@ thread_local! {
         run: None,
         results: Results::new(),
         timings: TimingStore::new(),
+        started: false,
+        reuse: None,
     }) };
 }
 
@@ -284,6 +296,18 @@ async fn start() {
             }
         }
     }
+    // The gallery asked to reuse an image's settings, in the studio (when the toolbar button opens
+    // the popup, they are the popup's): offered while this page started, or stored before.
+    let offered = with(|s| {
+        s.started = true;
+        s.reuse.take()
+    });
+    if choice == ToolbarOpens::Studio {
+        let stored = take_reuse().await;
+        if let Some(reuse) = offered.or(stored) {
+            fill_from(&reuse);
+        }
+    }
 }
 
 /// `chrome.runtime.onMessage` in the studio: events only.
@@ -307,11 +331,16 @@ pub fn studio_event(message: JsValue) {
     }
 }
 
-/// `chrome.storage.onChanged` in the studio: the service worker asks it to show a job.
+/// `chrome.storage.onChanged` in the studio: the service worker asks it to show a job; the gallery
+/// leaves an image's settings to reuse.
 #[wasm_bindgen(js_name = studioStorageChanged)]
 pub fn studio_storage_changed(changes: JsValue, area: String) {
     if area != "session" {
         return;
+    }
+    let reuse = get(&get(&changes, storage::REUSE.name()), "newValue");
+    if let Ok(reuse) = from_js::<Reuse>(&reuse) {
+        spawn_local(reuse_offered(reuse));
     }
     let change = get(&changes, storage::STUDIO_FOCUS.name());
     if change.is_undefined() {
@@ -322,6 +351,48 @@ pub fn studio_storage_changed(changes: JsValue, area: String) {
     if !same {
         spawn_local(follow(focus));
     }
+}
+
+/// A gallery image's settings, stored while this studio is open: every open studio fills them in (a
+/// side panel and a tab alike), unless they are the popup's; one still starting does so at the end of
+/// [`start`].
+///
+/// A studio that starts removes them; an open one only after [`REUSE_LEFT_MS`], since the gallery's
+/// click may be opening another studio (the side panel, while this one is a tab), which must still
+/// find them.
+async fn reuse_offered(reuse: Reuse) {
+    if toolbar_choice().await != ToolbarOpens::Studio {
+        return;
+    }
+    let started = with(|s| {
+        if !s.started {
+            s.reuse = Some(reuse.clone());
+        }
+        s.started
+    });
+    if !started {
+        return;
+    }
+    fill_from(&reuse);
+    sleep_ms(REUSE_LEFT_MS).await;
+    // Unless they are now the popup's, or newer ones came meanwhile.
+    if toolbar_choice().await == ToolbarOpens::Studio && storage::REUSE.get().await.as_ref() == Some(&reuse) {
+        storage::REUSE.remove_or_log().await;
+    }
+}
+
+/// Fills the form with a gallery image's prompt and settings, its seed fixed.
+fn fill_from(reuse: &Reuse) {
+    element::<HtmlTextAreaElement>("prompt").set_value(&reuse.prompt);
+    input("width").set_value(&reuse.width.to_string());
+    input("height").set_value(&reuse.height.to_string());
+    input("steps").set_value(&reuse.steps.to_string());
+    element::<HtmlSelectElement>("schedule").set_value(&reuse.schedule);
+    input("seed-fixed").set_checked(true);
+    input("seed").set_value(&reuse.seed);
+    seed_mode_changed();
+    custom_size_edited();
+    prompt_edited();
 }
 
 fn input(id: &str) -> HtmlInputElement {
@@ -522,6 +593,7 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
 }
 
 async fn generate(from: GenerateForm) {
+    let again = matches!(from, GenerateForm::Again);
     let wanted = match from {
         GenerateForm::Form => {
             save_settings();
@@ -549,7 +621,11 @@ async fn generate(from: GenerateForm) {
     match wanted.clone().validate(0) {
         Err(error) => show_error(&i18n::error(&error)),
         Ok(params) => match request(&Request::Generate(wanted)).await {
-            Reply::JobStarted { job, .. } => {
+            Reply::JobStarted { job, seed } => {
+                if again {
+                    // The service worker picked it: shown where a seed is set, to keep or note.
+                    input("seed").set_value(&seed);
+                }
                 let size = (params.width, params.height);
                 begin_run(Run::new(job.clone(), count, params.steps, size, Some(now_ms())));
                 let focus = StudioFocus { job: Some(job), prompt, ..Default::default() };
