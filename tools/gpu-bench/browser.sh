@@ -20,6 +20,12 @@ LIMIT=${LIMIT:-570}
 W=/tmp/gpu
 PACK=/tmp/pack
 T0=$SECONDS
+# AGAIN=1: the bench once more on a machine still held (the export and Chromium kept), with this call's
+# BENCH_ARGS; the finished run's logs are moved aside to $W/run-N.
+if [ -n "${AGAIN:-}" ] && [ -e $W/.bench-done ]; then
+  mv $W/logs $W/run-$(ls -d $W/run-* 2>/dev/null | wc -l)
+  rm -f $W/.bench-started $W/.bench-done
+fi
 mkdir -p $W/logs $OUT
 exec > >(tee -a $OUT/device.log) 2>&1
 echo "== $(date -u +%FT%TZ) browser.sh, limit $LIMIT s"
