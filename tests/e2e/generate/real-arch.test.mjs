@@ -2,7 +2,7 @@
 // WebGPU with float32 activations, on the wasm backend with float16 ones, each compared with the
 // independent Python reference on the same graphs (ORT on the CPU). On WebGPU the graphs re-blocked to
 // 32 at install are what the stages load, and a pack installed without them (by an older version)
-// makes the same image by re-blocking while it loads.
+// makes the same image by re-blocking while it loads, then stores the form it re-blocked.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
@@ -61,10 +61,20 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     // The same pack as an older version installed it, without the stored forms: the transformer is
     // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.
     const state = await h.packState(b.page);
+    const pack = await h.installedDir(b.page);
+    const hashes = async () => Promise.all(state.installed.block32.graphs.flatMap((g) => [g.onnx, g.data]).map((f) => h.opfsSha256(b.page, `${pack}/${f}`)));
+    const stored = { record: state.installed.block32, hashes: await hashes() };
     delete state.installed.block32;
     await h.opfsWrite(b.page, 'packs/state.json', JSON.stringify(state));
     const again = await h.generateOk(b.page, req, 600_000);
     assert.deepEqual(graphFiles(again.result), { textEncoder: '', transformer: 'transformer_q8.onnx', decoder: 'vae_decoder.onnx' });
     assert.ok(h.pngBytes(again.result).equals(h.pngBytes(result)), 'the image re-blocked at load differs from the stored form\'s');
+    // After that job the extension stores the transformer's form with the pack by itself, as at install.
+    let record;
+    for (const until = Date.now() + 120_000; !(record = (await h.packState(b.page)).installed.block32) && Date.now() < until;) await h.sleep(500);
+    assert.deepEqual(record, { graphs: stored.record.graphs.filter((g) => g.graph === 'transformer_q8.onnx'), unchanged: [] });
+    const [transformer] = record.graphs;
+    const made = await Promise.all([transformer.onnx, transformer.data].map((f) => h.opfsSha256(b.page, `${pack}/${f}`)));
+    assert.deepEqual(made, stored.hashes.slice(2), 'the form stored after the job differs from the one stored at install');
   });
 }

@@ -1,6 +1,7 @@
 //! The pack's graphs re-blocked to 32 for WebGPU once, in the download worker, in the staging slot,
 //! after the download (and the float32 conversion) and before the pack is installed (issue 21; the edit
-//! itself and why: `imagine_core::matmul_blocks`).
+//! itself and why: `imagine_core::matmul_blocks`); and, for graphs a stage had to re-block while
+//! loading, later, into the installed pack (`download::store_block32`).
 //!
 //! * Verified: the stored form is a pure function of the verified files it is made from, so after it is
 //!   written it is computed again and compared with what reads back, byte for byte. A file that
@@ -14,6 +15,9 @@ use std::collections::HashMap;
 
 use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange};
 use imagine_core::pack;
+use js_sys::Uint8Array;
+use wasm_bindgen::JsValue;
+use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemDirectoryHandle;
 
 use crate::offscreen::convert::ConvertError;
@@ -37,7 +41,8 @@ pub async fn store(
     Ok(record)
 }
 
-/// The stored scales and zero points `model` (the graph `graph`) re-blocks, by range.
+/// The stored scales and zero points `model` (the graph `graph`) re-blocks, by range. Read through
+/// `File` slices, which take no lock: a stage worker may be loading the same files (the installed pack).
 async fn read_sources(
     dir: &FileSystemDirectoryHandle,
     graph: &str,
@@ -50,19 +55,23 @@ async fn read_sources(
         .into_iter()
         .map(|f| (f.location, f.file))
         .collect();
-    let mut opened: HashMap<&str, SyncFile> = HashMap::new();
+    let mut opened: HashMap<&str, web_sys::File> = HashMap::new();
     let mut read = HashMap::new();
     for range in matmul_blocks::sources_to_read(model)? {
         // A location the graph does not list as external data is left to the edit's nodes.
         let Some(file) = files.get(&range.location) else { continue };
         if !opened.contains_key(file.as_str()) {
-            opened.insert(file, SyncFile::open(dir, file).await?);
+            opened.insert(file, opfs::file(dir, file).await?);
         }
-        let mut bytes = vec![0; range.length as usize];
-        if opened[file.as_str()].read_at(&mut bytes, range.offset)? != bytes.len() {
+        let failed = |e: JsValue| OpfsError::js(opfs::Op::Read, file, e);
+        let end = range.offset + range.length;
+        let slice =
+            opened[file.as_str()].slice_with_f64_and_f64(range.offset as f64, end as f64).map_err(failed)?;
+        let bytes = Uint8Array::new(&JsFuture::from(slice.array_buffer()).await.map_err(failed)?).to_vec();
+        if bytes.len() as u64 != range.length {
             return Err(ConvertError::ShortSource {
                 file: file.clone(),
-                end: range.offset + range.length,
+                end,
                 tensor: format!("{graph} (MatMulNBits scales or zero points)"),
             });
         }

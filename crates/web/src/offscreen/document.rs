@@ -176,6 +176,9 @@ struct State {
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
     swap_pending: bool,
+    /// A download worker stores, with the installed pack, the forms of graphs a stage re-blocked while
+    /// loading ([`store_block32`]): a pack swap waits for it.
+    storing_block32: bool,
 }
 
 impl Default for State {
@@ -195,6 +198,7 @@ impl Default for State {
             given: VecDeque::new(),
             longest_quiet_ms: HashMap::new(),
             swap_pending: false,
+            storing_block32: false,
         }
     }
 }
@@ -432,10 +436,19 @@ async fn run_stages(
     progress(job, Stage::Decoder, 0, images, 1, 1).await;
     let latents = latents.ok_or(OffscreenError::NoOutput)?;
     let mut decoder = StageRun::given(decoder, job, &decoder_task, latents)?;
+    // Graphs a stage re-blocked while loading: stored with the pack once this job is done.
+    let mut reblocked_at_load: Vec<String> = [&encoder_timing, &denoised.timing]
+        .into_iter()
+        .filter(|t| t.reblocked_at_load)
+        .map(|t| t.graph_file.clone())
+        .collect();
     loop {
         match decoder.next(images).await? {
             Reported::Image { index, timing, png } => {
                 *sent += 1;
+                if index == 0 && timing.reblocked_at_load {
+                    reblocked_at_load.push(timing.graph_file.clone());
+                }
                 let timings = Timings {
                     session_create_ms: encoder_timing.session_create_ms
                         + denoised.timing.session_create_ms
@@ -496,6 +509,9 @@ async fn run_stages(
             }
             Reported::Done(StageOutput::Decoder { .. }, _) => {
                 decoder.end(plan.keep);
+                if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
+                    store_block32(commit, reblocked_at_load);
+                }
                 return Ok(());
             }
             Reported::Done(..) => return Err(unexpected("decoder")),
@@ -894,6 +910,53 @@ fn start_install(request: InstallRequest) -> Result<(), OffscreenError> {
     Ok(())
 }
 
+/// Has a download worker of its own store the re-blocked forms of `graphs`, which a stage of the job
+/// just done re-blocked while loading, with the installed pack `commit` (`download::store_block32`), so
+/// that the next loads read them: once, in the background, unless one is already at it or a download
+/// runs (whose new pack gets its own at install). A failure costs nothing but the speed-up: logged.
+fn store_block32(commit: &str, graphs: Vec<String>) {
+    let start = STATE.with_borrow_mut(|state| {
+        let start = !state.storing_block32 && state.install.is_none();
+        state.storing_block32 |= start;
+        start
+    });
+    if !start {
+        return;
+    }
+    let command = DownloadCommand::StoreBlock32 { commit: commit.to_owned(), graphs };
+    spawn_local(async move {
+        let outcome = run_store_block32(&command).await;
+        STATE.with_borrow_mut(|state| state.storing_block32 = false);
+        if let Err(e) = outcome {
+            warn(&format!("imagine: storing the graphs re-blocked to 32 with the pack failed: {e}"));
+        }
+    });
+}
+
+/// [`store_block32`]'s worker, from its start to its one report.
+async fn run_store_block32(command: &DownloadCommand) -> Result<(), String> {
+    let (worker, mut inbox, _) = spawn_worker("download-worker.js").map_err(|e| e.to_string())?;
+    let posted = protocol::post(&worker, command, None).map_err(|e| e.to_string());
+    let report = match posted {
+        Ok(()) => inbox.next().await,
+        Err(e) => {
+            worker.terminate();
+            return Err(e);
+        }
+    };
+    worker.terminate();
+    match report {
+        Some(Incoming::Posted(posted)) => match protocol::read::<DownloadReport>(&posted) {
+            Ok((DownloadReport::Block32Stored, _)) => Ok(()),
+            Ok((DownloadReport::Failed { error, .. }, _)) => Err(error.error),
+            Ok(_) => Err("an unexpected report".to_owned()),
+            Err(e) => Err(e.to_string()),
+        },
+        Some(Incoming::Crashed(e)) => Err(e.to_string()),
+        _ => Err("the worker ended without a report".to_owned()),
+    }
+}
+
 /// Terminates the download worker (what it saved is kept) and returns its last progress.
 fn stop_install() -> Option<DownloadProgress> {
     let install = STATE.with_borrow_mut(|state| state.install.take())?;
@@ -956,8 +1019,9 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
             }
             Ok(DownloadReport::SwapReady) => {
                 STATE.with_borrow_mut(|state| state.swap_pending = true);
-                // The job that is running finishes on the installed pack.
-                while STATE.with_borrow(|state| state.running.is_some()) {
+                // The job that is running finishes on the installed pack, and forms being stored with
+                // it are recorded before it is replaced.
+                while STATE.with_borrow(|state| state.running.is_some() || state.storing_block32) {
                     crate::platform::js::sleep_ms(100).await;
                 }
                 let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
@@ -976,6 +1040,7 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
             Ok(DownloadReport::Failed { error, offline }) => {
                 break Event::pack_failed(&OffscreenError::Reported(error), offline)
             }
+            Ok(DownloadReport::Block32Stored) => {}
             Err(error) => break pack_failed(error.into()),
         }
     };

@@ -231,6 +231,12 @@ pub fn download_worker_main() {
                     }
                 }),
                 Ok((DownloadCommand::Swap, _)) => allow_swap(),
+                Ok((DownloadCommand::StoreBlock32 { commit, graphs }, _)) => spawn_local(async move {
+                    match store_block32(&commit, &graphs).await {
+                        Ok(()) => send(&DownloadReport::Block32Stored),
+                        Err(error) => fail(error),
+                    }
+                }),
                 Ok((DownloadCommand::Install { .. }, None)) => {
                     fail(DownloadError::Internal("no port to the hash worker"))
                 }
@@ -408,6 +414,34 @@ async fn install(
     send(&DownloadReport::SwapReady);
     allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
     swap(staging, &download.record, converted, block32).await
+}
+
+/// Stores the re-blocked forms of `graphs` with the installed pack `commit` and adds them to its record,
+/// for graphs a stage had to re-block while loading: a pack installed by an older version, or one
+/// converted for an adapter that has since gained `shader-f16`. Jobs may run meanwhile: the new files
+/// are read by no one until the record names them, and the record is written in one write of the
+/// state. The offscreen document holds a pack swap until this is done, so the state written here is
+/// never an older pack's.
+async fn store_block32(commit: &str, graphs: &[String]) -> Result<(), DownloadError> {
+    let Some((installed, dir)) = opfs::installed_pack().await.filter(|(p, _)| p.commit == commit) else {
+        return Ok(());
+    };
+    let have = installed.block32.unwrap_or_default();
+    let missing: Vec<String> =
+        graphs.iter().filter(|g| have.graph(g).is_none() && !have.unchanged.contains(g)).cloned().collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let stored = block32::store(&dir, &missing).await?;
+    let state = opfs::pack_state().await?;
+    let Some(mut installed) = state.installed.clone().filter(|p| p.commit == commit) else {
+        return Ok(());
+    };
+    let record = installed.block32.get_or_insert_with(Block32Record::default);
+    record.graphs.extend(stored.graphs);
+    record.unchanged.extend(stored.unchanged);
+    opfs::write_pack_state(&opfs::PackState { installed: Some(installed), ..state }).await?;
+    Ok(())
 }
 
 /// Each graph of the pack as a WebGPU stage will load it (its float32 conversion where `plans` has

@@ -262,6 +262,7 @@ impl Stage {
             external.push(ExternalData { path: location.clone(), data: data.into() });
             files.insert(location, file);
         }
+        let mut reblocked_at_load = false;
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
@@ -270,6 +271,7 @@ impl Stage {
                     Block32Form::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
                     Block32Form::Stored(_) | Block32Form::Unchanged => (bytes, None),
                 };
+                reblocked_at_load = computed.is_some();
                 external.extend(computed);
                 if let Some(level) = params.accuracy_level {
                     bytes = matmul_blocks::with_accuracy_level(&bytes, level)
@@ -291,6 +293,7 @@ impl Stage {
         let session = created.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
         let timing = StageTiming {
             graph_file: name,
+            reblocked_at_load,
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,

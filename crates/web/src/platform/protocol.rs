@@ -227,6 +227,8 @@ pub struct StageTiming {
     /// The graph file its session was created from (`transformer.b32.onnx` for the form re-blocked to 32
     /// at install, say).
     pub graph_file: String,
+    /// `graph_file` was re-blocked to 32 while it loaded, on WebGPU: its form was not stored with the pack.
+    pub reblocked_at_load: bool,
     /// The worker's creation (its `performance.timeOrigin`).
     pub worker_created_at_ms: f64,
     /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.
@@ -258,6 +260,14 @@ pub enum DownloadCommand {
     },
     /// No job runs: the verified pack may replace the installed one.
     Swap,
+    /// Store the re-blocked forms of `graphs` (file names in the installed pack `commit`, which stages
+    /// re-blocked while loading) with that pack, and add them to its record.
+    StoreBlock32 {
+        /// The installed pack's commit; another one installed meanwhile is left alone.
+        commit: String,
+        /// The graphs, as the stages loaded them.
+        graphs: Vec<String>,
+    },
 }
 
 /// Download worker → offscreen document.
@@ -271,6 +281,8 @@ pub enum DownloadReport {
     },
     /// Every file is verified; waiting for [`DownloadCommand::Swap`].
     SwapReady,
+    /// [`DownloadCommand::StoreBlock32`] is done (or found another pack installed).
+    Block32Stored,
     /// The pack is installed.
     Installed {
         /// The record of the installed pack.
