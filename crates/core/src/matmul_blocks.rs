@@ -40,8 +40,10 @@
 //! computation, and records them with the pack ([`Block32Record`]); [`stored_bytes`] tells the space
 //! check what they will take before anything is downloaded. A stage then loads the stored form as it
 //! loads any graph. Computing them while a stage loads cost the transformer 2-4 s of CPU on the
-//! critical path of every cold image (BENCHMARKS.md); a pack installed without the record (by an older
-//! version) is still re-blocked that way, in memory, under [`COMPUTED_DATA`].
+//! critical path of every cold image (BENCHMARKS.md). A graph the record does not name
+//! ([`Block32Record::form`]: a pack installed by an older version, or the float16 graph where the
+//! float32 conversion was stored) is still re-blocked that way, in memory, under [`COMPUTED_DATA`], and
+//! its form stored with the installed pack after that job.
 //!
 //! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
 //! initializer of the documented shape or that another node reads too, scales or zero points that are
