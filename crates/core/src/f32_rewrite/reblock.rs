@@ -13,8 +13,9 @@ use crate::onnx::wire;
 /// The block size ONNX Runtime Web's tiled WebGPU kernel takes.
 pub const TARGET_BLOCK: u64 = 32;
 
-/// The external-data location of the scales and zero points [`to_block_32_computed`] computes when they
-/// are handed to ONNX Runtime from memory: a file of the edited graph's own.
+/// The external-data location of the scales and zero points
+/// [`crate::matmul_blocks::to_block_32_computed`] computes when they are handed to ONNX Runtime from
+/// memory: a file of the edited graph's own.
 pub const COMPUTED_DATA: &str = "imagine-block32.data";
 
 /// Where each tensor starts in the computed data: a multiple of this.
@@ -31,7 +32,7 @@ pub struct DataRange {
     pub length: u64,
 }
 
-/// A graph re-blocked by [`to_block_32_computed`].
+/// A graph re-blocked by [`crate::matmul_blocks::to_block_32_computed`].
 #[derive(Debug)]
 pub struct Reblocked {
     /// The edited ModelProto.
