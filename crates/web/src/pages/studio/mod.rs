@@ -166,6 +166,9 @@ struct Run {
     transformer_at: Option<f64>,
     step1_at: Option<f64>,
     decoder_at: Option<f64>,
+    /// The furthest the bar has been: it never goes back, although the estimate behind it can grow
+    /// (a stage that overran its estimate, then the next stage's estimate taken whole).
+    shown: f64,
     ended: bool,
 }
 
@@ -187,6 +190,7 @@ impl Run {
             transformer_at: None,
             step1_at: None,
             decoder_at: None,
+            shown: 0.0,
             ended: false,
         }
     }
@@ -830,7 +834,7 @@ fn tick() {
 fn render_progress() {
     let now = now_ms();
     let view = with(|s| {
-        let run = s.run.as_ref().filter(|r| !r.ended)?;
+        let run = s.run.as_mut().filter(|r| !r.ended)?;
         let history = StageTimes::mean(s.timings.get(&size_key(run.width, run.height)).map_or(&[], |v| v));
         let elapsed = now - run.started.unwrap_or(run.followed);
         let in_stage = now - if run.progress.is_some() { run.progress_at } else { run.followed };
@@ -844,7 +848,8 @@ fn render_progress() {
             _ => stage_fraction(run.progress.as_ref()),
         };
         let fraction = (f64::from(run.image) + own.min(1.0)) / f64::from(run.count.max(1));
-        Some((fraction.min(1.0), elapsed, left))
+        run.shown = run.shown.max(fraction.min(1.0));
+        Some((run.shown, elapsed, left))
     });
     let Some((fraction, elapsed, left)) = view else { return };
     let bar = element::<HtmlElement>("progress-bar");
