@@ -178,13 +178,15 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.deepEqual(await h.axeViolations(reopened), []);
 });
 
-test('studio: the progress bar never goes back, though a stage overruns its estimate', { timeout: 600_000 }, async (t) => {
+test('studio: the progress bar never goes back, though a stage overruns its estimate; the finished image scrolls into view in a short panel', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const sw = await h.currentServiceWorker(b.context, b.extensionId);
   // Earlier images of this size far quicker than this one: the text encoder overruns its estimate, and
   // the estimate of what is left grows again when the transformer reports.
   await sw.evaluate(() => chrome.storage.local.set({ studioTimings: { '256x256': [{ encodeMs: 1, loadMs: 300, stepMs: 300, decodeMs: 300 }] } }));
   const page = await openStudio(b);
+  // A side panel shorter than the form and the image together.
+  await page.setViewportSize({ width: 360, height: 640 });
   await page.fill('#prompt', 'a lighthouse at dusk');
   await page.fill('#width', '256');
   await page.fill('#height', '256');
@@ -200,6 +202,11 @@ test('studio: the progress bar never goes back, though a stage overruns its esti
   assert.ok(values.length >= 3, JSON.stringify(values));
   const back = values.findIndex((v, i) => i > 0 && v < values[i - 1]);
   assert.equal(back, -1, `the bar went back at ${back}: ${JSON.stringify(values)}`);
+  // The image and its actions are in view without scrolling.
+  const inView = (sel) => page.$eval(sel, (el) => { const r = el.getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight; });
+  await page.waitForFunction(() => { const r = document.querySelector('#again').getBoundingClientRect(); return r.bottom <= window.innerHeight && r.top >= 0; }, null, { timeout: 5_000 }).catch(() => {});
+  const sizes = await page.evaluate(() => [document.querySelector('#result').getBoundingClientRect().height, window.innerHeight]);
+  assert.deepEqual([await inView('#image'), await inView('#again')], [true, true], JSON.stringify(sizes));
 });
 
 test('studio: 4 variations send count 4 and show the batch as a grid', { timeout: 600_000 }, async (t) => {

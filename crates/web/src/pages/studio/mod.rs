@@ -783,7 +783,20 @@ fn on_result(result: GenerateResult) {
     if ended {
         record_timings();
         end_run(true);
+        spawn_local(scroll_to_result());
     }
+}
+
+/// Brings the finished result into view: a side panel is short, the form alone can fill it, and the
+/// image would come below it unseen. The whole result when it fits (its actions at the bottom), else
+/// its top, the image first; measured once the image is decoded, which is what gives it its height.
+async fn scroll_to_result() {
+    let image = element::<web_sys::HtmlImageElement>("image");
+    // A selected grid image that cannot be decoded still leaves the rest worth showing.
+    let _ = JsFuture::from(image.decode()).await;
+    let result = element::<HtmlElement>("result");
+    let room = web_sys::window().and_then(|w| w.inner_height().ok()?.as_f64()).unwrap_or(0.0);
+    result.scroll_into_view_with_bool(result.get_bounding_client_rect().height() > room);
 }
 
 fn end_run(done: bool) {
