@@ -1,15 +1,14 @@
-//! Checking the studio's and the popup's generate form before a request is sent: a problem is shown at
-//! the control it concerns (`aria-invalid`, a message tied to it by `aria-describedby`, focus moved to
-//! it), in the page's language, and no job is started. A size that is not allowed comes with buttons
-//! that put the nearest allowed ones in its place.
+//! Checking the studio's and the popup's generate form before a request is sent: an empty prompt, a
+//! prompt too long or a size that is not allowed is shown at its control (`aria-invalid`, a message
+//! tied to it by `aria-describedby`, focus moved to it), in the page's language, and no job is started.
+//! A size that is not allowed comes with buttons that put the nearest allowed ones in its place. Any
+//! other problem (steps, seed) is the page's general error, as the service worker would say it.
 //!
 //! Each checked control `#id` has a message element `#id-error` (hidden while the control is valid)
 //! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`.
 
 use imagine_core::api::GenerateRequest;
-use imagine_core::params::{
-    nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MAX_STEPS, MIN_SIZE, SIZE_MULTIPLE,
-};
+use imagine_core::params::{nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MIN_SIZE, SIZE_MULTIPLE};
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
@@ -17,7 +16,7 @@ use crate::pages::view::{child, document, element, on, on_item_click};
 use crate::platform::i18n;
 
 /// The controls checked, by id: the same in the studio and the popup.
-pub const FIELDS: [&str; 5] = ["prompt", "width", "height", "steps", "seed"];
+pub const FIELDS: [&str; 3] = ["prompt", "width", "height"];
 
 /// Why the form cannot be sent.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,7 +30,7 @@ pub enum Problem {
         /// What the core's validation said.
         error: ParamError,
     },
-    /// Something the form has no control for (a page's own setting, such as the schedule).
+    /// Anything else: the page's general error (steps, seed, a page's own setting such as the schedule).
     Other(ParamError),
 }
 
@@ -43,8 +42,6 @@ pub fn check(request: &GenerateRequest) -> Result<GenerateParams, Problem> {
     request.clone().validate(0).map_err(|error| {
         let field = match &error {
             ParamError::Size { field, .. } => *field,
-            ParamError::Steps { .. } => "steps",
-            ParamError::Seed { .. } => "seed",
             ParamError::Prompt { .. } => "prompt",
             _ => return Problem::Other(error),
         };
@@ -98,13 +95,6 @@ pub fn show(problem: &Problem) -> Option<String> {
             "fieldSizeInvalid",
             &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
         ),
-        Some(ParamError::Steps { value }) => {
-            i18n::t_args("fieldStepsInvalid", &[&value.to_string(), &MAX_STEPS.to_string()])
-        }
-        Some(ParamError::Seed { .. }) => {
-            let typed = element::<HtmlInputElement>("seed").value();
-            i18n::t_args("fieldSeedInvalid", &[typed.trim(), &u64::MAX.to_string()])
-        }
         Some(other) => i18n::error(other),
     };
     let sizes = match error {
@@ -168,7 +158,7 @@ mod tests {
             Err(Problem::Field { field: "width", error: ParamError::Size { field: "width", value: 500 } })
         );
         let steps = GenerateRequest { steps: Some(0), ..form("a cat", 512) };
-        assert!(matches!(check(&steps), Err(Problem::Field { field: "steps", .. })));
+        assert!(matches!(check(&steps), Err(Problem::Other(ParamError::Steps { value: 0 }))));
         let schedule = GenerateRequest { schedule: Some("x".into()), ..form("a cat", 512) };
         assert!(matches!(check(&schedule), Err(Problem::Other(_))));
         assert_eq!(check(&form("a cat", 496)).map(|p| p.width), Ok(496));

@@ -11,7 +11,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
-use crate::pages::form_check;
+use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
@@ -272,11 +272,9 @@ async fn generate() {
     };
     set_visible("error", false);
     form_check::clear();
-    if let Err(problem) = form_check::check(&generate) {
-        if let Some(text) = form_check::show(&problem) {
-            set_text("error", &text);
-            set_visible("error", true);
-        }
+    // What a control shows stops here; anything else the service worker refuses, saying why.
+    if let Err(problem @ (Problem::EmptyPrompt | Problem::Field { .. })) = form_check::check(&generate) {
+        form_check::show(&problem);
         return;
     }
     match request(&Request::Generate(generate)).await {
