@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::{GenerateRequest, Seed};
-use crate::message::{arg, Localize, Message};
+use crate::message::{arg, Arg, Localize, Message};
 use crate::pack::Graph;
 use crate::schedule::Schedule;
 
@@ -254,10 +254,18 @@ pub fn keep_loaded_seconds(value: i64) -> Result<u32, ParamError> {
 impl Localize for ParamError {
     fn message(&self) -> Message {
         match self {
-            ParamError::Size { field, value } => Message::new(
-                "errParamSize",
-                [arg(field), arg(value), arg(SIZE_MULTIPLE), arg(MIN_SIZE), arg(MAX_SIZE)],
-            ),
+            ParamError::Size { field, value } => {
+                // The field's name in the reader's language: the API's own name is English.
+                let name = if *field == "height" {
+                    Message::new("paramHeight", [])
+                } else {
+                    Message::new("paramWidth", [])
+                };
+                Message::new(
+                    "errParamSize",
+                    [Arg::Message(name), arg(value), arg(SIZE_MULTIPLE), arg(MIN_SIZE), arg(MAX_SIZE)],
+                )
+            }
             ParamError::Steps { value } => Message::new("errParamSteps", [arg(value), arg(MAX_STEPS)]),
             ParamError::Seed { value } => Message::new("errParamSeed", [arg(value), arg(u64::MAX)]),
             ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
@@ -350,6 +358,25 @@ fn size(field: &'static str, value: Option<i64>) -> Result<u32, ParamError> {
     }
 }
 
+/// The allowed width or height nearest to `value`, for a form to offer instead of one that is not
+/// allowed: the multiples of [`SIZE_MULTIPLE`] just below and just above it, or the end of the range it
+/// is past; ascending. Empty when `value` is allowed.
+pub fn nearest_sizes(value: i64) -> Vec<u32> {
+    if size("", Some(value)).is_ok() {
+        return Vec::new();
+    }
+    let multiple = i64::from(SIZE_MULTIPLE);
+    let (min, max) = (i64::from(MIN_SIZE), i64::from(MAX_SIZE));
+    let below = value.div_euclid(multiple) * multiple;
+    let mut sizes: Vec<u32> = [below, below.saturating_add(multiple)]
+        .into_iter()
+        .map(|v| v.clamp(min, max))
+        .filter_map(|v| u32::try_from(v).ok())
+        .collect();
+    sizes.dedup();
+    sizes
+}
+
 /// A JSON number must be a whole number in `0..=2^53` (beyond that JSON numbers lose digits); a
 /// string must be plain decimal digits of a u64 (no sign, no spaces).
 fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
@@ -376,6 +403,26 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_size_not_allowed_gets_the_nearest_allowed_ones() {
+        assert_eq!(nearest_sizes(500), [496, 512]);
+        assert_eq!(nearest_sizes(504), [496, 512]);
+        assert_eq!(nearest_sizes(100), [256]);
+        assert_eq!(nearest_sizes(255), [256]);
+        assert_eq!(nearest_sizes(2000), [1536]);
+        assert_eq!(nearest_sizes(1537), [1536]);
+        assert_eq!(nearest_sizes(-7), [256]);
+        assert_eq!(nearest_sizes(i64::MAX), [1536]);
+        assert!(
+            nearest_sizes(512).is_empty() && nearest_sizes(256).is_empty() && nearest_sizes(1536).is_empty()
+        );
+        for v in [257, 1000, 1530] {
+            for s in nearest_sizes(v) {
+                assert!(size("width", Some(i64::from(s))).is_ok(), "{v}: {s}");
+            }
+        }
+    }
 
     #[test]
     fn params_cross_json_with_the_whole_seed_and_the_api_names() {

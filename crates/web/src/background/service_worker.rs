@@ -69,7 +69,9 @@ pub enum ServiceWorkerError {
     #[error("a new model pack is being installed right now: delete it once it is installed")]
     Installing,
     /// `generate` with no pack installed.
-    #[error("no model pack is installed yet: install one (installPack) before generating")]
+    #[error(
+        "the model is not installed yet: download it (from the popup or the settings page) before making images"
+    )]
     NoPack,
     /// Asking the Hub for a pack's plan (`packPlan`).
     #[error(transparent)]

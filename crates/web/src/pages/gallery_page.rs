@@ -238,7 +238,7 @@ fn show_params(item: &GalleryItem) {
         (t("seed"), item.seed.clone()),
         (t("gallerySize"), format!("{} \u{00d7} {}", item.width, item.height)),
         (t("steps"), item.steps.to_string()),
-        (t("schedule"), item.schedule.clone()),
+        (t("schedule"), crate::pages::view::schedule_name(&item.schedule)),
         (t("galleryCreated"), String::from(created)),
         (t("galleryFileSize"), format_bytes(item.bytes)),
     ];

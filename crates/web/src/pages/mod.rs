@@ -1,6 +1,7 @@
 //! The extension's pages: the studio (side panel or tab), the popup, the gallery, the options page and
 //! the result page, on one small view layer.
 
+pub mod form_check;
 pub mod gallery_page;
 pub mod options_page;
 pub mod popup;

@@ -11,6 +11,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
+use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
@@ -31,6 +32,7 @@ pub fn popup_main() {
     i18n::localize_page();
     on("generate", "click", |_| spawn_local(generate()));
     on("cancel", "click", |_| spawn_local(cancel()));
+    form_check::wire();
     on("install", "click", |_| install_clicked());
     // The Hub is contacted only when the user asks: for the size, or for the download.
     on("check-size", "click", |_| spawn_local(show_plan()));
@@ -269,6 +271,12 @@ async fn generate() {
         ..Default::default()
     };
     set_visible("error", false);
+    form_check::clear();
+    // What a control shows stops here; anything else the service worker refuses, saying why.
+    if let Err(problem @ (Problem::EmptyPrompt | Problem::Field { .. })) = form_check::check(&generate) {
+        form_check::show(&problem);
+        return;
+    }
     match request(&Request::Generate(generate)).await {
         Reply::JobStarted { job, .. } => {
             if let Some(storage) = storage() {

@@ -122,6 +122,15 @@ pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
     }
 }
 
+/// A schedule's name (the API's, as a result keeps it) in the page's language.
+pub fn schedule_name(name: &str) -> String {
+    match name {
+        "empirical" => i18n::t("scheduleNameEmpirical"),
+        "linear-shift" => i18n::t("scheduleNameLinearShift"),
+        other => other.to_owned(),
+    }
+}
+
 /// What a progress report says: the stage, or the step of how many.
 pub fn describe(progress: &Progress) -> String {
     match progress.stage {
@@ -208,7 +217,7 @@ impl JobView {
                 &result.width.to_string(),
                 &result.height.to_string(),
                 &result.steps.to_string(),
-                &result.schedule,
+                &schedule_name(&result.schedule),
                 &result.seed,
             ],
         );

@@ -269,6 +269,7 @@ mod tests {
         let pack_error = || PackError::Path { path: "../x".into(), reason: "it leaves the pack" };
         let mut errors: Vec<Box<dyn Localize>> = vec![
             Box::new(ParamError::Size { field: "width", value: 100 }),
+            Box::new(ParamError::Size { field: "height", value: 2000 }),
             Box::new(ParamError::Steps { value: 99 }),
             Box::new(ParamError::Seed { value: "-1".into() }),
             Box::new(ParamError::Schedule { value: "cosine".into() }),

@@ -22,6 +22,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
+use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{
     child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
@@ -237,6 +238,7 @@ pub fn studio_main() {
         spawn_local(generate(GenerateForm::Form));
     });
     on("cancel", "click", |_| spawn_local(cancel()));
+    form_check::wire();
     on("prompt", "input", |_| prompt_edited());
     on("prompt", "focus", |_| spawn_local(ensure_encoder()));
     on("seed-fixed", "change", |_| seed_mode_changed());
@@ -598,6 +600,7 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
 
 async fn generate(from: GenerateForm) {
     let again = matches!(from, GenerateForm::Again);
+    let typed = matches!(from, GenerateForm::Form);
     let wanted = match from {
         GenerateForm::Form => {
             save_settings();
@@ -620,10 +623,18 @@ async fn generate(from: GenerateForm) {
         },
     };
     set_visible("error", false);
+    form_check::clear();
     let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
     let prompt = wanted.prompt.clone();
-    match wanted.clone().validate(0) {
-        Err(error) => show_error(&i18n::error(&error)),
+    // What the user typed is checked at its controls; a shown image's settings were allowed already.
+    let checked =
+        if typed { form_check::check(&wanted) } else { wanted.clone().validate(0).map_err(Problem::Other) };
+    match checked {
+        Err(problem) => {
+            if let Some(text) = form_check::show(&problem) {
+                show_error(&text);
+            }
+        }
         Ok(params) => match request(&Request::Generate(wanted)).await {
             Reply::JobStarted { job, seed } => {
                 if again {

@@ -88,7 +88,7 @@ impl Results {
             &[
                 &format!("{}\u{00d7}{}", result.width, result.height),
                 &result.steps.to_string(),
-                &result.schedule,
+                &crate::pages::view::schedule_name(&result.schedule),
                 &result.seed,
             ],
         );

@@ -1,0 +1,166 @@
+//! Checking the studio's and the popup's generate form before a request is sent: an empty prompt, a
+//! prompt too long or a size that is not allowed is shown at its control (`aria-invalid`, a message
+//! tied to it by `aria-describedby`, focus moved to it), in the page's language, and no job is started.
+//! A size that is not allowed comes with buttons that put the nearest allowed ones in its place. Any
+//! other problem (steps, seed) is the page's general error, as the service worker would say it.
+//!
+//! Each checked control `#id` has a message element `#id-error` (hidden while the control is valid)
+//! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`.
+
+use imagine_core::api::GenerateRequest;
+use imagine_core::params::{nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MIN_SIZE, SIZE_MULTIPLE};
+use wasm_bindgen::JsCast;
+use web_sys::{HtmlElement, HtmlInputElement};
+
+use crate::pages::view::{child, document, element, on, on_item_click};
+use crate::platform::i18n;
+
+/// The controls checked, by id: the same in the studio and the popup.
+pub const FIELDS: [&str; 3] = ["prompt", "width", "height"];
+
+/// Why the form cannot be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// The prompt is empty or only white space: there is nothing to make an image of.
+    EmptyPrompt,
+    /// The value of the control `field` (one of [`FIELDS`]) is not allowed.
+    Field {
+        /// The control's id.
+        field: &'static str,
+        /// What the core's validation said.
+        error: ParamError,
+    },
+    /// Anything else: the page's general error (steps, seed, a page's own setting such as the schedule).
+    Other(ParamError),
+}
+
+/// Checks the request a form made: the prompt must say something, and every field must be allowed.
+pub fn check(request: &GenerateRequest) -> Result<GenerateParams, Problem> {
+    if request.prompt.trim().is_empty() {
+        return Err(Problem::EmptyPrompt);
+    }
+    request.clone().validate(0).map_err(|error| {
+        let field = match &error {
+            ParamError::Size { field, .. } => *field,
+            ParamError::Prompt { .. } => "prompt",
+            _ => return Problem::Other(error),
+        };
+        Problem::Field { field, error }
+    })
+}
+
+/// Wires the fix buttons (one listener per message) and clears a control's mark once it is edited.
+pub fn wire() {
+    for field in FIELDS {
+        on(field, "input", move |_| clear_field(field));
+    }
+    for field in ["width", "height"] {
+        let id = format!("{field}-error");
+        on_item_click(&id, "button[data-value]", move |button| {
+            let Some(value) = button.get_attribute("data-value") else { return };
+            let control = element::<HtmlInputElement>(field);
+            control.set_value(&value);
+            // The page hears it as typed (the studio's presets follow the size).
+            if let Ok(event) = web_sys::Event::new("input") {
+                let _ = control.dispatch_event(&event);
+            }
+            let _ = control.focus();
+        });
+    }
+}
+
+/// Removes every mark of an earlier check.
+pub fn clear() {
+    for field in FIELDS {
+        clear_field(field);
+    }
+}
+
+fn clear_field(field: &str) {
+    let _ = element::<HtmlElement>(field).remove_attribute("aria-invalid");
+    element::<HtmlElement>(&format!("{field}-error")).set_hidden(true);
+}
+
+/// Shows `problem` at its control and moves the focus there; `Some(text)` for a problem no control
+/// shows, for the page's general error.
+pub fn show(problem: &Problem) -> Option<String> {
+    let (field, error) = match problem {
+        Problem::EmptyPrompt => ("prompt", None),
+        Problem::Field { field, error } => (*field, Some(error)),
+        Problem::Other(error) => return Some(i18n::error(error)),
+    };
+    let text = match error {
+        None => i18n::t("fieldPromptEmpty"),
+        Some(ParamError::Size { value, .. }) => i18n::t_args(
+            "fieldSizeInvalid",
+            &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
+        ),
+        Some(other) => i18n::error(other),
+    };
+    let sizes = match error {
+        Some(ParamError::Size { value, .. }) => nearest_sizes(*value),
+        _ => Vec::new(),
+    };
+    let message = element::<HtmlElement>(&format!("{field}-error"));
+    child::<HtmlElement>(&message, ".message").set_text_content(Some(&text));
+    let fixes = child::<HtmlElement>(&message, ".fixes");
+    fixes.set_text_content(None);
+    let sizes_text: Vec<String> = sizes.iter().map(u32::to_string).collect();
+    let nearest = match sizes_text.as_slice() {
+        [one] => Some(i18n::t_args("fieldSizeNearest1", &[one])),
+        [low, high] => Some(i18n::t_args("fieldSizeNearest2", &[low, high])),
+        _ => None,
+    };
+    if let Some(nearest) = nearest {
+        append(&fixes, "span", &nearest, None);
+        for size in &sizes_text {
+            append(&fixes, "button", &i18n::t_args("fieldUseSize", &[size]), Some(size));
+        }
+    }
+    message.set_hidden(false);
+    let control = element::<HtmlElement>(field);
+    let _ = control.set_attribute("aria-invalid", "true");
+    // The popup keeps its options folded: the control must be visible to take the focus.
+    if let Some(details) = control.closest("details").ok().flatten() {
+        let _ = details.set_attribute("open", "");
+    }
+    let _ = control.focus();
+    None
+}
+
+/// Appends a `tag` with `text` to `parent`; a button carries `value` as `data-value`.
+fn append(parent: &HtmlElement, tag: &str, text: &str, value: Option<&str>) {
+    let Ok(node) = document().create_element(tag) else { return };
+    node.set_text_content(Some(text));
+    if let Some(value) = value {
+        let _ = node.set_attribute("type", "button");
+        let _ = node.set_attribute("data-value", value);
+    }
+    if let Some(node) = node.dyn_ref::<HtmlElement>() {
+        let _ = parent.append_child(node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(prompt: &str, width: i64) -> GenerateRequest {
+        GenerateRequest { prompt: prompt.into(), width: Some(width), ..Default::default() }
+    }
+
+    #[test]
+    fn an_empty_prompt_or_a_bad_field_is_found_at_its_control() {
+        assert_eq!(check(&form("", 512)), Err(Problem::EmptyPrompt));
+        assert_eq!(check(&form(" \n\t", 500)), Err(Problem::EmptyPrompt));
+        assert_eq!(
+            check(&form("a cat", 500)),
+            Err(Problem::Field { field: "width", error: ParamError::Size { field: "width", value: 500 } })
+        );
+        let steps = GenerateRequest { steps: Some(0), ..form("a cat", 512) };
+        assert!(matches!(check(&steps), Err(Problem::Other(ParamError::Steps { value: 0 }))));
+        let schedule = GenerateRequest { schedule: Some("x".into()), ..form("a cat", 512) };
+        assert!(matches!(check(&schedule), Err(Problem::Other(_))));
+        assert_eq!(check(&form("a cat", 496)).map(|p| p.width), Ok(496));
+    }
+}
