@@ -69,9 +69,18 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.waitForFunction(() => /^Saved: at most 7 images/.test(document.querySelector('#limit-status').textContent));
     const page = await h.api(b.page, { type: 'galleryList' });
     assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64 << 20 });
-    await options.fill('#max-items', '0');
-    await options.click('#save-limit');
-    await options.waitForFunction(() => /maxItems 0 is not allowed/.test(document.querySelector('#limit-status').textContent));
+    // A limit out of range is marked at its field, in the field's own terms, and nothing is sent.
+    for (const [field, value, text] of [['#max-items', '0', 'Keep between 1 and 10000 images.'], ['#max-megabytes', '70000', 'Use between 1 and 65536 MB.']]) {
+      await options.fill(field, value);
+      await options.click('#save-limit');
+      await options.waitForFunction((f) => document.querySelector(f).getAttribute('aria-invalid') === 'true', field);
+      assert.equal(await options.textContent(`${field}-error .message`), text);
+      assert.equal(await options.evaluate(() => document.activeElement.id), field.slice(1));
+      assert.deepEqual((await h.api(b.page, { type: 'galleryList' })).limit, { maxItems: 7, maxBytes: 64 << 20 });
+      await options.fill(field, field === '#max-items' ? '7' : '64');
+      assert.equal(await options.getAttribute(field, 'aria-invalid'), null);
+      assert.equal(await options.isHidden(`${field}-error`), true);
+    }
   });
 
   await t.test('keep the model loaded: the setting, what is loaded now, off unloads it', async () => {

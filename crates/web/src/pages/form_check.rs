@@ -52,7 +52,7 @@ pub fn check(request: &GenerateRequest) -> Result<GenerateParams, Problem> {
 /// Wires the fix buttons (one listener per message) and clears a control's mark once it is edited.
 pub fn wire() {
     for field in FIELDS {
-        on(field, "input", move |_| clear_field(field));
+        clear_on_input(field);
     }
     for field in ["width", "height"] {
         let id = format!("{field}-error");
@@ -67,6 +67,11 @@ pub fn wire() {
             let _ = control.focus();
         });
     }
+}
+
+/// Clears the mark of the control `field` once it is edited.
+pub fn clear_on_input(field: &'static str) {
+    on(field, "input", move |_| clear_field(field));
 }
 
 /// Removes every mark of an earlier check.
@@ -117,6 +122,22 @@ pub fn show(problem: &Problem) -> Option<String> {
             append(&fixes, "button", &i18n::t_args("fieldUseSize", &[size]), Some(size));
         }
     }
+    reveal(field, &message);
+    None
+}
+
+/// Shows `text` at the control `field` (whose message element is `#field-error`, as above), marks it
+/// and moves the focus there: for a page's own checks (the options page's limits; the page wires
+/// [`clear_on_input`] for it).
+pub fn mark(field: &str, text: &str) {
+    let message = element::<HtmlElement>(&format!("{field}-error"));
+    child::<HtmlElement>(&message, ".message").set_text_content(Some(text));
+    child::<HtmlElement>(&message, ".fixes").set_text_content(None);
+    reveal(field, &message);
+}
+
+/// Shows `message` and marks `field` invalid, with the focus on it.
+fn reveal(field: &str, message: &HtmlElement) {
     message.set_hidden(false);
     let control = element::<HtmlElement>(field);
     let _ = control.set_attribute("aria-invalid", "true");
@@ -125,7 +146,6 @@ pub fn show(problem: &Problem) -> Option<String> {
         let _ = details.set_attribute("open", "");
     }
     let _ = control.focus();
-    None
 }
 
 /// Appends a `tag` with `text` to `parent`; a button carries `value` as `data-value`.

@@ -5,11 +5,13 @@
 use imagine_core::api::{
     Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply, Request, Stage,
 };
+use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
+use crate::pages::form_check;
 use crate::pages::view::{self, element, fill_definitions, on, set_text, set_visible};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
@@ -26,6 +28,9 @@ pub fn options_page_main() {
     i18n::localize_page();
     on("save-defaults", "click", |_| spawn_local(save_defaults()));
     on("save-limit", "click", |_| spawn_local(save_limit()));
+    for field in ["max-items", "max-megabytes"] {
+        form_check::clear_on_input(field);
+    }
     on("keep-loaded", "change", |_| {
         let seconds = element::<HtmlSelectElement>("keep-loaded").value().parse().ok();
         spawn_local(keep_loaded(seconds));
@@ -152,6 +157,18 @@ async fn save_limit() {
         max_items: number("max-items"),
         max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MIB)),
     };
+    // Checked here, in the fields' own units, rather than as the service worker names the values.
+    let (items_min, items_max) = MAX_ITEMS_RANGE;
+    if limit.max_items.is_some_and(|n| n < i64::from(items_min) || n > i64::from(items_max)) {
+        let range = [items_min.to_string(), items_max.to_string()];
+        return form_check::mark("max-items", &t_args("fieldLimitItems", &[&range[0], &range[1]]));
+    }
+    let (bytes_min, bytes_max) = MAX_BYTES_RANGE;
+    let (mb_min, mb_max) = (bytes_min as i64 / MIB, bytes_max as i64 / MIB);
+    if number("max-megabytes").is_some_and(|mb| mb < mb_min || mb > mb_max) {
+        let range = [mb_min.to_string(), mb_max.to_string()];
+        return form_check::mark("max-megabytes", &t_args("fieldLimitMegabytes", &[&range[0], &range[1]]));
+    }
     let text = match request(&Request::GalleryLimit(limit)).await {
         Reply::GalleryLimit(limit) => {
             t_args("optionsLimitSaved", &[&limit.max_items.to_string(), &format_bytes(limit.max_bytes)])
