@@ -311,16 +311,29 @@ fn reuse() {
 
 async fn delete_viewed() {
     let Some(id) = STATE.with_borrow(|s| s.viewing.as_ref().map(|i| i.id.clone())) else { return };
+    let index = STATE.with_borrow(|s| s.items.iter().position(|i| i.id == id)).unwrap_or(0);
     match request(&Request::GalleryDelete { id }).await {
         Reply::Done => {
             dialog("viewer").close();
             reload().await;
+            // The thumbnail the view was opened from is gone: the focus goes to the one that took its
+            // place (or the last), else to the search box.
+            let thumbs = document().query_selector_all("#grid button.thumb").ok();
+            let near = thumbs.and_then(|t| t.item((index as u32).min(t.length().saturating_sub(1))));
+            match near {
+                Some(thumb) => focus(thumb.unchecked_into()),
+                None => focus(element("search")),
+            }
         }
         Reply::Error { error, message } => {
             set_text("viewer-status", &i18n::error_text(&error, message.as_ref()))
         }
         _ => {}
     }
+}
+
+fn focus(element: HtmlElement) {
+    let _ = element.focus();
 }
 
 fn ask_clear() {
