@@ -303,6 +303,8 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     await gallery.waitForSelector('#viewer[open]');
     await gallery.click('#delete');
     assert.deepEqual(await gridIds(gallery, 1), [fox]);
+    // One image is "1 image".
+    await gallery.waitForFunction(() => /^1 image, /.test(document.querySelector('#usage').textContent));
     // The focus goes to the thumbnail that took the deleted one's place, not to nowhere.
     await gallery.waitForFunction((id) => document.activeElement?.dataset?.id === id, fox, { timeout: 5_000 });
     assert.equal((await h.opfsTree(b.page))[`gallery/${barn}.png`], undefined);

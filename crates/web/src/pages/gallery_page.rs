@@ -167,9 +167,9 @@ async fn fetch_page(generation: u32, offset: i64) {
         &t_args(
             "galleryUsage",
             &[
-                &page.count.to_string(),
+                &i18n::count_images(page.count),
                 &format_bytes(page.bytes_used),
-                &limit.max_items.to_string(),
+                &i18n::count_images(limit.max_items),
                 &format_bytes(limit.max_bytes),
             ],
         ),
@@ -389,6 +389,9 @@ async fn export() {
         link.set_download("imagine-gallery.zip");
         link.click();
     }
-    set_text("usage", &t_args("galleryExported", &[&images.to_string(), &format_bytes(bytes.len() as u64)]));
+    set_text(
+        "usage",
+        &t_args("galleryExported", &[&i18n::count_images(images), &format_bytes(bytes.len() as u64)]),
+    );
     STATE.with_borrow_mut(|s| s.urls.push(url));
 }

@@ -170,9 +170,10 @@ async fn save_limit() {
         return form_check::mark("max-megabytes", &t_args("fieldLimitMegabytes", &[&range[0], &range[1]]));
     }
     let text = match request(&Request::GalleryLimit(limit)).await {
-        Reply::GalleryLimit(limit) => {
-            t_args("optionsLimitSaved", &[&limit.max_items.to_string(), &format_bytes(limit.max_bytes)])
-        }
+        Reply::GalleryLimit(limit) => t_args(
+            "optionsLimitSaved",
+            &[&i18n::count_images(limit.max_items), &format_bytes(limit.max_bytes)],
+        ),
         Reply::Error { error, message } => i18n::error_text(&error, message.as_ref()),
         other => format!("{other:?}"),
     };

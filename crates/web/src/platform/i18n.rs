@@ -25,6 +25,14 @@ pub fn t(key: &str) -> String {
     t_args(key, &[])
 }
 
+/// "1 image" or "N images", in the page's language (`chrome.i18n` has no plurals).
+pub fn count_images(count: impl Into<u64>) -> String {
+    match count.into() {
+        1 => t("countImageOne"),
+        n => t_args("countImages", &[&n.to_string()]),
+    }
+}
+
 /// The message `key` with `$1`, `$2`, ... replaced by `args`.
 pub fn t_args(key: &str, args: &[&str]) -> String {
     let substitutions: js_sys::Array = args.iter().map(|a| JsValue::from_str(a)).collect();
