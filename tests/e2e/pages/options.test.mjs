@@ -31,7 +31,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     assert.match(r.Storage, /used of/);
   });
 
-  await t.test('defaults are checked, saved, and the popup starts from them', async () => {
+  await t.test('defaults are checked, saved, and the popup and the studio start from them', async () => {
     await options.waitForFunction(() => document.querySelector('#default-width').value === '512');
     await options.fill('#default-width', '300');
     await options.click('#save-defaults');
@@ -44,12 +44,27 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.click('#save-defaults');
     await options.waitForFunction(() => document.querySelector('#defaults-status').textContent === 'Saved.');
     const stored = await options.evaluate(() => chrome.storage.local.get('imagine.defaults'));
-    assert.deepEqual(stored['imagine.defaults'], { width: 768, height: 384, steps: 6, schedule: 'linear-shift' });
+    const { savedAtMs, ...saved } = stored['imagine.defaults'];
+    assert.deepEqual(saved, { width: 768, height: 384, steps: 6, schedule: 'linear-shift' });
+    assert.ok(savedAtMs > 0, JSON.stringify(stored));
     await b.page.reload();
     await b.page.waitForFunction(() => document.querySelector('#width').value === '768');
     assert.equal(await b.page.inputValue('#height'), '384');
     assert.equal(await b.page.inputValue('#steps'), '6');
     assert.equal(await b.page.inputValue('#schedule'), 'linear-shift');
+    // The studio starts from them too, over its own settings of an earlier visit; settings it keeps
+    // from a later one stay its own.
+    const studio = await b.context.newPage();
+    await studio.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+    const form = (page) => page.evaluate(() => ['#width', '#height', '#steps', '#schedule'].map((s) => document.querySelector(s).value));
+    for (const [keptAt, expected] of [[savedAtMs - 1, ['768', '384', '6', 'linear-shift']], [savedAtMs + 1, ['1024', '1024', '2', 'empirical']]]) {
+      await studio.evaluate((at) => localStorage.setItem('imagine.studio.settings', JSON.stringify({ width: '1024', height: '1024', steps: '2', schedule: 'empirical', savedAtMs: at })), keptAt);
+      await studio.reload();
+      // The shortcut is shown after the defaults are looked at.
+      await studio.waitForFunction(() => document.querySelector('#shortcut').textContent !== '');
+      assert.deepEqual(await form(studio), expected);
+    }
+    await studio.close();
   });
 
   await t.test('the source is saved and the popup offers it', async () => {

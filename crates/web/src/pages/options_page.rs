@@ -143,10 +143,12 @@ async fn save_defaults() {
         number("default-steps"),
         schedule,
     ) {
-        Ok(defaults) => match storage::DEFAULTS.set(&defaults).await {
-            Ok(()) => t("optionsSaved"),
-            Err(e) => e.to_string(),
-        },
+        Ok(defaults) => {
+            match storage::DEFAULTS.set(&Defaults { saved_at_ms: js_sys::Date::now(), ..defaults }).await {
+                Ok(()) => t("optionsSaved"),
+                Err(e) => e.to_string(),
+            }
+        }
         Err(e) => i18n::error(&e),
     };
     set_text("defaults-status", &text);

@@ -25,11 +25,15 @@ pub struct Defaults {
     pub steps: u32,
     /// The sigma schedule's API name (`empirical`, `linear-shift`).
     pub schedule: String,
+    /// When the options page saved them (milliseconds since the epoch; 0: the built-in ones): the
+    /// studio takes them over its own last settings when they are newer.
+    #[serde(default)]
+    pub saved_at_ms: f64,
 }
 
 impl Default for Defaults {
     fn default() -> Self {
-        Defaults { width: 512, height: 512, steps: 4, schedule: "empirical".into() }
+        Defaults { width: 512, height: 512, steps: 4, schedule: "empirical".into(), saved_at_ms: 0.0 }
     }
 }
 
@@ -49,6 +53,7 @@ impl Defaults {
             height: params.height,
             steps: params.steps,
             schedule: params.schedule.name().to_owned(),
+            saved_at_ms: 0.0,
         })
     }
 

@@ -55,10 +55,13 @@ struct FormSettings {
     seed_fixed: bool,
     seed: String,
     schedule: String,
+    /// When they were saved (milliseconds since the epoch), against the options page's defaults.
+    saved_at_ms: f64,
 }
 
 fn save_settings() {
     let settings = FormSettings {
+        saved_at_ms: js_sys::Date::now(),
         width: input("width").value(),
         height: input("height").value(),
         steps: input("steps").value(),
@@ -71,9 +74,14 @@ fn save_settings() {
     }
 }
 
+/// The form's settings kept from the last visit, if any.
+fn kept_settings() -> Option<FormSettings> {
+    let text = local_storage()?.get_item(SETTINGS_KEY).ok().flatten()?;
+    serde_json::from_str(&text).ok()
+}
+
 fn restore_settings() {
-    let Some(text) = local_storage().and_then(|s| s.get_item(SETTINGS_KEY).ok().flatten()) else { return };
-    let Ok(settings) = serde_json::from_str::<FormSettings>(&text) else { return };
+    let Some(settings) = kept_settings() else { return };
     for (id, value) in [("width", &settings.width), ("height", &settings.height), ("steps", &settings.steps)]
     {
         if !value.is_empty() {
@@ -278,7 +286,22 @@ pub fn studio_main() {
     spawn_local(start());
 }
 
+/// The options page's defaults, where they were saved after this form's own settings: size, steps and
+/// schedule start from them, as the popup's do.
+async fn apply_newer_defaults() {
+    let Some(defaults) = storage::DEFAULTS.get().await else { return };
+    if defaults.saved_at_ms <= kept_settings().map_or(0.0, |s| s.saved_at_ms) {
+        return;
+    }
+    input("width").set_value(&defaults.width.to_string());
+    input("height").set_value(&defaults.height.to_string());
+    input("steps").set_value(&defaults.steps.to_string());
+    element::<HtmlSelectElement>("schedule").set_value(&defaults.schedule);
+    custom_size_edited();
+}
+
 async fn start() {
+    apply_newer_defaults().await;
     let choice = toolbar_choice().await;
     element::<HtmlSelectElement>("toolbar-opens").set_value(if choice == ToolbarOpens::Popup {
         "popup"
