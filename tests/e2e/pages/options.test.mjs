@@ -90,6 +90,8 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
       await options.click('#save-limit');
       await options.waitForFunction((f) => document.querySelector(f).getAttribute('aria-invalid') === 'true', field);
       assert.equal(await options.textContent(`${field}-error .message`), text);
+      // The earlier "Saved: …" is gone: it was not about this try.
+      assert.equal(await options.textContent('#limit-status'), '');
       assert.equal(await options.evaluate(() => document.activeElement.id), field.slice(1));
       assert.deepEqual((await h.api(b.page, { type: 'galleryList' })).limit, { maxItems: 7, maxBytes: 64 << 20 });
       await options.fill(field, field === '#max-items' ? '7' : '64');

@@ -178,7 +178,7 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.deepEqual(await h.axeViolations(reopened), []);
 });
 
-test('studio: the progress bar never goes back, though a stage overruns its estimate; the finished image scrolls into view in a short panel', { timeout: 600_000 }, async (t) => {
+test('studio: the progress bar never goes back, though a stage overruns its estimate; the finished image scrolls into view in a short panel; an action's status clears when the next starts', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const sw = await h.currentServiceWorker(b.context, b.extensionId);
   // Earlier images of this size far quicker than this one: the text encoder overruns its estimate, and
@@ -207,6 +207,13 @@ test('studio: the progress bar never goes back, though a stage overruns its esti
   await page.waitForFunction(() => { const r = document.querySelector('#again').getBoundingClientRect(); return r.bottom <= window.innerHeight && r.top >= 0; }, null, { timeout: 5_000 }).catch(() => {});
   const sizes = await page.evaluate(() => [document.querySelector('#result').getBoundingClientRect().height, window.innerHeight]);
   assert.deepEqual([await inView('#image'), await inView('#again')], [true, true], JSON.stringify(sizes));
+  // What an action said is cleared when the next one starts.
+  await page.click('#reuse-seed');
+  assert.notEqual(await page.textContent('#action-status'), '');
+  await page.click('#generate');
+  assert.equal(await page.textContent('#action-status'), '');
+  await page.waitForFunction(() => !document.querySelector('#run').hidden);
+  await page.waitForFunction(() => document.querySelector('#run').hidden, null, { timeout: h.GENERATION_TIMEOUT_MS });
 });
 
 test('studio: 4 variations send count 4 and show the batch as a grid', { timeout: 600_000 }, async (t) => {

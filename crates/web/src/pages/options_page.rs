@@ -155,6 +155,8 @@ async fn save_defaults() {
 }
 
 async fn save_limit() {
+    // An earlier "Saved" is not about this try.
+    set_text("limit-status", "");
     let limit = GalleryLimitRequest {
         max_items: number("max-items"),
         max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MIB)),

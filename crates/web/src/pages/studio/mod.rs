@@ -645,7 +645,9 @@ async fn generate(from: GenerateForm) {
             None => return,
         },
     };
+    // What the last action said (copied, seed reused) is not about this one.
     set_visible("error", false);
+    set_text("action-status", "");
     form_check::clear();
     let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
     let prompt = wanted.prompt.clone();
