@@ -40,8 +40,8 @@ pub const MAX_PAGE: u32 = 500;
 pub const DEFAULT_PAGE: u32 = 60;
 /// What a `galleryLimit` may set.
 pub const MAX_ITEMS_RANGE: (u32, u32) = (1, 10_000);
-/// Bytes: 1 MiB to 64 GiB.
-pub const MAX_BYTES_RANGE: (u64, u64) = (1 << 20, 64 << 30);
+/// Bytes: 1 MB to 64 GB, decimal, as every size the pages show (the options page takes it in MB).
+pub const MAX_BYTES_RANGE: (u64, u64) = (1_000_000, 64_000_000_000);
 
 /// Why a gallery request was refused, or the index could not be read.
 #[derive(Debug, Error, PartialEq)]
@@ -93,7 +93,7 @@ pub struct GalleryLimit {
 
 impl Default for GalleryLimit {
     fn default() -> Self {
-        GalleryLimit { max_items: 500, max_bytes: 2 << 30 }
+        GalleryLimit { max_items: 500, max_bytes: 2_000_000_000 }
     }
 }
 
@@ -539,7 +539,7 @@ mod tests {
         let e = GalleryLimit::default().with(Some(0), None).unwrap_err();
         assert_eq!(e.to_string(), "maxItems 0 is not allowed: use 1 to 10000");
         let e = GalleryLimit::default().with(None, Some(5)).unwrap_err();
-        assert_eq!(e.to_string(), "maxBytes 5 is not allowed: use 1048576 to 68719476736");
+        assert_eq!(e.to_string(), "maxBytes 5 is not allowed: use 1000000 to 64000000000");
         let limit = GalleryLimit::default().with(Some(3), None).unwrap();
         assert_eq!(limit, GalleryLimit { max_items: 3, max_bytes: GalleryLimit::default().max_bytes });
         assert!(validate_id("../x").is_err());

@@ -81,11 +81,12 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.fill('#max-items', '7');
     await options.fill('#max-megabytes', '64');
     await options.click('#save-limit');
-    await options.waitForFunction(() => /^Saved: at most 7 images/.test(document.querySelector('#limit-status').textContent));
+    // Typed in MB, shown in MB: one unit system (decimal) on every page.
+    await options.waitForFunction(() => /^Saved: at most 7 images and 64.0 MB.$/.test(document.querySelector('#limit-status').textContent));
     const page = await h.api(b.page, { type: 'galleryList' });
-    assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64 << 20 });
+    assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64_000_000 });
     // A limit out of range is marked at its field, in the field's own terms, and nothing is sent.
-    for (const [field, value, text] of [['#max-items', '0', 'Keep between 1 and 10000 images.'], ['#max-megabytes', '70000', 'Use between 1 and 65536 MB.']]) {
+    for (const [field, value, text] of [['#max-items', '0', 'Keep between 1 and 10000 images.'], ['#max-megabytes', '70000', 'Use between 1 and 64000 MB.']]) {
       await options.fill(field, value);
       await options.click('#save-limit');
       await options.waitForFunction((f) => document.querySelector(f).getAttribute('aria-invalid') === 'true', field);
@@ -93,7 +94,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
       // The earlier "Saved: …" is gone: it was not about this try.
       assert.equal(await options.textContent('#limit-status'), '');
       assert.equal(await options.evaluate(() => document.activeElement.id), field.slice(1));
-      assert.deepEqual((await h.api(b.page, { type: 'galleryList' })).limit, { maxItems: 7, maxBytes: 64 << 20 });
+      assert.deepEqual((await h.api(b.page, { type: 'galleryList' })).limit, { maxItems: 7, maxBytes: 64_000_000 });
       await options.fill(field, field === '#max-items' ? '7' : '64');
       assert.equal(await options.getAttribute(field, 'aria-invalid'), null);
       assert.equal(await options.isHidden(`${field}-error`), true);

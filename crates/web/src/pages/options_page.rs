@@ -20,7 +20,8 @@ use crate::platform::settings::{self, Defaults};
 use crate::platform::storage;
 use crate::platform::{gpu, opfs};
 
-const MIB: i64 = 1 << 20;
+/// The gallery's byte limit is typed in decimal MB, the unit every size on the pages is shown in.
+const MB: i64 = 1_000_000;
 
 /// Entry point of `options.js`.
 #[wasm_bindgen(js_name = optionsPageMain)]
@@ -68,7 +69,7 @@ pub fn options_page_main() {
         let list = GalleryListRequest { limit: Some(1), ..Default::default() };
         if let Reply::Gallery(page) = request(&Request::GalleryList(list)).await {
             input("max-items").set_value(&page.limit.max_items.to_string());
-            input("max-megabytes").set_value(&(page.limit.max_bytes / MIB as u64).to_string());
+            input("max-megabytes").set_value(&(page.limit.max_bytes / MB as u64).to_string());
         }
         refresh_model().await;
         keep_loaded(None).await;
@@ -159,7 +160,7 @@ async fn save_limit() {
     set_text("limit-status", "");
     let limit = GalleryLimitRequest {
         max_items: number("max-items"),
-        max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MIB)),
+        max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MB)),
     };
     // Checked here, in the fields' own units, rather than as the service worker names the values.
     let (items_min, items_max) = MAX_ITEMS_RANGE;
@@ -168,7 +169,7 @@ async fn save_limit() {
         return form_check::mark("max-items", &t_args("fieldLimitItems", &[&range[0], &range[1]]));
     }
     let (bytes_min, bytes_max) = MAX_BYTES_RANGE;
-    let (mb_min, mb_max) = (bytes_min as i64 / MIB, bytes_max as i64 / MIB);
+    let (mb_min, mb_max) = (bytes_min as i64 / MB, bytes_max as i64 / MB);
     if number("max-megabytes").is_some_and(|mb| mb < mb_min || mb > mb_max) {
         let range = [mb_min.to_string(), mb_max.to_string()];
         return form_check::mark("max-megabytes", &t_args("fieldLimitMegabytes", &[&range[0], &range[1]]));
