@@ -43,6 +43,16 @@ test('context menu on a selection opens result.html with the image, made with th
   // The prompt is rendered as text, not as HTML.
   assert.equal((await tab.textContent('#prompt-text')).trim(), prompt);
   assert.equal(await tab.locator('#prompt-text b').count(), 0);
+  // Its parameters and actions, as in the studio: copy, save, and the studio at this job for the rest.
+  assert.match(await tab.textContent('#meta'), /^256×320, 2 steps, /);
+  assert.deepEqual([await tab.isVisible('#copy'), await tab.isVisible('#save-png'), await tab.isVisible('#open-studio')], [true, true, true]);
+  await tab.click('#copy');
+  await tab.waitForFunction(() => document.querySelector('#action-status').textContent !== '');
+  assert.equal(await tab.getAttribute('#open-studio', 'href'), `studio.html?job=${encodeURIComponent(job)}`);
+  await tab.click('#open-studio');
+  await tab.waitForURL(/\/studio\.html\?job=/);
+  await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png') && !document.querySelector('#result').hidden, null, { timeout: 60_000 });
+  assert.match(await tab.textContent('#meta'), /^256×320, 2 steps, /);
 });
 
 test('text selected in a private window makes an image that is shown but leaves nothing behind, unless the option keeps it', { timeout: 600_000 }, async (t) => {

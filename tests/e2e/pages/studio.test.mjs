@@ -178,7 +178,7 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.deepEqual(await h.axeViolations(reopened), []);
 });
 
-test('studio: the progress bar never goes back, though a stage overruns its estimate; the finished image scrolls into view in a short panel; an action's status clears when the next starts', { timeout: 600_000 }, async (t) => {
+test('studio: the progress bar never goes back, though a stage overruns its estimate; the finished image scrolls into view in a short panel; the status of an action clears when the next starts', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const sw = await h.currentServiceWorker(b.context, b.extensionId);
   // Earlier images of this size far quicker than this one: the text encoder overruns its estimate, and

@@ -4,7 +4,7 @@
 //! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
 //! and "reuse this seed"; a gallery image's prompt and settings when the gallery reuses them.
 //!
-//! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid, copying)
+//! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid)
 //! are [`results`]; opening the studio from the service worker, the popup and the gallery is
 //! `platform::side_panel`.
 
@@ -24,7 +24,7 @@ use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElemen
 
 use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{
-    child, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
+    child, copy_png, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
 use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, sleep_ms, LogError};
@@ -254,7 +254,7 @@ pub fn studio_main() {
     on("height", "input", |_| custom_size_edited());
     on("copy", "click", |_| {
         if let Some(result) = selected_result() {
-            results::copy(&result);
+            copy_png(&result);
         }
     });
     on_item_click("grid", ".thumb[data-index]", |thumb| {

@@ -4,12 +4,10 @@
 
 use imagine_core::api::GenerateResult;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement};
 
 use crate::pages::view::{child, document, element, from_template, set_text, set_visible, show_png};
 use crate::platform::i18n;
-use crate::platform::js::Obj;
 
 /// The batch on screen. A new run's batch replaces it only when its first image arrives: until then,
 /// and if the run is cancelled or fails, the last images stay on screen with their actions.
@@ -144,35 +142,6 @@ pub fn focus_thumbnail(index: usize) {
     if let Ok(Some(button)) = chosen {
         let _ = button.unchecked_into::<HtmlElement>().focus();
     }
-}
-
-/// Copies `result`'s PNG to the clipboard. The blob is made at once, within the click, as Chrome wants.
-pub fn copy(result: &GenerateResult) {
-    use base64::Engine;
-    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&result.png) else { return };
-    let status = |key: &str| set_text("action-status", &i18n::t(key));
-    let copied = (|| -> Result<js_sys::Promise, JsValue> {
-        let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(bytes.as_slice()));
-        let options = web_sys::BlobPropertyBag::new();
-        options.set_type("image/png");
-        let blob = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &options)?;
-        let record = Obj::new().set("image/png", blob).build();
-        let item = web_sys::ClipboardItem::new_with_record_from_str_to_blob_promise(record.unchecked_ref())?;
-        let window = web_sys::window().ok_or(JsValue::NULL)?;
-        Ok(window.navigator().clipboard().write(&js_sys::Array::of1(&item)))
-    })();
-    spawn_local(async move {
-        match copied {
-            Ok(promise) => match JsFuture::from(promise).await {
-                Ok(_) => status("studioCopied"),
-                Err(e) => {
-                    web_sys::console::warn_1(&e);
-                    status("studioCopyFailed")
-                }
-            },
-            Err(_) => status("studioCopyFailed"),
-        }
-    });
 }
 
 #[cfg(test)]
