@@ -1085,9 +1085,9 @@ fn computed_scales_and_zero_points_repeat_each_block_in_a_data_file_of_their_own
     assert_eq!(graph_fields(&out.graph, GRAPH_NODE).len(), 1);
 }
 
-#[test]
-fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it() {
-    // Scales external (N 4 x 2 blocks of float32), no zero points.
+/// One int8 `MatMulNBits` of block 128 (K 256, N 4) whose scales are external (4 x 2 blocks of float32,
+/// bytes 1024..1056 of `w.data`), without zero points; opset 21.
+fn external_scales_model() -> Vec<u8> {
     let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 8), attr_int("block_size", 128)];
     let mut m = model(&[
         (GRAPH_INITIALIZER, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
@@ -1099,6 +1099,12 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
     let mut opset_import = msg(&[(1, b"")]);
     put_varint_field(&mut opset_import, 2, 21);
     put_bytes_field(&mut m, 8, &opset_import);
+    m
+}
+
+#[test]
+fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it() {
+    let m = external_scales_model();
     let wanted = reblock::sources_to_read(&m).unwrap();
     let range = reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
     assert_eq!(wanted, std::slice::from_ref(&range));
@@ -1127,17 +1133,7 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
 #[test]
 fn the_stored_form_names_its_own_data_file_and_its_size_is_known_before_the_weights() {
     use crate::matmul_blocks::{stored_bytes, Block32Graph};
-    let attrs = [attr_int("K", 256), attr_int("N", 4), attr_int("bits", 8), attr_int("block_size", 128)];
-    let mut m = model(&[
-        (GRAPH_INITIALIZER, external_tensor("B", &[4, 2, 128], UINT8, "w.data", 0, 1024)),
-        (GRAPH_INITIALIZER, external_tensor("scales", &[4, 2], FLOAT, "w.data", 1024, 32)),
-        (GRAPH_NODE, node("mm", "com.microsoft", "MatMulNBits", &["a", "B", "scales"], &["y"], &attrs)),
-        (GRAPH_INPUT, value_info("a", FLOAT, &[Dim::Param("m"), Dim::Value(256)])),
-        (GRAPH_OUTPUT, value_info("y", FLOAT, &[Dim::Param("m"), Dim::Value(4)])),
-    ]);
-    let mut opset_import = msg(&[(1, b"")]);
-    put_varint_field(&mut opset_import, 2, 21);
-    put_bytes_field(&mut m, 8, &opset_import);
+    let m = external_scales_model();
     let (onnx, data_name) = Block32Graph::names("transformer.f32.onnx");
     assert_eq!((onnx.as_str(), data_name.as_str()), ("transformer.f32.b32.onnx", "transformer.f32.b32.data"));
     let range = reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
