@@ -137,6 +137,9 @@ pub struct GenerateRequest {
     /// for images larger than 512x512 ([`crate::params::KEEP_BUFFERS_ABOVE_PIXELS`]); benchmarks set it
     /// to compare.
     pub keep_buffers: Option<bool>,
+    /// For benchmarks: `false` runs the graphs' attention as exported, node by node, instead of fused
+    /// into ONNX Runtime's `MultiHeadAttention` on WebGPU (`crate::attention`; default `true`).
+    pub fuse_attention: Option<bool>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
     /// selected in a private window unless the user allowed keeping those.
@@ -526,6 +529,9 @@ pub struct StageTimings {
     /// at install); empty when the stage did not run.
     #[serde(default)]
     pub graph_file: String,
+    /// Attentions of the graph fused into `MultiHeadAttention` (`crate::attention`).
+    #[serde(default)]
+    pub fused_attention: u32,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
     #[serde(default)]
     pub worker_created_at_ms: f64,
@@ -563,6 +569,10 @@ pub struct Trace {
     pub sigmas: Vec<f32>,
     /// Initial packed latents `[1, N, 128]`, float32 little-endian, base64.
     pub noise: String,
+    /// The transformer's output at the first step (`noise_pred` for the initial latents), the same
+    /// layout: what two forms of the graph must agree on for the same inputs.
+    #[serde(default)]
+    pub first_velocity: String,
 }
 
 /// An event, broadcast to every extension page.

@@ -46,6 +46,7 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
+pub mod attention;
 pub mod embedding_cache;
 pub mod estimate;
 pub mod f32_rewrite;

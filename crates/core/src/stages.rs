@@ -365,6 +365,8 @@ pub struct Denoised {
     pub noise: Vec<f32>,
     /// The final latents, packed tokens `[N, 128]`.
     pub latents: Vec<f32>,
+    /// The transformer's output at the first step, `[N, 128]` (for the trace).
+    pub first_velocity: Vec<f32>,
 }
 
 /// Stage 2, the transformer: from the seed's noise, `steps` Euler steps conditioned on the prompt
@@ -412,6 +414,7 @@ pub async fn denoise(
     let txt_ids = Tensor::from_i64(text_ids(), &[1, text_tokens, ID_AXES as i64]);
 
     let mut latents = noise.clone();
+    let mut first_velocity = Vec::new();
     for step in 0..params.steps as usize {
         let x = Tensor::from_f32(float, &latents, &latent_dims);
         let t = Tensor::from_f32(time_float, &[sigmas[step]], &[1]);
@@ -425,9 +428,12 @@ pub async fn denoise(
         let outputs = run(session, graph, &feeds, &["noise_pred"]).await?;
         let velocity = float_values(graph, "noise_pred", first(outputs), &latent_dims)?;
         euler_step(&mut latents, &velocity, sigmas[step], sigmas[step + 1])?;
+        if step == 0 {
+            first_velocity = velocity;
+        }
         on_step(step as u32 + 1);
     }
-    Ok(Denoised { sigmas, noise, latents })
+    Ok(Denoised { sigmas, noise, latents, first_velocity })
 }
 
 /// Stage 3, the VAE decoder: the final latents (packed tokens `[N, 128]`) in the layout the decoder

@@ -105,6 +105,7 @@
 //! reader [`crate::pack`] uses too), changes the few fields it understands, and copies every other
 //! field as it was: a few hundred lines, no dependency.
 
+pub(crate) mod attention;
 mod ops;
 pub mod pack_conversion;
 pub(crate) mod reblock;

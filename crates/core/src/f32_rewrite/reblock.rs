@@ -665,7 +665,7 @@ impl Added {
     }
 }
 
-fn int_attribute(name: &str, value: u64) -> Vec<u8> {
+pub(super) fn int_attribute(name: &str, value: u64) -> Vec<u8> {
     let mut a = bytes_field(ATTR_NAME, name.as_bytes());
     a.extend(varint_field(ATTR_I, value));
     a.extend(varint_field(ATTR_TYPE, ATTR_TYPE_INT));

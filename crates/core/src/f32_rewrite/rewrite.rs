@@ -251,7 +251,7 @@ impl Node<'_> {
         }
     }
 
-    fn is_onnx(&self, op_type: &str) -> bool {
+    pub(super) fn is_onnx(&self, op_type: &str) -> bool {
         matches!(self.domain, "" | "ai.onnx") && self.op_type == op_type
     }
 

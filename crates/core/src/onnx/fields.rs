@@ -25,8 +25,10 @@ pub(crate) const NODE_ATTRIBUTE: u64 = 5;
 pub(crate) const NODE_DOMAIN: u64 = 7;
 // AttributeProto.
 pub(crate) const ATTR_NAME: u64 = 1;
+pub(crate) const ATTR_F: u64 = 2;
 pub(crate) const ATTR_I: u64 = 3;
 pub(crate) const ATTR_T: u64 = 5;
+pub(crate) const ATTR_INTS: u64 = 8;
 pub(crate) const ATTR_G: u64 = 6;
 pub(crate) const ATTR_TENSORS: u64 = 10;
 pub(crate) const ATTR_GRAPHS: u64 = 11;
@@ -36,6 +38,7 @@ pub(crate) const ATTR_TYPE: u64 = 20;
 pub(crate) const ATTR_SPARSE_TENSOR: u64 = 22;
 pub(crate) const ATTR_SPARSE_TENSORS: u64 = 23;
 // AttributeProto.AttributeType.
+pub(crate) const ATTR_TYPE_FLOAT: u64 = 1;
 pub(crate) const ATTR_TYPE_INT: u64 = 2;
 pub(crate) const ATTR_TYPE_GRAPH: u64 = 5;
 pub(crate) const ATTR_TYPE_GRAPHS: u64 = 10;
@@ -45,8 +48,10 @@ pub(crate) const TENSOR_DATA_TYPE: u64 = 2;
 pub(crate) const TENSOR_SEGMENT: u64 = 3;
 pub(crate) const TENSOR_FLOAT_DATA: u64 = 4;
 pub(crate) const TENSOR_INT32_DATA: u64 = 5;
+pub(crate) const TENSOR_INT64_DATA: u64 = 7;
 pub(crate) const TENSOR_NAME: u64 = 8;
 pub(crate) const TENSOR_RAW_DATA: u64 = 9;
+pub(crate) const TENSOR_DOUBLE_DATA: u64 = 10;
 pub(crate) const TENSOR_EXTERNAL_DATA: u64 = 13;
 pub(crate) const TENSOR_DATA_LOCATION: u64 = 14;
 // TensorProto.DataLocation.

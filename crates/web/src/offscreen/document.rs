@@ -466,6 +466,7 @@ async fn run_stages(
                     .map(|(stage, t)| StageTimings {
                         stage,
                         graph_file: t.graph_file,
+                        fused_attention: t.fused_attention,
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,
@@ -483,6 +484,7 @@ async fn run_stages(
                     attention_mask: prompt.attention_mask.clone(),
                     sigmas: denoised.sigmas.clone(),
                     noise: denoised.noise.get(index as usize).cloned().unwrap_or_default(),
+                    first_velocity: denoised.first_velocity.get(index as usize).cloned().unwrap_or_default(),
                 });
                 use base64::Engine;
                 let result = GenerateResult {

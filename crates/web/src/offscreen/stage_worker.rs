@@ -15,6 +15,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
+use imagine_core::attention;
 use imagine_core::matmul_blocks::{self, Block32Form, Block32Record};
 use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
@@ -207,6 +208,8 @@ struct Stage {
     accuracy_level: Option<u8>,
     /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keeps_buffers`).
     keep_buffers: bool,
+    /// Its attention was fused into `MultiHeadAttention` where it could be (`imagine_core::attention`).
+    fuse_attention: bool,
     session: Session,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
@@ -262,7 +265,7 @@ impl Stage {
             external.push(ExternalData { path: location.clone(), data: data.into() });
             files.insert(location, file);
         }
-        let mut reblocked_at_load = false;
+        let (mut reblocked_at_load, mut fused_attention) = (false, 0);
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
@@ -273,10 +276,12 @@ impl Stage {
                 };
                 reblocked_at_load = computed.is_some();
                 external.extend(computed);
+                let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.clone(), source };
                 if let Some(level) = params.accuracy_level {
-                    bytes = matmul_blocks::with_accuracy_level(&bytes, level)
-                        .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?
-                        .0;
+                    bytes = matmul_blocks::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
+                }
+                if params.fuse_attention {
+                    (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
                 (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keeps_buffers(graph) })
@@ -294,6 +299,7 @@ impl Stage {
         let timing = StageTiming {
             graph_file: name,
             reblocked_at_load,
+            fused_attention: fused_attention as u32,
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,
@@ -310,6 +316,7 @@ impl Stage {
             backend,
             accuracy_level: params.accuracy_level,
             keep_buffers: params.keeps_buffers(graph),
+            fuse_attention: params.fuse_attention,
             session,
             inputs,
             outputs,
@@ -321,7 +328,7 @@ impl Stage {
     }
 
     /// The session `kept` from this worker's last task, when it is of `graph` as `params` ask for it
-    /// (backend, accuracy level, buffer cache) and they ask for no profile; else a new one ([`Stage::open`]).
+    /// (backend, accuracy level, buffer cache, attention) and they ask for no profile; else a new one ([`Stage::open`]).
     async fn take(
         kept: &mut Option<Stage>,
         graph: Graph,
@@ -333,11 +340,13 @@ impl Stage {
                 && stage.backend == params.backend
                 && stage.accuracy_level == params.accuracy_level
                 && stage.keep_buffers == params.keeps_buffers(graph)
+                && stage.fuse_attention == params.fuse_attention
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
                 stage.timing = StageTiming {
                     graph_file: std::mem::take(&mut stage.timing.graph_file),
+                    fused_attention: stage.timing.fused_attention,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
                     started_at_ms: js_sys::Date::now(),
@@ -639,7 +648,8 @@ async fn transformer(
     let embeddings = f32_from_buffer(input.await, "prompt embeddings")?;
     let steps = params.steps;
     let mut latents = Vec::new();
-    let (mut noise, mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut noise, mut first_velocity) = (Vec::new(), Vec::new());
+    let (mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new());
     for image in 0..params.count {
         let denoise = DenoiseParams {
             width: params.width,
@@ -654,12 +664,13 @@ async fn transformer(
         image_run_ms.push(stage.timing.run_ms - before);
         if params.trace {
             noise.push(base64_f32(&denoised.noise));
+            first_velocity.push(base64_f32(&denoised.first_velocity));
         }
         latents.extend_from_slice(&denoised.latents);
         sigmas = denoised.sigmas;
     }
     let timing = stage.end(keep).await;
-    let output = TransformerOutput { sigmas, noise, image_run_ms, timing };
+    let output = TransformerOutput { sigmas, noise, first_velocity, image_run_ms, timing };
     Ok((StageOutput::Transformer(output), Some(f32_buffer(&latents))))
 }
 

@@ -214,6 +214,9 @@ pub struct TransformerOutput {
     pub sigmas: Vec<f32>,
     /// Each image's initial noise, float32 LE base64, when tracing.
     pub noise: Vec<String>,
+    /// Each image's first transformer output, float32 LE base64, when tracing.
+    #[serde(default)]
+    pub first_velocity: Vec<String>,
     /// Time in ORT's run for each image's denoising loop.
     pub image_run_ms: Vec<f64>,
     /// The transformer's times, all images.
@@ -229,6 +232,8 @@ pub struct StageTiming {
     pub graph_file: String,
     /// `graph_file` was re-blocked to 32 while it loaded, on WebGPU: its form was not stored with the pack.
     pub reblocked_at_load: bool,
+    /// Attentions of `graph_file` fused into `MultiHeadAttention` (`imagine_core::attention`).
+    pub fused_attention: u32,
     /// The worker's creation (its `performance.timeOrigin`).
     pub worker_created_at_ms: f64,
     /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.

@@ -1,0 +1,44 @@
+//! Attention fused into ONNX Runtime's `MultiHeadAttention` for its WebGPU flash attention (issue 21,
+//! point 3).
+//!
+//! # Why
+//!
+//! The exporter writes the transformer's attention node by node, as PyTorch decomposes scaled
+//! dot-product attention: the query and the key each scaled by `head_size^-1/4`, the key transposed
+//! (as a `Reshape` to 3-D, a swap and a `Reshape` back), `MatMul`, `Softmax`, `MatMul` with the value.
+//! ONNX Runtime Web runs that as it is: at 1024x1024 each layer writes and reads back 24 heads x 4608 x
+//! 4608 scores, 1.02 GB in float16, and the attention's `MatMul` and `Softmax` took about 0.3 s of GPU
+//! time of each step (BENCHMARKS.md). `com.microsoft` `MultiHeadAttention` computes the same function,
+//! and ONNX Runtime's WebGPU kernel runs it as flash attention on adapters with subgroups: the scores
+//! never leave the GPU's workgroup memory.
+//!
+//! # What
+//!
+//! [`fuse_attention`] finds each softmax attention whose parts it can prove and replaces it with
+//! `Reshape`s of query, key and value from `[batch, sequence, heads, head_size]` to
+//! `[batch, sequence, heads * head_size]` (the same bytes), one `MultiHeadAttention` (`num_heads` and
+//! `scale` from the graph: the product of the scalar factors on the query, the key and the scores) and
+//! a `Reshape` of its output back, under the name the rest of the graph reads. The nodes that fed only
+//! the fused ones (the scaling, the transposes, the key's shape arithmetic) go with them. What it
+//! proves: `Softmax` over the last axis of `MatMul(Transpose(q), Kᵀ)`, optionally scaled, with a key
+//! transposed in one of the ways above and a value `Transpose(v)` (both from the same layout), read
+//! only by `MatMul` with the value whose result is only transposed back; the heads and the head size
+//! declared statically and the same for all three. Anything else (a mask added to the scores, a
+//! causal attention, another layout) stays as it is.
+//!
+//! # When
+//!
+//! While a stage loads on WebGPU: it changes the graph's nodes only, not its weights, and takes
+//! milliseconds, so nothing is stored. The wasm backend keeps the graph as exported.
+//!
+//! Tests: the unit tests below (the exporter's pattern, each way it can fail to match), and in the
+//! browser `real-arch.test.mjs` (the tiny real-architecture pack's image with and without the fusion,
+//! against the reference).
+
+use crate::f32_rewrite::RewriteError;
+
+/// `model` (a ModelProto) with every attention [`crate::attention`] can prove fused into
+/// `MultiHeadAttention`, and how many; the model as it was and 0 when there is none.
+pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
+    crate::f32_rewrite::attention::fuse_attention(model)
+}

@@ -1,0 +1,588 @@
+//! Scaled dot-product attention, as the exporter writes it node by node, fused into one
+//! `com.microsoft` `MultiHeadAttention` (see `crate::attention`).
+
+use std::collections::{HashMap, HashSet};
+
+use super::reblock::int_attribute;
+use super::rewrite::{bytes_field, read_node, read_tensor, value_info_name, varint_field, with_graph, Node};
+use super::RewriteError;
+use crate::onnx::fields::*;
+use crate::onnx::wire::{self, Field, Value};
+
+/// The domain of ONNX Runtime's contrib operators.
+const MS_DOMAIN: &str = "com.microsoft";
+
+/// A transpose that swaps the sequence and head axes of a rank-4 tensor (BSNH to BNSH and back).
+const SWAP_SEQUENCE_AND_HEADS: [i64; 4] = [0, 2, 1, 3];
+
+/// What the fusion reads of a graph: its nodes and where each value comes from and goes.
+struct Graph<'a> {
+    nodes: Vec<Node<'a>>,
+    producer: HashMap<&'a str, usize>,
+    consumers: HashMap<&'a str, Vec<usize>>,
+    outputs: HashSet<&'a str>,
+    /// Values of the small constants (inline initializers and `Constant` nodes), as f64.
+    constants: HashMap<&'a str, Vec<f64>>,
+    /// Declared dims (`value_info`, graph inputs and outputs); `None` for a symbolic one.
+    dims: HashMap<&'a str, Vec<Option<u64>>>,
+}
+
+/// One attention found in the graph.
+struct Attention<'a> {
+    /// Query, key and value as the heads' projections leave them: `[batch, sequence, heads, head_size]`.
+    query: &'a str,
+    key: &'a str,
+    value: &'a str,
+    /// The attention's output in the same layout, the value the rest of the graph reads.
+    output: &'a str,
+    heads: u64,
+    head_size: u64,
+    scale: f64,
+    /// The node that writes `output` (the new nodes take its place), and the matrix products and softmax
+    /// that go with it.
+    replaced: usize,
+    removed: [usize; 3],
+}
+
+/// `model` with every attention it can prove fused into `MultiHeadAttention`, and how many.
+pub(crate) fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
+    const WHAT: &str = "GraphProto";
+    let fields = wire::parse(model, "ModelProto")?;
+    let graph_bytes = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
+        Some(f) => f.bytes("ModelProto")?,
+        None => return Err(RewriteError::Model("it has no graph".into())),
+    };
+    let graph_fields = wire::parse(graph_bytes, WHAT)?;
+    let graph = Graph::read(&graph_fields)?;
+    let found: Vec<Attention> = (0..graph.nodes.len()).filter_map(|i| graph.attention(i)).collect();
+    if found.is_empty() {
+        return Ok((model.to_vec(), 0));
+    }
+
+    // The new node list: each attention's nodes where its output was written, its other nodes gone.
+    let mut replaced: HashMap<usize, &Attention> = HashMap::new();
+    let mut removed = HashSet::new();
+    for a in &found {
+        replaced.insert(a.replaced, a);
+        removed.extend(a.removed);
+    }
+    let bsd_shape = "imagine_attention/bsd_shape";
+    let mut tensors = vec![int64s_tensor(bsd_shape, &[0, 0, -1])];
+    let mut nodes: Vec<NewNode> = Vec::with_capacity(graph.nodes.len());
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let Some(a) = replaced.get(&i) {
+            let prefix = format!("imagine_attention/{}/", node.name_or_output());
+            let [query, key, value] = [a.query, a.key, a.value].map(|input| {
+                let name = format!("{prefix}{input}_bsd");
+                nodes.push(NewNode::reshape(&name, &name, input, bsd_shape));
+                name
+            });
+            let fused = format!("{prefix}output_bsd");
+            nodes.push(NewNode::attention(&prefix, [&query, &key, &value], &fused, a));
+            let bsnh_shape = format!("{prefix}bsnh_shape");
+            tensors.push(int64s_tensor(&bsnh_shape, &[0, 0, a.heads as i64, a.head_size as i64]));
+            nodes.push(NewNode::reshape(&format!("{prefix}output_bsnh"), a.output, &fused, &bsnh_shape));
+        } else if !removed.contains(&i) {
+            nodes.push(NewNode::kept(node));
+        }
+    }
+    // Nodes that fed only what was fused (the scaling, the transposes, the key's shape arithmetic) go
+    // too; nodes that were unused before stay as they were.
+    let before: Vec<NewNode> = graph.nodes.iter().map(NewNode::kept).collect();
+    let used_before = used(&before, &graph.outputs);
+    let used_after = used(&nodes, &graph.outputs);
+    let kept: Vec<&NewNode> = nodes
+        .iter()
+        .filter(|n| n.original.is_none_or(|i| !used_before.contains(&i) || used_after.contains(&i)))
+        .collect();
+    let produced: HashSet<&str> = kept.iter().flat_map(|n| n.outputs.iter().map(String::as_str)).collect();
+    let read: HashSet<&str> = kept.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
+
+    let mut out = Vec::with_capacity(graph_bytes.len() + 4096);
+    let mut nodes_written = false;
+    for f in &graph_fields {
+        match f.number {
+            GRAPH_NODE if !nodes_written => {
+                for n in &kept {
+                    wire::put_bytes_field(&mut out, GRAPH_NODE, &n.bytes);
+                }
+                nodes_written = true;
+            }
+            GRAPH_NODE => {}
+            // Constants only the fused nodes read (their scale factors, the key's shape pieces).
+            GRAPH_INITIALIZER => {
+                let name = read_tensor(f.bytes(WHAT)?)?.name;
+                let orphaned = graph.consumers.contains_key(name.as_str())
+                    && !read.contains(name.as_str())
+                    && !graph.outputs.contains(name.as_str());
+                if !orphaned {
+                    out.extend_from_slice(f.raw);
+                }
+            }
+            // Declared shapes of values that no longer exist would name nothing.
+            GRAPH_VALUE_INFO => {
+                let name = value_info_name(f.bytes(WHAT)?)?;
+                if produced.contains(name) || !graph.producer.contains_key(name) {
+                    out.extend_from_slice(f.raw);
+                }
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    for t in &tensors {
+        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
+    }
+    let mut model_out = with_graph(&fields, &out);
+    if !imports(&fields, MS_DOMAIN)? {
+        let mut opset = bytes_field(OPSET_DOMAIN, MS_DOMAIN.as_bytes());
+        opset.extend(varint_field(OPSET_VERSION, 1));
+        wire::put_bytes_field(&mut model_out, MODEL_OPSET_IMPORT, &opset);
+    }
+    Ok((model_out, found.len()))
+}
+
+impl<'a> Graph<'a> {
+    fn read(fields: &[Field<'a>]) -> Result<Graph<'a>, RewriteError> {
+        const WHAT: &str = "GraphProto";
+        let mut graph = Graph {
+            nodes: Vec::new(),
+            producer: HashMap::new(),
+            consumers: HashMap::new(),
+            outputs: HashSet::new(),
+            constants: HashMap::new(),
+            dims: HashMap::new(),
+        };
+        for f in fields {
+            match f.number {
+                GRAPH_NODE => {
+                    let node = read_node(f.bytes(WHAT)?, graph.nodes.len())?;
+                    let index = graph.nodes.len();
+                    for output in node.outputs.iter().filter(|o| !o.is_empty()) {
+                        graph.producer.insert(output, index);
+                    }
+                    for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+                        graph.consumers.entry(input).or_default().push(index);
+                    }
+                    if node.is_onnx("Constant") && node.outputs.len() == 1 {
+                        let value = node.attributes.iter().find(|a| a.name == "value");
+                        let tensor = value.and_then(|a| a.fields.iter().find(|f| f.number == ATTR_T));
+                        if let Some(values) = tensor.and_then(|t| t.bytes(WHAT).ok()).and_then(small_values) {
+                            graph.constants.insert(node.outputs[0], values);
+                        }
+                    }
+                    graph.nodes.push(node);
+                }
+                GRAPH_INITIALIZER => {
+                    let bytes = f.bytes(WHAT)?;
+                    if let Some(values) = small_values(bytes) {
+                        // The name's bytes live in `bytes`; read it again to borrow it from there.
+                        let name = wire::parse(bytes, "TensorProto")?
+                            .iter()
+                            .find(|g| g.number == TENSOR_NAME)
+                            .map(|g| g.string("TensorProto"))
+                            .transpose()?
+                            .unwrap_or("");
+                        graph.constants.insert(name, values);
+                    }
+                }
+                GRAPH_OUTPUT | GRAPH_INPUT | GRAPH_VALUE_INFO => {
+                    let bytes = f.bytes(WHAT)?;
+                    let name = value_info_name(bytes)?;
+                    if f.number == GRAPH_OUTPUT {
+                        graph.outputs.insert(name);
+                    }
+                    if let Some(dims) = declared_dims(bytes) {
+                        graph.dims.insert(name, dims);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(graph)
+    }
+
+    fn producer(&self, value: &str) -> Option<&Node<'a>> {
+        self.producer.get(value).map(|&i| &self.nodes[i])
+    }
+
+    /// `value`'s only reader, when it has exactly one and is not a graph output.
+    fn only_consumer(&self, value: &str) -> Option<usize> {
+        match self.consumers.get(value).map(Vec::as_slice) {
+            Some(&[i]) if !self.outputs.contains(value) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The single value of a constant, if `value` is one.
+    fn scalar(&self, value: &str) -> Option<f64> {
+        match self.constants.get(value).map(Vec::as_slice) {
+            Some(&[v]) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn constant_is(&self, value: &str, expected: &[i64]) -> bool {
+        self.constants
+            .get(value)
+            .is_some_and(|v| v.len() == expected.len() && v.iter().zip(expected).all(|(a, &b)| *a == b as f64))
+    }
+
+    /// `value` with a scalar `Mul` (or `Div`) taken off: the other input and the factor (1 when `value`
+    /// is not such a product). The product must have no other reader than the attention.
+    fn unscaled(&self, value: &'a str) -> (&'a str, f64) {
+        let Some(node) = self.producer(value) else { return (value, 1.0) };
+        if self.only_consumer(value).is_none() || node.inputs.len() != 2 {
+            return (value, 1.0);
+        }
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        if node.is_onnx("Mul") {
+            if let Some(c) = self.scalar(b) {
+                return (a, c);
+            }
+            if let Some(c) = self.scalar(a) {
+                return (b, c);
+            }
+        }
+        if node.is_onnx("Div") {
+            if let Some(c) = self.scalar(b).filter(|c| *c != 0.0) {
+                return (a, 1.0 / c);
+            }
+        }
+        (value, 1.0)
+    }
+
+    /// The input of `value`'s producer when it is a `Transpose` with `perm`.
+    fn transposed_from(&self, value: &str, perm: &[i64]) -> Option<&'a str> {
+        let node = self.producer(value)?;
+        (node.is_onnx("Transpose") && node.ints_attribute("perm")? == perm).then(|| node.inputs[0])
+    }
+
+    /// The BSNH key whose transpose to `[batch, heads, head_size, sequence]` `value` is: one `Transpose`
+    /// from BSNH, one from BNSH, or the exporter's `Reshape` to 3-D, swap, `Reshape` back, with the
+    /// shapes computed from the BNSH key's own.
+    fn key_transposed(&self, value: &'a str) -> Option<&'a str> {
+        if let Some(key) = self.transposed_from(value, &[0, 2, 3, 1]) {
+            return Some(key);
+        }
+        let bnsh = match self.transposed_from(value, &[0, 1, 3, 2]) {
+            Some(bnsh) => bnsh,
+            None => {
+                // Reshape(Transpose(Reshape(k, [-1, S, H]), [0, 2, 1]), [B, N, H, S]).
+                let back = self.producer(value).filter(|n| n.is_onnx("Reshape"))?;
+                let swapped = self.transposed_from(back.inputs[0], &[0, 2, 1])?;
+                let flat = self.producer(swapped).filter(|n| n.is_onnx("Reshape"))?;
+                let bnsh = flat.inputs[0];
+                let shape = |value: &str, parts: &[Part]| -> bool {
+                    let Some(concat) = self.producer(value) else { return false };
+                    concat.is_onnx("Concat")
+                        && concat.int_attribute("axis") == Some(0)
+                        && concat.inputs.len() == parts.len()
+                        && concat.inputs.iter().zip(parts).all(|(input, part)| match part {
+                            Part::Constant(c) => self.constant_is(input, c),
+                            Part::Dims(start, end) => self.dims_of(input, bnsh, *start, *end),
+                        })
+                };
+                // [-1, S, H] (the last two dims in one slice or two) and [B, N, H, S].
+                let merged: [&[Part]; 2] = [
+                    &[Part::Constant(&[-1]), Part::Dims(-2, i64::MAX)],
+                    &[Part::Constant(&[-1]), Part::Dims(-2, -1), Part::Dims(-1, i64::MAX)],
+                ];
+                let restored = [Part::Dims(i64::MIN, -2), Part::Dims(-1, i64::MAX), Part::Dims(-2, -1)];
+                let flat_shape = flat.inputs.get(1)?;
+                if !(merged.iter().any(|m| shape(flat_shape, m)) && shape(back.inputs.get(1)?, &restored)) {
+                    return None;
+                }
+                for v in [flat.outputs[0], swapped] {
+                    self.only_consumer(v)?;
+                }
+                bnsh
+            }
+        };
+        self.transposed_from(bnsh, &SWAP_SEQUENCE_AND_HEADS)
+    }
+
+    /// Whether `value` is `Slice(Shape(tensor), [start], [end])` (on axis 0, step 1).
+    fn dims_of(&self, value: &str, tensor: &str, start: i64, end: i64) -> bool {
+        let Some(slice) = self.producer(value).filter(|n| n.is_onnx("Slice")) else { return false };
+        let Some(shape) = slice.inputs.first().and_then(|s| self.producer(s)) else { return false };
+        let optional = |i: usize, expected: i64| {
+            slice.inputs.get(i).is_none_or(|v| v.is_empty() || self.constant_is(v, &[expected]))
+        };
+        shape.is_onnx("Shape")
+            && shape.inputs.first() == Some(&tensor)
+            && shape.int_attribute("start").is_none_or(|s| s == 0)
+            && shape.int_attribute("end").is_none()
+            && slice.inputs.len() >= 3
+            && self.constant_is(slice.inputs[1], &[start])
+            && self.constant_is(slice.inputs[2], &[end])
+            && optional(3, 0)
+            && optional(4, 1)
+    }
+
+    /// Static `[heads, head_size]` of a BSNH value, from its declared dims or its BNSH transpose's.
+    fn heads(&self, bsnh: &str, bnsh: Option<&str>) -> Option<(u64, u64)> {
+        let from = |name: &str, heads: usize| {
+            let dims = self.dims.get(name).filter(|d| d.len() == 4)?;
+            Some((dims[heads]?, dims[3]?))
+        };
+        from(bsnh, 2).or_else(|| bnsh.and_then(|b| from(b, 1)))
+    }
+
+    /// The attention whose softmax is node `index`, if every part of it is as [`fuse_attention`] needs.
+    fn attention(&self, index: usize) -> Option<Attention<'a>> {
+        let softmax = &self.nodes[index];
+        let axis = softmax.int_attribute("axis").map(|a| a as i64);
+        if !softmax.is_onnx("Softmax") || !matches!(axis, Some(-1 | 3)) {
+            return None;
+        }
+        let (scores, post_scale) = self.unscaled(softmax.inputs[0]);
+        let product = self.producer.get(scores).copied()?;
+        let qk = &self.nodes[product];
+        if !qk.is_onnx("MatMul") || self.only_consumer(scores).is_none() {
+            return None;
+        }
+        let (query_bnsh, query_scale) = self.unscaled(qk.inputs[0]);
+        let (key_t, key_scale) = self.unscaled(qk.inputs[1]);
+        let query = self.transposed_from(query_bnsh, &SWAP_SEQUENCE_AND_HEADS)?;
+        let key = self.key_transposed(key_t)?;
+
+        let weighted = self.only_consumer(softmax.outputs[0])?;
+        let pv = &self.nodes[weighted];
+        if !pv.is_onnx("MatMul") || pv.inputs[0] != softmax.outputs[0] {
+            return None;
+        }
+        let value_bnsh = pv.inputs[1];
+        let value = self.transposed_from(value_bnsh, &SWAP_SEQUENCE_AND_HEADS)?;
+        let replaced = self.only_consumer(pv.outputs[0])?;
+        let back = &self.nodes[replaced];
+        if !(back.is_onnx("Transpose") && back.ints_attribute("perm")? == SWAP_SEQUENCE_AND_HEADS) {
+            return None;
+        }
+
+        let (heads, head_size) = self.heads(query, Some(query_bnsh))?;
+        let same = |bsnh: &str, bnsh: Option<&str>| self.heads(bsnh, bnsh) == Some((heads, head_size));
+        if !(same(key, None) && same(value, Some(value_bnsh))) || heads == 0 || head_size == 0 {
+            return None;
+        }
+        Some(Attention {
+            query,
+            key,
+            value,
+            output: back.outputs[0],
+            heads,
+            head_size,
+            scale: query_scale * key_scale * post_scale,
+            replaced,
+            removed: [product, index, weighted],
+        })
+    }
+}
+
+/// A piece of a shape built by `Concat`.
+enum Part<'p> {
+    Constant(&'p [i64]),
+    /// `Shape(key)[start..end]`.
+    Dims(i64, i64),
+}
+
+impl Node<'_> {
+    fn name_or_output(&self) -> &str {
+        if self.name.is_empty() {
+            self.outputs.first().copied().unwrap_or("")
+        } else {
+            self.name
+        }
+    }
+
+    fn ints_attribute(&self, name: &str) -> Option<Vec<i64>> {
+        let a = self.attributes.iter().find(|a| a.name == name)?;
+        let mut values = Vec::new();
+        for f in a.fields.iter().filter(|f| f.number == ATTR_INTS) {
+            match f.value {
+                Value::Varint(v) => values.push(v as i64),
+                Value::Bytes(b) => {
+                    values.extend(wire::packed_varints(b, "AttributeProto").ok()?.into_iter().map(|v| v as i64))
+                }
+                _ => return None,
+            }
+        }
+        Some(values)
+    }
+}
+
+/// A node of the graph being written, and which original node it is.
+struct NewNode {
+    original: Option<usize>,
+    bytes: Vec<u8>,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+impl NewNode {
+    fn kept(node: &Node) -> NewNode {
+        NewNode {
+            original: Some(node.index),
+            bytes: node.bytes.to_vec(),
+            inputs: node.inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: node.outputs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn new(
+        name: &str,
+        (domain, op_type): (&str, &str),
+        inputs: &[&str],
+        outputs: &[&str],
+        attributes: Vec<Vec<u8>>,
+    ) -> NewNode {
+        let mut n = Vec::new();
+        for i in inputs {
+            wire::put_bytes_field(&mut n, NODE_INPUT, i.as_bytes());
+        }
+        for o in outputs {
+            wire::put_bytes_field(&mut n, NODE_OUTPUT, o.as_bytes());
+        }
+        wire::put_bytes_field(&mut n, NODE_NAME, name.as_bytes());
+        wire::put_bytes_field(&mut n, NODE_OP_TYPE, op_type.as_bytes());
+        for a in attributes {
+            wire::put_bytes_field(&mut n, NODE_ATTRIBUTE, &a);
+        }
+        if !domain.is_empty() {
+            wire::put_bytes_field(&mut n, NODE_DOMAIN, domain.as_bytes());
+        }
+        NewNode {
+            original: None,
+            bytes: n,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn reshape(name: &str, output: &str, input: &str, shape: &str) -> NewNode {
+        NewNode::new(name, ("", "Reshape"), &[input, shape], &[output], Vec::new())
+    }
+
+    /// `MultiHeadAttention` over BSD query, key and value. It declares the present key and value too:
+    /// ONNX Runtime's WebGPU kernel takes its flash-attention path only when they are asked for (in
+    /// the versions that check), and they cost one copy of the key and value.
+    fn attention(prefix: &str, inputs: [&str; 3], output: &str, a: &Attention) -> NewNode {
+        let present_key = format!("{prefix}present_key");
+        let present_value = format!("{prefix}present_value");
+        let mut scale = bytes_field(ATTR_NAME, b"scale");
+        let mut bits = Vec::new();
+        wire::put_varint(&mut bits, (ATTR_F << 3) | 5); // fixed32
+        bits.extend_from_slice(&(a.scale as f32).to_le_bytes());
+        scale.extend(bits);
+        scale.extend(varint_field(ATTR_TYPE, ATTR_TYPE_FLOAT));
+        NewNode::new(
+            output,
+            (MS_DOMAIN, "MultiHeadAttention"),
+            &inputs,
+            &[output, &present_key, &present_value],
+            vec![int_attribute("num_heads", a.heads), scale],
+        )
+    }
+}
+
+/// The original indices of the nodes whose outputs something reads, walking back from the graph's
+/// outputs through `nodes` (in topological order).
+fn used(nodes: &[NewNode], outputs: &HashSet<&str>) -> HashSet<usize> {
+    let mut needed: HashSet<&str> = outputs.iter().copied().collect();
+    let mut used = HashSet::new();
+    for node in nodes.iter().rev() {
+        if node.outputs.is_empty() || node.outputs.iter().any(|o| needed.contains(o.as_str())) {
+            if let Some(i) = node.original {
+                used.insert(i);
+            }
+            needed.extend(node.inputs.iter().map(String::as_str).filter(|i| !i.is_empty()));
+        }
+    }
+    used
+}
+
+/// The values of a tensor of at most a few elements stored in the graph (float or integer), as f64.
+fn small_values(bytes: &[u8]) -> Option<Vec<f64>> {
+    const MAX: usize = 8;
+    let tensor = read_tensor(bytes).ok()?;
+    if tensor.external.is_some() || tensor.segmented {
+        return None;
+    }
+    let mut values = Vec::new();
+    for f in wire::parse(bytes, "TensorProto").ok()? {
+        match (f.number, f.value, tensor.data_type) {
+            (TENSOR_RAW_DATA, Value::Bytes(raw), data_type) => {
+                let size = match data_type {
+                    FLOAT16 => 2,
+                    FLOAT | INT32 => 4,
+                    INT64 | DOUBLE => 8,
+                    _ => return None,
+                };
+                if raw.len() % size != 0 || raw.len() / size > MAX {
+                    return None;
+                }
+                for c in raw.chunks_exact(size) {
+                    values.push(match data_type {
+                        FLOAT16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+                        FLOAT => f32::from_le_bytes(c.try_into().ok()?) as f64,
+                        INT32 => i32::from_le_bytes(c.try_into().ok()?) as f64,
+                        INT64 => i64::from_le_bytes(c.try_into().ok()?) as f64,
+                        _ => f64::from_le_bytes(c.try_into().ok()?),
+                    });
+                }
+            }
+            (TENSOR_INT64_DATA, Value::Varint(v), INT64) => values.push(v as i64 as f64),
+            (TENSOR_INT64_DATA, Value::Bytes(b), INT64) => {
+                values.extend(wire::packed_varints(b, "TensorProto").ok()?.into_iter().map(|v| v as i64 as f64))
+            }
+            (TENSOR_FLOAT_DATA, Value::Fixed32(v), FLOAT) => values.push(f32::from_bits(v) as f64),
+            (TENSOR_FLOAT_DATA, Value::Bytes(b), FLOAT) if b.len() % 4 == 0 => {
+                values.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64))
+            }
+            (TENSOR_INT32_DATA | TENSOR_DOUBLE_DATA, ..) => return None,
+            _ => {}
+        }
+        if values.len() > MAX {
+            return None;
+        }
+    }
+    let elements: u64 = tensor.dims.iter().product();
+    (elements as usize == values.len()).then_some(values)
+}
+
+/// The dims a ValueInfoProto declares for a tensor (`None` for a symbolic or missing dim).
+fn declared_dims(bytes: &[u8]) -> Option<Vec<Option<u64>>> {
+    let find = |bytes: &[u8], number: u64, what: &'static str| -> Option<Vec<u8>> {
+        wire::parse(bytes, what).ok()?.iter().find(|f| f.number == number)?.bytes(what).ok().map(<[u8]>::to_vec)
+    };
+    let type_proto = find(bytes, VALUE_INFO_TYPE, "ValueInfoProto")?;
+    let tensor = find(&type_proto, TYPE_TENSOR, "TypeProto")?;
+    let shape = find(&tensor, TENSOR_TYPE_SHAPE, "TypeProto.Tensor")?;
+    let mut dims = Vec::new();
+    for f in wire::parse(&shape, "TensorShapeProto").ok()?.iter().filter(|f| f.number == SHAPE_DIM) {
+        let dim = wire::parse(f.bytes("TensorShapeProto").ok()?, "Dimension").ok()?;
+        dims.push(dim.iter().find(|g| g.number == DIM_VALUE).and_then(|g| g.varint("Dimension").ok()));
+    }
+    Some(dims)
+}
+
+fn int64s_tensor(name: &str, values: &[i64]) -> Vec<u8> {
+    let mut t = Vec::new();
+    wire::put_varint_field(&mut t, TENSOR_DIMS, values.len() as u64);
+    wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, INT64);
+    wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
+    t
+}
+
+/// Whether the model imports the operator set `domain`.
+fn imports(fields: &[Field], domain: &str) -> Result<bool, RewriteError> {
+    for f in fields.iter().filter(|f| f.number == MODEL_OPSET_IMPORT) {
+        for g in wire::parse(f.bytes("ModelProto")?, "OperatorSetIdProto")? {
+            if g.number == OPSET_DOMAIN && g.string("OperatorSetIdProto")? == domain {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
