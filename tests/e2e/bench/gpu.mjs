@@ -33,6 +33,10 @@
 //      Step 1 ends with a cold --large image (prompt C), the same with ORT's own cache (prompt L), a
 //      cold --size image with `keepBuffers` and its repeat (prompt N), and a cold --size image
 //      re-blocked while loading (prompt P);
+//   1 and 2 each end with the attention as exported, node by node (`fuseAttention: false`; by default it
+//      is fused into MultiHeadAttention on WebGPU): a cold --size image (prompt Q) and its repeat, the
+//      inputs of the step's cold image again (traced: their first transformer outputs must agree to
+//      cosine 0.999, and its image is compared with the same reference) and a cold --large image (R);
 //   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
 //      again with that package's JSPI bundle and wasm in place of the extension's (swapped in the
 //      unpacked extension, so that the installed pack is the same, and put back after): a warm-up
@@ -112,6 +116,8 @@ const PROMPTS = {
   n: 'a koi pond in autumn, ink painting',
   o: 'a lantern-lit night market, long exposure',
   p: 'a fox made of paper, origami on white',
+  q: 'a desert road at noon, heat haze',
+  r: 'a greenhouse full of ferns, soft light',
 };
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
@@ -167,6 +173,7 @@ try {
     await keepLoaded(b, 0);
     await keepLoaded(b, KEEP_LOADED_S);
     await withoutStoredBlock32(b, true, () => image(b, sampler, { label: 're-blocked while loading: cold, float32 conversion', prompt: PROMPTS.p, size: SIZE, seed: '42', name: 'f32-atload' }));
+    await unfusedAttention(b, sampler, { prompt: PROMPTS.a, tag: ', float32 conversion', prefix: 'f32' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -230,6 +237,7 @@ try {
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `ORT's buffer cache: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.l, size: Number(o.large), seed: '42', name: 'f16-large-bucket', ...extra, keepBuffers: false });
+      await unfusedAttention(b, sampler, { prompt: PROMPTS.b, tag, prefix: 'f16', extra });
     });
   }
   if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
@@ -418,6 +426,24 @@ async function withoutStoredBlock32(b, webgpu, fn) {
 }
 
 /**
+ * The attention as exported, node by node, rather than fused into `MultiHeadAttention` (the default):
+ * a cold --size image (prompt Q) and its repeat, the inputs of the cold image of the step again (its
+ * `prompt`, seed 42, traced: the first transformer outputs are compared), and a cold --large image
+ * (prompt R). Nothing loaded before each cold one.
+ */
+async function unfusedAttention(b, sampler, { prompt, tag, prefix, extra = {} }) {
+  const unfused = { ...extra, fuseAttention: false };
+  await keepLoaded(b, 0);
+  await keepLoaded(b, KEEP_LOADED_S);
+  await image(b, sampler, { label: `attention unfused: cold${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '42', name: `${prefix}-unfused`, ...unfused });
+  await image(b, sampler, { label: `attention unfused: repeat${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '43', name: `${prefix}-unfused-repeat`, ...unfused });
+  await image(b, sampler, { label: `attention unfused: the cold image's inputs${tag}`, prompt, size: SIZE, seed: '42', trace: true, name: `${prefix}-unfused-same`, ...unfused });
+  await keepLoaded(b, 0);
+  await keepLoaded(b, KEEP_LOADED_S);
+  await image(b, sampler, { label: `attention unfused: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.r, size: Number(o.large), seed: '42', name: `${prefix}-large-unfused`, ...unfused });
+}
+
+/**
  * One generation request; records its wall time, each image's timings and the stages' memory. Its
  * report entry when it made its images; nothing when it was left out or failed.
  */
@@ -469,6 +495,7 @@ async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
       image: label,
       stage: st.stage,
       graphFile: st.graphFile,
+      fusedAttention: st.fusedAttention,
       workerStartMs,
       prepareMs: st.startedAtMs - st.taskAtMs,
       sessionCreateMs: st.sessionCreateMs,
@@ -507,6 +534,8 @@ async function compareAll() {
   const acc4 = [
     { name: 'f32-acc4', ref: 'f32-cold', what: 'cold image, float32 conversion, accuracy level 4, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
     { name: 'f16-acc4', ref: 'f16-cold', what: 'cold image, shader-f16, accuracy level 4, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
+    { name: 'f32-unfused-same', ref: 'f32-cold', what: 'the cold image\'s inputs, float32 conversion, attention unfused, vs the same reference', tol: o['tolerance-f32'], expect: 'pass' },
+    { name: 'f16-unfused-same', ref: 'f16-cold', what: 'the cold image\'s inputs, shader-f16, attention unfused, vs the same reference', tol: o['tolerance-f16'], expect: 'pass' },
   ].filter((c) => fs.existsSync(path.join(OUT, `${c.name}.png`)) && checks.some((x) => x.name === c.ref));
   log(`reference runs: ${checks.map((c) => c.name).join(', ')} (onnxruntime CPU, ${o.threads} threads each) ...`);
   await Promise.all(checks.map(async (c) => {
@@ -527,6 +556,32 @@ async function compareAll() {
     report.comparisons.push(entry);
     log(`${c.what}: ${outcome} (expected ${c.expect}); reference ${c.referenceS.toFixed(0)} s; ${entry.output}`);
   }
+  for (const [fused, unfused] of [['f32-cold', 'f32-unfused-same'], ['f16-cold', 'f16-unfused-same']]) compareVelocities(fused, unfused);
+}
+
+/** The first transformer output of two images made from the same inputs (traced): cosine at least 0.999. */
+function compareVelocities(a, b) {
+  const read = (name) => {
+    const file = path.join(OUT, `${name}.json`);
+    const b64 = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')).trace?.firstVelocity : null;
+    if (!b64) return null;
+    const bytes = Buffer.from(b64, 'base64');
+    return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
+  };
+  const [x, y] = [read(a), read(b)];
+  if (!x || !y) return;
+  let [dot, xx, yy, maxAbs] = [0, 0, 0, 0];
+  for (let i = 0; i < x.length; i++) {
+    dot += x[i] * y[i];
+    xx += x[i] * x[i];
+    yy += y[i] * y[i];
+    maxAbs = Math.max(maxAbs, Math.abs(x[i] - y[i]));
+  }
+  const cosine = dot / Math.sqrt(xx * yy);
+  const outcome = x.length === y.length && cosine >= 0.999 ? 'pass' : 'fail';
+  const output = `cosine ${cosine.toFixed(6)}, max abs difference ${maxAbs.toExponential(2)} over ${x.length} values`;
+  report.comparisons.push({ name: `${b}-velocity`, what: `the first transformer output of ${b} against ${a}'s`, tol: 'cosine 0.999', expect: 'pass', outcome, asExpected: outcome === 'pass', referenceS: 0, output });
+  log(`the first transformer output, attention unfused (${b}) against fused (${a}): ${outcome}; ${output}`);
 }
 
 function printReport() {
@@ -561,6 +616,13 @@ function printReport() {
     console.log(`\nkeepBuffers (ORT keeps every GPU buffer between runs; the extension's default above 512x512) against ORT's cache (those up to 160 MiB):`);
     h.printTable(['image', "ORT's cache s", 'keepBuffers s', "ORT's cache / keepBuffers"], keep);
   }
+  const fusion = ratioRows([['cold', 'f16-unfused', 'f16-cold'], ['repeat', 'f16-unfused-repeat', 'f16-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large-unfused', 'f16-large'],
+    ['cold, float32 conversion', 'f32-unfused', 'f32-cold'], ['repeat, float32 conversion', 'f32-unfused-repeat', 'f32-repeat'],
+    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large-unfused', 'f32-large']]);
+  if (fusion.length) {
+    console.log('\nattention as exported (node by node) against fused into MultiHeadAttention (the default):');
+    h.printTable(['image', 'unfused s', 'fused s', 'unfused / fused'], fusion);
+  }
   const stored = ratioRows([['cold', 'f16-atload', 'f16-cold'], ['cold, float32 conversion', 'f32-atload', 'f32-cold']]);
   if (stored.length) {
     console.log('\nthe graphs re-blocked to 32 while they load (a pack installed without them) against the form stored at install:');
@@ -584,10 +646,10 @@ function printReport() {
   }
   console.log('\nstages (s; memory MB: peak above the idle before the image; GPU memory: nvidia-smi, in use at the peak):');
   h.printTable(
-    ['image', 'stage', 'worker start', 'prepare', 'create', 'runs', 'waiting', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
+    ['image', 'stage', 'fused', 'worker start', 'prepare', 'create', 'runs', 'waiting', 'stage wall', 'renderer', 'GPU process', 'GPU memory', 'above idle'],
     report.stages.map((x) => (x.cached
-      ? [x.image, x.stage, 'cached', '-', '-', '-', '-', '-', '-', '-', '-', '-']
-      : [x.image, x.stage, s(x.workerStartMs), s(x.prepareMs), x.resident ? 'resident' : s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
+      ? [x.image, x.stage, '-', 'cached', '-', '-', '-', '-', '-', '-', '-', '-', '-']
+      : [x.image, x.stage, x.fusedAttention ?? '-', s(x.workerStartMs), s(x.prepareMs), x.resident ? 'resident' : s(x.sessionCreateMs), x.runsMs.map(s).join(' '), s(x.waitMs), s(x.wallMs), mb(x.rendererPeakAboveIdle), mb(x.gpuProcessPeakAboveIdle), mb(x.gpuMemoryPeak), mb(x.gpuMemoryAboveIdle)])),
   );
   for (const i of report.images.filter((i) => i.profile)) printProfile(i);
   if (report.comparisons.length) {
