@@ -137,8 +137,9 @@ pub struct GenerateRequest {
     /// for images larger than 512x512 ([`crate::params::KEEP_BUFFERS_ABOVE_PIXELS`]); benchmarks set it
     /// to compare.
     pub keep_buffers: Option<bool>,
-    /// For benchmarks: `false` runs the graphs' attention as exported, node by node, instead of fused
-    /// into ONNX Runtime's `MultiHeadAttention` on WebGPU (`crate::attention`; default `true`).
+    /// For benchmarks: `true` fuses the transformer's attention into ONNX Runtime's `MultiHeadAttention`
+    /// (its flash attention) on WebGPU (`crate::attention`); by default it runs as exported, node by
+    /// node, which measured faster (BENCHMARKS.md).
     pub fuse_attention: Option<bool>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text

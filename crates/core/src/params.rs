@@ -117,8 +117,9 @@ pub struct GenerateParams {
     /// default above [`KEEP_BUFFERS_ABOVE_PIXELS`]).
     #[serde(default)]
     pub keep_buffers: bool,
-    /// Attention fused into `MultiHeadAttention` on WebGPU (`GenerateRequest::fuse_attention`).
-    #[serde(default = "yes")]
+    /// The transformer's attention fused into `MultiHeadAttention` on WebGPU (a benchmark's switch,
+    /// `GenerateRequest::fuse_attention`).
+    #[serde(default)]
     pub fuse_attention: bool,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
@@ -348,7 +349,7 @@ impl GenerateRequest {
             profile: self.profile,
             accuracy_level,
             keep_buffers: self.keep_buffers.unwrap_or(width * height > KEEP_BUFFERS_ABOVE_PIXELS),
-            fuse_attention: self.fuse_attention.unwrap_or(true),
+            fuse_attention: self.fuse_attention.unwrap_or(false),
             private: self.private,
         })
     }
@@ -480,7 +481,7 @@ mod tests {
                 profile: false,
                 accuracy_level: None,
                 keep_buffers: false,
-                fuse_attention: true,
+                fuse_attention: false,
                 private: false,
             }
         );
@@ -618,8 +619,8 @@ mod tests {
         assert!(large.keeps_buffers(Graph::Transformer) && large.keeps_buffers(Graph::Decoder));
         assert!(!large.keeps_buffers(Graph::TextEncoder));
         assert!(req(r#"{"keepBuffers":true}"#).validate(0).unwrap().keep_buffers);
-        assert!(req("{}").validate(0).unwrap().fuse_attention);
-        assert!(!req(r#"{"fuseAttention":false}"#).validate(0).unwrap().fuse_attention);
+        assert!(!req("{}").validate(0).unwrap().fuse_attention);
+        assert!(req(r#"{"fuseAttention":true}"#).validate(0).unwrap().fuse_attention);
         assert!(!req("{}").validate(0).unwrap().private);
         assert!(req(r#"{"private":true}"#).validate(0).unwrap().private);
         assert_eq!(

@@ -33,8 +33,8 @@
 //      Step 1 ends with a cold --large image (prompt C), the same with ORT's own cache (prompt L), a
 //      cold --size image with `keepBuffers` and its repeat (prompt N), and a cold --size image
 //      re-blocked while loading (prompt P);
-//   1 and 2 each end with the attention as exported, node by node (`fuseAttention: false`; by default it
-//      is fused into MultiHeadAttention on WebGPU): a cold --size image (prompt Q) and its repeat, the
+//   1 and 2 each end with the transformer's attention fused into MultiHeadAttention (`fuseAttention`;
+//      by default it runs as exported, node by node): a cold --size image (prompt Q) and its repeat, the
 //      inputs of the step's cold image again (traced: their first transformer outputs must agree to
 //      cosine 0.999, and its image is compared with the same reference) and a cold --large image (R);
 //   2b. --ort-alt DIR (another onnxruntime-web package: its package.json and dist/): the same Chromium
@@ -173,7 +173,7 @@ try {
     await keepLoaded(b, 0);
     await keepLoaded(b, KEEP_LOADED_S);
     await withoutStoredBlock32(b, true, () => image(b, sampler, { label: 're-blocked while loading: cold, float32 conversion', prompt: PROMPTS.p, size: SIZE, seed: '42', name: 'f32-atload' }));
-    await unfusedAttention(b, sampler, { prompt: PROMPTS.a, tag: ', float32 conversion', prefix: 'f32' });
+    await fusedAttention(b, sampler, { prompt: PROMPTS.a, tag: ', float32 conversion', prefix: 'f32' });
   });
 
   // 2. Chromium with shader-f16 ------------------------------------------------------------------------
@@ -237,7 +237,7 @@ try {
       await keepLoaded(b, 0);
       await keepLoaded(b, KEEP_LOADED_S);
       await image(b, sampler, { label: `ORT's buffer cache: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.l, size: Number(o.large), seed: '42', name: 'f16-large-bucket', ...extra, keepBuffers: false });
-      await unfusedAttention(b, sampler, { prompt: PROMPTS.b, tag, prefix: 'f16', extra });
+      await fusedAttention(b, sampler, { prompt: PROMPTS.b, tag, prefix: 'f16', extra });
     });
   }
   if (!ran) log('no image with shader-f16: skipped (give --f16-backend wasm to run these images on the CPU)');
@@ -426,21 +426,22 @@ async function withoutStoredBlock32(b, webgpu, fn) {
 }
 
 /**
- * The attention as exported, node by node, rather than fused into `MultiHeadAttention` (the default):
- * a cold --size image (prompt Q) and its repeat, the inputs of the cold image of the step again (its
- * `prompt`, seed 42, traced: the first transformer outputs are compared), and a cold --large image
- * (prompt R). Nothing loaded before each cold one.
+ * The transformer's attention fused into `MultiHeadAttention` (ORT's flash attention where the adapter
+ * has subgroups) rather than run as exported, node by node (the default): a cold --size image (prompt
+ * Q) and its repeat, the inputs of the cold image of the step again (its `prompt`, seed 42, traced: the
+ * first transformer outputs are compared), and a cold --large image (prompt R). Nothing loaded before
+ * each cold one.
  */
-async function unfusedAttention(b, sampler, { prompt, tag, prefix, extra = {} }) {
-  const unfused = { ...extra, fuseAttention: false };
+async function fusedAttention(b, sampler, { prompt, tag, prefix, extra = {} }) {
+  const fused = { ...extra, fuseAttention: true };
   await keepLoaded(b, 0);
   await keepLoaded(b, KEEP_LOADED_S);
-  await image(b, sampler, { label: `attention unfused: cold${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '42', name: `${prefix}-unfused`, ...unfused });
-  await image(b, sampler, { label: `attention unfused: repeat${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '43', name: `${prefix}-unfused-repeat`, ...unfused });
-  await image(b, sampler, { label: `attention unfused: the cold image's inputs${tag}`, prompt, size: SIZE, seed: '42', trace: true, name: `${prefix}-unfused-same`, ...unfused });
+  await image(b, sampler, { label: `attention fused: cold${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '42', name: `${prefix}-fused`, ...fused });
+  await image(b, sampler, { label: `attention fused: repeat${tag}`, prompt: PROMPTS.q, size: SIZE, seed: '43', name: `${prefix}-fused-repeat`, ...fused });
+  await image(b, sampler, { label: `attention fused: the cold image's inputs${tag}`, prompt, size: SIZE, seed: '42', trace: true, name: `${prefix}-fused-same`, ...fused });
   await keepLoaded(b, 0);
   await keepLoaded(b, KEEP_LOADED_S);
-  await image(b, sampler, { label: `attention unfused: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.r, size: Number(o.large), seed: '42', name: `${prefix}-large-unfused`, ...unfused });
+  await image(b, sampler, { label: `attention fused: cold ${o.large}x${o.large}${tag}`, prompt: PROMPTS.r, size: Number(o.large), seed: '42', name: `${prefix}-large-fused`, ...fused });
 }
 
 /**
@@ -534,8 +535,10 @@ async function compareAll() {
   const acc4 = [
     { name: 'f32-acc4', ref: 'f32-cold', what: 'cold image, float32 conversion, accuracy level 4, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
     { name: 'f16-acc4', ref: 'f16-cold', what: 'cold image, shader-f16, accuracy level 4, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
-    { name: 'f32-unfused-same', ref: 'f32-cold', what: 'the cold image\'s inputs, float32 conversion, attention unfused, vs the same reference', tol: o['tolerance-f32'], expect: 'pass' },
-    { name: 'f16-unfused-same', ref: 'f16-cold', what: 'the cold image\'s inputs, shader-f16, attention unfused, vs the same reference', tol: o['tolerance-f16'], expect: 'pass' },
+    // Measured: on SwiftShader (its subgroups are narrower than ORT's flash attention assumes) the
+    // fused float32 image drifts beyond the tolerance; on the H200 the float16 one is within it.
+    { name: 'f32-fused-same', ref: 'f32-cold', what: 'the cold image\'s inputs, float32 conversion, attention fused, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
+    { name: 'f16-fused-same', ref: 'f16-cold', what: 'the cold image\'s inputs, shader-f16, attention fused, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
   ].filter((c) => fs.existsSync(path.join(OUT, `${c.name}.png`)) && checks.some((x) => x.name === c.ref));
   log(`reference runs: ${checks.map((c) => c.name).join(', ')} (onnxruntime CPU, ${o.threads} threads each) ...`);
   await Promise.all(checks.map(async (c) => {
@@ -556,7 +559,7 @@ async function compareAll() {
     report.comparisons.push(entry);
     log(`${c.what}: ${outcome} (expected ${c.expect}); reference ${c.referenceS.toFixed(0)} s; ${entry.output}`);
   }
-  for (const [fused, unfused] of [['f32-cold', 'f32-unfused-same'], ['f16-cold', 'f16-unfused-same']]) compareVelocities(fused, unfused);
+  for (const [graph, fused] of [['f32-cold', 'f32-fused-same'], ['f16-cold', 'f16-fused-same']]) compareVelocities(graph, fused);
 }
 
 /** The first transformer output of two images made from the same inputs (traced): cosine at least 0.999. */
@@ -581,7 +584,7 @@ function compareVelocities(a, b) {
   const outcome = x.length === y.length && cosine >= 0.999 ? 'pass' : 'fail';
   const output = `cosine ${cosine.toFixed(6)}, max abs difference ${maxAbs.toExponential(2)} over ${x.length} values`;
   report.comparisons.push({ name: `${b}-velocity`, what: `the first transformer output of ${b} against ${a}'s`, tol: 'cosine 0.999', expect: 'pass', outcome, asExpected: outcome === 'pass', referenceS: 0, output });
-  log(`the first transformer output, attention unfused (${b}) against fused (${a}): ${outcome}; ${output}`);
+  log(`the first transformer output of ${b} against ${a}: ${outcome}; ${output}`);
 }
 
 function printReport() {
@@ -616,12 +619,12 @@ function printReport() {
     console.log(`\nkeepBuffers (ORT keeps every GPU buffer between runs; the extension's default above 512x512) against ORT's cache (those up to 160 MiB):`);
     h.printTable(['image', "ORT's cache s", 'keepBuffers s', "ORT's cache / keepBuffers"], keep);
   }
-  const fusion = ratioRows([['cold', 'f16-unfused', 'f16-cold'], ['repeat', 'f16-unfused-repeat', 'f16-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large-unfused', 'f16-large'],
-    ['cold, float32 conversion', 'f32-unfused', 'f32-cold'], ['repeat, float32 conversion', 'f32-unfused-repeat', 'f32-repeat'],
-    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large-unfused', 'f32-large']]);
+  const fusion = ratioRows([['cold', 'f16-cold', 'f16-fused'], ['repeat', 'f16-repeat', 'f16-fused-repeat'], [`cold ${o.large}x${o.large}`, 'f16-large', 'f16-large-fused'],
+    ['cold, float32 conversion', 'f32-cold', 'f32-fused'], ['repeat, float32 conversion', 'f32-repeat', 'f32-fused-repeat'],
+    [`cold ${o.large}x${o.large}, float32 conversion`, 'f32-large', 'f32-large-fused']]);
   if (fusion.length) {
-    console.log('\nattention as exported (node by node) against fused into MultiHeadAttention (the default):');
-    h.printTable(['image', 'unfused s', 'fused s', 'unfused / fused'], fusion);
+    console.log('\nthe attention as exported, node by node (the default), against fused into MultiHeadAttention:');
+    h.printTable(['image', 'as exported s', 'fused s', 'as exported / fused'], fusion);
   }
   const stored = ratioRows([['cold', 'f16-atload', 'f16-cold'], ['cold, float32 conversion', 'f32-atload', 'f32-cold']]);
   if (stored.length) {

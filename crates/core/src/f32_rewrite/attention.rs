@@ -222,9 +222,9 @@ impl<'a> Graph<'a> {
     }
 
     fn constant_is(&self, value: &str, expected: &[i64]) -> bool {
-        self.constants
-            .get(value)
-            .is_some_and(|v| v.len() == expected.len() && v.iter().zip(expected).all(|(a, &b)| *a == b as f64))
+        self.constants.get(value).is_some_and(|v| {
+            v.len() == expected.len() && v.iter().zip(expected).all(|(a, &b)| *a == b as f64)
+        })
     }
 
     /// `value` with a scalar `Mul` (or `Div`) taken off: the other input and the factor (1 when `value`
@@ -400,9 +400,8 @@ impl Node<'_> {
         for f in a.fields.iter().filter(|f| f.number == ATTR_INTS) {
             match f.value {
                 Value::Varint(v) => values.push(v as i64),
-                Value::Bytes(b) => {
-                    values.extend(wire::packed_varints(b, "AttributeProto").ok()?.into_iter().map(|v| v as i64))
-                }
+                Value::Bytes(b) => values
+                    .extend(wire::packed_varints(b, "AttributeProto").ok()?.into_iter().map(|v| v as i64)),
                 _ => return None,
             }
         }
@@ -531,9 +530,8 @@ fn small_values(bytes: &[u8]) -> Option<Vec<f64>> {
                 }
             }
             (TENSOR_INT64_DATA, Value::Varint(v), INT64) => values.push(v as i64 as f64),
-            (TENSOR_INT64_DATA, Value::Bytes(b), INT64) => {
-                values.extend(wire::packed_varints(b, "TensorProto").ok()?.into_iter().map(|v| v as i64 as f64))
-            }
+            (TENSOR_INT64_DATA, Value::Bytes(b), INT64) => values
+                .extend(wire::packed_varints(b, "TensorProto").ok()?.into_iter().map(|v| v as i64 as f64)),
             (TENSOR_FLOAT_DATA, Value::Fixed32(v), FLOAT) => values.push(f32::from_bits(v) as f64),
             (TENSOR_FLOAT_DATA, Value::Bytes(b), FLOAT) if b.len() % 4 == 0 => {
                 values.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64))
@@ -552,7 +550,13 @@ fn small_values(bytes: &[u8]) -> Option<Vec<f64>> {
 /// The dims a ValueInfoProto declares for a tensor (`None` for a symbolic or missing dim).
 fn declared_dims(bytes: &[u8]) -> Option<Vec<Option<u64>>> {
     let find = |bytes: &[u8], number: u64, what: &'static str| -> Option<Vec<u8>> {
-        wire::parse(bytes, what).ok()?.iter().find(|f| f.number == number)?.bytes(what).ok().map(<[u8]>::to_vec)
+        wire::parse(bytes, what)
+            .ok()?
+            .iter()
+            .find(|f| f.number == number)?
+            .bytes(what)
+            .ok()
+            .map(<[u8]>::to_vec)
     };
     let type_proto = find(bytes, VALUE_INFO_TYPE, "ValueInfoProto")?;
     let tensor = find(&type_proto, TYPE_TENSOR, "TypeProto")?;

@@ -1168,3 +1168,116 @@ fn accuracy_level_is_set_on_every_matmul_nbits_once() {
     assert_eq!(graph_fields(&again, GRAPH_NODE).len(), 2, "other nodes stay");
     assert_eq!(reblock::with_accuracy_level(&model(&[]), 4).unwrap().1, 0);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Attention fused into MultiHeadAttention (`crate::attention`).
+
+fn attr_ints(name: &str, values: &[i64]) -> Vec<u8> {
+    let mut a = msg(&[(1, name.as_bytes())]);
+    for v in values {
+        put_varint_field(&mut a, 8, *v as u64);
+    }
+    put_varint_field(&mut a, 20, 7); // INTS
+    a
+}
+
+/// softmax(Transpose(q) · Transpose(k) * 0.125) · Transpose(v), transposed back; q, k, v declared
+/// [1, S, 2, 8]. `mask` adds a graph input to the scores.
+fn attention_model(mask: bool) -> Vec<u8> {
+    let bsnh =
+        |name: &str| value_info(name, FLOAT, &[Dim::Value(1), Dim::Param("S"), Dim::Value(2), Dim::Value(8)]);
+    let swap = || attr_ints("perm", &[0, 2, 1, 3]);
+    let scores = if mask { "masked" } else { "scores" };
+    let mut fields = vec![
+        (GRAPH_NODE, node("tq", "", "Transpose", &["q"], &["q4"], &[swap()])),
+        (GRAPH_NODE, node("tk", "", "Transpose", &["k"], &["kt"], &[attr_ints("perm", &[0, 2, 3, 1])])),
+        (GRAPH_NODE, node("qk", "", "MatMul", &["q4", "kt"], &["raw"], &[])),
+        (GRAPH_NODE, node("scale", "", "Mul", &["raw", "eighth"], &["scores"], &[])),
+    ];
+    if mask {
+        fields.push((GRAPH_NODE, node("mask", "", "Add", &["scores", "m"], &["masked"], &[])));
+    }
+    fields.extend([
+        (GRAPH_NODE, node("sm", "", "Softmax", &[scores], &["w"], &[attr_int("axis", -1i64 as u64)])),
+        (GRAPH_NODE, node("tv", "", "Transpose", &["v"], &["v4"], &[swap()])),
+        (GRAPH_NODE, node("wv", "", "MatMul", &["w", "v4"], &["o4"], &[])),
+        (GRAPH_NODE, node("back", "", "Transpose", &["o4"], &["o"], &[swap()])),
+        (GRAPH_NODE, node("out", "", "Identity", &["o"], &["y"], &[])),
+        (GRAPH_INITIALIZER, raw_tensor("eighth", &[], FLOAT, &0.125f32.to_le_bytes())),
+        (GRAPH_INPUT, bsnh("q")),
+        (GRAPH_INPUT, bsnh("k")),
+        (GRAPH_INPUT, bsnh("v")),
+        (GRAPH_OUTPUT, bsnh("y")),
+        (GRAPH_VALUE_INFO, bsnh("o")),
+        (GRAPH_VALUE_INFO, value_info("w", FLOAT, &[])),
+    ]);
+    if mask {
+        fields.push((GRAPH_INPUT, value_info("m", FLOAT, &[])));
+    }
+    model(&fields)
+}
+
+#[test]
+fn attention_is_fused_under_the_name_the_graph_reads_and_what_fed_only_it_goes() {
+    let (fused, count) = attention::fuse_attention(&attention_model(false)).unwrap();
+    assert_eq!(count, 1);
+    let nodes: Vec<Vec<u8>> = graph_fields(&fused, GRAPH_NODE);
+    let nodes: Vec<_> = nodes.iter().map(|n| read_node(n, 0).unwrap()).collect();
+    let ops: Vec<(&str, Vec<&str>, Vec<&str>)> =
+        nodes.iter().map(|n| (n.op_type, n.inputs.clone(), n.outputs.clone())).collect();
+    let bsd = "imagine_attention/bsd_shape";
+    assert_eq!(
+        ops,
+        vec![
+            ("Reshape", vec!["q", bsd], vec!["imagine_attention/back/q_bsd"]),
+            ("Reshape", vec!["k", bsd], vec!["imagine_attention/back/k_bsd"]),
+            ("Reshape", vec!["v", bsd], vec!["imagine_attention/back/v_bsd"]),
+            (
+                "MultiHeadAttention",
+                vec![
+                    "imagine_attention/back/q_bsd",
+                    "imagine_attention/back/k_bsd",
+                    "imagine_attention/back/v_bsd"
+                ],
+                vec![
+                    "imagine_attention/back/output_bsd",
+                    "imagine_attention/back/present_key",
+                    "imagine_attention/back/present_value"
+                ],
+            ),
+            (
+                "Reshape",
+                vec!["imagine_attention/back/output_bsd", "imagine_attention/back/bsnh_shape"],
+                vec!["o"]
+            ),
+            ("Identity", vec!["o"], vec!["y"]),
+        ]
+    );
+    let mha = &nodes[3];
+    assert_eq!((mha.domain, mha.int_attribute("num_heads")), ("com.microsoft", Some(2)));
+    let scale = mha.attributes.iter().find(|a| a.name == "scale").unwrap();
+    let bits = scale.fields.iter().find(|f| f.number == 2).unwrap();
+    assert_eq!(bits.value, Value::Fixed32(0.125f32.to_bits()));
+    // The scale's initializer went with the Mul; the shapes of the new Reshapes came in.
+    let initializers: Vec<String> =
+        graph_fields(&fused, GRAPH_INITIALIZER).iter().map(|t| read_tensor(t).unwrap().name).collect();
+    assert_eq!(initializers, [bsd, "imagine_attention/back/bsnh_shape"]);
+    // Declared shapes stay for values that still exist ("o"), not for the scores' weights ("w").
+    let declared: Vec<String> = graph_fields(&fused, GRAPH_VALUE_INFO)
+        .iter()
+        .map(|v| value_info_name(v).unwrap().to_owned())
+        .collect();
+    assert_eq!(declared, ["o"]);
+    // The contrib domain is imported once.
+    let again = attention::fuse_attention(&fused).unwrap();
+    assert_eq!(again.1, 0);
+    let imports = wire::parse(&fused, "m").unwrap().into_iter().filter(|f| f.number == 8).count();
+    assert_eq!(imports, 2);
+}
+
+#[test]
+fn attention_that_cannot_be_proven_stays_byte_for_byte() {
+    let masked = attention_model(true);
+    assert_eq!(attention::fuse_attention(&masked).unwrap(), (masked.clone(), 0));
+    assert_eq!(attention::fuse_attention(&model(&[])).unwrap().1, 0);
+}

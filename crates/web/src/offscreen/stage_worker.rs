@@ -13,9 +13,9 @@ use futures_channel::mpsc;
 use futures_util::StreamExt;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+use imagine_core::attention;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
-use imagine_core::attention;
 use imagine_core::matmul_blocks::{self, Block32Form, Block32Record};
 use imagine_core::message::ErrorText;
 use imagine_core::pack::{self, Graph, PackError};
@@ -280,7 +280,9 @@ impl Stage {
                 if let Some(level) = params.accuracy_level {
                     bytes = matmul_blocks::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
                 }
-                if params.fuse_attention {
+                // The transformer's only: the decoder's one attention (a single head over every latent
+                // pixel) overflows ONNX Runtime's MultiHeadAttention at 1024x1024.
+                if params.fuse_attention && graph == Graph::Transformer {
                     (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
