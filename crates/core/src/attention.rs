@@ -35,9 +35,9 @@
 //! 1 level of the reference), but ONNX Runtime's flash attention takes 708 ms of GPU time a step at
 //! 1024x1024 where the exported `MatMul`s and `Softmax` take about 300, so steps are 1.17x (512x512)
 //! and 1.29x (1024x1024) slower. The decoder's one attention (a single head over every latent pixel)
-//! is never fused: ONNX Runtime's `MultiHeadAttention` overflows a tensor size on it at 1024x1024. On
-//! SwiftShader the fused float32 image drifts up to 43 levels from the reference. So it stays a switch,
-//! to measure again with each ONNX Runtime release.
+//! is never fused: ONNX Runtime's `MultiHeadAttention` overflows a tensor size on it at 1024x1024 (and
+//! on SwiftShader, fused, it moved the tiny pack's image up to 43 levels from the reference). So it
+//! stays a switch, to measure again with each ONNX Runtime release.
 //!
 //! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers
 //! fused compute what they computed, each way of writing the key and the scale fuses, a mask or

@@ -535,10 +535,10 @@ async function compareAll() {
   const acc4 = [
     { name: 'f32-acc4', ref: 'f32-cold', what: 'cold image, float32 conversion, accuracy level 4, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
     { name: 'f16-acc4', ref: 'f16-cold', what: 'cold image, shader-f16, accuracy level 4, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
-    // Measured: on SwiftShader (its subgroups are narrower than ORT's flash attention assumes) the
-    // fused float32 image drifts beyond the tolerance; on the H200 the float16 one is within it.
+    // The fused float16 image was within the tolerance on the H200; the float32 one on SwiftShader at its
+    // edge (2 levels), so measured (its first transformer output is checked below).
     { name: 'f32-fused-same', ref: 'f32-cold', what: 'the cold image\'s inputs, float32 conversion, attention fused, vs the same reference', tol: o['tolerance-f32'], expect: 'measure' },
-    { name: 'f16-fused-same', ref: 'f16-cold', what: 'the cold image\'s inputs, shader-f16, attention fused, vs the same reference', tol: o['tolerance-f16'], expect: 'measure' },
+    { name: 'f16-fused-same', ref: 'f16-cold', what: 'the cold image\'s inputs, shader-f16, attention fused, vs the same reference', tol: o['tolerance-f16'], expect: 'pass' },
   ].filter((c) => fs.existsSync(path.join(OUT, `${c.name}.png`)) && checks.some((x) => x.name === c.ref));
   log(`reference runs: ${checks.map((c) => c.name).join(', ')} (onnxruntime CPU, ${o.threads} threads each) ...`);
   await Promise.all(checks.map(async (c) => {
