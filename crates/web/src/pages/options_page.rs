@@ -232,7 +232,7 @@ fn show_model_error(error: Option<&str>) {
 }
 
 async fn refresh_model() {
-    let Reply::PackStatus(status) = request(&Request::PackStatus {}).await else { return };
+    let status = setup::pack_status().await;
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use imagine_core::api::{Event, GenerateRequest, PackStatus, Reply, Request, Seed};
+use imagine_core::api::{Event, GenerateRequest, Reply, Request, Seed};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
@@ -98,10 +98,7 @@ fn set_running(running: bool) {
 }
 
 async fn refresh_pack() {
-    let status = match request(&Request::PackStatus {}).await {
-        Reply::PackStatus(status) => status,
-        _ => PackStatus::default(),
-    };
+    let status = setup::pack_status().await;
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
         i18n::t_args("popupModelInstalled", &[&format_bytes(status.bytes), &commit[..commit.len().min(7)]])

@@ -51,6 +51,26 @@ pub async fn verdict(source: &PackSource) -> Verdict {
     Verdict::new(facts.as_ref(), figures)
 }
 
+/// `packStatus`, without a download that has just ended: the pages hear `packInstalled` as the service
+/// worker does, and may ask before it has removed the download's record, which then reports the
+/// installed commit as still being put in place.
+pub async fn pack_status() -> PackStatus {
+    let mut status = match request(&Request::PackStatus {}).await {
+        Reply::PackStatus(status) => status,
+        _ => PackStatus::default(),
+    };
+    let ended = status.download.as_ref().is_some_and(|d| {
+        d.state == DownloadState::Installing
+            && status.installed
+            && d.commit.is_some()
+            && d.commit == status.commit
+    });
+    if ended {
+        status.download = None;
+    }
+    status
+}
+
 /// Keeps `plan` for every page's verdict.
 pub async fn remember_plan(plan: &PackPlan) {
     storage::PLAN.set_or_log(plan).await;

@@ -349,10 +349,7 @@ async fn start() {
 /// The guided setup while the model is not installed (or a download runs), and Generate held back
 /// until it is.
 async fn refresh_setup() {
-    let status = match request(&Request::PackStatus {}).await {
-        Reply::PackStatus(status) => status,
-        _ => Default::default(),
-    };
+    let status = setup::pack_status().await;
     setup::show_status(&status, &storage::SOURCE.get().await.unwrap_or_default()).await;
 }
 
