@@ -71,8 +71,8 @@ test('f16 pack without shader-f16: the plan states the float32 cost, the install
   await b.page.click('#check-size');
   await b.page.waitForFunction(() => /files, downloaded once/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
   const verdict = await b.page.textContent('#device-verdict');
-  const extra = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)} GB`;
-  assert.equal(verdict, `Your GPU lacks 16-bit floats: the model is converted once at download (${extra}) and runs in 32-bit.`);
+  const planned = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)} GB`;
+  assert.equal(verdict, `Your GPU lacks 16-bit floats: the model is converted once at download (${planned}) and runs in 32-bit.`);
 
   await watchConversion(b.page);
   await h.installPack(b.page, b.hub, REPO);
