@@ -183,6 +183,22 @@ for (const lang of ['en', 'de']) {
   });
 }
 
+test('the studio follows a download started elsewhere, and cancelling it there brings the Download button back', { timeout: 180_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 1 << 20 });
+  const studio = await open(b, 'studio.html');
+  await studio.waitForSelector('#install', { state: 'visible', timeout: 15_000 });
+  const reply = await h.startInstall(b.page, b.hub, b.repo);
+  assert.equal(reply.type, 'installStarted', JSON.stringify(reply));
+  await studio.waitForFunction(() => Number(document.querySelector('#download-bar').getAttribute('aria-valuenow')) > 0, null, { timeout: 30_000 });
+  assert.equal(await studio.isVisible('#install'), false);
+  assert.equal(await studio.getAttribute('#generate', 'aria-disabled'), 'true');
+  await studio.click('#cancel-download');
+  await studio.waitForSelector('#install', { state: 'visible', timeout: 15_000 });
+  assert.equal(await studio.isVisible('#download'), false);
+  assert.equal((await h.packStatus(b.page)).download, null);
+});
+
 test('first-time flow: a fresh profile opens the studio, downloads from the Hub, generates and sees the image without scrolling', { timeout: 420_000 }, async (t) => {
   const b = await h.setup(t, { install: false });
   await saveSource(b.page, b.hub, b.repo);
