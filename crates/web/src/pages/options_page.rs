@@ -1,6 +1,7 @@
-//! The options page: defaults for new images, the gallery's limits, the model (source, download,
-//! storage, delete) and what this device offers before anything is downloaded (WebGPU adapter,
-//! `shader-f16`, buffer limits, storage quota).
+//! The options page: defaults for new images, the gallery's limits, the model (source, download with
+//! its progress, storage, delete) and what will happen on this device before anything is downloaded
+//! (the verdict the popup and the studio say too, `pages/setup.rs`; behind "Details" the WebGPU
+//! adapter, `shader-f16`, buffer limits, storage quota).
 
 use imagine_core::api::{
     DownloadState, Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply,
@@ -260,12 +261,13 @@ async fn refresh_model() {
     set_visible("install", !installed_here && status.download.is_none());
     setup::show_download(status.download.as_ref());
     view::set_delete_model_question(&status);
+    // The verdict is about the source in the form, with that source's plan if one was asked for.
+    setup::show_verdict(&settings::source_from_form()).await;
 }
 
-/// What will happen on this device (the same verdict as the popup's and the studio's), and behind
-/// "Details" the adapter, `shader-f16`, the buffer limits and the storage quota.
+/// Behind "Details" under the verdict ([`refresh_model`]): the adapter, `shader-f16`, the buffer
+/// limits and the storage quota.
 async fn device_report() {
-    setup::show_verdict(&settings::source_from_form()).await;
     let mut extra = Vec::new();
     if let Ok(storage) = opfs::storage_use().await {
         extra.push((
