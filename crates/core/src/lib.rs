@@ -24,7 +24,7 @@
 //! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
 //! message API types, [`gallery`] the images kept on this machine (index, search, limits,
-//! export), and [`storage`] the layout of packs in OPFS and how a new pack replaces the
+//! export), [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
 //! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
 //! repeated prompt skip the text encoder. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
 //! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece. Two edits
@@ -47,6 +47,7 @@
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
 pub mod attention;
+pub mod device_verdict;
 pub mod embedding_cache;
 pub mod estimate;
 pub mod f32_rewrite;

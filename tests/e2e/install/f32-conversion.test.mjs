@@ -64,14 +64,15 @@ test('f16 pack without shader-f16: the plan states the float32 cost, the install
   const f32 = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: 'fixtures/f32', revision: 'main' });
   assert.equal(f32.conversion, undefined, JSON.stringify(f32.conversion));
 
-  // The popup says it where it shows the size.
+  // The popup's verdict says it with the plan's extra disk once the size was checked.
   await b.page.click('summary:has-text("Source")');
   await b.page.fill('#hub-endpoint', b.hub.url);
   await b.page.fill('#hub-repo', REPO);
   await b.page.click('#check-size');
-  await b.page.waitForFunction(() => /shader-f16/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
-  const notice = await b.page.textContent('#pack-size');
-  assert.match(notice, /This GPU has no shader-f16: Imagine will run in float32, needing \d+\.\d GB more disk and about \d+\.\d GB of GPU memory/);
+  await b.page.waitForFunction(() => /files, downloaded once/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
+  const verdict = await b.page.textContent('#device-verdict');
+  const planned = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)} GB`;
+  assert.equal(verdict, `Your GPU lacks 16-bit floats: the model is converted once at download (${planned}) and runs in 32-bit.`);
 
   await watchConversion(b.page);
   await h.installPack(b.page, b.hub, REPO);

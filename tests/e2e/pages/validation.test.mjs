@@ -88,7 +88,8 @@ async function checkSize(page, lang, id, value, nearest) {
 
 for (const lang of ['en', 'de']) {
   const say = TEXT[lang];
-  const setup = (t) => h.setup(t, { pack: null, args: [`--lang=${lang}`] });
+  // With the model installed: until then Generate is held back (setup.test.mjs), whatever the form holds.
+  const setup = (t) => h.setup(t, { args: [`--lang=${lang}`] });
 
   test(`studio (${lang}): an empty prompt is marked at its field and starts no job`, { timeout: 120_000 }, async (t) => {
     const page = await openStudio(await setup(t));
@@ -114,9 +115,13 @@ for (const lang of ['en', 'de']) {
   });
 
   test(`studio (${lang}): a refusal names no API term${lang === 'de' ? '; the schedules and the placeholder are German' : ''}`, { timeout: 120_000 }, async (t) => {
-    const page = await openStudio(await setup(t));
+    const b = await setup(t);
+    const page = await openStudio(b);
+    await page.waitForFunction(() => !document.querySelector('#generate').hasAttribute('aria-disabled'));
+    // Deleted elsewhere while the studio is open: a valid form is sent, and the service worker,
+    // with no model installed, refuses it.
+    await h.api(b.page, { type: 'deletePack' });
     await recordSent(page);
-    // A valid form is sent; with no model installed the service worker refuses it.
     await page.fill('#prompt', 'a small red boat');
     await page.click('#generate');
     await page.waitForSelector('#error:not([hidden])', { timeout: 10_000 });
@@ -134,7 +139,7 @@ for (const lang of ['en', 'de']) {
 
   test(`popup (${lang}): an empty prompt is marked at its field and starts no job`, { timeout: 120_000 }, async (t) => {
     const page = (await setup(t)).page;
-    await page.waitForSelector('#install-form:not([hidden])'); // started: the form is filled
+    await page.waitForSelector('#delete-pack:not([hidden])'); // started: the form is filled
     await recordSent(page);
     await page.fill('#prompt', '   ');
     await page.click('#generate');
@@ -145,7 +150,7 @@ for (const lang of ['en', 'de']) {
 
   test(`popup (${lang}): a size not allowed is marked at its field, unfolded, with the nearest allowed ones to apply; no job starts`, { timeout: 120_000 }, async (t) => {
     const page = (await setup(t)).page;
-    await page.waitForSelector('#install-form:not([hidden])');
+    await page.waitForSelector('#delete-pack:not([hidden])');
     await recordSent(page);
     await page.fill('#prompt', 'a small red boat');
     // The sizes are under the folded "Options": a bad one unfolds them to show and focus its field.

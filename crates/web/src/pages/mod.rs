@@ -6,5 +6,6 @@ pub mod gallery_page;
 pub mod options_page;
 pub mod popup;
 pub mod result_page;
+pub mod setup;
 pub mod studio;
 pub mod view;

@@ -1,9 +1,11 @@
-//! The options page: defaults for new images, the gallery's limits, the model (source, download,
-//! storage, delete) and what this device offers before anything is downloaded (WebGPU adapter,
-//! `shader-f16`, buffer limits, storage quota).
+//! The options page: defaults for new images, the gallery's limits, the model (source, download with
+//! its progress, storage, delete) and what will happen on this device before anything is downloaded
+//! (the verdict the popup and the studio say too, `pages/setup.rs`; behind "Details" the WebGPU
+//! adapter, `shader-f16`, buffer limits, storage quota).
 
 use imagine_core::api::{
-    Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply, Request, Stage,
+    DownloadState, Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply,
+    Request, Stage,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
 use imagine_core::hub::format_bytes;
@@ -11,14 +13,14 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
-use crate::pages::form_check;
-use crate::pages::view::{self, element, fill_definitions, on, set_text, set_visible};
+use crate::pages::view::{self, element, on, set_text, set_visible};
+use crate::pages::{form_check, setup};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
+use crate::platform::opfs;
 use crate::platform::settings::{self, Defaults};
 use crate::platform::storage;
-use crate::platform::{gpu, opfs};
 
 /// The gallery's byte limit is typed in decimal MB, the unit every size on the pages is shown in.
 const MB: i64 = 1_000_000;
@@ -45,6 +47,10 @@ pub fn options_page_main() {
         });
     });
     on("save-source", "click", |_| source_clicked(false));
+    for field in ["hub-endpoint", "hub-repo", "hub-revision"] {
+        on(field, "input", |_| spawn_local(refresh_model()));
+    }
+    setup::wire_download_controls(|| spawn_local(refresh_model()));
     on("install", "click", |_| source_clicked(true));
     view::confirm_delete_model(|| {
         spawn_local(async {
@@ -121,10 +127,16 @@ pub fn stage_key(stage: Stage) -> &'static str {
 /// `chrome.runtime.onMessage` on the options page: the model's state follows downloads.
 #[wasm_bindgen(js_name = optionsPageEvent)]
 pub fn options_page_event(message: JsValue) {
-    if let Ok(Event::PackInstalled { .. } | Event::PackFailed { .. } | Event::PackProgress(_)) =
-        from_js::<Event>(&message)
-    {
-        spawn_local(refresh_model());
+    match from_js::<Event>(&message) {
+        Ok(Event::PackProgress(progress)) => {
+            setup::show_download(Some(&progress));
+            // The first report of a download started elsewhere also changes the buttons.
+            if element::<HtmlElement>("download").hidden() || progress.state != DownloadState::Downloading {
+                spawn_local(refresh_model());
+            }
+        }
+        Ok(Event::PackInstalled { .. } | Event::PackFailed { .. }) => spawn_local(refresh_model()),
+        _ => {}
     }
 }
 
@@ -221,7 +233,7 @@ fn show_model_error(error: Option<&str>) {
 }
 
 async fn refresh_model() {
-    let Reply::PackStatus(status) = request(&Request::PackStatus {}).await else { return };
+    let status = setup::pack_status().await;
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
@@ -243,44 +255,22 @@ async fn refresh_model() {
         ),
     );
     set_visible("delete-pack", status.installed);
+    // "Download" next to "Delete" only for another source than the installed pack's, and not while
+    // a download runs (its progress is shown instead).
+    let installed_here = status.installed && status.source.as_ref() == Some(&settings::source_from_form());
+    set_visible("install", !installed_here && status.download.is_none());
+    setup::show_download(status.download.as_ref());
     view::set_delete_model_question(&status);
+    // The verdict is about the source in the form, with that source's plan if one was asked for.
+    setup::show_verdict(&settings::source_from_form()).await;
 }
 
-/// The adapter, `shader-f16`, the buffer limits and the storage quota, as a list of name and value.
+/// Behind "Details" under the verdict ([`refresh_model`]): the adapter, `shader-f16`, the buffer
+/// limits and the storage quota.
 async fn device_report() {
-    let mut rows: Vec<(String, String)> = Vec::new();
-    match gpu::device_report().await {
-        Ok(report) => {
-            let adapter = [report.vendor.as_str(), report.architecture.as_str()]
-                .into_iter()
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join(" / ");
-            rows.push((t("optionsAdapter"), if adapter.is_empty() { t("optionsUnknown") } else { adapter }));
-            if !report.description.is_empty() {
-                rows.push((t("optionsAdapterDescription"), report.description));
-            }
-            let preference = match report.power_preference.as_str() {
-                "high-performance" => t("optionsPowerHigh"),
-                "low-power" => t("optionsPowerLow"),
-                _ => t("optionsPowerDefault"),
-            };
-            rows.push((t("optionsPowerPreference"), preference));
-            let f16 = if report.shader_f16 { t("optionsYes") } else { t("optionsNo") };
-            rows.push(("shader-f16".into(), f16));
-            rows.push(("maxBufferSize".into(), format_bytes(report.max_buffer_size)));
-            rows.push((
-                "maxStorageBufferBindingSize".into(),
-                format_bytes(report.max_storage_buffer_binding_size),
-            ));
-            if !report.shader_f16 {
-                rows.push((t("optionsVerdict"), t("optionsNoF16")));
-            }
-        }
-        Err(e) => rows.push((t("optionsAdapter"), e.to_string())),
-    }
+    let mut extra = Vec::new();
     if let Ok(storage) = opfs::storage_use().await {
-        rows.push((
+        extra.push((
             t("optionsQuota"),
             t_args(
                 "optionsStorage",
@@ -288,7 +278,5 @@ async fn device_report() {
             ),
         ));
     }
-    let list = element::<HtmlElement>("device-report");
-    list.set_text_content(None);
-    fill_definitions(&list, rows);
+    setup::show_device_details(extra).await;
 }

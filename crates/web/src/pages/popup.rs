@@ -2,16 +2,14 @@
 
 use std::cell::RefCell;
 
-use imagine_core::api::{
-    gigabytes, DownloadProgress, DownloadState, Event, GenerateRequest, InstallRequest, PackStatus, Reply,
-    Request, Seed,
-};
+use imagine_core::api::{Event, GenerateRequest, Reply, Request, Seed};
 use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
+use crate::pages::setup;
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
@@ -36,10 +34,15 @@ pub fn popup_main() {
     on("install", "click", |_| install_clicked());
     // The Hub is contacted only when the user asks: for the size, or for the download.
     on("check-size", "click", |_| spawn_local(show_plan()));
-    on("pause", "click", |_| spawn_local(pack_action(Request::PausePack {})));
-    on("resume", "click", |_| spawn_local(pack_action(Request::ResumePack {})));
-    on("cancel-download", "click", |_| spawn_local(pack_action(Request::CancelPack {})));
-    view::confirm_delete_model(|| spawn_local(pack_action(Request::DeletePack {})));
+    setup::wire_download_controls(|| spawn_local(refresh_pack()));
+    view::confirm_delete_model(|| {
+        spawn_local(async {
+            if let Reply::Error { error, message } = request(&Request::DeletePack {}).await {
+                set_text("pack-status", &i18n::error_text(&error, message.as_ref()));
+            }
+            refresh_pack().await;
+        })
+    });
     // The click is the gesture `sidePanel.open()` needs; the popup closes once the studio is open.
     on("open-studio", "click", |_| {
         crate::platform::side_panel::open_from_click(|| {
@@ -66,7 +69,7 @@ pub fn popup_main() {
 pub fn popup_event(message: JsValue) {
     let Ok(event) = from_js::<Event>(&message) else { return };
     match &event {
-        Event::PackProgress(progress) => show_download(Some(progress)),
+        Event::PackProgress(progress) => setup::show_download(Some(progress)),
         Event::PackInstalled { .. } | Event::PackFailed { .. } => spawn_local(refresh_pack()),
         _ => {
             let ended = VIEW.with_borrow(|view| view.as_ref().is_some_and(|v| v.apply(&event)));
@@ -95,10 +98,7 @@ fn set_running(running: bool) {
 }
 
 async fn refresh_pack() {
-    let status = match request(&Request::PackStatus {}).await {
-        Reply::PackStatus(status) => status,
-        _ => PackStatus::default(),
-    };
+    let status = setup::pack_status().await;
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
         i18n::t_args("popupModelInstalled", &[&format_bytes(status.bytes), &commit[..commit.len().min(7)]])
@@ -117,28 +117,18 @@ async fn refresh_pack() {
     );
     set_visible("delete-pack", status.installed);
     view::set_delete_model_question(&status);
-    let idle = !status.installed && status.download.is_none();
-    set_visible("install-form", idle);
-    show_download(status.download.as_ref());
+    setup::show_status(&status, &settings::source_from_form()).await;
 }
 
-/// Shows the size of the download before anything is written.
+/// Shows the size of the download before anything is written; the verdict then says this plan's sizes.
 async fn show_plan() {
     set_text("pack-size", &i18n::t("popupCheckingSize"));
-    let text = match request(&Request::PlanPack(settings::source_from_form())).await {
+    let source = settings::source_from_form();
+    let text = match request(&Request::PlanPack(source.clone())).await {
         Reply::PackPlan(plan) => {
-            let size =
-                i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()]);
-            match plan.conversion {
-                Some(cost) => {
-                    let notice = i18n::t_args(
-                        "popupConversionNotice",
-                        &[&gigabytes(cost.extra_disk_bytes), &gigabytes(cost.gpu_bytes)],
-                    );
-                    format!("{size} {notice}")
-                }
-                None => size,
-            }
+            setup::remember_plan(&plan).await;
+            setup::show_verdict(&source).await;
+            i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()])
         }
         Reply::Error { error, message } => {
             i18n::t_args("popupCheckFailed", &[&i18n::error_text(&error, message.as_ref())])
@@ -148,64 +138,6 @@ async fn show_plan() {
     set_text("pack-size", &text);
 }
 
-fn show_download(progress: Option<&DownloadProgress>) {
-    set_visible("download", progress.is_some());
-    let Some(p) = progress else { return };
-    let running = p.state.is_active();
-    // While the new pack is put in place there is nothing left to pause.
-    set_visible("pause", running && p.state != DownloadState::Installing);
-    set_visible("resume", !running);
-    set_visible("install-form", false);
-    let state = match p.state {
-        DownloadState::Checking => "popupStateChecking",
-        DownloadState::Downloading => "popupStateDownloading",
-        DownloadState::Converting => "popupStateConverting",
-        DownloadState::Installing => "popupStateInstalling",
-        DownloadState::Paused => "popupStatePaused",
-        DownloadState::Failed => "popupStateStopped",
-    };
-    set_text(
-        "download-done",
-        &i18n::t_args(
-            "popupDownloadDone",
-            &[&i18n::t(state), &format_bytes(p.done_bytes), &format_bytes(p.total_bytes)],
-        ),
-    );
-    let rate = if running && p.bytes_per_second > 0.0 {
-        format!("{}/s", format_bytes(p.bytes_per_second as u64))
-    } else {
-        String::new()
-    };
-    set_text("download-rate", &rate);
-    set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
-    let error = p.error.as_deref().map(|error| i18n::error_text(error, p.message.as_ref()));
-    set_text("download-error", error.as_deref().unwrap_or_default());
-    set_visible("download-error", error.is_some());
-    let list = element::<web_sys::HtmlElement>("download-files");
-    list.set_text_content(None);
-    let document = crate::pages::view::document();
-    for file in &p.files {
-        let Ok(item) = document.create_element("li") else { continue };
-        let mark = if file.verified { " \u{2713}" } else { "" };
-        item.set_text_content(Some(&format!(
-            "{}{mark}",
-            i18n::t_args(
-                "popupDownloadDone",
-                &[&file.path, &format_bytes(file.done_bytes), &format_bytes(file.size)]
-            )
-        )));
-        let _ = list.append_child(&item);
-    }
-}
-
-fn describe_time_left(seconds: f64) -> String {
-    match seconds.round() as u64 {
-        s if s < 90 => i18n::t_args("popupSecondsLeft", &[&s.to_string()]),
-        s if s < 90 * 60 => i18n::t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
-        s => i18n::t_args("popupHoursLeft", &[&format!("{:.1}", s as f64 / 3600.0)]),
-    }
-}
-
 /// The Install button. Hosts other than the Hub need a permission, which must be asked for
 /// synchronously within the click.
 fn install_clicked() {
@@ -213,13 +145,8 @@ fn install_clicked() {
     let permission = settings::request_host_permission(&source);
     spawn_local(async move {
         settings::host_permission_answered(permission).await;
-        let install = InstallRequest::new(source, None);
-        match request(&Request::InstallPack(install)).await {
-            Reply::Error { error, message } => {
-                set_text("pack-status", &i18n::error_text(&error, message.as_ref()))
-            }
-            _ => refresh_pack().await,
-        }
+        setup::install(source).await;
+        refresh_pack().await;
     });
 }
 
@@ -247,18 +174,14 @@ async fn fill_form() {
     }
 }
 
-async fn pack_action(action: Request) {
-    if let Reply::Error { error, message } = request(&action).await {
-        set_text("pack-status", &i18n::error_text(&error, message.as_ref()));
-    }
-    refresh_pack().await;
-}
-
 fn number(id: &str) -> Option<i64> {
     element::<HtmlInputElement>(id).value().trim().parse().ok()
 }
 
 async fn generate() {
+    if setup::generate_held() {
+        return;
+    }
     let seed = element::<HtmlInputElement>("seed").value();
     let seed = seed.trim();
     let generate = GenerateRequest {

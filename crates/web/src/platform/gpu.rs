@@ -9,6 +9,7 @@ use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
+use imagine_core::device_verdict::{software_renderer, AdapterFacts};
 use imagine_core::f32_rewrite::Limits;
 
 use crate::platform::js::{get, JsError};
@@ -141,6 +142,15 @@ pub struct DeviceReport {
     pub max_buffer_size: u64,
     /// The adapter's `maxStorageBufferBindingSize`, in bytes.
     pub max_storage_buffer_binding_size: u64,
+    /// The software renderer the adapter is (SwiftShader, llvmpipe), if it is one.
+    pub software_renderer: Option<String>,
+}
+
+impl DeviceReport {
+    /// What decides the device verdict (`imagine_core::device_verdict`).
+    pub fn facts(&self) -> AdapterFacts {
+        AdapterFacts { shader_f16: self.shader_f16, software_renderer: self.software_renderer.clone() }
+    }
 }
 
 /// The adapter's identity, `shader-f16` and the buffer limits that decide which packs fit.
@@ -157,6 +167,11 @@ pub async fn device_report() -> Result<DeviceReport, GpuError> {
         shader_f16: has_feature(&adapter, "shader-f16"),
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+        software_renderer: software_renderer(
+            &text("architecture"),
+            &text("description"),
+            get(&info, "isFallbackAdapter").as_bool() == Some(true),
+        ),
     })
 }
 

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use imagine_core::api::PackSource;
+use imagine_core::api::{PackPlan, PackSource};
 use imagine_core::estimate::TimingStore;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -109,6 +109,9 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
 pub const DEFAULTS: Key<Defaults> = Key::local("imagine.defaults");
 /// The pack source the options page saved (→ popup's download form).
 pub const SOURCE: Key<PackSource> = Key::local("imagine.source");
+/// The last download plan a page asked for (popup's "Check the download size"): its sizes are what the
+/// device verdict says on every page (`pages/setup.rs`).
+pub const PLAN: Key<PackPlan> = Key::session("imagine.plan");
 /// Seconds the model stays loaded after the last image (options page, `keepLoaded` → service worker).
 pub const KEEP_LOADED: Key<u32> = Key::local("imagine.keepLoaded");
 /// Whether text selected in a private window makes images kept like any other (options page →

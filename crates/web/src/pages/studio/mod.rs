@@ -23,6 +23,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
+use crate::pages::setup;
 use crate::pages::view::{
     child, copy_png, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
@@ -246,6 +247,14 @@ pub fn studio_main() {
         spawn_local(generate(GenerateForm::Form));
     });
     on("cancel", "click", |_| spawn_local(cancel()));
+    on("install", "click", |_| {
+        spawn_local(async {
+            // The source saved on the options page (which asked for its host permission then).
+            setup::install(storage::SOURCE.get().await.unwrap_or_default()).await;
+            refresh_setup().await;
+        })
+    });
+    setup::wire_download_controls(|| spawn_local(refresh_setup()));
     form_check::wire();
     on("prompt", "input", |_| prompt_edited());
     on("prompt", "focus", |_| spawn_local(ensure_encoder()));
@@ -311,9 +320,7 @@ async fn start() {
     show_shortcut().await;
     let timings = storage::STUDIO_TIMINGS.get().await.unwrap_or_default();
     with(|s| s.timings = timings);
-    if let Reply::PackStatus(status) = request(&Request::PackStatus {}).await {
-        set_visible("pack-note", !status.installed);
-    }
+    refresh_setup().await;
     // A tab opened on a job (`?job=`) shows it; otherwise whatever the service worker asked for last.
     let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
     let job = web_sys::UrlSearchParams::new_with_str(&search).ok().and_then(|p| p.get("job"));
@@ -339,6 +346,13 @@ async fn start() {
     }
 }
 
+/// The guided setup while the model is not installed (or a download runs), and Generate held back
+/// until it is.
+async fn refresh_setup() {
+    let status = setup::pack_status().await;
+    setup::show_status(&status, &storage::SOURCE.get().await.unwrap_or_default()).await;
+}
+
 /// `chrome.runtime.onMessage` in the studio: events only.
 #[wasm_bindgen(js_name = studioEvent)]
 pub fn studio_event(message: JsValue) {
@@ -355,7 +369,8 @@ pub fn studio_event(message: JsValue) {
             end_run(false);
             set_text("progress", &i18n::t("progressCancelled"));
         }
-        Event::PackInstalled { .. } => set_visible("pack-note", false),
+        Event::PackProgress(progress) => setup::show_download(Some(&progress)),
+        Event::PackInstalled { .. } | Event::PackFailed { .. } => spawn_local(refresh_setup()),
         _ => {}
     }
 }
@@ -622,6 +637,9 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
 }
 
 async fn generate(from: GenerateForm) {
+    if setup::generate_held() {
+        return;
+    }
     let again = matches!(from, GenerateForm::Again);
     let typed = matches!(from, GenerateForm::Form);
     let wanted = match from {

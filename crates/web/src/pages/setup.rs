@@ -1,0 +1,288 @@
+//! The model's setup, shared by the studio, the popup and the options page: what the model is, its
+//! size and what this device will do with it (`imagine_core::device_verdict`, one answer for every
+//! page), a primary "Download" button while nothing is installed, then the download's progress in
+//! place (bar, rate, time left, pause, resume, cancel, files) and Generate held back, with its reason,
+//! until the model is installed.
+//!
+//! The pages hold the same markup under the same ids (`#setup`, `#device-verdict`, `#download`, ...);
+//! an id a page leaves out is skipped (the options page has no `#setup`).
+
+use std::cell::RefCell;
+
+use imagine_core::api::{DownloadProgress, DownloadState, PackPlan, PackSource, PackStatus, Reply, Request};
+use imagine_core::device_verdict::{PackFigures, Verdict};
+use imagine_core::hub::format_bytes;
+use wasm_bindgen::JsCast;
+use web_sys::HtmlElement;
+
+use crate::pages::view::{self, document, fill_definitions, set_text, set_visible};
+use crate::platform::gpu::{self, DeviceReport};
+use crate::platform::i18n::{self, t, t_args};
+use crate::platform::messaging::request;
+use crate::platform::storage;
+
+thread_local! {
+    /// This page's adapter report, asked once (`Err`: why there is none).
+    static DEVICE: RefCell<Option<Result<DeviceReport, String>>> = const { RefCell::new(None) };
+}
+
+fn has(id: &str) -> bool {
+    document().get_element_by_id(id).is_some()
+}
+
+/// The adapter report, asked for once per page.
+pub async fn device() -> Result<DeviceReport, String> {
+    if let Some(known) = DEVICE.with_borrow(Clone::clone) {
+        return known;
+    }
+    let report = gpu::device_report().await.map_err(|e| e.to_string());
+    DEVICE.with_borrow_mut(|d| *d = Some(report.clone()));
+    report
+}
+
+/// The verdict for this device and the pack from `source`: with the sizes of the plan made for it
+/// (kept for the browser session by whichever page asked), else the published pack's.
+pub async fn verdict(source: &PackSource) -> Verdict {
+    let figures = match storage::PLAN.get().await {
+        Some(plan) if plan.source == *source => PackFigures::from_plan(&plan),
+        _ => PackFigures::published(),
+    };
+    let facts = device().await.ok().map(|report| report.facts());
+    Verdict::new(facts.as_ref(), figures)
+}
+
+/// `packStatus`, without a download that has just ended: the pages hear `packInstalled` as the service
+/// worker does, and may ask before it has removed the download's record, which then reports the
+/// installed commit as still being put in place.
+pub async fn pack_status() -> PackStatus {
+    let mut status = match request(&Request::PackStatus {}).await {
+        Reply::PackStatus(status) => status,
+        _ => PackStatus::default(),
+    };
+    let ended = status.download.as_ref().is_some_and(|d| {
+        d.state == DownloadState::Installing
+            && status.installed
+            && d.commit.is_some()
+            && d.commit == status.commit
+    });
+    if ended {
+        status.download = None;
+    }
+    status
+}
+
+/// Keeps `plan` for every page's verdict.
+pub async fn remember_plan(plan: &PackPlan) {
+    storage::PLAN.set_or_log(plan).await;
+}
+
+/// Shows the verdict for `source` (`#setup-intro`, `#device-verdict`, `#device-warning`) and returns it.
+pub async fn show_verdict(source: &PackSource) -> Verdict {
+    let verdict = verdict(source).await;
+    let say = |m| i18n::message(&m).unwrap_or_default();
+    if has("setup-intro") {
+        set_text("setup-intro", &say(verdict.download()));
+    }
+    set_text("device-verdict", &say(verdict.summary()));
+    let warning = verdict.warning().map(say);
+    set_text("device-warning", warning.as_deref().unwrap_or_default());
+    set_visible("device-warning", warning.is_some());
+    verdict
+}
+
+/// The adapter's raw facts in readable units, for the "Details" disclosure: adapter, how it was found,
+/// `shader-f16`, the buffer limits; or why there is no adapter.
+pub async fn device_details() -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    match device().await {
+        Ok(report) => {
+            let adapter = [report.vendor.as_str(), report.architecture.as_str()]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(" / ");
+            rows.push((t("optionsAdapter"), if adapter.is_empty() { t("optionsUnknown") } else { adapter }));
+            if !report.description.is_empty() {
+                rows.push((t("optionsAdapterDescription"), report.description.clone()));
+            }
+            let preference = match report.power_preference.as_str() {
+                "high-performance" => t("optionsPowerHigh"),
+                "low-power" => t("optionsPowerLow"),
+                _ => t("optionsPowerDefault"),
+            };
+            rows.push((t("optionsPowerPreference"), preference));
+            let f16 = if report.shader_f16 { t("optionsYes") } else { t("optionsNo") };
+            rows.push(("shader-f16".into(), f16));
+            rows.push(("maxBufferSize".into(), format_bytes(report.max_buffer_size)));
+            rows.push((
+                "maxStorageBufferBindingSize".into(),
+                format_bytes(report.max_storage_buffer_binding_size),
+            ));
+            if !report.shader_f16 {
+                rows.push((t("deviceHint"), t("verdictNvidiaHint")));
+            }
+        }
+        Err(error) => rows.push((t("optionsAdapter"), error)),
+    }
+    rows
+}
+
+/// Fills `#device-report` (a `<dl>` inside a closed `<details>`) with [`device_details`] and `extra`.
+pub async fn show_device_details(extra: Vec<(String, String)>) {
+    let mut rows = device_details().await;
+    rows.extend(extra);
+    let list = view::element::<HtmlElement>("device-report");
+    list.set_text_content(None);
+    fill_definitions(&list, rows);
+}
+
+/// The setup state of the studio and the popup for `status`: shown while nothing is installed or a
+/// download runs (its intro and Download button only while nothing is installed nor downloading);
+/// Generate held back, with the reason tied to it, until a model is installed. Returns whether a
+/// model is installed and this device can run it.
+pub async fn show_status(status: &PackStatus, source: &PackSource) -> bool {
+    let verdict = show_verdict(source).await;
+    let installing = status.download.is_some();
+    set_visible("setup", !status.installed || installing);
+    set_visible("setup-intro-block", !status.installed);
+    set_visible("install-form", !status.installed && !installing && verdict.can_run());
+    show_download(status.download.as_ref());
+    let reason = if !verdict.can_run() {
+        Some(t("setupCannotRun"))
+    } else if !status.installed {
+        Some(t("setupGenerateReason"))
+    } else {
+        None
+    };
+    hold_generate(reason.as_deref());
+    reason.is_none()
+}
+
+/// Holds Generate back, saying why in `#generate-reason` (tied to it by `aria-describedby`; the
+/// button stays focusable, so the reason is found by keyboard too), or lets it go (`None`).
+pub fn hold_generate(reason: Option<&str>) {
+    let button = view::element::<HtmlElement>("generate");
+    match reason {
+        Some(reason) => {
+            set_text("generate-reason", reason);
+            let _ = button.set_attribute("aria-disabled", "true");
+            let _ = button.set_attribute("aria-describedby", "generate-reason");
+        }
+        None => {
+            let _ = button.remove_attribute("aria-disabled");
+            let _ = button.remove_attribute("aria-describedby");
+        }
+    }
+    set_visible("generate-reason", reason.is_some());
+}
+
+/// Whether Generate is held back ([`hold_generate`]); a click then points at the Download button.
+pub fn generate_held() -> bool {
+    let held =
+        view::element::<HtmlElement>("generate").get_attribute("aria-disabled").as_deref() == Some("true");
+    if held {
+        if let Some(install) = document().get_element_by_id("install") {
+            let install: HtmlElement = install.unchecked_into();
+            if !install.hidden() && install.offset_parent().is_some() {
+                let _ = install.focus();
+            }
+        }
+    }
+    held
+}
+
+/// Starts downloading the pack from `source`; an error is shown in `#setup-error`.
+pub async fn install(source: PackSource) {
+    set_visible("setup-error", false);
+    let install = imagine_core::api::InstallRequest::new(source, None);
+    if let Reply::Error { error, message } = request(&Request::InstallPack(install)).await {
+        set_text("setup-error", &i18n::error_text(&error, message.as_ref()));
+        set_visible("setup-error", true);
+    }
+}
+
+/// Wires Pause, Resume and Cancel of `#download`; `after` runs once the service worker answered.
+pub fn wire_download_controls(after: impl Fn() + Clone + 'static) {
+    for (id, action) in [
+        ("pause", Request::PausePack {}),
+        ("resume", Request::ResumePack {}),
+        ("cancel-download", Request::CancelPack {}),
+    ] {
+        let after = after.clone();
+        view::on(id, "click", move |_| {
+            let (action, after) = (action.clone(), after.clone());
+            wasm_bindgen_futures::spawn_local(async move {
+                if let Reply::Error { error, message } = request(&action).await {
+                    set_text("download-error", &i18n::error_text(&error, message.as_ref()));
+                    set_visible("download-error", true);
+                }
+                after();
+            });
+        });
+    }
+}
+
+/// The download in place: a bar (`role=progressbar` with `aria-valuenow`), done and total, rate, time
+/// left, the controls that apply, the files; hidden when there is none.
+pub fn show_download(progress: Option<&DownloadProgress>) {
+    set_visible("download", progress.is_some());
+    let Some(p) = progress else { return };
+    // A download started on another page: the setup shows it in place of its Download button.
+    if has("setup") {
+        set_visible("setup", true);
+        set_visible("install-form", false);
+    }
+    let running = p.state.is_active();
+    // While the new pack is put in place there is nothing left to pause.
+    set_visible("pause", running && p.state != DownloadState::Installing);
+    set_visible("resume", !running);
+    let state = match p.state {
+        DownloadState::Checking => "popupStateChecking",
+        DownloadState::Downloading => "popupStateDownloading",
+        DownloadState::Converting => "popupStateConverting",
+        DownloadState::Installing => "popupStateInstalling",
+        DownloadState::Paused => "popupStatePaused",
+        DownloadState::Failed => "popupStateStopped",
+    };
+    let done =
+        t_args("popupDownloadDone", &[&t(state), &format_bytes(p.done_bytes), &format_bytes(p.total_bytes)]);
+    set_text("download-done", &done);
+    let percent = p.done_bytes.saturating_mul(100).checked_div(p.total_bytes).unwrap_or(0).min(100);
+    let bar = view::element::<HtmlElement>("download-bar");
+    let _ = bar.set_attribute("aria-valuenow", &percent.to_string());
+    let _ = bar.set_attribute("aria-valuetext", &done);
+    if let Ok(Some(fill)) = bar.query_selector(".fill") {
+        let _ = fill.set_attribute("style", &format!("width: {percent}%"));
+    }
+    let rate = if running && p.bytes_per_second > 0.0 {
+        format!("{}/s", format_bytes(p.bytes_per_second as u64))
+    } else {
+        String::new()
+    };
+    set_text("download-rate", &rate);
+    set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
+    let error = p.error.as_deref().map(|error| i18n::error_text(error, p.message.as_ref()));
+    set_text("download-error", error.as_deref().unwrap_or_default());
+    set_visible("download-error", error.is_some());
+    let list = view::element::<HtmlElement>("download-files");
+    list.set_text_content(None);
+    for file in &p.files {
+        let Ok(item) = document().create_element("li") else { continue };
+        let mark = if file.verified { " \u{2713}" } else { "" };
+        let text = t_args(
+            "popupDownloadDone",
+            &[&file.path, &format_bytes(file.done_bytes), &format_bytes(file.size)],
+        );
+        item.set_text_content(Some(&format!("{text}{mark}")));
+        let _ = list.append_child(&item);
+    }
+}
+
+/// "about 3 min left" and the like.
+pub fn describe_time_left(seconds: f64) -> String {
+    match seconds.round() as u64 {
+        s if s < 90 => t_args("popupSecondsLeft", &[&s.to_string()]),
+        s if s < 90 * 60 => t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
+        s => t_args("popupHoursLeft", &[&format!("{:.1}", s as f64 / 3600.0)]),
+    }
+}

@@ -1,0 +1,92 @@
+// The screenshots of README.md and docs/, made from the extension itself (the fake Hub and the tiny
+// fixture pack): the first run (the studio's guided setup), a download in progress, a result, the
+// gallery and the options page, each in the light and the dark theme, 800 pixels wide.
+//
+//   IMAGINE_SCREENSHOTS=docs/screenshots node --test tests/e2e/pages/screenshots.test.mjs
+//
+// makes the committed ones again; without it they go to tests/e2e/out/screenshots/. The test checks that
+// every one was made, at its size, not what is in it: pixels differ with the Chromium version.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+
+const DIR = process.env.IMAGINE_SCREENSHOTS ? path.resolve(process.env.IMAGINE_SCREENSHOTS) : path.join(h.OUT, 'screenshots');
+const VIEWPORT = { width: 800, height: 900 };
+export const SHOTS = ['first-run', 'download', 'result', 'gallery', 'options'];
+
+async function shoot(page, name) {
+  fs.mkdirSync(DIR, { recursive: true });
+  for (const scheme of ['light', 'dark']) {
+    await page.emulateMedia({ colorScheme: scheme });
+    await h.sleep(200);
+    await page.screenshot({ path: path.join(DIR, `${name}-${scheme}.png`) });
+  }
+  await page.emulateMedia({ colorScheme: null });
+}
+
+async function open(b, file) {
+  const page = await b.context.newPage();
+  await page.setViewportSize(VIEWPORT);
+  await page.goto(h.extensionUrl(b.extensionId, file));
+  return page;
+}
+
+/** Width and height from a PNG's IHDR. */
+function pngSize(file) {
+  const bytes = fs.readFileSync(file);
+  assert.equal(bytes.subarray(1, 4).toString(), 'PNG', file);
+  return { width: bytes.readUInt32BE(16), height: bytes.readUInt32BE(20) };
+}
+
+test('the screenshots of README.md and docs/ are made, light and dark', { timeout: 600_000 }, async (t) => {
+  for (const name of SHOTS) for (const scheme of ['light', 'dark']) fs.rmSync(path.join(DIR, `${name}-${scheme}.png`), { force: true });
+  const b = await h.setupPadded(t, { args: ['--lang=en'] });
+  b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 1 << 20 });
+  await b.page.evaluate(([endpoint, repo]) => chrome.storage.local.set({ 'imagine.source': { endpoint, repo, revision: 'main' } }), [b.hub.url, b.repo]);
+
+  const studio = await open(b, 'studio.html');
+  await studio.waitForSelector('#setup', { state: 'visible', timeout: 15_000 });
+  await studio.waitForFunction(() => document.querySelector('#device-verdict').textContent.length > 0);
+  await shoot(studio, 'first-run');
+
+  await studio.click('#install');
+  await studio.waitForFunction(() => Number(document.querySelector('#download-bar').getAttribute('aria-valuenow')) >= 20, null, { timeout: 60_000 });
+  await studio.waitForFunction(() => /\d/.test(document.querySelector('#download-eta').textContent));
+  await shoot(studio, 'download');
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page);
+
+  await studio.waitForSelector('#setup', { state: 'hidden', timeout: 15_000 });
+  await studio.fill('#prompt', 'a lighthouse on a cliff at dusk, oil painting');
+  await studio.fill('#steps', '2');
+  // Small: the fixture's image is noise, which PNG does not compress.
+  await studio.fill('#width', '256');
+  await studio.fill('#height', '256');
+  await studio.click('#generate');
+  await studio.waitForSelector('#result', { state: 'visible', timeout: h.GENERATION_TIMEOUT_MS });
+  await studio.waitForFunction(() => document.querySelector('#image').naturalWidth > 0);
+  await h.sleep(500); // the studio scrolls the result into view once decoded
+  await shoot(studio, 'result');
+
+  for (const [prompt, seed] of [['a red boat in a harbour', '11'], ['a forest path in autumn', '12']]) {
+    await h.generateOk(b.page, { prompt, width: 256, height: 256, steps: 1, seed });
+  }
+  const gallery = await open(b, 'gallery.html');
+  await gallery.waitForFunction(() => document.querySelectorAll('#grid img').length >= 3, null, { timeout: 30_000 });
+  await gallery.waitForFunction(() => [...document.querySelectorAll('#grid img')].every((i) => i.complete && i.naturalWidth > 0));
+  await shoot(gallery, 'gallery');
+
+  const options = await open(b, 'options.html');
+  await options.waitForSelector('#delete-pack', { state: 'visible', timeout: 15_000 });
+  await options.waitForFunction(() => document.querySelector('#device-verdict').textContent.length > 0);
+  await options.evaluate(() => document.querySelector('#model-heading').scrollIntoView());
+  await shoot(options, 'options');
+
+  for (const name of SHOTS) {
+    for (const scheme of ['light', 'dark']) {
+      assert.deepEqual(pngSize(path.join(DIR, `${name}-${scheme}.png`)), VIEWPORT, `${name}-${scheme}`);
+    }
+  }
+});
