@@ -7,7 +7,7 @@
 //! runs); before that, the published pack's measured figures, said as "about".
 
 use crate::api::PackPlan;
-use crate::message::{arg, Arg, Message};
+use crate::message::{arg, number, Arg, Message};
 
 /// The published pack's download at the commit measured in BENCHMARKS.md (2.20 + 4.14 + 0.20 GB).
 pub const PUBLISHED_PACK_BYTES: u64 = 6_530_000_000;
@@ -143,9 +143,9 @@ impl Verdict {
     fn size(&self, sign: &str, bytes: u64) -> Arg {
         let size = format!("{sign}{}", gigabytes(bytes));
         if self.figures.planned {
-            arg(size)
+            number(size)
         } else {
-            Arg::Message(Message::new("verdictAbout", [arg(size)]))
+            Arg::Message(Message::new("verdictAbout", [number(size)]))
         }
     }
 }
@@ -176,7 +176,7 @@ mod tests {
     }
 
     fn about(size: &str) -> Arg {
-        Arg::Message(Message::new("verdictAbout", [arg(size)]))
+        Arg::Message(Message::new("verdictAbout", [number(size)]))
     }
 
     #[test]
@@ -186,8 +186,8 @@ mod tests {
             PackFigures::from_plan(&plan(6_530_000_000, Some(892_370_085))),
         );
         assert_eq!(v.runs, Runs::Converted { extra_bytes: 892_370_085 });
-        assert_eq!(v.summary(), Message::new("verdictConverted", [arg("+0.9 GB")]));
-        assert_eq!(v.download(), Message::new("verdictDownload", [arg("6.5 GB")]));
+        assert_eq!(v.summary(), Message::new("verdictConverted", [number("+0.9 GB")]));
+        assert_eq!(v.download(), Message::new("verdictDownload", [number("6.5 GB")]));
         assert_eq!(v.warning(), None);
         assert!(v.can_run());
     }

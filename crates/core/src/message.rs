@@ -18,8 +18,8 @@ pub struct Message {
     pub args: Vec<Arg>,
 }
 
-/// One argument: text shown as it is (a file name, a number, what a browser API said), or a message
-/// of its own (the cause inside a wrapping error), itself localized.
+/// One argument: text shown as it is (a file name, a count, what a browser API said), a message of
+/// its own (the cause inside a wrapping error), itself localized, or a number with a fraction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Arg {
@@ -27,6 +27,12 @@ pub enum Arg {
     Text(String),
     /// Localized in turn.
     Message(Message),
+    /// A number written in English ("6.5 GB", "+0.9 GB"): a page writes its decimal point as its
+    /// language does ("6,5 GB" in German).
+    Number {
+        /// The text, with a `.` before the fraction.
+        number: String,
+    },
 }
 
 /// The key of [`Message::text`]: its one argument is the whole text, not translated.
@@ -51,7 +57,7 @@ impl Message {
             .args
             .iter()
             .map(|a| match a {
-                Arg::Text(text) => Some(text.clone()),
+                Arg::Text(text) | Arg::Number { number: text } => Some(text.clone()),
                 Arg::Message(m) => m.render(lookup),
             })
             .collect::<Option<Vec<_>>>()?;
@@ -89,6 +95,12 @@ impl Message {
 /// A text argument.
 pub fn arg(value: impl fmt::Display) -> Arg {
     Arg::Text(value.to_string())
+}
+
+/// A number argument ([`Arg::Number`]): `value` written in English, its decimal point localized by the
+/// page.
+pub fn number(value: impl fmt::Display) -> Arg {
+    Arg::Number { number: value.to_string() }
 }
 
 /// A nested message argument: the cause's own message.
@@ -160,5 +172,15 @@ mod tests {
         assert_eq!(json, r#"{"key":"outer","args":[{"key":"inner","args":["https://x"]},"6"]}"#);
         assert_eq!(serde_json::from_str::<Message>(&json).unwrap(), outer);
         assert_eq!(Message::new("missing", []).render(&lookup), None);
+    }
+
+    #[test]
+    fn a_number_renders_as_written_and_keeps_its_kind_through_json() {
+        let lookup = |_: &str| Some("$1 of $2".to_owned());
+        let m = Message::new("k", [number("6.5 GB"), arg("7")]);
+        assert_eq!(m.render(&lookup).unwrap(), "6.5 GB of 7");
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(json, r#"{"key":"k","args":[{"number":"6.5 GB"},"7"]}"#);
+        assert_eq!(serde_json::from_str::<Message>(&json).unwrap(), m);
     }
 }

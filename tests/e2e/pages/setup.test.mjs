@@ -15,6 +15,7 @@ const TEXT = {
   en: {
     converted: (extra) => `Your GPU lacks 16-bit floats: the model is converted once at download (${extra}) and runs in 32-bit.`,
     about: (size) => `about ${size}`,
+    number: (text) => text,
     software: 'This is a software renderer (SwiftShader), not a GPU: each image will be very slow (minutes).',
     intro: (size) => `Imagine makes images with FLUX.2 [klein] 4B on this device. The model is downloaded once (${size}); after that Imagine works offline.`,
     reason: 'Generate works once the model is downloaded.',
@@ -23,6 +24,8 @@ const TEXT = {
   de: {
     converted: (extra) => `Ihrer GPU fehlen 16-Bit-Gleitkommazahlen: Das Modell wird beim Download einmal umgewandelt (${extra}) und läuft mit 32 Bit.`,
     about: (size) => `etwa ${size}`,
+    // German writes a decimal comma.
+    number: (text) => text.replace('.', ','),
     software: 'Dies ist ein Software-Renderer (SwiftShader), keine GPU: Jedes Bild wird sehr langsam (Minuten).',
     intro: (size) => `Imagine erzeugt Bilder mit FLUX.2 [klein] 4B auf diesem Gerät. Das Modell wird einmalig heruntergeladen (${size}); danach funktioniert Imagine offline.`,
     reason: 'Erzeugen ist möglich, sobald das Modell heruntergeladen ist.',
@@ -101,7 +104,7 @@ for (const lang of ['en', 'de']) {
     const pages = { options: await open(b, 'options.html', { width: 900, height: 900 }), popup: b.page, studio: await open(b, 'studio.html') };
     await b.page.reload();
     // Before any plan: the published pack's figures, said as "about"; SwiftShader has no shader-f16.
-    const expected = { verdict: say.converted(say.about('+0.9 GB')), warning: say.software };
+    const expected = { verdict: say.converted(say.about(say.number('+0.9 GB'))), warning: say.software };
     for (const [name, page] of Object.entries(pages)) assert.deepEqual(await verdict(page), expected, name);
     // The raw limits behind a closed "Details", in readable units.
     const options = pages.options;
@@ -109,20 +112,20 @@ for (const lang of ['en', 'de']) {
     assert.equal(await options.evaluate(() => document.querySelector('#device-report').closest('details').open), false);
     assert.equal((await options.textContent('details:has(#device-report) > summary')).trim(), say.details);
     const limits = await options.$$eval('#device-report dt', (dts) => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
-    assert.match(limits.maxBufferSize, /^\d+(\.\d+)? (GB|MB)$/, JSON.stringify(limits));
+    assert.match(limits.maxBufferSize, lang === 'de' ? /^\d+(,\d+)? (GB|MB)$/ : /^\d+(\.\d+)? (GB|MB)$/, JSON.stringify(limits));
 
     // The popup asks for the size: every page then says this plan's extra disk, without "about".
     const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
     assert.ok(plan.conversion?.extraDiskBytes > 0, JSON.stringify(plan.conversion));
     await b.page.click('#check-size');
-    const planned = { verdict: say.converted(`+${gb(plan.conversion.extraDiskBytes)}`), warning: say.software };
+    const planned = { verdict: say.converted(say.number(`+${gb(plan.conversion.extraDiskBytes)}`)), warning: say.software };
     await b.page.waitForFunction((text) => document.querySelector('#device-verdict').textContent === text, planned.verdict, { timeout: 30_000 });
     for (const [name, page] of Object.entries(pages)) {
       if (page !== b.page) await page.reload();
       assert.deepEqual(await verdict(page), planned, name);
       await assertAxeBothThemes(page, name);
     }
-    assert.equal((await pages.studio.textContent('#setup-intro')).trim(), say.intro(gb(plan.totalBytes)));
+    assert.equal((await pages.studio.textContent('#setup-intro')).trim(), say.intro(say.number(gb(plan.totalBytes))));
   });
 
   test(`guided setup (${lang}): the studio downloads in place, every page follows with pause and cancel; Generate held back until installed`, { timeout: 300_000 }, async (t) => {
@@ -131,8 +134,8 @@ for (const lang of ['en', 'de']) {
     await saveSource(b.page, b.hub, b.repo);
     const studio = await open(b, 'studio.html');
     await studio.waitForSelector('#setup', { state: 'visible', timeout: 15_000 });
-    assert.equal((await studio.textContent('#setup-intro')).trim(), say.intro(say.about('6.5 GB')));
-    assert.deepEqual(await verdict(studio), { verdict: say.converted(say.about('+0.9 GB')), warning: say.software });
+    assert.equal((await studio.textContent('#setup-intro')).trim(), say.intro(say.about(say.number('6.5 GB'))));
+    assert.deepEqual(await verdict(studio), { verdict: say.converted(say.about(say.number('+0.9 GB'))), warning: say.software });
     assert.equal(await studio.getAttribute('#install', 'class'), 'primary');
     // "Download it" is no link to the popup opened as a tab any more.
     assert.equal(await studio.$('a[href*="popup.html"]'), null);

@@ -4,7 +4,7 @@ use thiserror::Error;
 
 use super::format_bytes;
 use super::SourceRule;
-use crate::message::{arg, cause, Localize, Message};
+use crate::message::{arg, cause, number, Localize, Message};
 use crate::pack::PackError;
 
 /// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
@@ -204,7 +204,7 @@ impl Localize for HubError {
             HubError::Pack(error) => error.message(),
             HubError::TooLargeToRead { file, size, cap } => Message::new(
                 "errHubTooLargeToRead",
-                [arg(file), arg(format_bytes(*size)), arg(format_bytes(*cap))],
+                [arg(file), number(format_bytes(*size)), number(format_bytes(*cap))],
             ),
             HubError::SubFolder { file, needed_by } => {
                 Message::new("errHubSubFolder", [arg(needed_by), arg(file)])
@@ -224,7 +224,7 @@ impl Localize for HubError {
             }
             HubError::Space { needed, free, quota } => Message::new(
                 "errHubSpace",
-                [arg(format_bytes(*needed)), arg(format_bytes(*free)), arg(format_bytes(*quota))],
+                [number(format_bytes(*needed)), number(format_bytes(*free)), number(format_bytes(*quota))],
             ),
         }
     }

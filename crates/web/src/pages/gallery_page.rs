@@ -11,7 +11,6 @@ use std::cell::RefCell;
 
 use imagine_core::api::{Event, GalleryListRequest, Reply, Request};
 use imagine_core::gallery::{self, GalleryItem, EXPORT_DIR, EXPORT_FILE, GALLERY_DIR};
-use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
@@ -168,9 +167,9 @@ async fn fetch_page(generation: u32, offset: i64) {
             "galleryUsage",
             &[
                 &i18n::count_images(page.count),
-                &format_bytes(page.bytes_used),
+                &i18n::bytes(page.bytes_used),
                 &i18n::count_images(limit.max_items),
-                &format_bytes(limit.max_bytes),
+                &i18n::bytes(limit.max_bytes),
             ],
         ),
     );
@@ -240,7 +239,7 @@ fn show_params(item: &GalleryItem) {
         (t("steps"), item.steps.to_string()),
         (t("schedule"), crate::pages::view::schedule_name(&item.schedule)),
         (t("galleryCreated"), String::from(created)),
-        (t("galleryFileSize"), format_bytes(item.bytes)),
+        (t("galleryFileSize"), i18n::bytes(item.bytes)),
     ];
     if let Some(timings) = &item.timings {
         rows.push((t("galleryTime"), format!("{:.1} s", timings.total_ms / 1000.0)));
@@ -391,7 +390,7 @@ async fn export() {
     }
     set_text(
         "usage",
-        &t_args("galleryExported", &[&i18n::count_images(images), &format_bytes(bytes.len() as u64)]),
+        &t_args("galleryExported", &[&i18n::count_images(images), &i18n::bytes(bytes.len() as u64)]),
     );
     STATE.with_borrow_mut(|s| s.urls.push(url));
 }

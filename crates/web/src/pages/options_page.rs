@@ -8,7 +8,6 @@ use imagine_core::api::{
     Request, Stage,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
-use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
@@ -189,7 +188,7 @@ async fn save_limit() {
     let text = match request(&Request::GalleryLimit(limit)).await {
         Reply::GalleryLimit(limit) => t_args(
             "optionsLimitSaved",
-            &[&i18n::count_images(limit.max_items), &format_bytes(limit.max_bytes)],
+            &[&i18n::count_images(limit.max_items), &i18n::bytes(limit.max_bytes)],
         ),
         Reply::Error { error, message } => i18n::error_text(&error, message.as_ref()),
         other => format!("{other:?}"),
@@ -237,11 +236,11 @@ async fn refresh_model() {
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
-        t_args("optionsModelInstalled", &[repo, &commit[..commit.len().min(7)], &format_bytes(status.bytes)])
+        t_args("optionsModelInstalled", &[repo, &commit[..commit.len().min(7)], &i18n::bytes(status.bytes)])
     } else if let Some(download) = &status.download {
         t_args(
             "optionsModelDownloading",
-            &[&format_bytes(download.done_bytes), &format_bytes(download.total_bytes)],
+            &[&i18n::bytes(download.done_bytes), &i18n::bytes(download.total_bytes)],
         )
     } else {
         t("optionsModelNone")
@@ -251,7 +250,7 @@ async fn refresh_model() {
         "storage-status",
         &t_args(
             "optionsStorage",
-            &[&format_bytes(status.storage.usage_bytes), &format_bytes(status.storage.quota_bytes)],
+            &[&i18n::bytes(status.storage.usage_bytes), &i18n::bytes(status.storage.quota_bytes)],
         ),
     );
     set_visible("delete-pack", status.installed);
@@ -272,10 +271,7 @@ async fn device_report() {
     if let Ok(storage) = opfs::storage_use().await {
         extra.push((
             t("optionsQuota"),
-            t_args(
-                "optionsStorage",
-                &[&format_bytes(storage.usage_bytes), &format_bytes(storage.quota_bytes)],
-            ),
+            t_args("optionsStorage", &[&i18n::bytes(storage.usage_bytes), &i18n::bytes(storage.quota_bytes)]),
         ));
     }
     setup::show_device_details(extra).await;

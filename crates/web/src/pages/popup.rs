@@ -3,7 +3,6 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{Event, GenerateRequest, Reply, Request, Seed};
-use imagine_core::hub::format_bytes;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
@@ -101,7 +100,7 @@ async fn refresh_pack() {
     let status = setup::pack_status().await;
     let text = if status.installed {
         let commit = status.commit.as_deref().unwrap_or_default();
-        i18n::t_args("popupModelInstalled", &[&format_bytes(status.bytes), &commit[..commit.len().min(7)]])
+        i18n::t_args("popupModelInstalled", &[&i18n::bytes(status.bytes), &commit[..commit.len().min(7)]])
     } else if status.download.is_some() {
         i18n::t("popupDownloadingModel")
     } else {
@@ -112,7 +111,7 @@ async fn refresh_pack() {
         "storage-used",
         &i18n::t_args(
             "popupStorageUsed",
-            &[&format_bytes(status.storage.usage_bytes), &format_bytes(status.storage.quota_bytes)],
+            &[&i18n::bytes(status.storage.usage_bytes), &i18n::bytes(status.storage.quota_bytes)],
         ),
     );
     set_visible("delete-pack", status.installed);
@@ -128,7 +127,7 @@ async fn show_plan() {
         Reply::PackPlan(plan) => {
             setup::remember_plan(&plan).await;
             setup::show_verdict(&source).await;
-            i18n::t_args("popupPlan", &[&format_bytes(plan.total_bytes), &plan.files.len().to_string()])
+            i18n::t_args("popupPlan", &[&i18n::bytes(plan.total_bytes), &plan.files.len().to_string()])
         }
         Reply::Error { error, message } => {
             i18n::t_args("popupCheckFailed", &[&i18n::error_text(&error, message.as_ref())])

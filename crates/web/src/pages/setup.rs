@@ -11,7 +11,6 @@ use std::cell::RefCell;
 
 use imagine_core::api::{DownloadProgress, DownloadState, PackPlan, PackSource, PackStatus, Reply, Request};
 use imagine_core::device_verdict::{PackFigures, Verdict};
-use imagine_core::hub::format_bytes;
 use wasm_bindgen::JsCast;
 use web_sys::HtmlElement;
 
@@ -113,10 +112,10 @@ pub async fn device_details() -> Vec<(String, String)> {
             rows.push((t("optionsPowerPreference"), preference));
             let f16 = if report.shader_f16 { t("optionsYes") } else { t("optionsNo") };
             rows.push(("shader-f16".into(), f16));
-            rows.push(("maxBufferSize".into(), format_bytes(report.max_buffer_size)));
+            rows.push(("maxBufferSize".into(), i18n::bytes(report.max_buffer_size)));
             rows.push((
                 "maxStorageBufferBindingSize".into(),
-                format_bytes(report.max_storage_buffer_binding_size),
+                i18n::bytes(report.max_storage_buffer_binding_size),
             ));
             if !report.shader_f16 {
                 rows.push((t("deviceHint"), t("verdictNvidiaHint")));
@@ -245,7 +244,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         DownloadState::Failed => "popupStateStopped",
     };
     let done =
-        t_args("popupDownloadDone", &[&t(state), &format_bytes(p.done_bytes), &format_bytes(p.total_bytes)]);
+        t_args("popupDownloadDone", &[&t(state), &i18n::bytes(p.done_bytes), &i18n::bytes(p.total_bytes)]);
     set_text("download-done", &done);
     let percent = p.done_bytes.saturating_mul(100).checked_div(p.total_bytes).unwrap_or(0).min(100);
     let bar = view::element::<HtmlElement>("download-bar");
@@ -255,7 +254,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         let _ = fill.set_attribute("style", &format!("width: {percent}%"));
     }
     let rate = if running && p.bytes_per_second > 0.0 {
-        format!("{}/s", format_bytes(p.bytes_per_second as u64))
+        format!("{}/s", i18n::bytes(p.bytes_per_second as u64))
     } else {
         String::new()
     };
@@ -271,7 +270,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         let mark = if file.verified { " \u{2713}" } else { "" };
         let text = t_args(
             "popupDownloadDone",
-            &[&file.path, &format_bytes(file.done_bytes), &format_bytes(file.size)],
+            &[&file.path, &i18n::bytes(file.done_bytes), &i18n::bytes(file.size)],
         );
         item.set_text_content(Some(&format!("{text}{mark}")));
         let _ = list.append_child(&item);
@@ -283,6 +282,6 @@ pub fn describe_time_left(seconds: f64) -> String {
     match seconds.round() as u64 {
         s if s < 90 => t_args("popupSecondsLeft", &[&s.to_string()]),
         s if s < 90 * 60 => t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
-        s => t_args("popupHoursLeft", &[&format!("{:.1}", s as f64 / 3600.0)]),
+        s => t_args("popupHoursLeft", &[&i18n::number(&format!("{:.1}", s as f64 / 3600.0))]),
     }
 }

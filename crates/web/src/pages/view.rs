@@ -105,7 +105,7 @@ pub fn confirm_delete_model(delete: impl Fn() + 'static) {
 /// installed one holds), in the units the pages show sizes in.
 pub fn set_delete_model_question(status: &imagine_core::api::PackStatus) {
     let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
-    let size = imagine_core::hub::format_bytes(status.bytes);
+    let size = i18n::bytes(status.bytes);
     set_text("delete-confirm-text", &i18n::t_args("deleteModelQuestion", &[repo, &size]));
 }
 

@@ -15,9 +15,6 @@ use wasm_bindgen::JsCast;
 extern "C" {
     #[wasm_bindgen(js_namespace = ["chrome", "i18n"], js_name = getMessage)]
     fn get_message(name: &str, substitutions: &JsValue) -> String;
-
-    #[wasm_bindgen(js_namespace = ["chrome", "i18n"], js_name = getUILanguage)]
-    fn get_ui_language() -> String;
 }
 
 /// The message `key` in the browser's language (English where that language has no file).
@@ -31,6 +28,23 @@ pub fn count_images(count: impl Into<u64>) -> String {
         1 => t("countImageOne"),
         n => t_args("countImages", &[&n.to_string()]),
     }
+}
+
+/// `text`, a number written in English ("6.5 GB"), with its decimal point as the browser's language
+/// writes it ("6,5 GB" in German).
+pub fn number(text: &str) -> String {
+    // From the messages, not `getUILanguage`: Chrome may show one language's messages while it reports
+    // another (headless with `--lang`).
+    match t("numberDecimalPoint").as_str() {
+        "." | "numberDecimalPoint" => text.to_owned(),
+        point => text.replacen('.', point, 1),
+    }
+}
+
+/// A size in bytes as the pages show them ([`imagine_core::hub::format_bytes`], in the page's
+/// language's decimal point).
+pub fn bytes(bytes: u64) -> String {
+    number(&imagine_core::hub::format_bytes(bytes))
 }
 
 /// The message `key` with `$1`, `$2`, ... replaced by `args`.
@@ -54,6 +68,7 @@ pub fn message(message: &Message) -> Option<String> {
         .iter()
         .map(|a| match a {
             Arg::Text(text) => Some(text.clone()),
+            Arg::Number { number } => Some(self::number(number)),
             Arg::Message(m) => self::message(m),
         })
         .collect::<Option<Vec<String>>>()?;
@@ -78,11 +93,12 @@ const ATTRIBUTES: [(&str, &str); 3] = [
     ("data-i18n-aria-label", "aria-label"),
 ];
 
-/// Fills every marked element of the current page and sets `<html lang>` to the UI language.
+/// Fills every marked element of the current page and sets `<html lang>` to the language of its
+/// messages.
 pub fn localize_page() {
     let Some(document) = web_sys::window().and_then(|w| w.document()) else { return };
     if let Some(html) = document.document_element() {
-        let _ = html.set_attribute("lang", &get_ui_language());
+        let _ = html.set_attribute("lang", &t("pageLanguage"));
     }
     for_each(&document, "[data-i18n]", |element| {
         if let Some(key) = element.get_attribute("data-i18n") {
