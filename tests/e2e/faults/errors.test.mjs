@@ -118,25 +118,40 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.deepEqual(long.message, { key: 'errParamPrompt', args: ['20001', '20000'] });
 
   const germanSteps = '99 Schritte sind nicht erlaubt: die Schrittzahl muss eine ganze Zahl von 1 bis 50 sein';
-  const shownError = async (page) => {
-    await page.waitForSelector('#error:not([hidden])', { timeout: 30_000 });
-    return (await page.textContent('#error')).trim();
+  // A number of steps not allowed is refused by the core's validation in the page itself, at its field.
+  const fieldError = async (page, field) => {
+    await page.waitForSelector(`#${field}-error:not([hidden])`, { timeout: 30_000 });
+    assert.equal(await page.getAttribute(`#${field}`, 'aria-invalid'), 'true');
+    assert.equal(await page.evaluate(() => document.activeElement.id), field);
+    return (await page.textContent(`#${field}-error .message`)).trim();
   };
-  // The popup (its prompt shows once a pack is installed): refused by the service worker.
+  // The popup (its prompt shows once a pack is installed).
   await b.page.reload();
   await b.page.fill('#prompt', 'eine Katze');
   await b.page.click('summary[data-i18n="options"]');
   await b.page.fill('#steps', '99');
   await b.page.click('#generate');
-  assert.equal(await shownError(b.page), germanSteps);
-
-  // The studio: refused by the core's validation in the page itself.
+  assert.equal(await fieldError(b.page, 'steps'), germanSteps);
+  // The studio: the same, and a seed that is not a number at its own field.
   const studio = await b.context.newPage();
   await studio.goto(h.extensionUrl(b.extensionId, 'studio.html'));
   await studio.fill('#prompt', 'eine Katze');
   await studio.fill('#steps', '99');
   await studio.click('#generate');
-  assert.equal(await shownError(studio), germanSteps);
+  assert.equal(await fieldError(studio, 'steps'), germanSteps);
+  await studio.fill('#steps', '4');
+  await studio.check('#seed-fixed');
+  await studio.fill('#seed', 'abc');
+  await studio.click('#generate');
+  assert.equal(await fieldError(studio, 'seed'), 'Seed "abc" ist nicht erlaubt: Verwenden Sie eine ganze Zahl von 0 bis 18446744073709551615 oder lassen Sie das Feld für einen zufälligen leer.');
+  assert.equal(await studio.isHidden('#steps-error'), true);
+  // The service worker's own refusal, in German too: the model deleted while the studio is open.
+  await studio.fill('#seed', '7');
+  await h.api(b.page, { type: 'deletePack' });
+  await studio.click('#generate');
+  await studio.waitForSelector('#error:not([hidden])', { timeout: 30_000 });
+  assert.equal((await studio.textContent('#error')).trim(), await studio.evaluate(() => chrome.i18n.getMessage('errSwNoPack')));
+  assert.match(await studio.textContent('#error'), /^das Modell ist noch nicht installiert/);
   await studio.close();
 
   // The options page: a refused source, checked by the core in the page, with the rule it breaks.

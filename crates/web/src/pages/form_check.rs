@@ -1,13 +1,16 @@
 //! Checking the studio's and the popup's generate form before a request is sent: an empty prompt, a
-//! prompt too long or a size that is not allowed is shown at its control (`aria-invalid`, a message
-//! tied to it by `aria-describedby`, focus moved to it), in the page's language, and no job is started.
-//! A size that is not allowed comes with buttons that put the nearest allowed ones in its place. Any
-//! other problem (steps, seed) is the page's general error, as the service worker would say it.
+//! prompt too long, a size, a number of steps or a seed that is not allowed is shown at its control
+//! (`aria-invalid`, a message tied to it by `aria-describedby`, focus moved to it), in the page's
+//! language, and no job is started. A size that is not allowed comes with buttons that put the nearest
+//! allowed ones in its place. Any other problem (a page's own setting such as the schedule) is the
+//! page's general error, as the service worker would say it.
 //!
 //! Each checked control `#id` has a message element `#id-error` (hidden while the control is valid)
 //! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`.
 
 use imagine_core::api::GenerateRequest;
+#[cfg(test)]
+use imagine_core::api::Seed;
 use imagine_core::params::{nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MIN_SIZE, SIZE_MULTIPLE};
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
@@ -16,7 +19,7 @@ use crate::pages::view::{child, document, element, on, on_item_click};
 use crate::platform::i18n;
 
 /// The controls checked, by id: the same in the studio and the popup.
-pub const FIELDS: [&str; 3] = ["prompt", "width", "height"];
+pub const FIELDS: [&str; 5] = ["prompt", "width", "height", "steps", "seed"];
 
 /// Why the form cannot be sent.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,7 +33,7 @@ pub enum Problem {
         /// What the core's validation said.
         error: ParamError,
     },
-    /// Anything else: the page's general error (steps, seed, a page's own setting such as the schedule).
+    /// Anything else: the page's general error (a page's own setting such as the schedule).
     Other(ParamError),
 }
 
@@ -43,6 +46,8 @@ pub fn check(request: &GenerateRequest) -> Result<GenerateParams, Problem> {
         let field = match &error {
             ParamError::Size { field, .. } => *field,
             ParamError::Prompt { .. } => "prompt",
+            ParamError::Steps { .. } => "steps",
+            ParamError::Seed { .. } => "seed",
             _ => return Problem::Other(error),
         };
         Problem::Field { field, error }
@@ -100,6 +105,7 @@ pub fn show(problem: &Problem) -> Option<String> {
             "fieldSizeInvalid",
             &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
         ),
+        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value, &u64::MAX.to_string()]),
         Some(other) => i18n::error(other),
     };
     let sizes = match error {
@@ -178,7 +184,9 @@ mod tests {
             Err(Problem::Field { field: "width", error: ParamError::Size { field: "width", value: 500 } })
         );
         let steps = GenerateRequest { steps: Some(0), ..form("a cat", 512) };
-        assert!(matches!(check(&steps), Err(Problem::Other(ParamError::Steps { value: 0 }))));
+        assert!(matches!(check(&steps), Err(Problem::Field { field: "steps", .. })));
+        let seed = GenerateRequest { seed: Some(Seed::Text("x".into())), ..form("a cat", 512) };
+        assert!(matches!(check(&seed), Err(Problem::Field { field: "seed", .. })));
         let schedule = GenerateRequest { schedule: Some("x".into()), ..form("a cat", 512) };
         assert!(matches!(check(&schedule), Err(Problem::Other(_))));
         assert_eq!(check(&form("a cat", 496)).map(|p| p.width), Ok(496));
