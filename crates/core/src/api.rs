@@ -332,6 +332,10 @@ pub struct PackStatus {
     pub commit: Option<String>,
     /// Bytes of the installed pack.
     pub bytes: u64,
+    /// Bytes its float32 conversion added on disk, when it was converted (an adapter without
+    /// `shader-f16`).
+    #[serde(default)]
+    pub converted_bytes: Option<u64>,
     pub storage: StorageUse,
     /// A download that is running, paused or failed (resumable), if any.
     pub download: Option<DownloadProgress>,

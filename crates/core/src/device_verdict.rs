@@ -60,6 +60,12 @@ impl PackFigures {
         }
     }
 
+    /// The figures of the installed pack: its size and what its float32 conversion added, if it was
+    /// converted.
+    pub fn installed(bytes: u64, converted_bytes: Option<u64>) -> PackFigures {
+        PackFigures { download_bytes: bytes, f32_extra_bytes: converted_bytes, planned: true }
+    }
+
     /// The figures of `plan`, as the service worker made it for this device (`conversion` present
     /// exactly when its GPU lacks `shader-f16` and the pack has float16 graphs).
     pub fn from_plan(plan: &PackPlan) -> PackFigures {
@@ -78,6 +84,8 @@ pub enum Runs {
     NoWebGpu,
     /// With `shader-f16` (or a pack without float16 graphs): as downloaded.
     AsPublished,
+    /// Without `shader-f16`, a pack without float16 graphs: nothing to convert.
+    NothingToConvert,
     /// Without `shader-f16`: converted once at download, `extra_bytes` more on disk.
     Converted {
         /// Bytes the conversion adds on disk.
@@ -105,7 +113,7 @@ impl Verdict {
             // A plan made on this very device knows whether the pack needs converting at all.
             Some(_) => match figures.f32_extra_bytes {
                 Some(extra_bytes) => Runs::Converted { extra_bytes },
-                None if figures.planned => Runs::AsPublished,
+                None if figures.planned => Runs::NothingToConvert,
                 None => Runs::Converted { extra_bytes: PUBLISHED_F32_EXTRA_BYTES },
             },
         };
@@ -122,6 +130,7 @@ impl Verdict {
         match self.runs {
             Runs::NoWebGpu => Message::new("verdictNoWebGpu", []),
             Runs::AsPublished => Message::new("verdictAsPublished", []),
+            Runs::NothingToConvert => Message::new("verdictNothingToConvert", []),
             Runs::Converted { extra_bytes } => {
                 Message::new("verdictConverted", [self.size("+", extra_bytes)])
             }
@@ -203,9 +212,16 @@ mod tests {
     fn with_shader_f16_or_a_pack_without_float16_it_runs_as_published() {
         let f16 = Verdict::new(Some(&adapter(true, None)), PackFigures::published());
         assert_eq!(f16.summary(), Message::new("verdictAsPublished", []));
-        // A plan made here without a conversion: the pack has no float16 graph to convert.
-        let float32_pack = Verdict::new(Some(&adapter(false, None)), PackFigures::from_plan(&plan(10, None)));
-        assert_eq!(float32_pack.runs, Runs::AsPublished);
+        // A plan made here without a conversion, or a pack installed without one: the pack has no
+        // float16 graph to convert.
+        for figures in [PackFigures::from_plan(&plan(10, None)), PackFigures::installed(10, None)] {
+            let float32_pack = Verdict::new(Some(&adapter(false, None)), figures);
+            assert_eq!(float32_pack.runs, Runs::NothingToConvert);
+            assert_eq!(float32_pack.summary(), Message::new("verdictNothingToConvert", []));
+        }
+        let converted =
+            Verdict::new(Some(&adapter(false, None)), PackFigures::installed(10, Some(900_000_000)));
+        assert_eq!(converted.summary(), Message::new("verdictConverted", [number("+0.9 GB")]));
     }
 
     #[test]

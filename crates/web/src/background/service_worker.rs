@@ -519,6 +519,7 @@ async fn pack_status() -> PackStatus {
     PackStatus {
         installed: record.is_some(),
         bytes: record.as_ref().map_or(0, |r| r.bytes),
+        converted_bytes: record.as_ref().and_then(|r| r.conversion.as_ref()).map(|c| c.bytes),
         commit: record.as_ref().map(|r| r.commit.clone()),
         source: record.map(|r| r.source),
         storage: opfs::storage_use().await.unwrap_or_default(),

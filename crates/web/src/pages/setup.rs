@@ -39,10 +39,15 @@ pub async fn device() -> Result<DeviceReport, String> {
     report
 }
 
-/// The verdict for this device and the pack from `source`: with the sizes of the plan made for it
-/// (kept for the browser session by whichever page asked), else the published pack's.
+/// The verdict for this device and the pack from `source`: with the installed pack's sizes when it
+/// came from there, else those of the plan made for it (kept for the browser session by whichever page
+/// asked), else the published pack's.
 pub async fn verdict(source: &PackSource) -> Verdict {
+    let status = pack_status().await;
     let figures = match storage::PLAN.get().await {
+        _ if status.installed && status.source.as_ref() == Some(source) => {
+            PackFigures::installed(status.bytes, status.converted_bytes)
+        }
         Some(plan) if plan.source == *source => PackFigures::from_plan(&plan),
         _ => PackFigures::published(),
     };
