@@ -175,6 +175,13 @@ impl GenerateParams {
     pub fn keeps_buffers(&self, graph: Graph) -> bool {
         self.keep_buffers && graph != Graph::TextEncoder
     }
+
+    /// Whether `graph`'s attention is fused ([`GenerateParams::fuse_attention`]): the transformer's
+    /// only. The decoder's one attention (a single head over every latent pixel) makes ONNX Runtime's
+    /// `MultiHeadAttention` overflow a tensor size at 1024x1024.
+    pub fn fuses_attention(&self, graph: Graph) -> bool {
+        self.fuse_attention && graph == Graph::Transformer
+    }
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.
@@ -620,7 +627,9 @@ mod tests {
         assert!(!large.keeps_buffers(Graph::TextEncoder));
         assert!(req(r#"{"keepBuffers":true}"#).validate(0).unwrap().keep_buffers);
         assert!(!req("{}").validate(0).unwrap().fuse_attention);
-        assert!(req(r#"{"fuseAttention":true}"#).validate(0).unwrap().fuse_attention);
+        let fused = req(r#"{"fuseAttention":true}"#).validate(0).unwrap();
+        assert!(fused.fuses_attention(Graph::Transformer));
+        assert!(!fused.fuses_attention(Graph::Decoder) && !fused.fuses_attention(Graph::TextEncoder));
         assert!(!req("{}").validate(0).unwrap().private);
         assert!(req(r#"{"private":true}"#).validate(0).unwrap().private);
         assert_eq!(

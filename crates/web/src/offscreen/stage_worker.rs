@@ -208,7 +208,7 @@ struct Stage {
     accuracy_level: Option<u8>,
     /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keeps_buffers`).
     keep_buffers: bool,
-    /// Its attention was fused into `MultiHeadAttention` where it could be (`imagine_core::attention`).
+    /// Its attention was fused into `MultiHeadAttention` where it could be (`GenerateParams::fuses_attention`).
     fuse_attention: bool,
     session: Session,
     inputs: Vec<TensorInfo>,
@@ -280,9 +280,7 @@ impl Stage {
                 if let Some(level) = params.accuracy_level {
                     bytes = matmul_blocks::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
                 }
-                // The transformer's only: the decoder's one attention (a single head over every latent
-                // pixel) overflows ONNX Runtime's MultiHeadAttention at 1024x1024.
-                if params.fuse_attention && graph == Graph::Transformer {
+                if params.fuses_attention(graph) {
                     (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
@@ -318,7 +316,7 @@ impl Stage {
             backend,
             accuracy_level: params.accuracy_level,
             keep_buffers: params.keeps_buffers(graph),
-            fuse_attention: params.fuse_attention,
+            fuse_attention: params.fuses_attention(graph),
             session,
             inputs,
             outputs,
@@ -330,7 +328,8 @@ impl Stage {
     }
 
     /// The session `kept` from this worker's last task, when it is of `graph` as `params` ask for it
-    /// (backend, accuracy level, buffer cache, attention) and they ask for no profile; else a new one ([`Stage::open`]).
+    /// (backend, accuracy level, buffer cache, attention) and they ask for no profile; else a new one
+    /// ([`Stage::open`]).
     async fn take(
         kept: &mut Option<Stage>,
         graph: Graph,
@@ -342,7 +341,7 @@ impl Stage {
                 && stage.backend == params.backend
                 && stage.accuracy_level == params.accuracy_level
                 && stage.keep_buffers == params.keeps_buffers(graph)
-                && stage.fuse_attention == params.fuse_attention
+                && stage.fuse_attention == params.fuses_attention(graph)
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
