@@ -307,12 +307,6 @@ pub struct ConversionCost {
     pub gpu_bytes: u64,
 }
 
-/// Bytes in GB (10^9), with one decimal; at least 0.1 GB for anything above zero.
-pub fn gigabytes(bytes: u64) -> String {
-    let tenths = bytes.div_ceil(100_000_000);
-    format!("{}.{} GB", tenths / 10, tenths % 10)
-}
-
 /// Bytes used and available to the extension (`navigator.storage.estimate`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -704,13 +698,8 @@ mod tests {
     }
 
     #[test]
-    fn the_conversion_cost_is_camel_case_and_sizes_read_in_gb() {
+    fn the_conversion_cost_is_camel_case() {
         let cost = ConversionCost { extra_disk_bytes: 1_234_567_890, gpu_bytes: 3_950_000_001 };
-        assert_eq!(
-            (gigabytes(cost.extra_disk_bytes), gigabytes(cost.gpu_bytes)),
-            ("1.3 GB".to_owned(), "4.0 GB".to_owned())
-        );
-        assert_eq!((gigabytes(5719), gigabytes(0)), ("0.1 GB".to_owned(), "0.0 GB".to_owned()));
         let json = serde_json::to_value(cost).unwrap();
         assert_eq!(
             json,
