@@ -41,7 +41,7 @@
 //!
 //! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers
 //! fused compute what they computed, each way of writing the key and the scale fuses, a mask or
-//! undeclared heads leave the graph as it was), the unit tests below, and in the browser
+//! undeclared heads leave the graph as it was), the unit tests in `f32_rewrite/tests.rs`, and in the browser
 //! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the
 //! graph's).
 

@@ -339,3 +339,15 @@ export function assertServed(hub, repo, { interruptions = 0, extra = {}, commit 
   if (problems.length) throw new Error(`served bytes:\n  ${problems.join('\n  ')}\n${JSON.stringify(rows, null, 1)}`);
   return rows;
 }
+
+/** Records the type of every message the page sends from now on (in `window.__sent`). */
+export async function recordSent(page) {
+  await page.evaluate(() => {
+    window.__sent = [];
+    const send = chrome.runtime.sendMessage.bind(chrome.runtime);
+    chrome.runtime.sendMessage = (message, ...rest) => {
+      window.__sent.push(message?.type);
+      return send(message, ...rest);
+    };
+  });
+}

@@ -66,18 +66,6 @@ async function saveSource(page, hub, repo) {
   await page.evaluate(([endpoint, repo]) => chrome.storage.local.set({ 'imagine.source': { endpoint, repo, revision: 'main' } }), [hub.url, repo]);
 }
 
-/** Records the type of every message the page sends from now on. */
-async function recordSent(page) {
-  await page.evaluate(() => {
-    window.__sent = [];
-    const send = chrome.runtime.sendMessage.bind(chrome.runtime);
-    chrome.runtime.sendMessage = (message, ...rest) => {
-      window.__sent.push(message?.type);
-      return send(message, ...rest);
-    };
-  });
-}
-
 /** Generate is held back, focusable, its reason shown and tied to it; a click starts nothing. */
 async function assertGenerateHeld(page, reason) {
   await page.waitForSelector('#generate[aria-disabled="true"]', { timeout: 15_000 });
@@ -85,7 +73,7 @@ async function assertGenerateHeld(page, reason) {
   assert.ok((await page.getAttribute('#generate', 'aria-describedby')).split(/\s+/).includes('generate-reason'));
   assert.equal((await page.textContent('#generate-reason')).trim(), reason);
   assert.equal(await page.isVisible('#generate-reason'), true);
-  await recordSent(page);
+  await h.recordSent(page);
   await page.fill('#prompt', 'a red boat');
   // Reached and pressed by keyboard (Playwright's click waits for it to be enabled).
   await page.focus('#generate');

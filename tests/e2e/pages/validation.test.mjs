@@ -29,18 +29,6 @@ const TEXT = {
 /** API terms and English field names that no message shown to a German user may contain. */
 const API_TERMS = /\b(installPack|maxItems|maxBytes|keepLoaded|accuracyLevel|width|height|steps|generate)\b/;
 
-/** Records the type of every message the page sends from now on (a job starts only by one). */
-async function recordSent(page) {
-  await page.evaluate(() => {
-    window.__sent = [];
-    const send = chrome.runtime.sendMessage.bind(chrome.runtime);
-    chrome.runtime.sendMessage = (message, ...rest) => {
-      window.__sent.push(message?.type);
-      return send(message, ...rest);
-    };
-  });
-}
-
 async function openStudio(b) {
   const page = await b.context.newPage();
   await page.setViewportSize(PANEL);
@@ -93,7 +81,7 @@ for (const lang of ['en', 'de']) {
 
   test(`studio (${lang}): an empty prompt is marked at its field and starts no job`, { timeout: 120_000 }, async (t) => {
     const page = await openStudio(await setup(t));
-    await recordSent(page);
+    await h.recordSent(page);
     await page.fill('#prompt', '  \n\t ');
     await page.click('#generate');
     await assertMarked(page, 'prompt', say.empty);
@@ -107,7 +95,7 @@ for (const lang of ['en', 'de']) {
 
   test(`studio (${lang}): a size not allowed is marked at its field with the nearest allowed ones to apply; no job starts`, { timeout: 120_000 }, async (t) => {
     const page = await openStudio(await setup(t));
-    await recordSent(page);
+    await h.recordSent(page);
     await page.fill('#prompt', 'a small red boat');
     await checkSize(page, lang, 'width', 500, [496, 512]);
     assert.equal(await page.isChecked('#presets input[value="512x512"]'), true);
@@ -121,7 +109,7 @@ for (const lang of ['en', 'de']) {
     // Deleted elsewhere while the studio is open: a valid form is sent, and the service worker,
     // with no model installed, refuses it.
     await h.api(b.page, { type: 'deletePack' });
-    await recordSent(page);
+    await h.recordSent(page);
     await page.fill('#prompt', 'a small red boat');
     await page.click('#generate');
     await page.waitForSelector('#error:not([hidden])', { timeout: 10_000 });
@@ -140,7 +128,7 @@ for (const lang of ['en', 'de']) {
   test(`popup (${lang}): an empty prompt is marked at its field and starts no job`, { timeout: 120_000 }, async (t) => {
     const page = (await setup(t)).page;
     await page.waitForSelector('#delete-pack:not([hidden])'); // started: the form is filled
-    await recordSent(page);
+    await h.recordSent(page);
     await page.fill('#prompt', '   ');
     await page.click('#generate');
     await assertMarked(page, 'prompt', say.empty);
@@ -151,7 +139,7 @@ for (const lang of ['en', 'de']) {
   test(`popup (${lang}): a size not allowed is marked at its field, unfolded, with the nearest allowed ones to apply; no job starts`, { timeout: 120_000 }, async (t) => {
     const page = (await setup(t)).page;
     await page.waitForSelector('#delete-pack:not([hidden])');
-    await recordSent(page);
+    await h.recordSent(page);
     await page.fill('#prompt', 'a small red boat');
     // The sizes are under the folded "Options": a bad one unfolds them to show and focus its field.
     assert.equal(await page.evaluate(() => document.querySelector('#width').closest('details').open), false);

@@ -4,7 +4,9 @@
 use std::collections::{HashMap, HashSet};
 
 use super::reblock::int_attribute;
-use super::rewrite::{bytes_field, read_node, read_tensor, value_info_name, varint_field, with_graph, Node};
+use super::rewrite::{
+    bytes_field, model_graph, read_node, read_tensor, value_info_name, varint_field, with_graph, Node,
+};
 use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
@@ -48,10 +50,7 @@ struct Attention<'a> {
 pub(crate) fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
-    let graph_bytes = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
-        Some(f) => f.bytes("ModelProto")?,
-        None => return Err(RewriteError::Model("it has no graph".into())),
-    };
+    let graph_bytes = model_graph(&fields)?;
     let graph_fields = wire::parse(graph_bytes, WHAT)?;
     let graph = Graph::read(&graph_fields)?;
     let found: Vec<Attention> = (0..graph.nodes.len()).filter_map(|i| graph.attention(i)).collect();

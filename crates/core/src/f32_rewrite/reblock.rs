@@ -3,8 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::rewrite::{
-    bytes_field, edit_message, entry, read_node, read_tensor, value_info_name, varint_field, with_graph,
-    Edit, Node, Tensor,
+    bytes_field, edit_message, entry, model_graph, read_node, read_tensor, value_info_name, varint_field,
+    with_graph, Edit, Node, Tensor,
 };
 use super::RewriteError;
 use crate::onnx::fields::*;
@@ -108,10 +108,7 @@ impl ComputedData<'_> {
 fn rewrite(model: &[u8], mut sources: Option<&mut Sources>) -> Result<Reblocked, RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
-    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
-        Some(f) => f.bytes("ModelProto")?,
-        None => return Err(RewriteError::Model("it has no graph".into())),
-    };
+    let graph = model_graph(&fields)?;
     let unchanged = || Reblocked { graph: model.to_vec(), data_length: 0, changed: 0 };
     if default_opset(&fields)? < MIN_OPSET {
         return Ok(unchanged());
@@ -381,10 +378,7 @@ impl Layout {
 pub(crate) fn with_accuracy_level(model: &[u8], level: u64) -> Result<(Vec<u8>, usize), RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
-    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
-        Some(f) => f.bytes("ModelProto")?,
-        None => return Err(RewriteError::Model("it has no graph".into())),
-    };
+    let graph = model_graph(&fields)?;
     let mut out = Vec::with_capacity(graph.len() + 64);
     let mut changed = 0;
     for (index, f) in wire::parse(graph, WHAT)?.iter().enumerate() {

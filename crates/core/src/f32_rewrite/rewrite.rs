@@ -563,6 +563,14 @@ pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError>
 
 /// The model of `fields` (a parsed ModelProto) with `graph` in place of its graph, every other field
 /// copied as it was.
+/// The GraphProto of a ModelProto's `fields` (its first graph).
+pub(super) fn model_graph<'a>(fields: &[Field<'a>]) -> Result<&'a [u8], RewriteError> {
+    match fields.iter().find(|f| f.number == MODEL_GRAPH) {
+        Some(f) => Ok(f.bytes("ModelProto")?),
+        None => Err(RewriteError::Model("it has no graph".into())),
+    }
+}
+
 pub(super) fn with_graph(fields: &[Field], graph: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(fields.iter().map(|f| f.raw.len()).sum::<usize>() + graph.len());
     for f in fields {
@@ -898,10 +906,7 @@ pub fn remaining_float16(model: &[u8]) -> Result<Vec<String>, RewriteError> {
 pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
-    let graph = match fields.iter().find(|f| f.number == MODEL_GRAPH) {
-        Some(f) => f.bytes("ModelProto")?,
-        None => return Err(RewriteError::Model("it has no graph".into())),
-    };
+    let graph = model_graph(&fields)?;
     let graph_fields = wire::parse(graph, WHAT)?;
     let GraphParts { nodes, initializers, inputs, outputs, .. } = read_graph(&graph_fields, WHAT)?;
     let tensors: Vec<Tensor> = initializers.into_iter().map(|(_, t)| t).collect();
