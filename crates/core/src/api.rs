@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gallery::{GalleryItem, GalleryLimit};
+use crate::gpu_memory::{GpuMemorySetting, MemoryFacts, MemoryPlan, Probe};
 use crate::message::{Localize, Message};
 
 /// A request to the service worker. Each one gets exactly one [`Reply`]. A field the request does not
@@ -51,6 +52,37 @@ pub enum Request {
     /// How long the model stays loaded after the last image (`seconds`, 0 to 3600; 0 unloads it after
     /// each image), set when given, and which stages are loaded now.
     KeepLoaded(KeepLoadedRequest),
+    /// The GPU memory a job may use, set when `setting` is given; `measure` probes this GPU again.
+    GpuMemory(GpuMemoryRequest),
+}
+
+/// `gpuMemory`: the setting to make, whether to probe the GPU again, and (tests) a cap that lets the
+/// probe run on a software renderer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GpuMemoryRequest {
+    /// `{"mode": "auto"}` (what the probe found) or `{"mode": "set", "bytes": N}` (1 to 512 GB).
+    pub setting: Option<GpuMemorySetting>,
+    /// Probe the GPU again (the stages kept loaded are unloaded first, so that they are not counted).
+    pub measure: bool,
+    /// For tests: the probe runs on a software renderer too, holding at most this many bytes.
+    pub probe_cap_bytes: Option<u64>,
+}
+
+/// `gpuMemory`'s reply: what the plan of a job uses now, and what a page needs to say which sizes fit
+/// (`imagine_core::gpu_memory::plan` on each size).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuMemoryStatus {
+    pub setting: GpuMemorySetting,
+    /// The last probe of this GPU, if any.
+    pub probe: Option<Probe>,
+    /// The budget in force, in bytes; absent: no known limit.
+    pub budget: Option<u64>,
+    /// Each stage's weights (the installed pack's, else the published pack's) and how the graphs
+    /// compute on this GPU.
+    #[serde(flatten)]
+    pub facts: MemoryFacts,
 }
 
 /// `keepLoaded`: the seconds to set, or nothing to only read them.
@@ -201,6 +233,7 @@ pub enum Reply {
     /// `galleryLimit`: the caps now in force.
     GalleryLimit(GalleryLimit),
     KeepLoaded(Residency),
+    GpuMemory(GpuMemoryStatus),
     /// The request was refused; `error` says what was wrong and what is allowed (in English).
     Error {
         error: String,
@@ -516,6 +549,11 @@ pub struct Timings {
     /// The same per stage, in the order they ran (`cargo xtask bench scale` reads it).
     #[serde(default)]
     pub stages: Vec<StageTimings>,
+    /// The GPU memory plan the job ran with, and the budget it was made for (absent: no known limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryPlan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<u64>,
 }
 
 /// Where one stage's time went. Instants are milliseconds since the Unix epoch, so that a benchmark

@@ -51,6 +51,7 @@ pub mod device_verdict;
 pub mod embedding_cache;
 pub mod estimate;
 pub mod f32_rewrite;
+pub mod gpu_memory;
 // Its item fields are the message API's (README documents them).
 #[allow(missing_docs)]
 pub mod gallery;

@@ -23,6 +23,7 @@ use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
+use crate::background::gpu_memory;
 use crate::background::notify;
 use crate::background::records::{self, set_job, Download};
 use crate::platform::chrome;
@@ -137,6 +138,12 @@ pub enum ServiceWorkerError {
     /// again.
     #[error("{0} (tried again by itself every 30 seconds until the Hub answers)")]
     Offline(ErrorText),
+    /// A `gpuMemory` size that is not allowed.
+    #[error(transparent)]
+    GpuMemory(#[from] imagine_core::gpu_memory::SettingError),
+    /// The GPU could not be probed.
+    #[error(transparent)]
+    Gpu(#[from] gpu::GpuError),
 }
 
 /// The context-menu item on selected text.
@@ -360,6 +367,7 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
         }
         Request::GalleryLimit(request) => Reply::GalleryLimit(gallery_store::set_limit(request).await?),
         Request::KeepLoaded(request) => Reply::KeepLoaded(keep_loaded(request).await?),
+        Request::GpuMemory(request) => Reply::GpuMemory(gpu_memory::status(request).await?),
     })
 }
 
@@ -560,12 +568,15 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
     let seed = params.seed.to_string();
     let keep_loaded_seconds = settings::keep_loaded_seconds().await;
+    let gpu_budget = gpu_memory::job_budget(params.backend).await;
     // Recorded as running and handed over under the job lock, so that no check finds it running and
     // not yet in the offscreen document's hands.
     let _guard = JOB_LOCK.with(Arc::clone).lock_owned().await;
     set_job(&job, &running).await;
     set_alarm(JOBS_ALARM).await;
-    match command(&OffscreenCommand::RunJob { job: job.clone(), params, keep_loaded_seconds }).await {
+    match command(&OffscreenCommand::RunJob { job: job.clone(), params, keep_loaded_seconds, gpu_budget })
+        .await
+    {
         Ok(_) => Ok((job, seed)),
         Err(error) => {
             set_job(&job, &JobState::failed(&error)).await;
@@ -660,6 +671,30 @@ async fn keep_loaded(request: KeepLoadedRequest) -> Result<Residency, ServiceWor
         Vec::new()
     };
     Ok(Residency { seconds: settings::keep_loaded_seconds().await, loaded })
+}
+
+/// The stages loaded in the offscreen document now (none when it is closed).
+pub(crate) async fn loaded_stages() -> Vec<Stage> {
+    match offscreen_exists().await {
+        Ok(true) => send_command(&OffscreenCommand::KeepLoaded { seconds: None })
+            .await
+            .map(|a| a.loaded)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// Tells the offscreen document to keep stages loaded `seconds` (0 unloads them now), or, with
+/// `None`, as long as the user's setting says.
+pub(crate) async fn set_keep_loaded(seconds: Option<u32>) -> Result<(), ServiceWorkerError> {
+    let seconds = match seconds {
+        Some(seconds) => seconds,
+        None => settings::keep_loaded_seconds().await,
+    };
+    if offscreen_exists().await? {
+        send_command(&OffscreenCommand::KeepLoaded { seconds: Some(seconds) }).await?;
+    }
+    Ok(())
 }
 
 async fn offscreen_exists() -> Result<bool, JsError> {

@@ -19,6 +19,7 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
+use imagine_core::gpu_memory::{Levers, MemoryFacts, MemoryPlan, Wanted};
 use imagine_core::message::ErrorText;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
@@ -106,6 +107,36 @@ pub enum OffscreenError {
     /// The prompt could not be tokenized.
     #[error("encoding the prompt failed: {0}")]
     Prompt(PromptError),
+    /// A job the memory plan had no room for failed: it says so, with what would fit.
+    #[error(
+        "This image needs about {} GB of GPU memory and Imagine may use {} GB on this GPU, so it failed \
+         ({cause}). {}",
+        gigabytes(*need), gigabytes(*budget), fits_text(*largest_square)
+    )]
+    NoRoom {
+        /// What the leanest plan needs, in bytes.
+        need: u64,
+        /// The budget, in bytes.
+        budget: u64,
+        /// The largest square size that fits, if any.
+        largest_square: Option<u32>,
+        /// How it failed.
+        cause: Box<OffscreenError>,
+    },
+}
+
+/// Bytes as GB with one decimal, as the memory messages say them.
+pub(crate) fn gigabytes(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / imagine_core::gpu_memory::GB as f64)
+}
+
+fn fits_text(largest_square: Option<u32>) -> String {
+    match largest_square {
+        Some(side) => format!("Sizes up to {side}×{side} fit."),
+        None => "No size fits: give Imagine more GPU memory on the options page, or close programs that use \
+                 the GPU."
+            .into(),
+    }
 }
 
 /// What reaches the offscreen document about a worker: what it posted, or what happened to it.
@@ -147,8 +178,16 @@ impl Install {
     }
 }
 
+/// A job waiting its turn.
+struct Queued {
+    job: String,
+    params: GenerateParams,
+    /// The GPU memory it may use (`None`: no known limit).
+    gpu_budget: Option<u64>,
+}
+
 struct State {
-    queue: VecDeque<(String, GenerateParams)>,
+    queue: VecDeque<Queued>,
     running: Option<String>,
     /// The jobs this document was given, oldest first (the service worker fails a running job that its
     /// offscreen document does not name: that document closed or crashed with it).
@@ -229,14 +268,14 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         return Err(OffscreenError::NotFromServiceWorker);
     }
     match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
-        OffscreenCommand::RunJob { job, params, keep_loaded_seconds } => {
+        OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
             let start_now = STATE.with_borrow_mut(|state| {
                 state.keep_loaded_seconds = keep_loaded_seconds;
                 if state.given.len() == KNOWN_JOBS {
                     state.given.pop_front();
                 }
                 state.given.push_back(job.clone());
-                state.queue.push_back((job, params));
+                state.queue.push_back(Queued { job, params, gpu_budget });
                 // The first job of an idle queue starts the loop; until the loop has popped it, a job
                 // queued right after must not start a second one.
                 state.running.is_none() && state.queue.len() == 1
@@ -287,16 +326,16 @@ async fn run_queue() {
     loop {
         let next = STATE.with_borrow_mut(|state| {
             let next = if state.swap_pending { None } else { state.queue.pop_front() };
-            state.running = next.as_ref().map(|(job, _)| job.clone());
+            state.running = next.as_ref().map(|queued| queued.job.clone());
             state.cancel_running = false;
             next
         });
-        let Some((job, params)) = next else {
+        let Some(Queued { job, params, gpu_budget }) = next else {
             unload_later();
             return;
         };
         // A finished job has broadcast its results already.
-        let event = match run_job(&job, &params).await {
+        let event = match run_job(&job, &params, gpu_budget).await {
             Ok(()) => continue,
             Err(StageFailure::Cancelled) => Event::Cancelled { job },
             Err(StageFailure::Error(error)) => Event::failed(job, &error),
@@ -308,7 +347,7 @@ async fn run_queue() {
 fn cancel(job: &str) {
     let queued = STATE.with_borrow_mut(|state| {
         let before = state.queue.len();
-        state.queue.retain(|(queued, _)| queued != job);
+        state.queue.retain(|queued| queued.job != job);
         if state.running.as_deref() == Some(job) {
             // Between two stages there is no worker to stop: the next stage sees this and does not start.
             state.cancel_running = true;
@@ -358,7 +397,7 @@ async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, s
 /// in its own worker, or is resident already. A job that fails so before its first image (a GPU without
 /// room for every stage, say) is made again with nothing resident and one stage loaded at a time:
 /// loading ahead and residency never cost an image.
-async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure> {
+async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) -> Result<(), StageFailure> {
     let pack = crate::platform::opfs::installed_pack().await.map(|(record, _)| record.commit);
     let (keep, other_pack) = STATE.with_borrow_mut(|state| {
         state.idle_epoch += 1;
@@ -367,27 +406,58 @@ async fn run_job(job: &str, params: &GenerateParams) -> Result<(), StageFailure>
         state.resident_pack = pack.clone();
         (state.keep_loaded_seconds > 0, other_pack)
     });
-    // A profile is of stages loaded afresh, which are not kept.
-    if other_pack || params.profile {
+    let (memory, facts) = memory_plan(params, gpu_budget, keep && !params.profile).await;
+    // A profile is of stages loaded afresh, which are not kept; stages kept loaded hold memory a plan
+    // without residency has no room for.
+    if other_pack || params.profile || !memory.keep {
         unload();
     }
-    let plan = Plan { ahead: params.load_ahead, keep: keep && !params.profile };
+    let params = &GenerateParams { keep_buffers: memory.levers.keep_buffers, ..params.clone() };
+    let plan = Plan { ahead: memory.ahead, keep: memory.keep, memory, budget: gpu_budget };
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
-    match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
+    let outcome = match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
         // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
         Err(StageFailure::Error(error))
             if sent == 0
-                && (plan != Plan::LEAN
+                && (plan.ahead
+                    || plan.keep
+                    || plan.memory.levers.keep_buffers
                     || had_resident
                     || matches!(error, OffscreenError::Stalled { .. })) =>
         {
             warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
             unload();
-            run_stages(job, params, pack.as_deref(), Plan::LEAN, &mut sent).await
+            let lean = plan.lean();
+            let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
+            run_stages(job, params, pack.as_deref(), lean, &mut sent).await
         }
         outcome => outcome,
+    };
+    match (outcome, gpu_budget) {
+        // Where the plan had no room, a failure says so: the likely cause, and what would fit.
+        (Err(StageFailure::Error(cause)), Some(budget)) if sent == 0 && !memory.fits => {
+            Err(StageFailure::Error(OffscreenError::NoRoom {
+                need: memory.peak,
+                budget,
+                largest_square: facts.largest_square(budget),
+                cause: Box::new(cause),
+            }))
+        }
+        (outcome, _) => outcome,
     }
+}
+
+/// The memory plan of `params` within `gpu_budget`, and what it was made from.
+async fn memory_plan(
+    params: &GenerateParams,
+    gpu_budget: Option<u64>,
+    keep: bool,
+) -> (MemoryPlan, MemoryFacts) {
+    let facts = crate::platform::gpu::memory_facts().await;
+    let wanted = Wanted { ahead: params.load_ahead, keep, keep_buffers: params.keep_buffers };
+    let budget = if params.backend == Backend::WebGpu { gpu_budget } else { None };
+    (facts.plan(budget, params.width, params.height, wanted), facts)
 }
 
 /// How a job loads its stages.
@@ -397,11 +467,22 @@ struct Plan {
     ahead: bool,
     /// Stages stay loaded after the job (else each worker ends with its stage).
     keep: bool,
+    /// The memory plan it follows, and its budget (reported with each image's timings).
+    memory: MemoryPlan,
+    budget: Option<u64>,
 }
 
 impl Plan {
-    /// One stage loaded at a time, nothing kept: the least memory.
-    const LEAN: Plan = Plan { ahead: false, keep: false };
+    /// One stage loaded at a time, nothing kept, no buffers kept: the least memory.
+    fn lean(self) -> Plan {
+        let levers = Levers { keep_buffers: false, ..self.memory.levers };
+        Plan {
+            ahead: false,
+            keep: false,
+            memory: MemoryPlan { ahead: false, keep: false, levers, ..self.memory },
+            ..self
+        }
+    }
 }
 
 /// [`run_job`]'s work on the pack `pack`; `sent` counts the images broadcast.
@@ -478,6 +559,8 @@ async fn run_stages(
                         profile: t.profile,
                     })
                     .collect(),
+                    memory: Some(plan.memory),
+                    budget: plan.budget,
                 };
                 let trace = params.trace.then(|| Trace {
                     input_ids: prompt.input_ids.clone(),

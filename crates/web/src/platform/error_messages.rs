@@ -4,7 +4,7 @@
 //! a library said stays as it is. `i18n`'s tests render a sample of each variant with
 //! `_locales/en` and compare it with its `Display`. In one module, so the keys are reviewed together.
 
-use imagine_core::message::{arg, cause, Arg, Localize, Message};
+use imagine_core::message::{arg, cause, number, Arg, Localize, Message};
 use imagine_core::storage::{PACKS_DIR, STATE_FILE};
 
 use crate::background::service_worker::ServiceWorkerError;
@@ -229,6 +229,8 @@ impl Localize for ServiceWorkerError {
                 Message::new("errSwOtherDownload", [arg(running)])
             }
             ServiceWorkerError::JobRunning => Message::new("errSwJobRunning", []),
+            ServiceWorkerError::GpuMemory(e) => e.message(),
+            ServiceWorkerError::Gpu(e) => e.message(),
         }
     }
 }
@@ -278,6 +280,22 @@ impl Localize for OffscreenError {
             }
             OffscreenError::Tokenizer(e) => Message::new("errOffscreenTokenizer", [cause(e)]),
             OffscreenError::Prompt(e) => Message::new("errOffscreenPrompt", [cause(e)]),
+            OffscreenError::NoRoom { need, budget, largest_square, cause: inner } => {
+                use crate::offscreen::document::gigabytes;
+                let fits = match largest_square {
+                    Some(side) => Message::new("gpuFitsUpTo", [arg(side)]),
+                    None => Message::new("gpuFitsNone", []),
+                };
+                Message::new(
+                    "errOffscreenNoRoom",
+                    [
+                        number(gigabytes(*need)),
+                        number(gigabytes(*budget)),
+                        cause(inner.as_ref()),
+                        Arg::Message(fits),
+                    ],
+                )
+            }
             // Between the service worker, the offscreen document and the workers: a bug, as it is.
             OffscreenError::NotFromServiceWorker
             | OffscreenError::BadCommand(_)

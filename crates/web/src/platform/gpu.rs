@@ -11,6 +11,7 @@ use wasm_bindgen_futures::JsFuture;
 
 use imagine_core::device_verdict::{software_renderer, AdapterFacts};
 use imagine_core::f32_rewrite::Limits;
+use imagine_core::gpu_memory::{MemoryFacts, Precision, Probe, ProbeFound, StageWeights, PROBE_CAP_BYTES};
 
 use crate::platform::js::{get, JsError};
 
@@ -56,6 +57,9 @@ const NO_F16: &str = "this GPU's WebGPU adapter does not support shader-f16 and 
 extern "C" {
     #[wasm_bindgen(catch, js_name = requestAnyAdapter)]
     fn request_any_adapter(gpu: &JsValue) -> Result<Promise, JsValue>;
+
+    #[wasm_bindgen(catch, js_name = probeMemory)]
+    fn probe_memory_js(gpu: &JsValue, cap_bytes: f64, chunk_bytes: f64) -> Result<Promise, JsValue>;
 
     /// Makes every `requestAdapter` in this global, ONNX Runtime's too, try each power preference
     /// (`gpu_adapter.js`). The stage workers call it before ORT opens its device.
@@ -147,6 +151,11 @@ pub struct DeviceReport {
 }
 
 impl DeviceReport {
+    /// The adapter's name as a probe records it: another GPU is probed anew.
+    pub fn adapter_id(&self) -> String {
+        [&self.vendor, &self.architecture, &self.description].map(|s| s.as_str()).join(" ").trim().to_owned()
+    }
+
     /// What decides the device verdict (`imagine_core::device_verdict`).
     pub fn facts(&self) -> AdapterFacts {
         AdapterFacts { shader_f16: self.shader_f16, software_renderer: self.software_renderer.clone() }
@@ -191,4 +200,44 @@ fn has_feature(adapter: &JsValue, name: &str) -> bool {
         .and_then(|has| has.unchecked_into::<Function>().call1(&features, &name.into()).ok())
         .and_then(|v| v.as_bool())
         .unwrap_or(false)
+}
+
+/// The buffers the memory probe allocates: small enough to come close to what is free, large enough
+/// to take few round trips.
+const PROBE_CHUNK_BYTES: u64 = 256 << 20;
+
+/// How much GPU memory one device can hold now (`gpu_adapter.js`'s `probeMemory`), up to
+/// [`PROBE_CAP_BYTES`] or `cap`. A software renderer's "GPU memory" is the computer's own, which the
+/// probe must not fill: it is said to be unknown there, unless a test gives a `cap`.
+pub async fn probe_memory(report: &DeviceReport, cap: Option<u64>) -> Result<Probe, GpuError> {
+    let adapter = report.adapter_id();
+    if report.software_renderer.is_some() && cap.is_none() {
+        return Ok(Probe { adapter, found: ProbeFound::Unknown });
+    }
+    let gpu = get(&get(&js_sys::global(), "navigator"), "gpu");
+    let cap = cap.unwrap_or(PROBE_CAP_BYTES).min(PROBE_CAP_BYTES);
+    let probing = probe_memory_js(&gpu, cap as f64, PROBE_CHUNK_BYTES as f64)
+        .map_err(|e| GpuError::Adapter(e.into()))?;
+    let held = JsFuture::from(probing).await.map_err(|e| GpuError::Adapter(e.into()))?;
+    let bytes = get(&held, "heldBytes").as_f64().unwrap_or(0.0) as u64;
+    let found = if get(&held, "refused").as_bool() == Some(true) {
+        ProbeFound::Refused { bytes }
+    } else {
+        ProbeFound::Plenty { bytes }
+    };
+    Ok(Probe { adapter, found })
+}
+
+/// What a memory plan needs to know of this device and pack: each stage's weights (the installed
+/// pack's, else the published pack's) and how the graphs compute (float16 only with `shader-f16`).
+pub async fn memory_facts() -> MemoryFacts {
+    let weights = match crate::platform::opfs::installed_pack().await {
+        Some((record, _)) => StageWeights::of_files(record.files.iter().map(|f| (f.path.as_str(), f.size))),
+        None => StageWeights::PUBLISHED,
+    };
+    let precision = match adapter_info().await {
+        Ok(adapter) if adapter.has_f16 => Precision::Float16,
+        _ => Precision::Float32,
+    };
+    MemoryFacts { weights, precision }
 }

@@ -109,3 +109,43 @@ export function openDevicesOrtCanUse() {
   usable.unpatched = request;
   GPUAdapter.prototype.requestDevice = usable;
 }
+
+// How much GPU memory this browser can have now. WebGPU tells no free-memory figure, so buffers are
+// allocated, each cleared so that the driver really backs it, until the GPU refuses one (an
+// `out-of-memory` error, or the device lost) or `capBytes` are held; then all of it is freed.
+
+/** `{ heldBytes, refused }`: what `gpu`'s adapter let one device hold, in buffers of `chunkBytes` (or the
+ * adapter's `maxBufferSize`, if smaller), up to `capBytes`. */
+export async function probeMemory(gpu, capBytes, chunkBytes) {
+  const { adapter } = await requestAnyAdapter(gpu);
+  if (!adapter) throw new Error('no WebGPU adapter');
+  const size = Math.min(chunkBytes, adapter.limits.maxBufferSize);
+  const device = await adapter.requestDevice({ requiredLimits: { maxBufferSize: size } });
+  let lost = false;
+  device.lost.then(() => { lost = true; });
+  const buffers = [];
+  let refused = false;
+  try {
+    while ((buffers.length + 1) * size <= capBytes) {
+      device.pushErrorScope('out-of-memory');
+      device.pushErrorScope('validation');
+      const buffer = device.createBuffer({ size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
+      const encoder = device.createCommandEncoder();
+      encoder.clearBuffer(buffer);
+      device.queue.submit([encoder.finish()]);
+      const invalid = await device.popErrorScope();
+      const outOfMemory = await device.popErrorScope();
+      if (invalid || outOfMemory || lost) {
+        buffer.destroy();
+        refused = true;
+        break;
+      }
+      buffers.push(buffer);
+    }
+    if (!lost) await device.queue.onSubmittedWorkDone();
+  } finally {
+    for (const buffer of buffers) buffer.destroy();
+    device.destroy();
+  }
+  return { heldBytes: buffers.length * size, refused: refused || lost };
+}

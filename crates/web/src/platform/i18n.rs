@@ -438,6 +438,19 @@ mod tests {
             Box::new(OffscreenError::Tokenizer(PromptError::Tokenizer("bad".into()))),
             Box::new(OffscreenError::Prompt(PromptError::Tokenize("bad".into()))),
             Box::new(OffscreenError::NoOutput),
+            Box::new(OffscreenError::NoRoom {
+                need: 11_420_000_000,
+                budget: 7_200_000_000,
+                largest_square: Some(768),
+                cause: Box::new(OffscreenError::StageStopped),
+            }),
+            Box::new(OffscreenError::NoRoom {
+                need: 5_800_000_000,
+                budget: 3_600_000_000,
+                largest_square: None,
+                cause: Box::new(OffscreenError::StageStopped),
+            }),
+            Box::new(imagine_core::gpu_memory::SettingError { gigabytes: 0.5 }),
         ];
         for op in [
             Op::Open,

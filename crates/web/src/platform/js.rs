@@ -179,6 +179,7 @@ loggable_by_display!(
     OpfsError,
     ServiceWorkerError,
     DownloadError,
+    crate::platform::gpu::GpuError,
     imagine_ort::OrtError
 );
 

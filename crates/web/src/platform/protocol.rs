@@ -51,6 +51,10 @@ pub enum OffscreenCommand {
         params: GenerateParams,
         /// Seconds the stages stay loaded after the last job (the user's setting).
         keep_loaded_seconds: u32,
+        /// The GPU memory the job may use, in bytes (`imagine_core::gpu_memory`); `None`: no known
+        /// limit.
+        #[serde(default)]
+        gpu_budget: Option<u64>,
     },
     /// How long stages stay loaded after the last job from now on (0 unloads the idle ones at once);
     /// nothing: only say which are loaded.

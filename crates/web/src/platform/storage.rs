@@ -12,6 +12,7 @@ use std::marker::PhantomData;
 
 use imagine_core::api::{PackPlan, PackSource};
 use imagine_core::estimate::TimingStore;
+use imagine_core::gpu_memory::{GpuMemorySetting, Probe};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use wasm_bindgen::JsValue;
@@ -114,6 +115,10 @@ pub const SOURCE: Key<PackSource> = Key::local("imagine.source");
 pub const PLAN: Key<PackPlan> = Key::session("imagine.plan");
 /// Seconds the model stays loaded after the last image (options page, `keepLoaded` → service worker).
 pub const KEEP_LOADED: Key<u32> = Key::local("imagine.keepLoaded");
+/// The GPU memory a job may use: Auto (the probe's) or a size (options page → service worker).
+pub const GPU_MEMORY: Key<GpuMemorySetting> = Key::local("imagine.gpuMemory");
+/// What the probe found on the last adapter it ran on (service worker).
+pub const GPU_PROBE: Key<Probe> = Key::local("imagine.gpuProbe");
 /// Whether text selected in a private window makes images kept like any other (options page →
 /// service worker).
 pub const KEEP_PRIVATE: Key<bool> = Key::local("imagine.keepPrivate");
