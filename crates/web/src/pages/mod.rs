@@ -3,6 +3,7 @@
 
 pub mod form_check;
 pub mod gallery_page;
+pub mod gpu_fit;
 pub mod options_page;
 pub mod popup;
 pub mod result_page;

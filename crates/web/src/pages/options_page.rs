@@ -4,16 +4,17 @@
 //! adapter, `shader-f16`, buffer limits, storage quota).
 
 use imagine_core::api::{
-    DownloadState, Event, GalleryLimitRequest, GalleryListRequest, InstallRequest, KeepLoadedRequest, Reply,
-    Request, Stage,
+    DownloadState, Event, GalleryLimitRequest, GalleryListRequest, GpuMemoryRequest, InstallRequest,
+    KeepLoadedRequest, Reply, Request, Stage,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
+use imagine_core::gpu_memory::{GpuMemorySetting, ProbeFound, SettingError, GB, MAX_SETTING_GB, MIN_SETTING_GB};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
 use crate::pages::view::{self, element, on, set_text, set_visible};
-use crate::pages::{form_check, setup};
+use crate::pages::{form_check, gpu_fit, setup};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
@@ -45,6 +46,15 @@ pub fn options_page_main() {
             }
         });
     });
+    on("gpu-memory-mode", "change", |_| {
+        set_visible("gpu-memory-size", element::<HtmlSelectElement>("gpu-memory-mode").value() == "set")
+    });
+    on("save-gpu-memory", "click", |_| spawn_local(save_gpu_memory()));
+    on("measure-gpu-memory", "click", |_| {
+        set_text("gpu-memory-status", &t("gpuMemoryMeasuring"));
+        spawn_local(gpu_memory(GpuMemoryRequest { measure: true, ..Default::default() }))
+    });
+    form_check::clear_on_input("gpu-memory-gb");
     on("save-source", "click", |_| source_clicked(false));
     for field in ["hub-endpoint", "hub-repo", "hub-revision"] {
         on(field, "input", |_| spawn_local(refresh_model()));
@@ -79,7 +89,66 @@ pub fn options_page_main() {
         refresh_model().await;
         keep_loaded(None).await;
         device_report().await;
+        gpu_memory(GpuMemoryRequest::default()).await;
     });
+}
+
+/// Saves the GPU memory setting: Auto, or the size typed (checked at its field first).
+async fn save_gpu_memory() {
+    let setting = if element::<HtmlSelectElement>("gpu-memory-mode").value() == "auto" {
+        GpuMemorySetting::Auto
+    } else {
+        let typed = input("gpu-memory-gb").value().trim().replace(',', ".");
+        match typed.parse::<f64>().map_err(|_| SettingError { gigabytes: f64::NAN }).and_then(GpuMemorySetting::gigabytes) {
+            Ok(setting) => setting,
+            Err(_) => {
+                let range = [MIN_SETTING_GB, MAX_SETTING_GB].map(|gb| i18n::number(&gb.to_string()));
+                form_check::mark("gpu-memory-gb", &t_args("gpuMemoryFieldInvalid", &[&range[0], &range[1]]));
+                return;
+            }
+        }
+    };
+    gpu_memory(GpuMemoryRequest { setting: Some(setting), ..Default::default() }).await;
+}
+
+/// `gpuMemory` with `request`; shows the setting, what it comes to, and which sizes fit.
+async fn gpu_memory(request_: GpuMemoryRequest) {
+    let status = match request(&Request::GpuMemory(request_)).await {
+        Reply::GpuMemory(status) => status,
+        Reply::Error { error, message } => {
+            set_text("gpu-memory-status", &i18n::error_text(&error, message.as_ref()));
+            return;
+        }
+        other => return set_text("gpu-memory-status", &format!("{other:?}")),
+    };
+    let gb = gpu_fit::gigabytes;
+    let set = matches!(status.setting, GpuMemorySetting::Set { .. });
+    element::<HtmlSelectElement>("gpu-memory-mode").set_value(if set { "set" } else { "auto" });
+    set_visible("gpu-memory-size", set);
+    let text = match (status.setting, status.probe.as_ref().map(|p| &p.found)) {
+        (GpuMemorySetting::Set { bytes }, _) => {
+            input("gpu-memory-gb").set_value(&format!("{}", bytes as f64 / GB as f64));
+            t_args("gpuMemoryStatusSet", &[&gb(bytes)])
+        }
+        (GpuMemorySetting::Auto, Some(ProbeFound::Refused { bytes })) => {
+            t_args("gpuMemoryStatusFound", &[&gb(*bytes), &gb(status.budget.unwrap_or_default())])
+        }
+        (GpuMemorySetting::Auto, Some(ProbeFound::Plenty { bytes })) => t_args("gpuMemoryStatusPlenty", &[&gb(*bytes)]),
+        (GpuMemorySetting::Auto, Some(ProbeFound::Unknown)) => t("gpuMemoryStatusUnknown"),
+        (GpuMemorySetting::Auto, None) => t("gpuMemoryStatusNotYet"),
+    };
+    set_text("gpu-memory-status", &text);
+    let list = element::<HtmlElement>("gpu-memory-fits");
+    list.set_text_content(None);
+    let Some(budget) = status.budget else { return };
+    for (_, width, height) in crate::pages::studio::PRESETS {
+        let plan = status.facts.default_plan(Some(budget), width, height);
+        let size = format!("{width}\u{00d7}{height}");
+        let key = if plan.fits { "gpuMemorySizeFits" } else { "gpuMemorySizeTooBig" };
+        let Ok(item) = view::document().create_element("li") else { return };
+        item.set_text_content(Some(&t_args(key, &[&size, &gb(plan.peak)])));
+        let _ = list.append_child(&item);
+    }
 }
 
 /// `keepLoaded`: sets `seconds` if given; shows the setting and what is loaded now.

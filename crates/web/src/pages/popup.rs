@@ -8,7 +8,7 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::setup;
+use crate::pages::{gpu_fit, setup};
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
@@ -50,8 +50,13 @@ pub fn popup_main() {
             }
         })
     });
+    for field in ["width", "height"] {
+        on(field, "input", |_| gpu_fit::show());
+    }
     spawn_local(async {
         fill_form().await;
+        gpu_fit::load().await;
+        gpu_fit::show();
         refresh_pack().await;
         if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
             show_job(job.clone());

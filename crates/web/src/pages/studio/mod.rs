@@ -23,7 +23,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::setup;
+use crate::pages::{gpu_fit, setup};
 use crate::pages::view::{
     child, copy_png, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
@@ -261,6 +261,10 @@ pub fn studio_main() {
     on("seed-fixed", "change", |_| seed_mode_changed());
     on("width", "input", |_| custom_size_edited());
     on("height", "input", |_| custom_size_edited());
+    spawn_local(async {
+        gpu_fit::load().await;
+        gpu_fit::show();
+    });
     on("copy", "click", |_| {
         if let Some(result) = selected_result() {
             copy_png(&result);
@@ -474,6 +478,7 @@ fn preset_chosen() {
         input("width").set_value(w);
         input("height").set_value(h);
     }
+    gpu_fit::show();
 }
 
 /// Typing a size selects "custom", or the preset it matches.
@@ -487,6 +492,7 @@ fn custom_size_edited() {
         matched |= hit;
         radio.set_checked(hit || (radio.value() == "custom" && !matched && i + 1 == radios.length()));
     }
+    gpu_fit::show();
 }
 
 fn seed_mode_changed() {
