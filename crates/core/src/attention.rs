@@ -1,5 +1,5 @@
 //! Attention fused into ONNX Runtime's `MultiHeadAttention` for its WebGPU flash attention (issue 21,
-//! point 3).
+//! point 3), or computed in chunks of query rows so that its scores fit ONNX Runtime Web's buffer cache.
 //!
 //! # Why
 //!
@@ -44,6 +44,24 @@
 //! undeclared heads leave the graph as it was), the unit tests in `f32_rewrite/tests.rs`, and in the browser
 //! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the
 //! graph's).
+//!
+//! # Chunks along the query axis, for the memory plan
+//!
+//! Unfused, each layer's scores are `heads x tokens x tokens` (1.02 GB in float16 at 1024x1024), and
+//! ONNX Runtime Web allocates them afresh every layer: its WebGPU buffer cache keeps buffers only up to
+//! [`ORT_LARGEST_CACHED_BUFFER`]. [`chunk_attention`] takes the attentions the same finder proves and
+//! computes each in `C` parts of the query's rows: the query `[batch, heads, sequence, head_size]` as the
+//! first `MatMul` reads it is cut along the sequence (`Split` with `num_outputs` from opset 18, which
+//! ONNX Runtime's kernels cut into parts of `ceil(n / C)`, the last smaller, as ONNX defines it whenever
+//! `n > (C - 1)^2`; `Slice`s of the same rows from `Shape` for opsets 13 to 17), each part goes through
+//! copies of the original `MatMul`, scaling, `Softmax` and `MatMul` with the value (the key's and value's
+//! side, transposes and scalings, stay as they are), and `Concat` puts the parts back along the sequence
+//! under the name the rest of the graph reads. Softmax is per query row, so it is the same function,
+//! with scores `C` times smaller; [`chunks_for`] picks `C` so that they fit the cache's largest bucket.
+//!
+//! Tests: `tools/export/tests/test_attention_chunks.py` (the tiny transformers chunked, on ONNX
+//! Runtime's CPU and ONNX Runtime Web's wasm, against the graph as exported) and the unit tests in
+//! `f32_rewrite/tests.rs`.
 
 use crate::f32_rewrite::RewriteError;
 
@@ -51,4 +69,28 @@ use crate::f32_rewrite::RewriteError;
 /// `MultiHeadAttention`, and how many; the model as it was and 0 when there is none.
 pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     crate::f32_rewrite::attention::fuse_attention(model)
+}
+
+/// `model` with every attention the same finder proves computed in `chunks` parts along the query's
+/// sequence axis (see [`crate::attention`]), and how many; the model as it was and 0 when `chunks <= 1`
+/// or there is none.
+pub fn chunk_attention(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), RewriteError> {
+    crate::f32_rewrite::attention::chunk_attention(model, chunks)
+}
+
+/// The largest bucket of ONNX Runtime Web's WebGPU buffer cache (160 MiB): larger buffers are created
+/// and destroyed at every use instead of reused.
+pub const ORT_LARGEST_CACHED_BUFFER: u64 = 167_772_160;
+
+/// The fewest chunks `C` that keep one chunk's scores, `heads x ceil(tokens / C) x tokens` elements of
+/// `bytes_per_element`, at or under `max_scores_bytes`; `tokens` (a row a chunk) when even one row is
+/// over, 1 when there is nothing to cut.
+pub fn chunks_for(heads: u64, tokens: u64, bytes_per_element: u64, max_scores_bytes: u64) -> u32 {
+    let row = u128::from(heads) * u128::from(tokens) * u128::from(bytes_per_element);
+    if row == 0 {
+        return 1;
+    }
+    // ceil(tokens / C) <= rows exactly when C >= ceil(tokens / rows).
+    let rows = (u128::from(max_scores_bytes) / row).max(1);
+    u32::try_from(u128::from(tokens).div_ceil(rows)).unwrap_or(u32::MAX)
 }

@@ -412,7 +412,7 @@ pub(crate) fn with_accuracy_level(model: &[u8], level: u64) -> Result<(Vec<u8>, 
 }
 
 /// The version of the default ONNX domain the model imports (0 when none is declared).
-fn default_opset(fields: &[wire::Field]) -> Result<u64, RewriteError> {
+pub(super) fn default_opset(fields: &[wire::Field]) -> Result<u64, RewriteError> {
     const WHAT: &str = "OperatorSetIdProto";
     let mut version = 0;
     for f in fields.iter().filter(|f| f.number == MODEL_OPSET_IMPORT) {
