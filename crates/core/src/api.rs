@@ -569,6 +569,9 @@ pub struct StageTimings {
     /// Attentions of the graph fused into `MultiHeadAttention` (`crate::attention`).
     #[serde(default)]
     pub fused_attention: u32,
+    /// Attentions computed in chunks of queries to hold less GPU memory (`crate::attention::chunk_attention`).
+    #[serde(default)]
+    pub chunked_attention: u32,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
     #[serde(default)]
     pub worker_created_at_ms: f64,

@@ -16,15 +16,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::Stage;
+use crate::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER};
 use crate::message::{number, Localize, Message};
 use crate::pack::Graph;
 
 /// A gigabyte, as the pages say sizes (decimal).
 pub const GB: u64 = 1_000_000_000;
-
-/// The largest buffer ORT Web's WebGPU cache keeps for reuse (its default `bucket` mode). Anything
-/// larger is allocated afresh each time, so an attention's scores are chunked to fit under it.
-pub const ORT_LARGEST_CACHED_BUFFER: u64 = 167_772_160;
 
 /// What share of the memory the probe found the plan may use: the browser and other pages draw on the
 /// same GPU.
@@ -319,8 +316,7 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
 /// The fewest query chunks that bring one attention's scores under ORT's largest cached buffer, for
 /// `job`'s transformer.
 pub fn attention_chunks(job: &Job) -> u32 {
-    let chunks = job.transformer_scores().div_ceil(ORT_LARGEST_CACHED_BUFFER);
-    u32::try_from(chunks.max(1)).unwrap_or(u32::MAX)
+    chunks_for(TRANSFORMER_HEADS, job.tokens(), job.precision.bytes(), ORT_LARGEST_CACHED_BUFFER)
 }
 
 /// How a job uses the GPU's memory.

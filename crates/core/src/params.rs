@@ -124,6 +124,10 @@ pub struct GenerateParams {
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
     pub private: bool,
+    /// The transformer's attention is computed in this many chunks of queries on WebGPU, to hold less
+    /// GPU memory (set by the memory plan, `crate::gpu_memory`; 1: whole).
+    #[serde(default = "one")]
+    pub attention_chunks: u32,
 }
 
 fn one() -> u32 {
@@ -181,6 +185,17 @@ impl GenerateParams {
     /// `MultiHeadAttention` overflow a tensor size at 1024x1024.
     pub fn fuses_attention(&self, graph: Graph) -> bool {
         self.fuse_attention && graph == Graph::Transformer
+    }
+
+    /// In how many chunks of queries `graph`'s attention is computed ([`GenerateParams::attention_chunks`]):
+    /// the transformer's only (the decoder's one attention is its own matter), and not where it is
+    /// fused.
+    pub fn attention_chunks(&self, graph: Graph) -> u32 {
+        if graph == Graph::Transformer && !self.fuses_attention(graph) {
+            self.attention_chunks.max(1)
+        } else {
+            1
+        }
     }
 }
 
@@ -358,6 +373,7 @@ impl GenerateRequest {
             keep_buffers: self.keep_buffers.unwrap_or(width * height > KEEP_BUFFERS_ABOVE_PIXELS),
             fuse_attention: self.fuse_attention.unwrap_or(false),
             private: self.private,
+            attention_chunks: 1,
         })
     }
 }
@@ -490,6 +506,7 @@ mod tests {
                 keep_buffers: false,
                 fuse_attention: false,
                 private: false,
+                attention_chunks: 1,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));

@@ -412,7 +412,11 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     if other_pack || params.profile || !memory.keep {
         unload();
     }
-    let params = &GenerateParams { keep_buffers: memory.levers.keep_buffers, ..params.clone() };
+    let params = &GenerateParams {
+        keep_buffers: memory.levers.keep_buffers,
+        attention_chunks: memory.levers.attention_chunks,
+        ..params.clone()
+    };
     let plan = Plan { ahead: memory.ahead, keep: memory.keep, memory, budget: gpu_budget };
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
@@ -548,6 +552,7 @@ async fn run_stages(
                         stage,
                         graph_file: t.graph_file,
                         fused_attention: t.fused_attention,
+                        chunked_attention: t.chunked_attention,
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,

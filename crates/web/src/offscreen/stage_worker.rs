@@ -210,6 +210,8 @@ struct Stage {
     keep_buffers: bool,
     /// Its attention was fused into `MultiHeadAttention` where it could be (`GenerateParams::fuses_attention`).
     fuse_attention: bool,
+    /// Its attention is computed in this many chunks of queries (`GenerateParams::attention_chunks`).
+    attention_chunks: u32,
     session: Session,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
@@ -265,7 +267,7 @@ impl Stage {
             external.push(ExternalData { path: location.clone(), data: data.into() });
             files.insert(location, file);
         }
-        let (mut reblocked_at_load, mut fused_attention) = (false, 0);
+        let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
@@ -282,6 +284,11 @@ impl Stage {
                 }
                 if params.fuses_attention(graph) {
                     (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
+                }
+                let chunks = params.attention_chunks(graph);
+                if chunks > 1 {
+                    (bytes, chunked_attention) =
+                        attention::chunk_attention(&bytes, chunks).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
                 (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keeps_buffers(graph) })
@@ -300,6 +307,7 @@ impl Stage {
             graph_file: name,
             reblocked_at_load,
             fused_attention: fused_attention as u32,
+            chunked_attention: chunked_attention as u32,
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,
@@ -317,6 +325,7 @@ impl Stage {
             accuracy_level: params.accuracy_level,
             keep_buffers: params.keeps_buffers(graph),
             fuse_attention: params.fuses_attention(graph),
+            attention_chunks: params.attention_chunks(graph),
             session,
             inputs,
             outputs,
@@ -342,12 +351,14 @@ impl Stage {
                 && stage.accuracy_level == params.accuracy_level
                 && stage.keep_buffers == params.keeps_buffers(graph)
                 && stage.fuse_attention == params.fuses_attention(graph)
+                && stage.attention_chunks == params.attention_chunks(graph)
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
                 stage.timing = StageTiming {
                     graph_file: std::mem::take(&mut stage.timing.graph_file),
                     fused_attention: stage.timing.fused_attention,
+                    chunked_attention: stage.timing.chunked_attention,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
                     started_at_ms: js_sys::Date::now(),

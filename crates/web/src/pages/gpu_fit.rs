@@ -60,7 +60,9 @@ pub fn show() {
     set_visible("size-fit", text.is_some());
     let Ok(radios) = document().query_selector_all("input[name=size]") else { return };
     for i in 0..radios.length() {
-        let Some(radio) = radios.item(i).and_then(|n| n.dyn_into::<HtmlInputElement>().ok()) else { continue };
+        let Some(radio) = radios.item(i).and_then(|n| n.dyn_into::<HtmlInputElement>().ok()) else {
+            continue;
+        };
         let too_big = radio
             .value()
             .split_once('x')

@@ -8,7 +8,9 @@ use imagine_core::api::{
     KeepLoadedRequest, Reply, Request, Stage,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
-use imagine_core::gpu_memory::{GpuMemorySetting, ProbeFound, SettingError, GB, MAX_SETTING_GB, MIN_SETTING_GB};
+use imagine_core::gpu_memory::{
+    GpuMemorySetting, ProbeFound, SettingError, GB, MAX_SETTING_GB, MIN_SETTING_GB,
+};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
@@ -99,7 +101,11 @@ async fn save_gpu_memory() {
         GpuMemorySetting::Auto
     } else {
         let typed = input("gpu-memory-gb").value().trim().replace(',', ".");
-        match typed.parse::<f64>().map_err(|_| SettingError { gigabytes: f64::NAN }).and_then(GpuMemorySetting::gigabytes) {
+        match typed
+            .parse::<f64>()
+            .map_err(|_| SettingError { gigabytes: f64::NAN })
+            .and_then(GpuMemorySetting::gigabytes)
+        {
             Ok(setting) => setting,
             Err(_) => {
                 let range = [MIN_SETTING_GB, MAX_SETTING_GB].map(|gb| i18n::number(&gb.to_string()));
@@ -133,7 +139,9 @@ async fn gpu_memory(request_: GpuMemoryRequest) {
         (GpuMemorySetting::Auto, Some(ProbeFound::Refused { bytes })) => {
             t_args("gpuMemoryStatusFound", &[&gb(*bytes), &gb(status.budget.unwrap_or_default())])
         }
-        (GpuMemorySetting::Auto, Some(ProbeFound::Plenty { bytes })) => t_args("gpuMemoryStatusPlenty", &[&gb(*bytes)]),
+        (GpuMemorySetting::Auto, Some(ProbeFound::Plenty { bytes })) => {
+            t_args("gpuMemoryStatusPlenty", &[&gb(*bytes)])
+        }
         (GpuMemorySetting::Auto, Some(ProbeFound::Unknown)) => t("gpuMemoryStatusUnknown"),
         (GpuMemorySetting::Auto, None) => t("gpuMemoryStatusNotYet"),
     };

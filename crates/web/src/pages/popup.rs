@@ -8,8 +8,8 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlButtonElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::{gpu_fit, setup};
 use crate::pages::view::{self, element, on, set_text, set_visible, JobView};
+use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
 use crate::platform::messaging::request;

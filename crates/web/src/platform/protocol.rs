@@ -238,6 +238,9 @@ pub struct StageTiming {
     pub reblocked_at_load: bool,
     /// Attentions of `graph_file` fused into `MultiHeadAttention` (`imagine_core::attention`).
     pub fused_attention: u32,
+    /// Attentions computed in chunks of queries (`GenerateParams::attention_chunks`).
+    #[serde(default)]
+    pub chunked_attention: u32,
     /// The worker's creation (its `performance.timeOrigin`).
     pub worker_created_at_ms: f64,
     /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.

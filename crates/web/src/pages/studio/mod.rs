@@ -23,10 +23,10 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::{gpu_fit, setup};
 use crate::pages::view::{
     child, copy_png, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
 };
+use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, sleep_ms, LogError};
 use crate::platform::messaging::request;
