@@ -15,6 +15,11 @@ use crate::platform::storage;
 pub async fn status(request: GpuMemoryRequest) -> Result<GpuMemoryStatus, ServiceWorkerError> {
     if let Some(setting) = request.setting {
         storage::GPU_MEMORY.set(&setting.checked()?).await?;
+        // What is loaded was loaded under the old budget: the next job loads what the new one allows.
+        if !loaded_stages().await.is_empty() {
+            set_keep_loaded(Some(0)).await?;
+            set_keep_loaded(None).await?;
+        }
     }
     let setting = storage::GPU_MEMORY.get().await.unwrap_or_default();
     let probe =

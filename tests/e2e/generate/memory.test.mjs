@@ -1,0 +1,153 @@
+// The GPU memory budget drives the plan: with no known limit every stage loads at once and stays
+// loaded; under a small budget one stage is loaded at a time, nothing stays, and the image is the
+// same; a job the plan had no room for fails with what it needs and what would fit. The probe holds
+// buffers until the GPU refuses or its cap (on SwiftShader only when a test gives a cap). The studio,
+// the popup and the options page say which sizes fit.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+
+const byStage = (result) => Object.fromEntries(result.timings.stages.map((s) => [s.stage, s]));
+const REQ = { prompt: 'a kettle on a stove', width: 256, height: 256, steps: 2, seed: '21' };
+const GB = 1e9;
+
+async function gpuMemory(page, request = {}) {
+  const reply = await h.api(page, { type: 'gpuMemory', ...request });
+  assert.equal(reply.type, 'gpuMemory', JSON.stringify(reply));
+  return reply;
+}
+
+/** The most stage workers alive at once while `fn` runs (CDP target polling every 50 ms). */
+async function mostStageWorkers(b, fn) {
+  const watch = h.watchWorkers(b.context, { intervalMs: 50 });
+  let value;
+  try {
+    value = await fn();
+  } finally {
+    const samples = await watch.stop();
+    value = { value, most: Math.max(0, ...samples.map((s) => s.workers.filter(h.isStageWorker).length)) };
+  }
+  return value;
+}
+
+test('under a small budget no two stages are loaded at once, none stays, and the image is the same', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  // SwiftShader's "GPU memory" is the computer's: the probe does not fill it, so there is no limit.
+  const auto = await gpuMemory(b.page);
+  assert.deepEqual(auto.setting, { mode: 'auto' });
+  assert.equal(auto.probe?.found?.kind, 'unknown', JSON.stringify(auto));
+  assert.equal(auto.budget, null);
+  assert.equal(auto.precision, 'float32', 'SwiftShader has no shader-f16');
+  assert.ok(auto.weights.transformer > 0 && auto.weights.decoder > 0, JSON.stringify(auto.weights));
+
+  const unlimited = await mostStageWorkers(b, () => h.generateOk(b.page, REQ));
+  const u = unlimited.value.result.timings;
+  assert.equal(u.memory.ahead, true, JSON.stringify(u.memory));
+  assert.equal(u.memory.keep, true, JSON.stringify(u.memory));
+  assert.equal(u.budget, undefined);
+  assert.equal(unlimited.most, 3, 'with no limit every stage loads at once');
+  assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded.length, 3, 'and stays loaded');
+
+  // A size the options page refuses, and nothing changes.
+  const bad = await h.api(b.page, { type: 'gpuMemory', setting: { mode: 'set', bytes: 500_000_000 } });
+  assert.equal(bad.type, 'error');
+  assert.equal(bad.error, '0.5 GB of GPU memory is not allowed: give a size from 1 to 512 GB, or Auto');
+  assert.deepEqual((await gpuMemory(b.page)).setting, { mode: 'auto' });
+
+  // A new budget ends the stages loaded under the old one.
+  const set = await gpuMemory(b.page, { setting: { mode: 'set', bytes: 1 * GB } });
+  assert.equal(set.budget, 1 * GB);
+  assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded, []);
+  const other = { ...REQ, prompt: 'a teapot in the rain' };
+  const small = await mostStageWorkers(b, () => h.generateOk(b.page, other));
+  const { result } = small.value;
+  const m = result.timings.memory;
+  assert.equal(result.timings.budget, 1 * GB);
+  assert.deepEqual([m.ahead, m.keep, m.levers.keepBuffers], [false, false, false], JSON.stringify(m));
+  assert.equal(m.fits, false, 'the transformer alone needs more than 1 GB');
+  assert.equal(small.most, 1, 'never two stage workers at once');
+  const s = byStage(result);
+  assert.ok(s.textEncoder.sessionCreateMs > 0, JSON.stringify(s.textEncoder));
+  assert.ok(s.transformer.workerCreatedAtMs >= s.textEncoder.finishedAtMs, JSON.stringify(s));
+  assert.ok(s.decoder.workerCreatedAtMs >= s.transformer.finishedAtMs, JSON.stringify(s));
+  assert.ok(['textEncoder', 'transformer', 'decoder'].every((n) => !s[n].resident), JSON.stringify(s));
+  assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded, [], 'nothing stays loaded');
+
+  // Failing where the plan had no room says so, with what fits.
+  await h.armFailpoint(b.page, 'stage:create-fails:Transformer');
+  const { failed } = await h.generate(b.page, { ...REQ, seed: '22' });
+  assert.ok(failed, 'the job failed');
+  assert.match(failed.error, /^This image needs about \d+\.\d GB of GPU memory and Imagine may use 1\.0 GB on this GPU, so it failed \(.*\)\. No size fits: /, failed.error);
+
+  // Back to Auto: stages load at once again, and the image is the one the small budget made (the
+  // prompt's embeddings come from the cache now, which gives the cold run's image: repeat.test.mjs).
+  await gpuMemory(b.page, { setting: { mode: 'auto' } });
+  const again = await h.generateOk(b.page, other);
+  assert.equal(again.result.timings.memory.ahead, true);
+  assert.equal(again.result.png, result.png, 'the plan changes where the graphs load, not the image');
+});
+
+test('the probe holds buffers up to its cap and lets them go', { timeout: 300_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const cap = 768 << 20;
+  const measured = await gpuMemory(b.page, { measure: true, probeCapBytes: cap });
+  // SwiftShader gives what the computer has: the cap is reached, three 256 MiB buffers held.
+  assert.deepEqual(measured.probe.found, { kind: 'plenty', bytes: cap }, JSON.stringify(measured));
+  assert.equal(measured.budget, null, 'a probe that reached its cap sets no limit');
+  assert.ok(measured.probe.adapter.length > 0);
+  // Kept for this adapter: asking again does not probe again.
+  assert.deepEqual((await gpuMemory(b.page)).probe, measured.probe);
+  // A smaller cap finds the same: the buffers of the first probe were let go.
+  const again = await gpuMemory(b.page, { measure: true, probeCapBytes: 256 << 20 });
+  assert.deepEqual(again.probe.found, { kind: 'plenty', bytes: 256 << 20 });
+});
+
+test('the studio, the popup and the options page say which sizes fit this GPU', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  await gpuMemory(b.page, { setting: { mode: 'set', bytes: 1 * GB } });
+
+  const studio = await b.context.newPage();
+  await studio.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+  await studio.waitForSelector('#size-fit:not([hidden])', { timeout: 10_000 });
+  assert.match(await studio.textContent('#size-fit'), /^This size needs about \d+\.\d GB of GPU memory, and Imagine may use 1\.0 GB on this GPU: it will likely fail\. No size fits: /);
+  const marks = await studio.$$eval('#presets .chip .fit', (els) => els.map((e) => e.textContent));
+  assert.deepEqual(marks, [...Array(4).fill('too big for this GPU'), ''], 'the presets are marked, "custom" not');
+
+  const popup = await b.context.newPage();
+  await popup.goto(h.extensionUrl(b.extensionId, 'popup.html'));
+  await popup.waitForSelector('#size-fit:not([hidden])', { timeout: 10_000 });
+
+  const options = await b.context.newPage();
+  await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.waitForFunction(() => document.querySelector('#gpu-memory-status').textContent.length > 0);
+  assert.equal(await options.textContent('#gpu-memory-status'), 'Imagine plans every image for 1.0 GB of GPU memory.');
+  assert.equal(await options.inputValue('#gpu-memory-mode'), 'set');
+  assert.equal(await options.inputValue('#gpu-memory-gb'), '1');
+  const fits = await options.$$eval('#gpu-memory-fits li', (els) => els.map((e) => e.textContent));
+  assert.equal(fits.length, 4);
+  assert.match(fits[0], /^512×512: needs about \d+\.\d GB, too big for this GPU$/);
+
+  // A size out of range is marked at its field and nothing is saved.
+  await options.fill('#gpu-memory-gb', '0.5');
+  await options.click('#save-gpu-memory');
+  await options.waitForSelector('#gpu-memory-gb[aria-invalid="true"]');
+  assert.equal((await options.textContent('#gpu-memory-gb-error .message')).trim(), 'Give a size from 1 to 512 GB.');
+  assert.equal((await gpuMemory(b.page)).budget, 1 * GB);
+
+  // A budget every size fits: no warning, no marks.
+  await options.fill('#gpu-memory-gb', '100');
+  await options.click('#save-gpu-memory');
+  await options.waitForFunction(() => document.querySelector('#gpu-memory-status').textContent.includes('100.0 GB'));
+  assert.equal((await gpuMemory(b.page)).budget, 100 * GB);
+  await studio.reload();
+  await studio.waitForFunction(() => document.querySelectorAll('#presets .chip').length === 5);
+  await h.sleep(1000);
+  assert.equal(await studio.isHidden('#size-fit'), true);
+  assert.deepEqual(await studio.$$eval('#presets .chip .fit', (els) => els.map((e) => e.textContent)), Array(5).fill(''));
+
+  // Back to Auto: the SwiftShader status says why there is no limit.
+  await options.selectOption('#gpu-memory-mode', 'auto');
+  await options.click('#save-gpu-memory');
+  await options.waitForFunction(() => document.querySelector('#gpu-memory-status').textContent.startsWith('This browser does not tell'));
+  assert.equal(await options.isHidden('#gpu-memory-size'), true);
+});
