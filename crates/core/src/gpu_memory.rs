@@ -378,6 +378,32 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(candidates[4]))
 }
 
+/// What a job taught about this GPU: a plan needing `failed_peak` bytes failed on `adapter` with the pack
+/// `pack`, where one stage at a time then worked. Later plans for them stay below it, so that no job
+/// pays for that failure again (or for a stall, where running out of memory shows as one), until the
+/// budget is set or measured again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Learned {
+    /// The adapter it failed on.
+    pub adapter: String,
+    /// The pack's commit.
+    pub pack: String,
+    /// The estimated peak of the plan that failed.
+    pub failed_peak: u64,
+}
+
+impl Learned {
+    /// `budget` lowered below the plan that failed, where it is about this adapter and pack.
+    pub fn cap(&self, budget: Option<u64>, adapter: &str, pack: &str) -> Option<u64> {
+        if self.adapter != adapter || self.pack != pack {
+            return budget;
+        }
+        let below = self.failed_peak.saturating_sub(1);
+        Some(budget.map_or(below, |b| b.min(below)))
+    }
+}
+
 /// What a plan knows of this device and pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -521,6 +547,23 @@ mod tests {
         assert!(!facts.default_plan(Some(8 * GB), side + 16, side + 16).fits);
         assert_eq!(side % 16, 0);
         assert_eq!(facts.largest_square(GB), None);
+    }
+
+    #[test]
+    fn a_failed_plan_caps_later_budgets_on_its_adapter_and_pack() {
+        let learned = Learned { adapter: "gpu".into(), pack: "c1".into(), failed_peak: 10 * GB };
+        assert_eq!(learned.cap(None, "gpu", "c1"), Some(10 * GB - 1));
+        assert_eq!(learned.cap(Some(6 * GB), "gpu", "c1"), Some(6 * GB));
+        assert_eq!(learned.cap(Some(16 * GB), "gpu", "c1"), Some(10 * GB - 1));
+        assert_eq!(learned.cap(None, "other gpu", "c1"), None);
+        assert_eq!(learned.cap(Some(16 * GB), "gpu", "c2"), Some(16 * GB));
+        // Below the failed plan, the same job is made one stage at a time.
+        let facts = MemoryFacts { weights: W, precision: Precision::Float16 };
+        let wanted = Wanted { ahead: true, keep: true, keep_buffers: false };
+        let fast = facts.plan(None, 512, 512, wanted);
+        let learned = Learned { failed_peak: fast.peak, ..learned };
+        let again = facts.plan(learned.cap(None, "gpu", "c1"), 512, 512, wanted);
+        assert!(!again.ahead && !again.keep && again.fits, "{again:?}");
     }
 
     #[test]

@@ -187,6 +187,17 @@ impl GenerateParams {
         self.fuse_attention && graph == Graph::Transformer
     }
 
+    /// What `graph`'s session is made with besides its graph and backend: a stage loaded with other
+    /// options is not reused for these parameters.
+    pub fn session_options(&self, graph: Graph) -> SessionOptions {
+        SessionOptions {
+            keep_buffers: self.keeps_buffers(graph),
+            accuracy_level: self.accuracy_level,
+            fuse_attention: self.fuses_attention(graph),
+            attention_chunks: self.attention_chunks(graph),
+        }
+    }
+
     /// In how many chunks of queries `graph`'s attention is computed ([`GenerateParams::attention_chunks`]):
     /// the transformer's only (the decoder's one attention is its own matter), and not where it is
     /// fused.
@@ -197,6 +208,19 @@ impl GenerateParams {
             1
         }
     }
+}
+
+/// The options a stage's session is created with ([`GenerateParams::session_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// ORT keeps every GPU buffer between runs.
+    pub keep_buffers: bool,
+    /// The `MatMulNBits` accuracy level set on the graph, if any.
+    pub accuracy_level: Option<u8>,
+    /// The attention fused into `MultiHeadAttention`.
+    pub fuse_attention: bool,
+    /// The attention computed in this many chunks of queries.
+    pub attention_chunks: u32,
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.

@@ -162,10 +162,22 @@ test('a stage that cannot be created while others are resident releases them, an
   assert.ok(!s.transformer.resident && s.transformer.sessionCreateMs > 0, JSON.stringify(s.transformer));
   assert.ok(s.transformer.workerCreatedAtMs >= s.textEncoder.finishedAtMs, JSON.stringify(s));
   assert.deepEqual(await loadedSettled(b.page, []), []);
-  // The same image as without the failure.
+  // The same image as without the failure; the failed plan is remembered for this GPU and pack: the
+  // next image loads one stage at a time from the start, below the plan that failed, and pays no
+  // failed load first.
   const again = await h.generateOk(b.page, req);
   assert.equal(again.result.png, result.png);
-  assert.deepEqual((await keepLoaded(b.page)).loaded, ['transformer', 'decoder']);
+  const m = again.result.timings.memory;
+  assert.deepEqual([m.ahead, m.keep], [false, false], JSON.stringify(again.result.timings));
+  assert.equal(typeof again.result.timings.budget, 'number', 'a budget below the failed plan, where there was none');
+  assert.deepEqual(await loadedSettled(b.page, []), []);
+  // Setting the budget again (here: Auto) forgets it.
+  await h.api(b.page, { type: 'gpuMemory', setting: { mode: 'auto' } });
+  const fresh = await h.generateOk(b.page, { ...req, seed: '12' });
+  assert.equal(fresh.result.timings.memory.ahead, true, JSON.stringify(fresh.result.timings));
+  assert.equal(fresh.result.timings.budget, undefined);
+  // The prompt's embeddings are cached: the text encoder did not run.
+  assert.deepEqual(await loadedSettled(b.page, ['transformer', 'decoder']), ['transformer', 'decoder']);
 });
 
 test('the transformer failing to load beside the text encoder is made again one stage at a time', { timeout: 600_000 }, async (t) => {
@@ -181,4 +193,35 @@ test('the transformer failing to load beside the text encoder is made again one 
   assert.ok(s.transformer.sessionCreateMs > 0, JSON.stringify(s.transformer));
   const again = await h.generateOk(b.page, req);
   assert.equal(again.result.png, result.png);
+});
+
+test('a resident stage asked for other session options is ended and loaded in a fresh worker; alternating sizes keep the GPU process flat', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  const { startSampler } = await import('../lib/proc-memory.mjs');
+  const sampler = startSampler(b.profileDir, 250);
+  t.after(() => sampler.stop());
+  // Above 512x512 ORT keeps every buffer of the transformer and the decoder (`keepBuffers`): another
+  // session of the same graph.
+  const sizes = [{ width: 256, height: 256 }, { width: 528, height: 512 }];
+  const req = { prompt: 'a paper boat', steps: 2, seed: '3' };
+  let previous = null;
+  const gpuAfter = [];
+  for (let i = 0; i < 10; i++) {
+    const { result } = await h.generateOk(b.page, { ...req, ...sizes[i % 2] });
+    const s = byStage(result);
+    if (previous) {
+      for (const name of ['transformer', 'decoder']) {
+        assert.equal(s[name].resident, false, `image ${i}: ${name} ${JSON.stringify(s[name])}`);
+        assert.notEqual(s[name].workerCreatedAtMs, previous[name].workerCreatedAtMs, `image ${i}: the ${name} got a fresh worker`);
+      }
+    }
+    previous = s;
+    // Only the stages of this size stay loaded: one worker each.
+    assert.equal((await stageWorkersSettled(b.context, 3)).length, 3, `image ${i}: three stage workers`);
+    gpuAfter.push(sampler.mark().median.gpu ?? 0);
+  }
+  // The GPU process (SwiftShader keeps "GPU" buffers there) after the 4th image and after the 10th:
+  // no transformer or decoder left behind by the sizes before.
+  const grew = gpuAfter[9] - gpuAfter[3];
+  assert.ok(grew < 64 << 20, `the GPU process grew ${(grew / 2 ** 20).toFixed(1)} MiB over six alternations: ${gpuAfter.map((x) => (x / 2 ** 20).toFixed(0)).join(', ')} MiB`);
 });

@@ -1,6 +1,7 @@
 //! The GPU memory budget, for the service worker: the user's setting (`imagine.gpuMemory`), the probe
 //! of this GPU (`imagine.gpuProbe`, made once per adapter, when nothing of Imagine is loaded on it),
-//! and what the pages need to say which sizes fit (`gpuMemory`).
+//! and what the pages need to say which sizes fit (`gpuMemory`). Setting or measuring the budget again
+//! forgets what a failed plan taught the offscreen document (`opfs::learned`).
 
 use imagine_core::api::{GpuMemoryRequest, GpuMemoryStatus};
 use imagine_core::gpu_memory::{self, GpuMemorySetting, Probe};
@@ -9,12 +10,15 @@ use imagine_core::Backend;
 use crate::background::service_worker::{loaded_stages, set_keep_loaded, ServiceWorkerError};
 use crate::platform::gpu;
 use crate::platform::js::LogError;
+use crate::platform::opfs;
 use crate::platform::storage;
 
 /// `gpuMemory`: sets the setting if given, probes again if asked, and says what is in force.
 pub async fn status(request: GpuMemoryRequest) -> Result<GpuMemoryStatus, ServiceWorkerError> {
     if let Some(setting) = request.setting {
         storage::GPU_MEMORY.set(&setting.checked()?).await?;
+        // A new budget is tried afresh, whatever failed under the old one.
+        opfs::learned::forget().await?;
         // What is loaded was loaded under the old budget: the next job loads what the new one allows.
         if !loaded_stages().await.is_empty() {
             set_keep_loaded(Some(0)).await?;
@@ -63,5 +67,6 @@ async fn measure(cap: Option<u64>) -> Result<Option<Probe>, ServiceWorkerError> 
     }
     let probe = probe?;
     storage::GPU_PROBE.set(&probe).await?;
+    opfs::learned::forget().await?;
     Ok(Some(probe))
 }

@@ -19,8 +19,9 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
-use imagine_core::gpu_memory::{Levers, MemoryFacts, MemoryPlan, Wanted};
+use imagine_core::gpu_memory::{Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
 use imagine_core::message::ErrorText;
+use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
 use imagine_core::stages::{stall_limit_ms, EMBED_WIDTH};
@@ -406,7 +407,8 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
         state.resident_pack = pack.clone();
         (state.keep_loaded_seconds > 0, other_pack)
     });
-    let (memory, facts) = memory_plan(params, gpu_budget, keep && !params.profile).await;
+    let (memory, facts, gpu_budget) =
+        memory_plan(params, pack.as_deref(), gpu_budget, keep && !params.profile).await;
     // A profile is of stages loaded afresh, which are not kept; stages kept loaded hold memory a plan
     // without residency has no room for.
     if other_pack || params.profile || !memory.keep {
@@ -434,7 +436,12 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
             unload();
             let lean = plan.lean();
             let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
-            run_stages(job, params, pack.as_deref(), lean, &mut sent).await
+            let outcome = run_stages(job, params, pack.as_deref(), lean, &mut sent).await;
+            // Lean worked where the fuller plan failed: later jobs stay below that plan.
+            if let (Ok(()), Some(pack), true) = (&outcome, &pack, lean != plan) {
+                learn(pack, plan.memory.peak).await;
+            }
+            outcome
         }
         outcome => outcome,
     };
@@ -452,16 +459,32 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     }
 }
 
-/// The memory plan of `params` within `gpu_budget`, and what it was made from.
+/// Keeps that a plan needing `failed_peak` bytes failed on this GPU with the pack `pack`.
+async fn learn(pack: &str, failed_peak: u64) {
+    let Ok(report) = crate::platform::gpu::device_report().await else { return };
+    let learned = Learned { adapter: report.adapter_id(), pack: pack.to_owned(), failed_peak };
+    crate::platform::opfs::learned::set(&learned).await.log_error("keeping what the failed plan taught");
+}
+
+/// The memory plan of `params` within `gpu_budget` (lowered below a plan that failed here before), what
+/// it was made from, and the budget it was made for.
 async fn memory_plan(
     params: &GenerateParams,
+    pack: Option<&str>,
     gpu_budget: Option<u64>,
     keep: bool,
-) -> (MemoryPlan, MemoryFacts) {
+) -> (MemoryPlan, MemoryFacts, Option<u64>) {
+    let gpu_budget = match (crate::platform::opfs::learned::get().await, pack) {
+        (Some(learned), Some(pack)) => match crate::platform::gpu::device_report().await {
+            Ok(report) => learned.cap(gpu_budget, &report.adapter_id(), pack),
+            Err(_) => gpu_budget,
+        },
+        _ => gpu_budget,
+    };
     let facts = crate::platform::gpu::memory_facts().await;
     let wanted = Wanted { ahead: params.load_ahead, keep, keep_buffers: params.keep_buffers };
     let budget = if params.backend == Backend::WebGpu { gpu_budget } else { None };
-    (facts.plan(budget, params.width, params.height, wanted), facts)
+    (facts.plan(budget, params.width, params.height, wanted), facts, budget)
 }
 
 /// How a job loads its stages.
@@ -776,6 +799,9 @@ struct StageRun {
     job: String,
     /// The longest this worker went without reporting anything while a job waited on it.
     quiet_ms: f64,
+    /// What its session was made with: a task asking for others gets a fresh worker, as ORT's
+    /// `release()` does not give all of a session's GPU memory back.
+    options: Option<SessionOptions>,
 }
 
 impl StageRun {
@@ -787,7 +813,8 @@ impl StageRun {
             return Err(StageFailure::Cancelled);
         }
         let (stage, backend) = task.stage().ok_or(OffscreenError::NoOutput)?;
-        let run = match StageRun::resident(stage, backend) {
+        let options = task.session_options();
+        let run = match StageRun::resident(stage, backend, options) {
             Some(mut run) => {
                 run.job = job.to_owned();
                 STATE.with_borrow_mut(|state| {
@@ -807,23 +834,24 @@ impl StageRun {
                     state.current.push(current);
                     id
                 });
-                StageRun { id, stage, backend, worker, inbox, job: job.to_owned(), quiet_ms: 0.0 }
+                StageRun { id, stage, backend, worker, inbox, job: job.to_owned(), quiet_ms: 0.0, options }
             }
         };
         protocol::post(&run.worker, task, data)?;
         Ok(run)
     }
 
-    /// The resident worker of `stage` on `backend`, taken out of the residents. One that reported
-    /// anything while idle (it crashed, say) is dropped instead.
-    fn resident(stage: Stage, backend: Backend) -> Option<StageRun> {
+    /// The resident worker of `stage` on `backend`, taken out of the residents, if its session was
+    /// made with `options`. One made with other options, or that reported anything while idle (it
+    /// crashed, say), is ended instead.
+    fn resident(stage: Stage, backend: Backend, options: Option<SessionOptions>) -> Option<StageRun> {
         let mut run = STATE.with_borrow_mut(|state| {
             let index = state.resident.iter().position(|run| run.stage == stage && run.backend == backend)?;
             Some(state.resident.swap_remove(index))
         })?;
         match run.inbox.try_next() {
-            Err(_) => Some(run),
-            Ok(_) => None,
+            Err(_) if run.options == options => Some(run),
+            _ => None,
         }
     }
 

@@ -489,6 +489,31 @@ pub mod embeddings {
     }
 }
 
+/// What a job taught about this GPU's memory (`imagine_core::gpu_memory::Learned`): written by the
+/// offscreen document, removed by the service worker when the budget is set or measured again.
+pub mod learned {
+    use imagine_core::gpu_memory::Learned;
+
+    use super::{json_bytes, read, remove, root, write_whole, OpfsResult};
+
+    const FILE: &str = "gpu-learned.json";
+
+    /// The lesson kept, if any.
+    pub async fn get() -> Option<Learned> {
+        serde_json::from_slice(&read(&root().await.ok()?, FILE).await.ok()?).ok()
+    }
+
+    /// Keeps `learned` in place of any earlier lesson.
+    pub async fn set(learned: &Learned) -> OpfsResult<()> {
+        write_whole(&root().await?, FILE, &json_bytes(learned, FILE)?).await
+    }
+
+    /// Forgets it.
+    pub async fn forget() -> OpfsResult<()> {
+        remove(&root().await?, FILE).await
+    }
+}
+
 /// The file that arms a [`failpoint`].
 const FAILPOINT_FILE: &str = "failpoint";
 

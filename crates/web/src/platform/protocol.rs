@@ -15,6 +15,8 @@
 use imagine_core::api::{DownloadProgress, InstallRequest, Stage};
 use imagine_core::hub::HashCheckpoint;
 use imagine_core::message::{ErrorText, Message};
+use imagine_core::pack::Graph;
+use imagine_core::params::SessionOptions;
 use imagine_core::storage::PackRecord;
 use imagine_core::{Backend, EncodedPrompt, GenerateParams};
 use js_sys::Array;
@@ -149,6 +151,17 @@ impl StageTask {
             StageTask::Decoder { params, .. } => Some((Stage::Decoder, params.backend)),
             StageTask::Input => None,
         }
+    }
+
+    /// The options the task's session is made with (an `Input` has none of its own).
+    pub fn session_options(&self) -> Option<SessionOptions> {
+        let (params, graph) = match self {
+            StageTask::TextEncoder { params, .. } => (params, Graph::TextEncoder),
+            StageTask::Transformer { params, .. } => (params, Graph::Transformer),
+            StageTask::Decoder { params, .. } => (params, Graph::Decoder),
+            StageTask::Input => return None,
+        };
+        Some(params.session_options(graph))
     }
 }
 
