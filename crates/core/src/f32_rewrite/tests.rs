@@ -13,7 +13,7 @@ use crate::onnx::fields::{
 use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 
 // ------------------------------------------------------------------------------------------------
-// A small ONNX writer for test models.
+// A small ONNX writer for test models (the split's tests use it too).
 
 /// A field no ONNX version defines, put in several messages to check that it survives.
 const UNKNOWN: &[u8] = &[0xd8, 0x3e, 0x2a]; // field 999, varint 42
@@ -30,11 +30,11 @@ fn halves(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()).collect()
 }
 
-pub(super) fn floats(values: &[f32]) -> Vec<u8> {
+fn floats(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-pub(super) fn tensor_head(name: &str, dims: &[u64], data_type: u64) -> Vec<u8> {
+fn tensor_head(name: &str, dims: &[u64], data_type: u64) -> Vec<u8> {
     let mut t = Vec::new();
     for d in dims {
         put_varint_field(&mut t, 1, *d);
