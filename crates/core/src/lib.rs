@@ -27,8 +27,10 @@
 //! export), [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
 //! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
 //! repeated prompt skip the text encoder. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
-//! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece. Two edits
-//! of a graph's protobuf in memory, made by the stage worker before it creates a session:
+//! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece;
+//! [`f32_rewrite::split`] cuts the VAE decoder into a chain of smaller graphs whose activations fit GPU
+//! memory. Two edits of a graph's protobuf in memory, made by the stage worker before it creates a
+//! session:
 //! [`table_lookup`] takes embedding tables out of the graph, and [`matmul_blocks`] re-blocks
 //! `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
 //!

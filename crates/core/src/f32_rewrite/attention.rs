@@ -604,7 +604,7 @@ impl Node<'_> {
         }
     }
 
-    fn ints_attribute(&self, name: &str) -> Option<Vec<i64>> {
+    pub(super) fn ints_attribute(&self, name: &str) -> Option<Vec<i64>> {
         let a = self.attributes.iter().find(|a| a.name == name)?;
         let mut values = Vec::new();
         for f in a.fields.iter().filter(|f| f.number == ATTR_INTS) {
@@ -710,7 +710,7 @@ fn used(nodes: &[NewNode], outputs: &HashSet<&str>) -> HashSet<usize> {
 }
 
 /// The values of a tensor of at most a few elements stored in the graph (float or integer), as f64.
-fn small_values(bytes: &[u8]) -> Option<Vec<f64>> {
+pub(super) fn small_values(bytes: &[u8]) -> Option<Vec<f64>> {
     const MAX: usize = 8;
     let tensor = read_tensor(bytes).ok()?;
     if tensor.external.is_some() || tensor.segmented {

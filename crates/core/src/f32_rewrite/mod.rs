@@ -96,6 +96,11 @@
 //!    ([`EmbeddingLookup::row_range`] or [`EmbeddingLookup::gather`]) from the float16 table in its
 //!    original file, and feed them as `input` (float32, the ids' shape plus `row_elements`).
 //!
+//! # Beside the rewrite
+//!
+//! [`split`] cuts a graph (the VAE decoder) into a chain of smaller graphs, one session each, so that
+//! each run's activations fit GPU memory; it reads and writes the graph the same way.
+//!
 //! # Why a hand-written protobuf reader and writer
 //!
 //! Unknown fields must survive the rewrite byte for byte (fields from newer ONNX versions, ONNX
@@ -110,6 +115,7 @@ mod ops;
 pub mod pack_conversion;
 pub(crate) mod reblock;
 pub(crate) mod rewrite;
+pub mod split;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

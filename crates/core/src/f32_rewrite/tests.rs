@@ -13,12 +13,12 @@ use crate::onnx::fields::{
 use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 
 // ------------------------------------------------------------------------------------------------
-// A small ONNX writer for test models.
+// A small ONNX writer for test models (the split's tests use it too).
 
 /// A field no ONNX version defines, put in several messages to check that it survives.
 const UNKNOWN: &[u8] = &[0xd8, 0x3e, 0x2a]; // field 999, varint 42
 
-fn msg(fields: &[(u64, &[u8])]) -> Vec<u8> {
+pub(super) fn msg(fields: &[(u64, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
     for (n, payload) in fields {
         put_bytes_field(&mut out, *n, payload);
@@ -44,7 +44,7 @@ fn tensor_head(name: &str, dims: &[u64], data_type: u64) -> Vec<u8> {
     t
 }
 
-fn raw_tensor(name: &str, dims: &[u64], data_type: u64, raw: &[u8]) -> Vec<u8> {
+pub(super) fn raw_tensor(name: &str, dims: &[u64], data_type: u64, raw: &[u8]) -> Vec<u8> {
     let mut t = tensor_head(name, dims, data_type);
     put_bytes_field(&mut t, 9, raw);
     t.extend_from_slice(UNKNOWN);
@@ -62,7 +62,7 @@ fn int32_f16_tensor(name: &str, values: &[f32]) -> Vec<u8> {
     t
 }
 
-fn external_tensor(
+pub(super) fn external_tensor(
     name: &str,
     dims: &[u64],
     data_type: u64,
@@ -80,12 +80,12 @@ fn external_tensor(
     t
 }
 
-enum Dim<'a> {
+pub(super) enum Dim<'a> {
     Value(u64),
     Param(&'a str),
 }
 
-fn value_info(name: &str, elem: u64, dims: &[Dim]) -> Vec<u8> {
+pub(super) fn value_info(name: &str, elem: u64, dims: &[Dim]) -> Vec<u8> {
     let mut shape = Vec::new();
     for d in dims {
         let mut dim = Vec::new();
@@ -103,7 +103,7 @@ fn value_info(name: &str, elem: u64, dims: &[Dim]) -> Vec<u8> {
     vi
 }
 
-fn attr_int(name: &str, v: u64) -> Vec<u8> {
+pub(super) fn attr_int(name: &str, v: u64) -> Vec<u8> {
     let mut a = msg(&[(1, name.as_bytes())]);
     put_varint_field(&mut a, 3, v);
     put_varint_field(&mut a, 20, 2); // INT
@@ -122,7 +122,14 @@ fn attr_graph(name: &str, graph: &[u8]) -> Vec<u8> {
     a
 }
 
-fn node(name: &str, domain: &str, op: &str, inputs: &[&str], outputs: &[&str], attrs: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn node(
+    name: &str,
+    domain: &str,
+    op: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    attrs: &[Vec<u8>],
+) -> Vec<u8> {
     let mut n = Vec::new();
     for i in inputs {
         put_bytes_field(&mut n, 1, i.as_bytes());
@@ -143,7 +150,7 @@ fn node(name: &str, domain: &str, op: &str, inputs: &[&str], outputs: &[&str], a
 }
 
 /// A graph from (field number, payload) pairs, wrapped in a model.
-fn model(graph_fields: &[(u64, Vec<u8>)]) -> Vec<u8> {
+pub(super) fn model(graph_fields: &[(u64, Vec<u8>)]) -> Vec<u8> {
     model_with_opset(graph_fields, None)
 }
 
@@ -186,7 +193,7 @@ fn options(limit: u64) -> Options {
 // Reading a result back.
 
 /// The graph's fields of `number`, as payloads.
-fn graph_fields(model: &[u8], number: u64) -> Vec<Vec<u8>> {
+pub(super) fn graph_fields(model: &[u8], number: u64) -> Vec<Vec<u8>> {
     let graph = wire::parse(model, "m").unwrap().into_iter().find(|f| f.number == 7).unwrap();
     wire::parse(graph.bytes("g").unwrap(), "g")
         .unwrap()
@@ -197,7 +204,7 @@ fn graph_fields(model: &[u8], number: u64) -> Vec<Vec<u8>> {
 }
 
 /// (name, elem_type) of each graph input or output.
-fn io_types(model: &[u8], number: u64) -> Vec<(String, u64)> {
+pub(super) fn io_types(model: &[u8], number: u64) -> Vec<(String, u64)> {
     graph_fields(model, number)
         .iter()
         .map(|vi| {
@@ -233,7 +240,7 @@ fn raw_data(tensor: &[u8]) -> Vec<u8> {
 }
 
 /// (key, value) external-data entries of a tensor.
-fn entries(tensor: &[u8]) -> Vec<(String, String)> {
+pub(super) fn entries(tensor: &[u8]) -> Vec<(String, String)> {
     wire::parse(tensor, "t")
         .unwrap()
         .into_iter()

@@ -1,0 +1,1120 @@
+//! A graph cut into a chain of smaller graphs ("pieces"), one ONNX Runtime session each: the VAE
+//! decoder's way to fit in GPU memory.
+//!
+//! # Why
+//!
+//! Within one `session.run`, ONNX Runtime Web's WebGPU backend does not reuse a released buffer until
+//! it flushes, and the GPU lags behind, so a run's peak is about the sum of the bytes of every tensor
+//! it allocates: some 18 GB for the float32 decoder at 1024x1024. Run as a chain of pieces, the GPU
+//! awaited between them, the peak becomes the largest piece's sum. A piece holds the original nodes
+//! and reads the original weights unchanged, so the chain computes exactly what the whole graph does.
+//!
+//! # Sizes
+//!
+//! [`activation_bytes`] and [`split`] size every tensor exactly at the latent size given: shapes are
+//! inferred node by node from the latent (the first 4-D float graph input, batch 1, the given height
+//! and width), the initializers and each operator's rule, and the small integer tensors that compute
+//! shapes (`Shape`, `Gather`, `Concat`, `Mul`, ... feeding a `Reshape`) are evaluated. So attention's
+//! `[N, N]` scores come out quadratic in the latent's pixels without a special case. An operator
+//! without a rule, or a shape that depends on a value not evaluated, is an error naming the node: a
+//! wrong size would silently overrun the budget. Declared shapes (`value_info`) are not needed; where
+//! they give an element type or a static dim, they must agree with the inferred one.
+//!
+//! A piece's bytes are its inputs, every output of its nodes, and the earlier pieces' outputs that
+//! later pieces still need (the caller holds them meanwhile); for the whole graph, its inputs and
+//! every node's outputs: what one run allocates. Outputs of `Reshape`, `Squeeze`, `Unsqueeze`,
+//! `Flatten` and `Identity` count nothing: ONNX Runtime gives them their input's buffer. The sum
+//! overstates ONNX Runtime Web's measured peak (it reuses some buffers after a flush: 53 GB counted
+//! for the real decoder at 1024x1024, where 18 GB were measured), so a budget is best calibrated
+//! against a measurement; within one graph, it ranks the pieces' memory.
+//!
+//! # Where it cuts
+//!
+//! A piece is a run of consecutive nodes (the graph must be in topological order, as ONNX requires).
+//! Small values computed from constants and the shapes of graph inputs only (the exporter's
+//! `Shape`/`Squeeze`/`Mul`/`Concat` chains that build `Reshape` targets from the latent's dims) are
+//! not passed between pieces: each piece that reads one computes it again, reading the graph input
+//! for its shape, so those few nodes appear in more than one piece. Every other tensor that crosses a
+//! cut is passed; a cut is allowed only where all of them are float tensors, at most
+//! [`MAX_CROSSING`]. So a shape taken of an intermediate tensor (a group norm's `Shape` for its
+//! `Reshape` back) is never cut from its use. Each piece then takes the nodes up to the last allowed
+//! cut where its bytes still fit the budget; when even the first allowed cut does not fit (a single
+//! node too large, say), the piece ends there and its bytes say it does not fit.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Range;
+
+use thiserror::Error;
+
+use super::attention::small_values;
+use super::ops::domain_name;
+use super::rewrite::{bytes_field, model_graph, read_tensor, value_info_name, varint_field, with_graph};
+use super::rewrite::{read_node, Node};
+use super::RewriteError;
+use crate::message::{Localize, Message};
+use crate::onnx::fields::*;
+use crate::onnx::wire::{self, Field};
+
+/// The most tensors passed across one cut: the current activation and a residual, or attention's
+/// query and key and a residual. More would make the chain's bookkeeping harder to follow for little
+/// gain.
+pub const MAX_CROSSING: usize = 3;
+
+/// Operators whose output is their input's buffer, so allocates nothing: ONNX Runtime registers their
+/// kernels (WebGPU's and the CPU's) with `Alias(0, 0)`.
+const ALIASES: &[&str] = &["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"];
+
+/// Integer tensors of at most this many elements have their values followed (shape arithmetic).
+const MAX_KNOWN: u64 = 64;
+
+/// One graph of the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// The ModelProto: the original's fields (IR version, opsets, producer) with a graph of this
+    /// piece's nodes and the initializers they read, byte for byte (external data points at the same
+    /// files).
+    pub model: Vec<u8>,
+    /// Its graph inputs, by name: original graph inputs (feed the whole graph's values) and earlier
+    /// pieces' outputs.
+    pub inputs: Vec<String>,
+    /// Its graph outputs: tensors later pieces read, and the original graph outputs it computes.
+    pub outputs: Vec<String>,
+    /// The original nodes it computes, by index. It may also compute again some earlier shape
+    /// arithmetic (see the module documentation).
+    pub nodes: Range<usize>,
+    /// What running it holds at the size asked for: its inputs, its nodes' outputs, and tensors held
+    /// for later pieces. Above the budget when no allowed cut made it fit.
+    pub bytes: u64,
+}
+
+/// Why a graph cannot be sized or split.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SplitError {
+    /// The model cannot be read.
+    #[error("cannot read the model to split it: {0}")]
+    Read(#[from] RewriteError),
+    /// Something about the whole model.
+    #[error("cannot split the model: {0}")]
+    Model(String),
+    /// A graph input whose shape at the given size is unknown.
+    #[error("cannot size graph input {name:?}: {reason}")]
+    Input {
+        /// Its name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A node whose outputs cannot be sized.
+    #[error("cannot size node {index} {name:?} ({op}): {reason}")]
+    Node {
+        /// Its index in the graph's node list.
+        index: usize,
+        /// Its name (may be empty).
+        name: String,
+        /// `domain::op_type` (`ai.onnx` for the default domain).
+        op: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl From<wire::WireError> for SplitError {
+    fn from(e: wire::WireError) -> Self {
+        SplitError::Read(e.into())
+    }
+}
+
+/// A graph's details for developers, not translated: the text is shown as it is.
+impl Localize for SplitError {
+    fn message(&self) -> Message {
+        Message::text(self)
+    }
+}
+
+/// The bytes one run of `model` allocates for its inputs and every node's outputs when its latent is
+/// `latent_h` x `latent_w`.
+pub fn activation_bytes(model: &[u8], latent_h: u64, latent_w: u64) -> Result<u64, SplitError> {
+    let graph = Graph::read(model, latent_h, latent_w)?;
+    Ok(graph.plan(0, graph.nodes.len()).bytes)
+}
+
+/// `model` cut into pieces of at most `max_piece_bytes` each where the allowed cuts permit (see the
+/// module documentation), for a latent of `latent_h` x `latent_w`. Run them in order, feeding each
+/// its inputs by name; the last piece's outputs are the graph's. One piece, the model as it was, when
+/// it fits whole or cannot be cut.
+pub fn split(
+    model: &[u8],
+    latent_h: u64,
+    latent_w: u64,
+    max_piece_bytes: u64,
+) -> Result<Vec<Piece>, SplitError> {
+    let graph = Graph::read(model, latent_h, latent_w)?;
+    let n = graph.nodes.len();
+    let allowed = graph.allowed_cuts();
+    let mut plans = Vec::new();
+    let mut start = 0;
+    while start < n {
+        // The cost only grows with the end, so stop at the first that does not fit.
+        let mut chosen: Option<Plan> = None;
+        for end in (start + 1..=n).filter(|&e| allowed[e]) {
+            let plan = graph.plan(start, end);
+            let fits = plan.bytes <= max_piece_bytes;
+            if fits || chosen.is_none() {
+                chosen = Some(plan);
+            }
+            if !fits {
+                break;
+            }
+        }
+        let plan = chosen.expect("the graph's end is always an allowed cut");
+        start = plan.own.end;
+        plans.push(plan);
+    }
+    if plans.len() <= 1 {
+        let bytes = plans.first().map_or(0, |p| p.bytes);
+        return Ok(vec![Piece {
+            model: model.to_vec(),
+            inputs: graph.inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: graph.outputs.iter().map(|s| s.to_string()).collect(),
+            nodes: 0..n,
+            bytes,
+        }]);
+    }
+    plans
+        .iter()
+        .map(|plan| {
+            Ok(Piece {
+                model: graph.write(plan)?,
+                inputs: plan.inputs.iter().map(|s| s.to_string()).collect(),
+                outputs: plan.outputs.iter().map(|s| s.to_string()).collect(),
+                nodes: plan.own.clone(),
+                bytes: plan.bytes,
+            })
+        })
+        .collect()
+}
+
+/// A tensor's type and shape at the size asked for.
+#[derive(Debug, Clone, PartialEq)]
+struct Info {
+    /// ONNX `DataType`.
+    elem: u64,
+    dims: Vec<u64>,
+    /// The values of a small tensor of shape arithmetic or a constant (integers are exact in f64).
+    known: Option<Vec<f64>>,
+}
+
+impl Info {
+    fn new(elem: u64, dims: Vec<u64>) -> Info {
+        Info { elem, dims, known: None }
+    }
+
+    fn elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.elements() * elem_size(self.elem).unwrap_or(0)
+    }
+
+    /// `known` kept only while the tensor is small.
+    fn with_known(mut self, known: Option<Vec<f64>>) -> Info {
+        self.known = known.filter(|v| v.len() as u64 == self.elements() && self.elements() <= MAX_KNOWN);
+        self
+    }
+}
+
+fn elem_size(elem: u64) -> Option<u64> {
+    match elem {
+        UINT8 | INT8 | BOOL => Some(1),
+        FLOAT16 | BFLOAT16 => Some(2),
+        FLOAT | INT32 => Some(4),
+        INT64 | DOUBLE => Some(8),
+        _ => None,
+    }
+}
+
+fn is_float(elem: u64) -> bool {
+    matches!(elem, FLOAT | FLOAT16 | BFLOAT16 | DOUBLE)
+}
+
+/// What a piece holds: which nodes, what it reads and gives, and its bytes.
+struct Plan<'a> {
+    /// The nodes it computes for the first time.
+    own: Range<usize>,
+    /// Every node it runs: earlier shape arithmetic computed again, then `own`, in graph order.
+    nodes: BTreeSet<usize>,
+    inputs: Vec<&'a str>,
+    outputs: Vec<&'a str>,
+    bytes: u64,
+}
+
+/// The graph as the split reads it, every tensor sized.
+struct Graph<'a> {
+    model_fields: Vec<Field<'a>>,
+    graph_fields: Vec<Field<'a>>,
+    nodes: Vec<Node<'a>>,
+    initializers: HashSet<&'a str>,
+    /// Graph inputs that are not initializers, in order.
+    inputs: Vec<&'a str>,
+    outputs: Vec<&'a str>,
+    /// ValueInfoProtos (value_info, inputs, outputs) by name.
+    declared: HashMap<&'a str, &'a [u8]>,
+    infos: HashMap<&'a str, Info>,
+    producer: HashMap<&'a str, usize>,
+    /// The last node that reads each value.
+    last_use: HashMap<&'a str, usize>,
+    /// Values computed from constants and graph inputs' shapes only: computed again where needed.
+    recomputed: HashSet<&'a str>,
+}
+
+impl<'a> Graph<'a> {
+    fn read(model: &'a [u8], latent_h: u64, latent_w: u64) -> Result<Graph<'a>, SplitError> {
+        const WHAT: &str = "GraphProto";
+        let model_fields = wire::parse(model, "ModelProto")?;
+        let graph_fields = wire::parse(model_graph(&model_fields)?, WHAT)?;
+        let mut graph = Graph {
+            model_fields: Vec::new(),
+            graph_fields: Vec::new(),
+            nodes: Vec::new(),
+            initializers: HashSet::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            declared: HashMap::new(),
+            infos: HashMap::new(),
+            producer: HashMap::new(),
+            last_use: HashMap::new(),
+            recomputed: HashSet::new(),
+        };
+        let mut all_inputs = Vec::new();
+        for f in &graph_fields {
+            match f.number {
+                GRAPH_NODE => graph.nodes.push(read_node(f.bytes(WHAT)?, graph.nodes.len())?),
+                GRAPH_INITIALIZER => {
+                    let bytes = f.bytes(WHAT)?;
+                    let t = read_tensor(bytes)?;
+                    let name = tensor_name(bytes)?;
+                    graph.initializers.insert(name);
+                    let info = Info::new(t.data_type, t.dims);
+                    graph.infos.insert(name, info.with_known(small_values(bytes)));
+                }
+                GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => {
+                    let bytes = f.bytes(WHAT)?;
+                    let name = value_info_name(bytes)?;
+                    graph.declared.entry(name).or_insert(bytes);
+                    match f.number {
+                        GRAPH_INPUT => all_inputs.push(name),
+                        GRAPH_OUTPUT => graph.outputs.push(name),
+                        _ => {}
+                    }
+                }
+                GRAPH_SPARSE_INITIALIZER => {
+                    return Err(SplitError::Model("it has sparse initializers, which are not split".into()))
+                }
+                _ => {}
+            }
+        }
+        graph.inputs = all_inputs.into_iter().filter(|i| !graph.initializers.contains(i)).collect();
+        graph.size_inputs(latent_h, latent_w)?;
+        for index in 0..graph.nodes.len() {
+            graph.size_node(index)?;
+        }
+        for output in &graph.outputs {
+            if !graph.infos.contains_key(output) {
+                return Err(SplitError::Model(format!("no node computes its output {output:?}")));
+            }
+        }
+        graph.model_fields = model_fields;
+        graph.graph_fields = graph_fields;
+        Ok(graph)
+    }
+
+    /// The latent (the first 4-D float input) at `latent_h` x `latent_w`, batch 1; other inputs must be
+    /// static but for their batch.
+    fn size_inputs(&mut self, latent_h: u64, latent_w: u64) -> Result<(), SplitError> {
+        let mut latent_found = false;
+        for &name in &self.inputs {
+            let error = |reason: String| SplitError::Input { name: name.to_owned(), reason };
+            let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
+            let Some(Declared { elem, dims: Some(dims) }) = declared else {
+                return Err(error("it declares no tensor type and shape".into()));
+            };
+            let is_latent = !latent_found && is_float(elem) && dims.len() == 4;
+            latent_found |= is_latent;
+            let mut sized = Vec::with_capacity(dims.len());
+            for (i, d) in dims.iter().enumerate() {
+                let size = match (is_latent, i, d) {
+                    (true, 2, _) => latent_h,
+                    (true, 3, _) => latent_w,
+                    (_, _, Some(d)) => *d,
+                    (_, 0, None) => 1,
+                    (_, _, None) => return Err(error(format!("its dim {i} is symbolic"))),
+                };
+                if let (true, Some(d)) = (i >= 2 && is_latent, d) {
+                    if *d != size {
+                        return Err(error(format!(
+                            "it is the latent, and its dim {i} is fixed at {d}, not {size}"
+                        )));
+                    }
+                }
+                sized.push(size);
+            }
+            if elem_size(elem).is_none() {
+                return Err(error(format!("its element type {elem} has no known size")));
+            }
+            self.infos.insert(name, Info::new(elem, sized));
+        }
+        if !latent_found {
+            return Err(SplitError::Model("it has no 4-D float graph input (the latent)".into()));
+        }
+        Ok(())
+    }
+
+    fn size_node(&mut self, index: usize) -> Result<(), SplitError> {
+        let node = &self.nodes[index];
+        let error = |reason: String| SplitError::Node {
+            index,
+            name: node.name.to_owned(),
+            op: format!("{}::{}", domain_name(node.domain), node.op_type),
+            reason,
+        };
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        for &name in node.inputs.iter() {
+            if name.is_empty() {
+                inputs.push(None);
+                continue;
+            }
+            inputs.push(Some(self.infos.get(name).ok_or_else(|| {
+                error(format!(
+                    "it reads {name:?}, which no earlier node, graph input or initializer gives (nodes must be in topological order)"
+                ))
+            })?));
+        }
+        let infos = output_infos(node, &inputs).map_err(error)?;
+        let mut outputs = Vec::new();
+        for (i, &name) in node.outputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
+            let info = infos
+                .get(i)
+                .cloned()
+                .ok_or_else(|| error(format!("its output {i} ({name:?}) is not sized, only the first")))?;
+            if elem_size(info.elem).is_none() {
+                return Err(error(format!(
+                    "its output {name:?} has element type {}, of no known size",
+                    info.elem
+                )));
+            }
+            let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
+            if let Some(Declared { elem, dims }) = declared {
+                let agrees = (elem == 0 || elem == info.elem)
+                    && dims.is_none_or(|d| {
+                        d.len() == info.dims.len()
+                            && d.iter().zip(&info.dims).all(|(d, s)| d.is_none_or(|d| d == *s))
+                    });
+                if !agrees {
+                    return Err(error(format!(
+                        "its output {name:?} is sized as type {} {:?}, which its declared type and shape contradict",
+                        info.elem, info.dims
+                    )));
+                }
+            }
+            outputs.push((name, info));
+        }
+        // Constants, and arithmetic on them and on graph inputs' shapes.
+        let recomputed = node
+            .inputs
+            .iter()
+            .all(|i| i.is_empty() || self.initializers.contains(i) || self.recomputed.contains(i))
+            || (node.is_onnx("Shape") || node.is_onnx("Size"))
+                && node.inputs.first().is_some_and(|i| self.inputs.contains(i));
+        for &name in self.nodes[index].inputs.iter().filter(|i| !i.is_empty()) {
+            self.last_use.insert(name, index);
+        }
+        for (name, info) in outputs {
+            if recomputed {
+                self.recomputed.insert(name);
+            }
+            self.producer.insert(name, index);
+            self.infos.insert(name, info);
+        }
+        Ok(())
+    }
+
+    /// Whether a cut may go before node `c`, for `c` in `0..=n`: every tensor produced before it and
+    /// read from it on is computed again where needed, or a float tensor, and at most [`MAX_CROSSING`]
+    /// of those; and node `c - 1` is not one that is computed again.
+    fn allowed_cuts(&self) -> Vec<bool> {
+        let n = self.nodes.len();
+        // Difference arrays over cuts: value produced by node p and last read by node u crosses p+1..=u.
+        let mut passed = vec![0i64; n + 2];
+        let mut forbidden = vec![0i64; n + 2];
+        for (name, &p) in &self.producer {
+            let Some(&u) = self.last_use.get(name).filter(|&&u| u > p) else { continue };
+            if self.recomputed.contains(name) {
+                continue;
+            }
+            let counts = if is_float(self.infos[name].elem) { &mut passed } else { &mut forbidden };
+            counts[p + 1] += 1;
+            counts[u + 1] -= 1;
+        }
+        let (mut crossing, mut bad) = (0, 0);
+        (0..=n)
+            .map(|c| {
+                crossing += passed[c];
+                bad += forbidden[c];
+                // Shape arithmetic goes with the node after it, which reads it: a piece never ends with
+                // it, so no piece is shape arithmetic alone, which would give nothing.
+                let after_recomputed =
+                    c > 0 && self.nodes[c - 1].outputs.iter().any(|o| self.recomputed.contains(o));
+                c == 0 || c == n || (bad == 0 && crossing <= MAX_CROSSING as i64 && !after_recomputed)
+            })
+            .collect()
+    }
+
+    /// The piece of nodes `start..end`.
+    fn plan(&self, start: usize, end: usize) -> Plan<'a> {
+        let mut nodes: BTreeSet<usize> = (start..end).collect();
+        let produced: HashSet<&str> =
+            self.nodes[start..end].iter().flat_map(|n| n.outputs.iter().copied()).collect();
+        let mut needed: Vec<&str> = self.nodes[start..end]
+            .iter()
+            .flat_map(|n| n.inputs.iter().copied())
+            .filter(|i| !produced.contains(i))
+            .collect();
+        let mut seen = HashSet::new();
+        let mut inputs = Vec::new();
+        while let Some(v) = needed.pop() {
+            if v.is_empty() || self.initializers.contains(v) || !seen.insert(v) {
+                continue;
+            }
+            if self.recomputed.contains(v) {
+                let p = self.producer[v];
+                if nodes.insert(p) {
+                    needed.extend(self.nodes[p].inputs.iter().copied());
+                }
+            } else {
+                inputs.push(v);
+            }
+        }
+        let order = |v: &&str| match self.producer.get(v) {
+            Some(&p) => (1, p, self.nodes[p].outputs.iter().position(|o| o == v).unwrap_or(0)),
+            None => (0, self.inputs.iter().position(|i| i == v).unwrap_or(0), 0),
+        };
+        inputs.sort_by_key(order);
+        let outputs: Vec<&str> = self.nodes[start..end]
+            .iter()
+            .flat_map(|n| n.outputs.iter().copied())
+            .filter(|o| {
+                self.outputs.contains(o)
+                    || (!o.is_empty()
+                        && !self.recomputed.contains(o)
+                        && self.last_use.get(o).is_some_and(|&u| u >= end))
+            })
+            .collect();
+        // Passed from before this piece to after it, through the caller.
+        let held = self.producer.iter().filter(|(v, &p)| {
+            p < start
+                && self.last_use.get(*v).is_some_and(|&u| u >= end)
+                && !self.recomputed.contains(*v)
+                && !inputs.contains(v)
+        });
+        let bytes = inputs.iter().map(|v| self.infos[v].bytes()).sum::<u64>()
+            + nodes
+                .iter()
+                .filter(|&&i| !ALIASES.contains(&self.nodes[i].op_type))
+                .flat_map(|&i| self.nodes[i].outputs.iter().filter(|o| !o.is_empty()))
+                .map(|o| self.infos[o].bytes())
+                .sum::<u64>()
+            + held.map(|(v, _)| self.infos[v].bytes()).sum::<u64>();
+        Plan { own: start..end, nodes, inputs, outputs, bytes }
+    }
+
+    /// The ModelProto of `plan`: the original model's fields, and a graph of the original graph's
+    /// fields that concern the piece, in their order, then the declarations of the tensors passed in
+    /// and out.
+    fn write(&self, plan: &Plan) -> Result<Vec<u8>, SplitError> {
+        const WHAT: &str = "GraphProto";
+        let read: HashSet<&str> =
+            plan.nodes.iter().flat_map(|&i| self.nodes[i].inputs.iter().copied()).collect();
+        let produced: HashSet<&str> =
+            plan.nodes.iter().flat_map(|&i| self.nodes[i].outputs.iter().copied()).collect();
+        let is_io = |name: &str| plan.inputs.contains(&name) || plan.outputs.contains(&name);
+        let mut out = Vec::new();
+        let mut node_index = 0;
+        for f in &self.graph_fields {
+            let keep = match f.number {
+                GRAPH_NODE => {
+                    node_index += 1;
+                    plan.nodes.contains(&(node_index - 1))
+                }
+                GRAPH_INITIALIZER => read.contains(tensor_name(f.bytes(WHAT)?)?),
+                GRAPH_INPUT => {
+                    let name = value_info_name(f.bytes(WHAT)?)?;
+                    plan.inputs.contains(&name) || (self.initializers.contains(name) && read.contains(name))
+                }
+                GRAPH_OUTPUT => plan.outputs.contains(&value_info_name(f.bytes(WHAT)?)?),
+                GRAPH_VALUE_INFO => {
+                    let name = value_info_name(f.bytes(WHAT)?)?;
+                    produced.contains(name) && !is_io(name)
+                }
+                _ => true,
+            };
+            if keep {
+                out.extend_from_slice(f.raw);
+            }
+        }
+        let passed_in = plan.inputs.iter().filter(|v| !self.inputs.contains(v));
+        let passed_out = plan.outputs.iter().filter(|v| !self.outputs.contains(v));
+        for (number, name) in passed_in.map(|v| (GRAPH_INPUT, v)).chain(passed_out.map(|v| (GRAPH_OUTPUT, v)))
+        {
+            let info = match self.declared.get(name) {
+                Some(declared) => declared.to_vec(),
+                None => {
+                    let tensor = varint_field(TENSOR_TYPE_ELEM_TYPE, self.infos[name].elem);
+                    let mut info = bytes_field(VALUE_INFO_NAME, name.as_bytes());
+                    info.extend(bytes_field(VALUE_INFO_TYPE, &bytes_field(TYPE_TENSOR, &tensor)));
+                    info
+                }
+            };
+            wire::put_bytes_field(&mut out, number, &info);
+        }
+        Ok(with_graph(&self.model_fields, &out))
+    }
+}
+
+fn tensor_name(bytes: &[u8]) -> Result<&str, SplitError> {
+    for f in wire::parse(bytes, "TensorProto")? {
+        if f.number == TENSOR_NAME {
+            return Ok(f.string("TensorProto")?);
+        }
+    }
+    Ok("")
+}
+
+/// A ValueInfoProto's tensor type: element type (0 when unset) and dims (`None` for a symbolic one),
+/// or no dims without a shape.
+struct Declared {
+    elem: u64,
+    dims: Option<Vec<Option<u64>>>,
+}
+
+fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
+    let field = |bytes: &[u8], number: u64, what: &'static str| -> Result<Option<Vec<u8>>, SplitError> {
+        let fields = wire::parse(bytes, what)?;
+        Ok(fields.iter().find(|f| f.number == number).map(|f| f.bytes(what)).transpose()?.map(<[u8]>::to_vec))
+    };
+    let Some(type_proto) = field(value_info, VALUE_INFO_TYPE, "ValueInfoProto")? else { return Ok(None) };
+    let Some(tensor) = field(&type_proto, TYPE_TENSOR, "TypeProto")? else { return Ok(None) };
+    let mut declared = Declared { elem: 0, dims: None };
+    for f in wire::parse(&tensor, "TypeProto.Tensor")? {
+        match f.number {
+            TENSOR_TYPE_ELEM_TYPE => declared.elem = f.varint("TypeProto.Tensor")?,
+            TENSOR_TYPE_SHAPE => {
+                let mut dims = Vec::new();
+                for d in wire::parse(f.bytes("TypeProto.Tensor")?, "TensorShapeProto")? {
+                    if d.number == SHAPE_DIM {
+                        let dim = wire::parse(d.bytes("TensorShapeProto")?, "Dimension")?;
+                        let value = dim.iter().find(|g| g.number == DIM_VALUE);
+                        dims.push(value.map(|g| g.varint("Dimension")).transpose()?);
+                    }
+                }
+                declared.dims = Some(dims);
+            }
+            _ => {}
+        }
+    }
+    Ok(Some(declared))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Each operator's output types and shapes.
+
+/// Operators whose output has their first input's type and shape (unary elementwise, softmax,
+/// normalizations; only the first output of those that have more).
+#[rustfmt::skip]
+const SAME_SHAPE: &[&str] = &[
+    "Identity", "Sigmoid", "Relu", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal",
+    "Sin", "Cos", "Gelu", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus", "Elu", "Clip", "Dropout",
+    "Softmax", "LogSoftmax", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
+    "BatchNormalization",
+];
+
+/// Elementwise operators over broadcast inputs, of their first input's type.
+const BROADCAST: &[&str] = &["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"];
+
+/// The type and shape of `node`'s outputs (only the first, for most operators), given its inputs'
+/// (`None` for an omitted optional input), or why not.
+fn output_infos(node: &Node, inputs: &[Option<&Info>]) -> Result<Vec<Info>, String> {
+    if !matches!(node.domain, "" | "ai.onnx") {
+        return Err("the split has no rule for the operator".into());
+    }
+    let input = |i: usize| -> Result<&Info, String> {
+        inputs.get(i).copied().flatten().ok_or_else(|| format!("its input {i} is missing"))
+    };
+    let known = |i: usize, what: &str| -> Result<Vec<f64>, String> {
+        input(i)?
+            .known
+            .clone()
+            .ok_or_else(|| format!("its {what} ({:?}) is not a value the split can evaluate", node.inputs[i]))
+    };
+    let ints = |i: usize, what: &str| -> Result<Vec<i64>, String> {
+        Ok(known(i, what)?.into_iter().map(|v| v as i64).collect())
+    };
+    let optional_ints = |i: usize, what: &str| -> Result<Option<Vec<i64>>, String> {
+        match inputs.get(i).copied().flatten() {
+            Some(_) => ints(i, what).map(Some),
+            None => Ok(None),
+        }
+    };
+    let attr = |name: &str| node.int_attribute(name).map(|v| v as i64);
+    let op = node.op_type;
+    let info = match op {
+        _ if SAME_SHAPE.contains(&op) => {
+            let x = input(0)?;
+            Info::new(x.elem, x.dims.clone()).with_known(if op == "Identity" {
+                x.known.clone()
+            } else {
+                None
+            })
+        }
+        _ if BROADCAST.contains(&op) => {
+            let mut dims = input(0)?.dims.clone();
+            for i in 1..inputs.len() {
+                dims = broadcast(&dims, &input(i)?.dims)?;
+            }
+            let x = input(0)?;
+            let known = match (op, inputs) {
+                ("Add" | "Sub" | "Mul" | "Div", [Some(a), Some(b)]) => elementwise(op, x.elem, a, b, &dims),
+                _ => None,
+            };
+            Info::new(x.elem, dims).with_known(known)
+        }
+        "Cast" => {
+            let x = input(0)?;
+            let to = attr("to").ok_or("it has no `to`")? as u64;
+            let known =
+                x.known
+                    .clone()
+                    .map(|v| if is_float(to) { v } else { v.into_iter().map(f64::trunc).collect() });
+            Info::new(to, x.dims.clone()).with_known(known)
+        }
+        "Conv" | "ConvTranspose" => Info::new(input(0)?.elem, convolution(node, input(0)?, input(1)?)?),
+        "MatMul" => Info::new(input(0)?.elem, matmul(&input(0)?.dims, &input(1)?.dims)?),
+        "Gemm" => {
+            let (a, b) = (&input(0)?.dims, &input(1)?.dims);
+            if a.len() != 2 || b.len() != 2 {
+                return Err("its inputs are not matrices".into());
+            }
+            let m = if attr("transA") == Some(1) { a[1] } else { a[0] };
+            let n = if attr("transB") == Some(1) { b[0] } else { b[1] };
+            Info::new(input(0)?.elem, vec![m, n])
+        }
+        "Reshape" => {
+            let x = input(0)?;
+            Info::new(x.elem, reshape(&x.dims, &ints(1, "shape")?, attr("allowzero") == Some(1))?)
+                .with_known(x.known.clone())
+        }
+        "Transpose" => {
+            let x = input(0)?;
+            let perm =
+                node.ints_attribute("perm").unwrap_or_else(|| (0..x.dims.len() as i64).rev().collect());
+            let mut sorted = perm.clone();
+            sorted.sort_unstable();
+            if sorted != (0..x.dims.len() as i64).collect::<Vec<_>>() {
+                return Err(format!("its perm {perm:?} is not a permutation of {} axes", x.dims.len()));
+            }
+            let known = if x.dims.len() <= 1 { x.known.clone() } else { None };
+            Info::new(x.elem, perm.iter().map(|&p| x.dims[p as usize]).collect()).with_known(known)
+        }
+        "Flatten" => {
+            let x = input(0)?;
+            let rank = x.dims.len() as i64;
+            let axis = attr("axis").unwrap_or(1);
+            let axis = if axis < 0 { axis + rank } else { axis };
+            if !(0..=rank).contains(&axis) {
+                return Err(format!("its axis is outside {rank} dims"));
+            }
+            let axis = axis as usize;
+            let outer = x.dims[..axis].iter().product();
+            Info::new(x.elem, vec![outer, x.dims[axis..].iter().product()]).with_known(x.known.clone())
+        }
+        "Squeeze" => {
+            let x = input(0)?;
+            let axes = match node.ints_attribute("axes") {
+                Some(axes) => Some(axes),
+                None => optional_ints(1, "axes")?,
+            };
+            let dims = match axes {
+                None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
+                Some(axes) => {
+                    let axes = axes.iter().map(|&a| axis(a, x.dims.len())).collect::<Result<Vec<_>, _>>()?;
+                    if axes.iter().any(|&a| x.dims[a] != 1) {
+                        return Err(format!("it squeezes axes {axes:?} of {:?}, not all 1", x.dims));
+                    }
+                    x.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+                }
+            };
+            Info::new(x.elem, dims).with_known(x.known.clone())
+        }
+        "Unsqueeze" => {
+            let x = input(0)?;
+            let axes = match node.ints_attribute("axes") {
+                Some(axes) => axes,
+                None => ints(1, "axes")?,
+            };
+            let rank = x.dims.len() + axes.len();
+            let mut axes = axes.iter().map(|&a| axis(a, rank)).collect::<Result<Vec<_>, _>>()?;
+            axes.sort_unstable();
+            let mut dims = x.dims.clone();
+            for a in axes {
+                if a > dims.len() {
+                    return Err(format!("it inserts axis {a} into {} dims", dims.len()));
+                }
+                dims.insert(a, 1);
+            }
+            Info::new(x.elem, dims).with_known(x.known.clone())
+        }
+        "Expand" => {
+            let x = input(0)?;
+            let shape = ints(1, "shape")?;
+            if shape.iter().any(|&d| d < 0) {
+                return Err(format!("its shape {shape:?} has a negative dim"));
+            }
+            Info::new(x.elem, broadcast(&x.dims, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>())?)
+        }
+        "Concat" => {
+            let x = input(0)?;
+            let rank = x.dims.len();
+            let axis = axis(attr("axis").ok_or("it has no `axis`")?, rank)?;
+            let mut dims = x.dims.clone();
+            dims[axis] = 0;
+            let mut known = Some(Vec::new());
+            for i in 0..inputs.len() {
+                let y = input(i)?;
+                let same_rest =
+                    y.dims.len() == rank && (0..rank).all(|k| k == axis || y.dims[k] == x.dims[k]);
+                if !same_rest {
+                    return Err(format!("its inputs {:?} and {:?} do not concatenate", x.dims, y.dims));
+                }
+                dims[axis] += y.dims[axis];
+                known = known.zip(y.known.as_ref()).map(|(mut k, v)| {
+                    k.extend(v);
+                    k
+                });
+            }
+            Info::new(x.elem, dims).with_known(if rank == 1 { known } else { None })
+        }
+        "Slice" => {
+            let x = input(0)?;
+            let (starts, ends, axes, steps) = match node.ints_attribute("starts") {
+                Some(starts) => (
+                    starts,
+                    node.ints_attribute("ends").unwrap_or_default(),
+                    node.ints_attribute("axes"),
+                    None,
+                ),
+                None => (
+                    ints(1, "starts")?,
+                    ints(2, "ends")?,
+                    optional_ints(3, "axes")?,
+                    optional_ints(4, "steps")?,
+                ),
+            };
+            let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+            let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+            if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+                return Err("its starts, ends, axes and steps differ in length".into());
+            }
+            let mut dims = x.dims.clone();
+            let mut taken = None;
+            for k in 0..starts.len() {
+                let a = axis(axes[k], dims.len())?;
+                let (first, step, count) = slice_range(x.dims[a] as i64, starts[k], ends[k], steps[k])?;
+                dims[a] = count;
+                taken = Some((first, step, count));
+            }
+            let known = match (&x.known, taken) {
+                (Some(v), Some((first, step, count))) if x.dims.len() == 1 => {
+                    (0..count as i64).map(|j| v.get((first + j * step) as usize).copied()).collect()
+                }
+                _ => None,
+            };
+            Info::new(x.elem, dims).with_known(known)
+        }
+        "Gather" => {
+            let (x, indices) = (input(0)?, input(1)?);
+            let a = axis(attr("axis").unwrap_or(0), x.dims.len())?;
+            let dims = [&x.dims[..a], &indices.dims[..], &x.dims[a + 1..]].concat();
+            let known = match (&x.known, &indices.known) {
+                (Some(values), Some(idx)) if x.dims.len() == 1 => idx
+                    .iter()
+                    .map(|&i| {
+                        let i = if i < 0.0 { i + values.len() as f64 } else { i };
+                        values.get(i as usize).copied()
+                    })
+                    .collect(),
+                _ => None,
+            };
+            Info::new(x.elem, dims).with_known(known)
+        }
+        "Shape" => {
+            let dims = &input(0)?.dims;
+            let rank = dims.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+            let (start, end) = (clamp(attr("start").unwrap_or(0)), clamp(attr("end").unwrap_or(rank)));
+            let shape: Vec<f64> = dims[start..end.max(start)].iter().map(|&d| d as f64).collect();
+            Info::new(INT64, vec![shape.len() as u64]).with_known(Some(shape))
+        }
+        "Size" => Info::new(INT64, Vec::new()).with_known(Some(vec![input(0)?.elements() as f64])),
+        "Constant" => constant(node)?,
+        "ConstantOfShape" => {
+            let shape = ints(0, "shape")?;
+            if shape.iter().any(|&d| d < 0) {
+                return Err(format!("its shape {shape:?} has a negative dim"));
+            }
+            let elem = match tensor_attribute(node, "value") {
+                Some(t) => read_tensor(t).map_err(|e| e.to_string())?.data_type,
+                None => FLOAT,
+            };
+            Info::new(elem, shape.iter().map(|&d| d as u64).collect())
+        }
+        "Resize" | "Upsample" => Info::new(input(0)?.elem, resize(node, inputs, &input(0)?.dims)?),
+        _ => return Err("the split has no rule for the operator".into()),
+    };
+    Ok(vec![info])
+}
+
+/// `axis` (negative from the end) of `rank` axes.
+fn axis(axis: i64, rank: usize) -> Result<usize, String> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if (0..rank as i64).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(format!("its axis {axis} is outside {rank} dims"))
+    }
+}
+
+/// NumPy broadcasting.
+fn broadcast(a: &[u64], b: &[u64]) -> Result<Vec<u64>, String> {
+    let rank = a.len().max(b.len());
+    let dim = |d: &[u64], k: usize| if k < rank - d.len() { 1 } else { d[k - (rank - d.len())] };
+    (0..rank)
+        .map(|k| match (dim(a, k), dim(b, k)) {
+            (x, y) if x == y || y == 1 => Ok(x),
+            (1, y) => Ok(y),
+            _ => Err(format!("its inputs {a:?} and {b:?} do not broadcast")),
+        })
+        .collect()
+}
+
+/// The values of `a op b` broadcast to `dims`, when both are known; integer division truncates.
+fn elementwise(op: &str, elem: u64, a: &Info, b: &Info, dims: &[u64]) -> Option<Vec<f64>> {
+    let (x, y) = (a.known.as_ref()?, b.known.as_ref()?);
+    let count: u64 = dims.iter().product();
+    if count > MAX_KNOWN {
+        return None;
+    }
+    // The flat index into a tensor of `from` dims (broadcast to `dims`) of the flat output index `k`.
+    let source = |mut k: u64, from: &[u64]| {
+        let (mut index, mut stride) = (0, 1);
+        for (back, &d) in dims.iter().rev().enumerate() {
+            let coordinate = k % d;
+            k /= d;
+            if let Some(&f) = from.len().checked_sub(back + 1).map(|i| &from[i]) {
+                if f != 1 {
+                    index += coordinate * stride;
+                }
+                stride *= f;
+            }
+        }
+        index as usize
+    };
+    (0..count)
+        .map(|k| {
+            let (p, q) = (x[source(k, &a.dims)], y[source(k, &b.dims)]);
+            Some(match op {
+                "Add" => p + q,
+                "Sub" => p - q,
+                "Mul" => p * q,
+                _ if q == 0.0 && !is_float(elem) => return None,
+                _ if is_float(elem) => p / q,
+                _ => (p / q).trunc(),
+            })
+        })
+        .collect()
+}
+
+fn reshape(dims: &[u64], shape: &[i64], allowzero: bool) -> Result<Vec<u64>, String> {
+    let mut out = Vec::with_capacity(shape.len());
+    let mut inferred = None;
+    for (i, &s) in shape.iter().enumerate() {
+        out.push(match s {
+            0 if !allowzero => {
+                *dims.get(i).ok_or_else(|| format!("its shape {shape:?} copies a dim {dims:?} lacks"))?
+            }
+            -1 if inferred.is_none() => {
+                inferred = Some(i);
+                1
+            }
+            s if s >= 0 => s as u64,
+            _ => return Err(format!("its shape {shape:?} is not valid")),
+        });
+    }
+    let total: u64 = dims.iter().product();
+    let rest: u64 = out.iter().product();
+    match inferred {
+        Some(i) if rest != 0 && total.is_multiple_of(rest) => out[i] = total / rest,
+        None if rest == total => {}
+        _ => return Err(format!("it cannot reshape {dims:?} to {shape:?}")),
+    }
+    Ok(out)
+}
+
+/// The first index, step and count that `Slice` takes along a dim of `dim` elements (ONNX's clamping
+/// rules).
+fn slice_range(dim: i64, start: i64, end: i64, step: i64) -> Result<(i64, i64, u64), String> {
+    if step == 0 {
+        return Err("its step is 0".into());
+    }
+    let from_end = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+    let count = if step > 0 {
+        let (start, end) = (from_end(start).clamp(0, dim), from_end(end).clamp(0, dim));
+        ((end - start).max(0) as u64).div_ceil(step as u64)
+    } else {
+        let (start, end) = (from_end(start).clamp(0, dim - 1), from_end(end).clamp(-1, dim - 1));
+        ((start - end).max(0) as u64).div_ceil(step.unsigned_abs())
+    };
+    let first = if step > 0 { from_end(start).clamp(0, dim) } else { from_end(start).clamp(0, dim - 1) };
+    Ok((first, step, count))
+}
+
+fn matmul(a: &[u64], b: &[u64]) -> Result<Vec<u64>, String> {
+    if a.is_empty() || b.is_empty() {
+        return Err("an input is a scalar".into());
+    }
+    // 1-D operands are promoted to matrices, and the added dim removed after.
+    let a2 = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
+    let b2 = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!("its inputs {a:?} and {b:?} do not multiply"));
+    }
+    let mut dims = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
+    if a.len() > 1 {
+        dims.push(m);
+    }
+    if b.len() > 1 {
+        dims.push(n);
+    }
+    Ok(dims)
+}
+
+fn convolution(node: &Node, x: &Info, w: &Info) -> Result<Vec<u64>, String> {
+    let spatial = x.dims.len().checked_sub(2).filter(|&s| s > 0 && w.dims.len() == s + 2);
+    let spatial =
+        spatial.ok_or_else(|| format!("its input {:?} and weight {:?} do not match", x.dims, w.dims))?;
+    let ints = |name: &str, default: i64, len: usize| {
+        node.ints_attribute(name).filter(|v| !v.is_empty()).unwrap_or_else(|| vec![default; len])
+    };
+    let group = node.int_attribute("group").unwrap_or(1).max(1);
+    let kernel = ints("kernel_shape", 0, spatial);
+    let kernel: Vec<i64> =
+        kernel.iter().zip(&w.dims[2..]).map(|(&k, &wk)| if k > 0 { k } else { wk as i64 }).collect();
+    let (strides, dilations, pads) =
+        (ints("strides", 1, spatial), ints("dilations", 1, spatial), ints("pads", 0, 2 * spatial));
+    let auto_pad = string_attribute(node, "auto_pad").unwrap_or("NOTSET");
+    if [strides.len(), dilations.len(), kernel.len()].iter().any(|&l| l != spatial)
+        || pads.len() != 2 * spatial
+    {
+        return Err("its strides, dilations, kernel or pads do not match its input's rank".into());
+    }
+    if strides.iter().chain(&dilations).any(|&v| v <= 0) {
+        return Err(format!("its strides {strides:?} or dilations {dilations:?} are not positive"));
+    }
+    let transpose = node.op_type == "ConvTranspose";
+    let (in_channels, out_channels) =
+        if transpose { (w.dims[0], w.dims[1] * group) } else { (w.dims[1] * group, w.dims[0]) };
+    if x.dims[1] != in_channels {
+        return Err(format!(
+            "its input {:?} has not the {in_channels} channels its weight {:?} reads",
+            x.dims, w.dims
+        ));
+    }
+    let output_shape = node.ints_attribute("output_shape").filter(|v| v.len() == spatial);
+    let output_padding = ints("output_padding", 0, spatial);
+    let mut dims = vec![x.dims[0], out_channels];
+    for i in 0..spatial {
+        let (d, s) = (x.dims[i + 2] as i64, strides[i]);
+        let extent = dilations[i] * (kernel[i] - 1) + 1;
+        let padded = pads[i] + pads[i + spatial];
+        let out = match (transpose, auto_pad) {
+            (true, _) if output_shape.is_some() => output_shape.as_ref().map_or(0, |o| o[i]),
+            (true, "SAME_UPPER" | "SAME_LOWER") => d * s,
+            (true, "VALID") => s * (d - 1) + output_padding.get(i).copied().unwrap_or(0) + extent,
+            (true, _) => s * (d - 1) + output_padding.get(i).copied().unwrap_or(0) + extent - padded,
+            (false, "SAME_UPPER" | "SAME_LOWER") => (d + s - 1) / s,
+            (false, "VALID") => (d - extent) / s + 1,
+            (false, _) => (d + padded - extent).div_euclid(s) + 1,
+        };
+        if out < 0 {
+            return Err(format!("its output dim {i} comes out as {out}"));
+        }
+        dims.push(out as u64);
+    }
+    Ok(dims)
+}
+
+fn resize(node: &Node, inputs: &[Option<&Info>], dims: &[u64]) -> Result<Vec<u64>, String> {
+    if node.attributes.iter().any(|a| a.name == "axes") {
+        return Err("it resizes some axes only, which the split does not size".into());
+    }
+    let value = |i: usize| inputs.get(i).copied().flatten();
+    let (sizes, scales) =
+        if node.op_type == "Upsample" || inputs.len() == 2 { (None, value(1)) } else { (value(3), value(2)) };
+    let not_known = |what: &str| format!("its {what} is not a value the split can evaluate");
+    if let Some(sizes) = sizes {
+        let sizes = sizes.known.as_ref().ok_or_else(|| not_known("sizes"))?;
+        if string_attribute(node, "keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
+            return Err("it keeps the aspect ratio, which the split does not size".into());
+        }
+        if sizes.len() != dims.len() {
+            return Err(format!("its sizes {sizes:?} do not match {dims:?}"));
+        }
+        return Ok(sizes.iter().map(|&s| s as u64).collect());
+    }
+    let scales = scales.ok_or("it has neither scales nor sizes")?;
+    let scales = scales.known.as_ref().ok_or_else(|| not_known("scales"))?;
+    if scales.len() != dims.len() {
+        return Err(format!("its scales {scales:?} do not match {dims:?}"));
+    }
+    Ok(dims.iter().zip(scales).map(|(&d, &s)| (d as f64 * s).floor() as u64).collect())
+}
+
+fn constant(node: &Node) -> Result<Info, String> {
+    if let Some(t) = tensor_attribute(node, "value") {
+        let tensor = read_tensor(t).map_err(|e| e.to_string())?;
+        return Ok(Info::new(tensor.data_type, tensor.dims).with_known(small_values(t)));
+    }
+    if let Some(v) = node.int_attribute("value_int") {
+        return Ok(Info::new(INT64, Vec::new()).with_known(Some(vec![v as i64 as f64])));
+    }
+    if let Some(v) = node.ints_attribute("value_ints") {
+        let values = v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        return Ok(Info::new(INT64, vec![v.len() as u64]).with_known(Some(values)));
+    }
+    Err("its value is not a tensor, value_int or value_ints attribute".into())
+}
+
+fn tensor_attribute<'a>(node: &Node<'a>, name: &str) -> Option<&'a [u8]> {
+    let a = node.attributes.iter().find(|a| a.name == name)?;
+    a.fields.iter().find(|f| f.number == ATTR_T).and_then(|f| f.bytes("AttributeProto").ok())
+}
+
+fn string_attribute<'a>(node: &Node<'a>, name: &str) -> Option<&'a str> {
+    let a = node.attributes.iter().find(|a| a.name == name)?;
+    a.fields.iter().find(|f| f.number == ATTR_S).and_then(|f| f.string("AttributeProto").ok())
+}
+
+#[cfg(test)]
+mod tests;
