@@ -173,6 +173,10 @@ pub struct GenerateRequest {
     /// (its flash attention) on WebGPU (`crate::attention`); by default it runs as exported, node by
     /// node, which measured faster (BENCHMARKS.md).
     pub fuse_attention: Option<bool>,
+    /// For benchmarks and tests: the decoder runs on WebGPU as a chain of pieces of at most this many
+    /// bytes each (`crate::f32_rewrite::split`), the GPU awaited between them; by default as the GPU
+    /// memory plan says (whole, unless the budget needs it).
+    pub decoder_piece_bytes: Option<u64>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
     /// selected in a private window unless the user allowed keeping those.
@@ -572,6 +576,10 @@ pub struct StageTimings {
     /// Attentions computed in chunks of queries to hold less GPU memory (`crate::attention::chunk_attention`).
     #[serde(default)]
     pub chunked_attention: u32,
+    /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
+    /// GPU memory (`crate::f32_rewrite::split`); 0 when the stage did not run.
+    #[serde(default)]
+    pub pieces: u32,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
     #[serde(default)]
     pub worker_created_at_ms: f64,

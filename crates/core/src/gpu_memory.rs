@@ -257,12 +257,24 @@ pub struct Levers {
     pub keep_buffers: bool,
     /// The transformer's attention is computed in this many chunks of queries (1: whole).
     pub attention_chunks: u32,
+    /// The decoder runs as a chain of pieces of at most this many bytes each
+    /// (`f32_rewrite::split`; `None`: whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_piece_bytes: Option<u64>,
 }
 
 impl Levers {
     /// Nothing changed: the graphs as exported, ORT's default cache.
-    pub const NONE: Levers = Levers { keep_buffers: false, attention_chunks: 1 };
+    pub const NONE: Levers = Levers { keep_buffers: false, attention_chunks: 1, decoder_piece_bytes: None };
 }
+
+/// The least a split decoder holds per pixel of the image: single nodes of its last up-block hold their
+/// input, output and residual, 4.29 GB counted at 1024x1024 (`f32_rewrite::split`'s count of the
+/// full-size decoder, which overstates what ORT holds: 53 GB counted where 18 GB were measured whole).
+const DECODER_SPLIT_FLOOR_PER_PIXEL: f64 = 4_100.0;
+
+/// The smallest piece the decoder is cut into: below it a chain would be mostly session creation.
+const MIN_DECODER_PIECE_BYTES: u64 = 256 << 20;
 
 /// One image's size and how it computes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -307,6 +319,10 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
         Stage::Decoder => job.decoder_scores(),
     };
     let mut working = c.fixed as f64 + c.per_pixel * job.pixels() as f64 + c.per_score * scores as f64;
+    if let (Stage::Decoder, Some(piece)) = (stage, levers.decoder_piece_bytes) {
+        let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
+        working = working.min((piece as f64).max(floor));
+    }
     if levers.keep_buffers && stage != Stage::TextEncoder {
         working *= KEEP_BUFFERS_FACTOR;
     }
@@ -347,19 +363,23 @@ pub struct Wanted {
 }
 
 /// The fastest plan for `job` within `budget` (`None`: no known limit), from what it would like down
-/// to one stage at a time with nothing kept, no buffers kept and the attention chunked. Where even that
+/// to one stage at a time with nothing kept, no buffers kept, the attention chunked and the decoder
+/// split. Where even that
 /// does not fit, that plan with `fits: false`: the pages warn before, and the job tries anyway.
 pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Wanted) -> MemoryPlan {
     let all = |levers| -> u64 { STAGES.iter().map(|&s| stage_need(s, weights, job, levers)).sum() };
     let largest =
         |levers| -> u64 { STAGES.iter().map(|&s| stage_need(s, weights, job, levers)).max().unwrap_or(0) };
-    let levers = Levers { keep_buffers: wanted.keep_buffers, attention_chunks: 1 };
+    let levers = Levers { keep_buffers: wanted.keep_buffers, ..Levers::NONE };
     let Some(budget) = budget else {
         let peak = if wanted.ahead || wanted.keep { all(levers) } else { largest(levers) };
         return MemoryPlan { ahead: wanted.ahead, keep: wanted.keep, levers, peak, fits: true };
     };
-    let lean_levers = Levers { keep_buffers: false, attention_chunks: 1 };
-    let chunked = Levers { keep_buffers: false, attention_chunks: attention_chunks(job) };
+    let lean_levers = Levers::NONE;
+    let chunked = Levers { attention_chunks: attention_chunks(job), ..Levers::NONE };
+    // The decoder alone on the GPU may use what its weights leave of the budget.
+    let piece = budget.saturating_sub(weights.decoder).max(MIN_DECODER_PIECE_BYTES);
+    let split = Levers { decoder_piece_bytes: Some(piece), ..chunked };
     let together = wanted.ahead || wanted.keep;
     let candidates = [
         (together, levers, all(levers)),
@@ -367,6 +387,7 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         (false, levers, largest(levers)),
         (false, lean_levers, largest(lean_levers)),
         (false, chunked, largest(chunked)),
+        (false, split, largest(split)),
     ];
     let plan_of = |(together, levers, peak): (bool, Levers, u64)| MemoryPlan {
         ahead: together && wanted.ahead,
@@ -375,7 +396,7 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(candidates[4]))
+    candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(candidates[5]))
 }
 
 /// What a job taught about this GPU: a plan needing `failed_peak` bytes failed on `adapter` with the pack
@@ -482,12 +503,8 @@ mod tests {
         assert!(big.transformer_scores().div_ceil(u64::from(chunks)) <= ORT_LARGEST_CACHED_BUFFER);
         assert!(big.transformer_scores().div_ceil(u64::from(chunks - 1)) > ORT_LARGEST_CACHED_BUFFER);
         assert_eq!(attention_chunks(&job(512, Precision::Float16)), 1, "113 MB fits already");
-        let chunked = stage_need(
-            Stage::Transformer,
-            &W,
-            &big,
-            Levers { keep_buffers: false, attention_chunks: chunks },
-        );
+        let chunked =
+            stage_need(Stage::Transformer, &W, &big, Levers { attention_chunks: chunks, ..Levers::NONE });
         assert!(chunked < 6_500_000_000, "{}", gb(chunked));
     }
 
@@ -520,7 +537,7 @@ mod tests {
         let big = job(1024, Precision::Float16);
         let all_kept: u64 = STAGES
             .iter()
-            .map(|&s| stage_need(s, &W, &big, Levers { keep_buffers: true, attention_chunks: 1 }))
+            .map(|&s| stage_need(s, &W, &big, Levers { keep_buffers: true, ..Levers::NONE }))
             .sum();
         let all_default: u64 = STAGES.iter().map(|&s| stage_need(s, &W, &big, Levers::NONE)).sum();
         let p = plan(Some((all_kept + all_default) / 2), &W, &big, WANTED);
@@ -528,15 +545,40 @@ mod tests {
     }
 
     #[test]
-    fn the_attention_is_chunked_only_where_the_budget_needs_it() {
+    fn the_attention_is_chunked_and_the_decoder_split_only_where_the_budget_needs_it() {
         let big = job(1024, Precision::Float16);
-        assert_eq!(plan(Some(20 * GB), &W, &big, WANTED).levers.attention_chunks, 1);
-        // Until the decoder is split it needs 17.9 GB at 1024x1024: with 8 GB nothing fits, and the
-        // plan is the leanest, the attention chunked.
+        let roomy = plan(Some(20 * GB), &W, &big, WANTED);
+        assert_eq!((roomy.levers.attention_chunks, roomy.levers.decoder_piece_bytes), (1, None));
+        // Whole, the decoder needs 17.9 GB at 1024x1024: with 8 GB the attention is chunked and the
+        // decoder split into pieces of what its weights leave of the budget.
         assert!(stage_need(Stage::Decoder, &W, &big, Levers::NONE) > 8 * GB);
         let p = plan(Some(8 * GB), &W, &big, WANTED);
-        assert!(!p.fits && !p.ahead && !p.keep && !p.levers.keep_buffers, "{p:?}");
+        assert!(p.fits && !p.ahead && !p.keep && !p.levers.keep_buffers, "{p:?}");
         assert_eq!(p.levers.attention_chunks, 7);
+        assert_eq!(p.levers.decoder_piece_bytes, Some(8 * GB - W.decoder));
+        assert!(p.peak <= 8 * GB, "{}", gb(p.peak));
+        // Every preset size fits 8 GB with shader-f16; with 4 GB nothing does, and that plan says so.
+        for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
+            let p =
+                plan(Some(8 * GB), &W, &Job { width: w, height: h, precision: Precision::Float16 }, WANTED);
+            assert!(p.fits, "{w}x{h}: {p:?}");
+        }
+        let four = plan(Some(4 * GB), &W, &big, WANTED);
+        assert!(!four.fits && four.levers.decoder_piece_bytes.is_some(), "{four:?}");
+    }
+
+    #[test]
+    fn a_split_decoder_needs_at_least_its_largest_nodes() {
+        let big = job(1024, Precision::Float16);
+        let tiny_pieces = Levers { decoder_piece_bytes: Some(1), ..Levers::NONE };
+        let need = stage_need(Stage::Decoder, &W, &big, tiny_pieces);
+        assert!((4.4..4.6).contains(&gb(need)), "{}", gb(need));
+        // Pieces larger than the whole decode change nothing.
+        let huge = Levers { decoder_piece_bytes: Some(100 * GB), ..Levers::NONE };
+        assert_eq!(
+            stage_need(Stage::Decoder, &W, &big, huge),
+            stage_need(Stage::Decoder, &W, &big, Levers::NONE)
+        );
     }
 
     #[test]

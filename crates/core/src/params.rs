@@ -128,6 +128,10 @@ pub struct GenerateParams {
     /// GPU memory (set by the memory plan, `crate::gpu_memory`; 1: whole).
     #[serde(default = "one")]
     pub attention_chunks: u32,
+    /// The decoder runs on WebGPU as a chain of pieces of at most this many bytes each
+    /// (`GenerateRequest::decoder_piece_bytes`, or the memory plan's; `None`: whole).
+    #[serde(default)]
+    pub decoder_piece_bytes: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -195,7 +199,14 @@ impl GenerateParams {
             accuracy_level: self.accuracy_level,
             fuse_attention: self.fuses_attention(graph),
             attention_chunks: self.attention_chunks(graph),
+            decoder_piece_bytes: self.decoder_piece_bytes(graph),
         }
+    }
+
+    /// The most bytes a piece of `graph` may count when it runs as a chain
+    /// ([`GenerateParams::decoder_piece_bytes`]): the decoder's on WebGPU only.
+    pub fn decoder_piece_bytes(&self, graph: Graph) -> Option<u64> {
+        self.decoder_piece_bytes.filter(|_| graph == Graph::Decoder && self.backend == Backend::WebGpu)
     }
 
     /// In how many chunks of queries `graph`'s attention is computed ([`GenerateParams::attention_chunks`]):
@@ -221,6 +232,8 @@ pub struct SessionOptions {
     pub fuse_attention: bool,
     /// The attention computed in this many chunks of queries.
     pub attention_chunks: u32,
+    /// The graph run as a chain of pieces of at most this many bytes.
+    pub decoder_piece_bytes: Option<u64>,
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.
@@ -398,6 +411,7 @@ impl GenerateRequest {
             fuse_attention: self.fuse_attention.unwrap_or(false),
             private: self.private,
             attention_chunks: 1,
+            decoder_piece_bytes: self.decoder_piece_bytes,
         })
     }
 }
@@ -531,6 +545,7 @@ mod tests {
                 fuse_attention: false,
                 private: false,
                 attention_chunks: 1,
+                decoder_piece_bytes: None,
             }
         );
         assert_eq!(p.latent_size(), (32, 32));

@@ -30,6 +30,7 @@ use js_sys::{
     Array, BigInt64Array, Float32Array, Int32Array, Int8Array, Object, Promise, Reflect, Uint16Array,
     Uint8Array,
 };
+use std::collections::HashMap;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
@@ -85,6 +86,12 @@ extern "C" {
     /// Closes the file access handles ORT's reads opened.
     #[wasm_bindgen(js_name = closeFiles)]
     fn close_files() -> Promise;
+}
+
+#[wasm_bindgen(module = "/src/gpu.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = gpuWorkDone)]
+    fn gpu_work_done() -> Promise;
 }
 
 #[wasm_bindgen(module = "/src/profile.js")]
@@ -144,6 +151,9 @@ pub enum Provider {
         /// cache) rather than only those up to 160 MiB (`bucket`, its default): larger ones are
         /// allocated afresh on every run.
         keep_buffers: bool,
+        /// Outputs stay on the GPU (`preferredOutputLocation: "gpu-buffer"`), for another session of
+        /// this worker to read ([`Chain`]).
+        gpu_outputs: bool,
     },
     /// ORT's CPU backend in wasm.
     Wasm,
@@ -187,7 +197,10 @@ impl Session {
         let options = Object::new();
         let providers = Array::new();
         match provider {
-            Provider::WebGpu { channels_first, keep_buffers } => {
+            Provider::WebGpu { channels_first, keep_buffers, gpu_outputs } => {
+                if *gpu_outputs {
+                    set(&options, "preferredOutputLocation", &"gpu-buffer".into());
+                }
                 let webgpu = Object::new();
                 set(&webgpu, "name", &"webgpu".into());
                 set(&webgpu, "preferredLayout", &(if *channels_first { "NCHW" } else { "NHWC" }).into());
@@ -260,6 +273,113 @@ impl Session {
     /// Releases the session's native resources.
     pub async fn release(self) -> Result<(), OrtError> {
         JsFuture::from(self.inner.release()?).await?;
+        Ok(())
+    }
+}
+
+/// A graph run as a chain of smaller graphs ("pieces", `imagine_core::f32_rewrite::split`), one session
+/// each, in order: what a piece passes on stays on the GPU, what no later piece reads is freed after
+/// each piece, and the GPU is waited for before the next, so that the chain's peak is its largest
+/// piece's rather than the whole graph's.
+pub struct Chain {
+    pieces: Vec<ChainPiece>,
+}
+
+struct ChainPiece {
+    session: Session,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+impl Chain {
+    /// Creates a session for each piece (`(graph bytes, input names, output names)`), all reading the
+    /// same `external` data; every piece but the last keeps its outputs on the GPU.
+    pub async fn create(
+        pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
+        external: &[ExternalData],
+        channels_first: bool,
+    ) -> Result<Chain, OrtError> {
+        let last = pieces.len().saturating_sub(1);
+        let mut created = Vec::with_capacity(pieces.len());
+        for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
+            let provider = Provider::WebGpu { channels_first, keep_buffers: false, gpu_outputs: i < last };
+            let session =
+                Session::create(&Uint8Array::from(graph.as_slice()), external, &provider, false).await?;
+            created.push(ChainPiece { session, inputs, outputs });
+        }
+        Ok(Chain { pieces: created })
+    }
+
+    /// How many pieces.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether it has no pieces.
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// The chain's declared inputs: those of its pieces that no piece before them computes.
+    pub fn inputs(&self) -> Vec<TensorInfo> {
+        let mut seen = std::collections::HashSet::new();
+        let mut computed = std::collections::HashSet::new();
+        let mut inputs = Vec::new();
+        for piece in &self.pieces {
+            for info in piece.session.inputs() {
+                if !computed.contains(&info.name) && seen.insert(info.name.clone()) {
+                    inputs.push(info);
+                }
+            }
+            computed.extend(piece.outputs.iter().cloned());
+        }
+        inputs
+    }
+
+    /// The last piece's declared outputs, the graph's.
+    pub fn outputs(&self) -> Vec<TensorInfo> {
+        self.pieces.last().map(|p| p.session.outputs()).unwrap_or_default()
+    }
+
+    /// Runs the pieces in order on `feeds` and returns the outputs named in `wanted`.
+    pub async fn run(&self, feeds: &[(&str, &Tensor)], wanted: &[&str]) -> Result<Vec<Tensor>, OrtError> {
+        let mut held: HashMap<String, Tensor> = HashMap::new();
+        for (i, piece) in self.pieces.iter().enumerate() {
+            let mut named = Vec::with_capacity(piece.inputs.len());
+            for name in &piece.inputs {
+                let fed = feeds.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
+                let tensor =
+                    fed.or_else(|| held.get(name)).ok_or_else(|| OrtError::MissingOutput(name.clone()))?;
+                named.push((name.as_str(), tensor));
+            }
+            let names: Vec<&str> = piece.outputs.iter().map(String::as_str).collect();
+            let outputs = piece.session.run(&named, &names).await?;
+            held.extend(piece.outputs.iter().cloned().zip(outputs));
+            let later: std::collections::HashSet<&str> =
+                self.pieces[i + 1..].iter().flat_map(|p| p.inputs.iter().map(String::as_str)).collect();
+            let done: Vec<String> = held
+                .keys()
+                .filter(|k| !later.contains(k.as_str()) && !wanted.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            for name in done {
+                if let Some(tensor) = held.remove(&name) {
+                    tensor.dispose();
+                }
+            }
+            JsFuture::from(gpu_work_done()).await?;
+        }
+        wanted
+            .iter()
+            .map(|name| held.remove(*name).ok_or_else(|| OrtError::MissingOutput((*name).to_owned())))
+            .collect()
+    }
+
+    /// Releases every piece's session.
+    pub async fn release(self) -> Result<(), OrtError> {
+        for piece in self.pieces {
+            piece.session.release().await?;
+        }
         Ok(())
     }
 }

@@ -132,6 +132,30 @@ impl Localize for SplitError {
     }
 }
 
+/// The channels `model`'s latent (its first 4-D float input that is not an initializer) declares, if
+/// fixed: the decoder's tells whether its latent is `H/16` (packed tokens) or `H/8` (unpatchified).
+pub fn latent_channels(model: &[u8]) -> Result<Option<u64>, SplitError> {
+    const WHAT: &str = "GraphProto";
+    let model_fields = wire::parse(model, "ModelProto")?;
+    let graph_fields = wire::parse(model_graph(&model_fields)?, WHAT)?;
+    let mut initializers = HashSet::new();
+    for f in graph_fields.iter().filter(|f| f.number == GRAPH_INITIALIZER) {
+        initializers.insert(tensor_name(f.bytes(WHAT)?)?);
+    }
+    for f in graph_fields.iter().filter(|f| f.number == GRAPH_INPUT) {
+        let bytes = f.bytes(WHAT)?;
+        if initializers.contains(value_info_name(bytes)?) {
+            continue;
+        }
+        if let Some(Declared { elem, dims: Some(dims) }) = declared_type(bytes)? {
+            if is_float(elem) && dims.len() == 4 {
+                return Ok(dims[1]);
+            }
+        }
+    }
+    Err(SplitError::Model("it has no 4-D float graph input (the latent)".into()))
+}
+
 /// The bytes one run of `model` allocates for its inputs and every node's outputs when its latent is
 /// `latent_h` x `latent_w`.
 pub fn activation_bytes(model: &[u8], latent_h: u64, latent_w: u64) -> Result<u64, SplitError> {

@@ -417,6 +417,7 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     let params = &GenerateParams {
         keep_buffers: memory.levers.keep_buffers,
         attention_chunks: memory.levers.attention_chunks,
+        decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
         ..params.clone()
     };
     let plan = Plan { ahead: memory.ahead, keep: memory.keep, memory, budget: gpu_budget };
@@ -576,6 +577,7 @@ async fn run_stages(
                         graph_file: t.graph_file,
                         fused_attention: t.fused_attention,
                         chunked_attention: t.chunked_attention,
+                        pieces: t.pieces,
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,

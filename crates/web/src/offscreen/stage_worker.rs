@@ -212,7 +212,9 @@ struct Stage {
     fuse_attention: bool,
     /// Its attention is computed in this many chunks of queries (`GenerateParams::attention_chunks`).
     attention_chunks: u32,
-    session: Session,
+    /// It runs as a chain of pieces of at most this many bytes (`GenerateParams::decoder_piece_bytes`).
+    piece_bytes: Option<u64>,
+    session: Loaded,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     timing: StageTiming,
@@ -268,6 +270,7 @@ impl Stage {
             files.insert(location, file);
         }
         let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
+        let mut channels_first_used = false;
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
@@ -291,7 +294,9 @@ impl Stage {
                         attention::chunk_attention(&bytes, chunks).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
-                (bytes, Provider::WebGpu { channels_first, keep_buffers: params.keeps_buffers(graph) })
+                channels_first_used = channels_first;
+                let keep_buffers = params.keeps_buffers(graph);
+                (bytes, Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false })
             }
         };
         // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
@@ -300,14 +305,24 @@ impl Stage {
         }
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
-        let created =
-            Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile).await;
-        let session = created.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
+        let pieces = match params.decoder_piece_bytes(graph) {
+            Some(max) => pieces(&name, &bytes, params, max),
+            None => Vec::new(),
+        };
+        let loaded = if pieces.len() > 1 {
+            ort::Chain::create(pieces, &external, channels_first_used).await.map(Loaded::Chain)
+        } else {
+            Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile)
+                .await
+                .map(Loaded::Whole)
+        };
+        let session = loaded.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
         let timing = StageTiming {
             graph_file: name,
             reblocked_at_load,
             fused_attention: fused_attention as u32,
             chunked_attention: chunked_attention as u32,
+            pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,
@@ -326,6 +341,7 @@ impl Stage {
             keep_buffers: params.keeps_buffers(graph),
             fuse_attention: params.fuses_attention(graph),
             attention_chunks: params.attention_chunks(graph),
+            piece_bytes: params.decoder_piece_bytes(graph),
             session,
             inputs,
             outputs,
@@ -352,6 +368,7 @@ impl Stage {
                 && stage.keep_buffers == params.keeps_buffers(graph)
                 && stage.fuse_attention == params.fuses_attention(graph)
                 && stage.attention_chunks == params.attention_chunks(graph)
+                && stage.piece_bytes == params.decoder_piece_bytes(graph)
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
@@ -359,6 +376,7 @@ impl Stage {
                     graph_file: std::mem::take(&mut stage.timing.graph_file),
                     fused_attention: stage.timing.fused_attention,
                     chunked_attention: stage.timing.chunked_attention,
+                    pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
                     started_at_ms: js_sys::Date::now(),
@@ -438,6 +456,88 @@ impl imagine_core::Session for Stage {
         // Free the inputs' copies now rather than at garbage collection: one per step adds up.
         tensors.into_iter().for_each(ort::Tensor::dispose);
         outputs.map_err(session_error)?.iter().map(from_ort).collect()
+    }
+}
+
+/// A stage's loaded graph: one session, or a chain of pieces.
+enum Loaded {
+    Whole(Session),
+    Chain(ort::Chain),
+}
+
+impl Loaded {
+    /// How many sessions (1 for a whole graph).
+    fn pieces(&self) -> u32 {
+        match self {
+            Loaded::Whole(_) => 1,
+            Loaded::Chain(chain) => chain.len() as u32,
+        }
+    }
+
+    fn inputs(&self) -> Vec<TensorInfo> {
+        match self {
+            Loaded::Whole(session) => session.inputs(),
+            Loaded::Chain(chain) => chain.inputs(),
+        }
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        match self {
+            Loaded::Whole(session) => session.outputs(),
+            Loaded::Chain(chain) => chain.outputs(),
+        }
+    }
+
+    async fn run(
+        &self,
+        feeds: &[(&str, &ort::Tensor)],
+        wanted: &[&str],
+    ) -> Result<Vec<ort::Tensor>, OrtError> {
+        match self {
+            Loaded::Whole(session) => session.run(feeds, wanted).await,
+            Loaded::Chain(chain) => chain.run(feeds, wanted).await,
+        }
+    }
+
+    /// ORT's profile of a whole graph (a chain is never profiled: `profile` loads stages whole).
+    async fn end_profiling(&self) -> Result<String, OrtError> {
+        match self {
+            Loaded::Whole(session) => session.end_profiling().await,
+            Loaded::Chain(_) => Ok(String::new()),
+        }
+    }
+
+    async fn release(self) -> Result<(), OrtError> {
+        match self {
+            Loaded::Whole(session) => session.release().await,
+            Loaded::Chain(chain) => chain.release().await,
+        }
+    }
+}
+
+/// `bytes` (the graph `name`) cut into pieces of at most `max` bytes for `params`' image
+/// (`imagine_core::f32_rewrite::split`), as `(graph, inputs, outputs)`; none where it cannot be cut,
+/// which is logged: the graph then runs whole.
+fn pieces(
+    name: &str,
+    bytes: &[u8],
+    params: &GenerateParams,
+    max: u64,
+) -> Vec<(Vec<u8>, Vec<String>, Vec<String>)> {
+    use imagine_core::f32_rewrite::split;
+    let cut = split::latent_channels(bytes).and_then(|channels| {
+        // The decoder reads packed tokens at 1/16 of the image, or the unpatchified latent at 1/8.
+        let factor = if channels == Some(imagine_core::latents::TOKEN_CHANNELS as u64) { 16 } else { 8 };
+        split::split(bytes, u64::from(params.height / factor), u64::from(params.width / factor), max)
+    });
+    match cut {
+        Ok(pieces) => pieces.into_iter().map(|p| (p.model, p.inputs, p.outputs)).collect(),
+        Err(e) => {
+            web_sys::console::warn_1(
+                &format!("imagine: {name} runs whole: it could not be cut ({e})").into(),
+            );
+            Vec::new()
+        }
     }
 }
 

@@ -254,6 +254,9 @@ pub struct StageTiming {
     /// Attentions computed in chunks of queries (`GenerateParams::attention_chunks`).
     #[serde(default)]
     pub chunked_attention: u32,
+    /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).
+    #[serde(default)]
+    pub pieces: u32,
     /// The worker's creation (its `performance.timeOrigin`).
     pub worker_created_at_ms: f64,
     /// When its task arrived, i.e. once its script, wasm and ORT's bindings were loaded.
