@@ -67,6 +67,11 @@ commands:
                          weights) on ORT Web's WebGPU backend with its storage-buffer cache at
                          its default (bucket: up to 160 MiB) and simple (every buffer kept):
                          times, ratio, largest output difference
+  bench memory [--size 384] [--steps 2] [--pack tiny-f32|f32] [--piece-mb 16] [--plans LIST]
+                         build, then one cold image per GPU memory plan (no budget, one stage
+                         at a time, the decoder in pieces), each in a browser of its own: peak
+                         GPU process and renderer memory above idle (nvidia-smi where there is
+                         one), time and its ratio, largest difference from the first plan's image
   help                   this text
 
 options for run/bench/e2e:
@@ -150,7 +155,7 @@ fn dispatch(args: &[String]) -> Result {
         "bench" => {
             let Some((what, rest)) = rest.split_first() else {
                 return Err(format!(
-                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers)\n{USAGE}"
+                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory)\n{USAGE}"
                 ));
             };
             let script = match what.as_str() {
@@ -161,9 +166,10 @@ fn dispatch(args: &[String]) -> Result {
                 "blocks" => "tests/e2e/bench/blocks.mjs",
                 "layout" => "tests/e2e/bench/layout.mjs",
                 "buffers" => "tests/e2e/bench/buffers.mjs",
+                "memory" => "tests/e2e/bench/memory.mjs",
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout)"
+                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory)"
                     ))
                 }
             };

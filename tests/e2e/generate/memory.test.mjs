@@ -58,6 +58,8 @@ test('under a small budget no two stages are loaded at once, none stays, and the
   const set = await gpuMemory(b.page, { setting: { mode: 'set', bytes: 1 * GB } });
   assert.equal(set.budget, 1 * GB);
   assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded, []);
+  // Their workers, terminated, leave the browser's list a moment later.
+  for (let i = 0; i < 50 && (await h.listWorkers(b.context)).some(h.isStageWorker); i++) await h.sleep(200);
   const other = { ...REQ, prompt: 'a teapot in the rain' };
   const small = await mostStageWorkers(b, () => h.generateOk(b.page, other));
   const { result } = small.value;
