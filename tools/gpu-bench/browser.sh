@@ -94,6 +94,11 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     while [ ! -e '$PACK'/.done ] && [ ! -e '$PACK'/.failed ]; do sleep 2; done
     [ -e '$PACK'/.done ] || { echo "export failed" > '$W'/logs/bench.log; touch '$W'/.bench-done; exit; }
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
+    if [ -n "'"${MEMORY_ARGS:-}"'" ]; then
+      '$W'/node tests/e2e/bench/memory.mjs --pack-dir '$PACK' --out '$W'/logs/memory.json '"${MEMORY_ARGS:-}"' \
+        > '$W'/logs/memory.log 2>&1
+      echo "memory bench exit $?" >> '$W'/logs/memory.log; touch '$W'/.bench-done; exit
+    fi
     alt=; [ -e '$W'/ort-alt/package ] && alt="--ort-alt '$W'/ort-alt/package"
     '$W'/node tests/e2e/bench/gpu.mjs --pack '$PACK' --out '$W'/logs/bench ${BENCH_ARGS---reference} $alt \
       > '$W'/logs/bench.log 2>&1

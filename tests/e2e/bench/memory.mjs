@@ -4,15 +4,26 @@
 // of the extension's renderer, the GPU's memory in use where `nvidia-smi` answers, the wall time and its
 // ratio to the first plan's, and the largest channel difference from the first plan's image.
 //
-//   node tests/e2e/bench/memory.mjs [--size 384] [--steps 2] [--pack tiny-f32|f32] [--piece-mb 16]
-//        [--plans unlimited,lean,split] [--out FILE]
+//   node tests/e2e/bench/memory.mjs [--size 384] [--steps 2] [--pack tiny-f32|f32] [--pack-dir DIR]
+//        [--piece-mb 16] [--plans unlimited,lean,split] [--out FILE]
+//   node tests/e2e/bench/memory.mjs --free-gb 8,6,4 --pack-dir DIR [--sizes 512,768x1024,1024x768,1024]
+//        [--browser-args "..."] [--out FILE]
 //
 // Plans (the image is always the same prompt and seed):
 //   unlimited  no budget: every stage loads at once and stays loaded (what a large GPU gets);
 //   lean       a 1 GB budget, which no stage fits: one stage at a time, nothing kept;
 //   split      lean, and the decoder run as a chain of pieces of at most --piece-mb (counted) MB.
 // --pack tiny-f32 is the tiny real-architecture pack (tools/export, made by `cargo xtask test`); f32
-// the fixture pack.
+// the fixture pack; --pack-dir an exported pack on disk (the full-size one on the GPU machine).
+//
+// With --free-gb (the GPU machine, IMAGINE_WEBGPU=vulkan): the GPU made small for real. The pack is
+// installed once; each size is made with no limit first (the reference images); then for each N,
+// `tools/gpu-bench/ballast.py` holds all but N GB of the GPU (torch), the same browser profile is
+// opened again, the budget measured again (`gpuMemory` with `measure`, as at a first run) and every
+// size made with the budget the probe found: done or failed (with its message), the GPU's peak above
+// the ballast (`nvidia-smi`), the time and its ratio to the reference, and the largest difference from
+// the reference image (at most 2 levels expected). --browser-args (e.g.
+// "--enable-dawn-features=vulkan_enable_f16_on_nvidia") picks the float16 path.
 
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -29,6 +40,10 @@ const { values: o } = parseArgs({
     steps: { type: 'string', default: '2' },
     pack: { type: 'string', default: 'tiny-f32' },
     'piece-mb': { type: 'string', default: '16' },
+    'pack-dir': { type: 'string' },
+    'free-gb': { type: 'string' },
+    sizes: { type: 'string', default: '512,768x1024,1024x768,1024' },
+    'browser-args': { type: 'string', default: '' },
     plans: { type: 'string', default: 'unlimited,lean,split' },
     out: { type: 'string' },
   },
@@ -54,10 +69,14 @@ function sampleGpu() {
   return { samples, stop: () => child.kill() };
 }
 
+async function packSource() {
+  if (o['pack-dir']) return { repoDir: o['pack-dir'], repo: 'bench/pack' };
+  return { repoDir: o.pack === 'tiny-f32' ? await tinyPack('float32') : h.fixtureDir(o.pack), repo: `bench/${o.pack}` };
+}
+
 async function measure(name) {
   const plan = PLANS[name];
-  const repoDir = o.pack === 'tiny-f32' ? await tinyPack('float32') : h.fixtureDir(o.pack);
-  const repo = `bench/${o.pack}`;
+  const { repoDir, repo } = await packSource();
   const b = await h.setup({ after: () => {} }, { pack: null, install: false, hubOptions: { repos: { [repo]: { dir: repoDir } } } });
   try {
     await h.installPack(b.page, b.hub, repo);
@@ -91,6 +110,111 @@ async function measure(name) {
     await b.close();
     await b.hub?.close();
   }
+}
+
+if (o['free-gb']) {
+  await smallGpus();
+  process.exit(0);
+}
+
+/** Starts the ballast holding all but `gb` GB of the GPU; resolves once it holds it. */
+function ballast(gb) {
+  const child = spawn('python3', ['tools/gpu-bench/ballast.py', '--free-gb', String(gb)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  return new Promise((resolve, reject) => {
+    child.on('exit', (code) => reject(new Error(`ballast exited (${code})`)));
+    child.stdout.on('data', (d) => {
+      if (String(d).startsWith('ballast: holding')) {
+        console.log(String(d).trim());
+        resolve(child);
+      }
+    });
+  });
+}
+
+/** One image of `size` (`WxH` or `S`) in `b`: its outcome, time, GPU peak above the start, PNG path. */
+async function image(b, size, tag) {
+  const [width, height] = size.includes('x') ? size.split('x').map(Number) : [Number(size), Number(size)];
+  const gpu = sampleGpu();
+  await h.sleep(1000);
+  const before = Math.min(...gpu.samples.map((x) => x.bytes), Infinity);
+  const r = await h.generate(b.page, { ...REQUEST, width, height }, 1_800_000);
+  gpu.stop();
+  const peak = Math.max(...gpu.samples.map((x) => x.bytes), -Infinity);
+  const png = r.result ? path.join(dir, `${tag}-${size}.png`) : null;
+  if (png) fs.writeFileSync(png, h.pngBytes(r.result));
+  return {
+    size,
+    done: !!r.result,
+    error: r.failed?.error ?? null,
+    wallMs: r.wallMs,
+    memory: r.result?.timings.memory ?? null,
+    budget: r.result?.timings.budget ?? null,
+    gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
+    png,
+  };
+}
+
+async function smallGpus() {
+  const sizes = o.sizes.split(',');
+  const args = o['browser-args'].split(' ').filter(Boolean);
+  const { repoDir, repo } = await packSource();
+  const hub = await h.startHub({ repos: { [repo]: { dir: repoDir } } });
+  const profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-memory-profile-'));
+  let b = await h.launch({ profileDir, args });
+  await h.collectEvents(b.page);
+  await h.installPack(b.page, hub, repo);
+  const reference = {};
+  for (const size of sizes) reference[size] = await image(b, size, 'unlimited');
+  await b.close({ keepProfile: true });
+  const rows = [];
+  for (const gb of o['free-gb'].split(',').map(Number)) {
+    const held = await ballast(gb);
+    try {
+      b = await h.launch({ profileDir, args });
+      await h.collectEvents(b.page);
+      const measured = await h.api(b.page, { type: 'gpuMemory', measure: true });
+      console.log(`${gb} GB free: the probe found ${JSON.stringify(measured.probe?.found)}, budget ${measured.budget}`);
+      // Images made with the stages loaded from the first one: each size after a fresh start.
+      for (const size of sizes) {
+        await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
+        const row = { freeGb: gb, probe: measured.probe?.found ?? null, ...(await image(b, size, `free-${gb}`)) };
+        const ref = reference[size];
+        row.timeRatio = ref.done && row.done ? row.wallMs / ref.wallMs : null;
+        if (row.png && ref.png) {
+          const c = await h.run('python3', ['tests/reference/compare.py', ref.png, row.png, '--tol', '2']);
+          row.largestDifference = Number(/max abs channel difference (\d+)/.exec(c.stdout)?.[1] ?? NaN);
+        }
+        rows.push(row);
+        console.log(JSON.stringify(row));
+      }
+      await b.close({ keepProfile: true });
+    } finally {
+      held.kill('SIGTERM');
+    }
+  }
+  await hub.close();
+  h.printTable(
+    ['free GB', 'size', 'outcome', 'budget GB', 'plan (at once / pieces / chunks)', 'GPU above start (GB)', 'time (s)', 'time / unlimited', 'largest difference'],
+    [
+      ...sizes.map((size) => {
+        const r = reference[size];
+        return ['all', size, r.done ? 'done' : `failed: ${r.error}`, '-', r.memory ? `${r.memory.ahead} / ${r.memory.levers.decoderPieceBytes ?? '-'} / ${r.memory.levers.attentionChunks}` : '-', r.gpuAboveStart === null ? '-' : (r.gpuAboveStart / 1e9).toFixed(1), (r.wallMs / 1000).toFixed(1), '1.00', 0];
+      }),
+      ...rows.map((r) => [
+        r.freeGb,
+        r.size,
+        r.done ? 'done' : `failed: ${r.error}`,
+        r.budget === null ? '-' : (r.budget / 1e9).toFixed(1),
+        r.memory ? `${r.memory.ahead} / ${r.memory.levers.decoderPieceBytes ?? '-'} / ${r.memory.levers.attentionChunks}` : '-',
+        r.gpuAboveStart === null ? '-' : (r.gpuAboveStart / 1e9).toFixed(1),
+        (r.wallMs / 1000).toFixed(1),
+        r.timeRatio === null ? '-' : r.timeRatio.toFixed(2),
+        r.largestDifference ?? '-',
+      ]),
+    ],
+  );
+  if (o.out) fs.writeFileSync(o.out, JSON.stringify({ sizes, reference, rows }, null, 2));
+  fs.rmSync(profileDir, { recursive: true, force: true });
 }
 
 const rows = [];

@@ -58,16 +58,15 @@ test('under a small budget no two stages are loaded at once, none stays, and the
   const set = await gpuMemory(b.page, { setting: { mode: 'set', bytes: 1 * GB } });
   assert.equal(set.budget, 1 * GB);
   assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded, []);
-  // Their workers, terminated, leave the browser's list a moment later.
-  for (let i = 0; i < 50 && (await h.listWorkers(b.context)).some(h.isStageWorker); i++) await h.sleep(200);
   const other = { ...REQ, prompt: 'a teapot in the rain' };
-  const small = await mostStageWorkers(b, () => h.generateOk(b.page, other));
-  const { result } = small.value;
+  const { result } = await h.generateOk(b.page, other);
   const m = result.timings.memory;
   assert.equal(result.timings.budget, 1 * GB);
   assert.deepEqual([m.ahead, m.keep, m.levers.keepBuffers], [false, false, false], JSON.stringify(m));
   assert.equal(m.fits, false, 'the transformer alone needs more than 1 GB');
-  assert.equal(small.most, 1, 'never two stage workers at once');
+  // From the stage timings: each stage's worker was created after the one before it had released its
+  // session (a worker the browser still lists for a moment after it was ended makes counting them
+  // unreliable here).
   const s = byStage(result);
   assert.ok(s.textEncoder.sessionCreateMs > 0, JSON.stringify(s.textEncoder));
   assert.ok(s.transformer.workerCreatedAtMs >= s.textEncoder.finishedAtMs, JSON.stringify(s));
