@@ -420,15 +420,15 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
         decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
         ..params.clone()
     };
-    let plan = Plan { ahead: memory.ahead, keep: memory.keep, memory, budget: gpu_budget };
+    let plan = Plan { memory, budget: gpu_budget };
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
     let outcome = match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
         // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
         Err(StageFailure::Error(error))
             if sent == 0
-                && (plan.ahead
-                    || plan.keep
+                && (plan.memory.ahead
+                    || plan.memory.keep
                     || plan.memory.levers.keep_buffers
                     || had_resident
                     || matches!(error, OffscreenError::Stalled { .. })) =>
@@ -488,14 +488,11 @@ async fn memory_plan(
     (facts.plan(budget, params.width, params.height, wanted), facts, budget)
 }
 
-/// How a job loads its stages.
+/// How a job loads its stages: its memory plan (`ahead`: every stage starts loading when the job
+/// starts, else each when the one before it is done; `keep`: stages stay loaded after the job), and the
+/// budget it was made for (both reported with each image's timings).
 #[derive(Clone, Copy, PartialEq)]
 struct Plan {
-    /// Every stage starts loading when the job starts (else each when the stage before it is done).
-    ahead: bool,
-    /// Stages stay loaded after the job (else each worker ends with its stage).
-    keep: bool,
-    /// The memory plan it follows, and its budget (reported with each image's timings).
     memory: MemoryPlan,
     budget: Option<u64>,
 }
@@ -504,12 +501,7 @@ impl Plan {
     /// One stage loaded at a time, nothing kept, no buffers kept: the least memory.
     fn lean(self) -> Plan {
         let levers = Levers { keep_buffers: false, ..self.memory.levers };
-        Plan {
-            ahead: false,
-            keep: false,
-            memory: MemoryPlan { ahead: false, keep: false, levers, ..self.memory },
-            ..self
-        }
+        Plan { memory: MemoryPlan { ahead: false, keep: false, levers, ..self.memory }, ..self }
     }
 }
 
@@ -526,21 +518,22 @@ async fn run_stages(
 
     progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
     let prompt = tokenize(&params.prompt).await?;
-    let transformer_task = StageTask::Transformer { params: params.clone(), keep: plan.keep };
-    let decoder_task = StageTask::Decoder { params: params.clone(), keep: plan.keep };
+    let transformer_task = StageTask::Transformer { params: params.clone(), keep: plan.memory.keep };
+    let decoder_task = StageTask::Decoder { params: params.clone(), keep: plan.memory.keep };
     let early = |task: &StageTask| -> Result<Option<StageRun>, StageFailure> {
-        Ok(if plan.ahead { Some(StageRun::start(job, task, None)?) } else { None })
+        Ok(if plan.memory.ahead { Some(StageRun::start(job, task, None)?) } else { None })
     };
     let transformer = early(&transformer_task)?;
     let decoder = early(&decoder_task)?;
-    let (embeddings, encoder_timing) = prompt_embeddings(job, params, &prompt, pack, plan.keep).await?;
+    let (embeddings, encoder_timing) =
+        prompt_embeddings(job, params, &prompt, pack, plan.memory.keep).await?;
 
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
     let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
         return Err(unexpected("transformer"));
     };
-    transformer.end(plan.keep);
+    transformer.end(plan.memory.keep);
 
     progress(job, Stage::Decoder, 0, images, 1, 1).await;
     let latents = latents.ok_or(OffscreenError::NoOutput)?;
@@ -623,7 +616,7 @@ async fn run_stages(
                 }
             }
             Reported::Done(StageOutput::Decoder { .. }, _) => {
-                decoder.end(plan.keep);
+                decoder.end(plan.memory.keep);
                 if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
                     store_block32(commit, reblocked_at_load);
                 }
