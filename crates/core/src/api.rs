@@ -472,6 +472,12 @@ impl JobState {
         JobState::Failed { error: error.to_string(), message: Some(error.message()), results: Vec::new() }
     }
 
+    /// Whether the job has ended (done, failed, cancelled; an unknown job too): only a running one,
+    /// queued or under way, has not.
+    pub fn has_ended(&self) -> bool {
+        !matches!(self, JobState::Running { .. })
+    }
+
     /// The images finished so far.
     pub fn results(&self) -> &[GenerateResult] {
         match self {
@@ -736,6 +742,13 @@ mod tests {
         let e =
             serde_json::from_str::<Request>(r#"{"type":"galleryDelete","id":"a","all":true}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `all`"), "{e}");
+    }
+
+    #[test]
+    fn a_job_state_says_whether_it_ended() {
+        let running = JobState::Running { progress: None, prompt: "a".into(), results: vec![] };
+        assert!(!running.has_ended());
+        assert!(JobState::Unknown.has_ended() && JobState::Cancelled { results: vec![] }.has_ended());
     }
 
     #[test]

@@ -31,12 +31,13 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
+use crate::offscreen::jobs::JobBook;
 use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
 use crate::platform::messaging::broadcast;
 use crate::platform::opfs::OpfsError;
 use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask, StageTiming, KNOWN_JOBS,
+    StageOutput, StageReport, StageTask, StageTiming,
 };
 
 /// Why a command, a job or an install failed in the offscreen document.
@@ -189,9 +190,9 @@ struct Queued {
 struct State {
     queue: VecDeque<Queued>,
     running: Option<String>,
-    /// The jobs this document was given, oldest first (the service worker fails a running job that its
-    /// offscreen document does not name: that document closed or crashed with it).
-    given: VecDeque<String>,
+    /// The latest jobs ended (the service worker fails a running job that its offscreen document does
+    /// not name: that document closed or crashed with it).
+    book: JobBook,
     /// The running job was cancelled.
     cancel_running: bool,
     current: Vec<Current>,
@@ -234,7 +235,7 @@ impl Default for State {
             release_running: false,
             idle_epoch: 0,
             install: None,
-            given: VecDeque::new(),
+            book: JobBook::default(),
             longest_quiet_ms: HashMap::new(),
             swap_pending: false,
             storing_block32: false,
@@ -255,12 +256,20 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
             Ok(()) => STATE.with_borrow(|state| OffscreenReply::Done {
                 installing: state.install.is_some(),
                 loaded: loaded_stages(state),
-                jobs: state.given.iter().cloned().collect(),
+                jobs: known_jobs(state),
             }),
             Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
         };
         Ok(to_js(&reply))
     })
+}
+
+/// The jobs this document names: the latest it ended, the running one and the queued ones, oldest
+/// first. None it has not ended is ever left out.
+fn known_jobs(state: &State) -> Vec<String> {
+    let running = state.running.iter();
+    let queued = state.queue.iter().map(|queued| &queued.job);
+    state.book.ended_jobs().chain(running).chain(queued).cloned().collect()
 }
 
 async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError> {
@@ -271,10 +280,6 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
             let start_now = STATE.with_borrow_mut(|state| {
                 state.keep_loaded_seconds = keep_loaded_seconds;
-                if state.given.len() == KNOWN_JOBS {
-                    state.given.pop_front();
-                }
-                state.given.push_back(job.clone());
                 state.queue.push_back(Queued { job, params, gpu_budget });
                 // The first job of an idle queue starts the loop; until the loop has popped it, a job
                 // queued right after must not start a second one.
@@ -336,11 +341,17 @@ async fn run_queue() {
         };
         // A finished job has broadcast its results already.
         let event = match run_job(&job, &params, gpu_budget).await {
-            Ok(()) => continue,
-            Err(StageFailure::Cancelled) => Event::Cancelled { job },
-            Err(StageFailure::Error(error)) => Event::failed(job, &error),
+            Ok(()) => None,
+            Err(StageFailure::Cancelled) => Some(Event::Cancelled { job: job.clone() }),
+            Err(StageFailure::Error(error)) => Some(Event::failed(job.clone(), &error)),
         };
-        broadcast(&event).await;
+        if let Some(event) = event {
+            broadcast(&event).await;
+        }
+        STATE.with_borrow_mut(|state| {
+            state.running = None;
+            state.book.ended(&job);
+        });
     }
 }
 
@@ -360,7 +371,10 @@ fn cancel(job: &str) {
     });
     if queued {
         let job = job.to_owned();
-        spawn_local(async move { broadcast(&Event::Cancelled { job }).await });
+        spawn_local(async move {
+            broadcast(&Event::Cancelled { job: job.clone() }).await;
+            STATE.with_borrow_mut(|state| state.book.ended(&job));
+        });
     }
 }
 

@@ -80,23 +80,26 @@ pub enum OffscreenCommand {
     InstallStatus,
 }
 
-/// How many of the jobs it was given the offscreen document names in its replies: more than a queue
-/// holds in practice, so that a job it still has is never taken for lost.
-pub const KNOWN_JOBS: usize = 64;
+/// The one limit on the jobs remembered once they have ended: the service worker keeps the state of
+/// the latest this many ended jobs (for pages that open late), and the offscreen document names as
+/// many ended jobs in its replies, beside every job it has queued or running. A job that has not ended
+/// is never forgotten, however many there are.
+pub const KEPT_ENDED_JOBS: usize = 8;
 
 /// Offscreen document → service worker: the answer to an [`OffscreenCommand`].
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "camelCase")]
 pub enum OffscreenReply {
     /// Done; whether a download worker runs now, which stages are loaded, and the jobs this document
-    /// was given (running, queued or ended; the latest [`KNOWN_JOBS`]).
+    /// has (queued or running; and the latest [`KEPT_ENDED_JOBS`] it ended).
     Done {
         /// A download worker runs.
         installing: bool,
         /// The stages whose sessions are loaded now.
         #[serde(default)]
         loaded: Vec<Stage>,
-        /// The ids of the latest [`KNOWN_JOBS`] jobs this document was given, oldest first.
+        /// The ids of the jobs this document has queued or running, and of the latest
+        /// [`KEPT_ENDED_JOBS`] it ended.
         #[serde(default)]
         jobs: Vec<String>,
     },
