@@ -1,7 +1,6 @@
 //! What the service worker keeps in `chrome.storage` across its restarts: each job's state, for pages
 //! that open late, and the list of the jobs kept; the download the user asked for, until it is
-//! installed or cancelled; and whether this browser session has started. The keys the pages share are
-//! in `platform::storage`.
+//! installed or cancelled. The keys the pages share are in `platform::storage`.
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, JobState};
 use imagine_core::message::Message;
@@ -16,8 +15,6 @@ use crate::platform::storage::Key;
 pub const JOBS: Key<Vec<String>> = Key::session("jobs");
 /// The download the user asked for (`storage.local`).
 pub const DOWNLOAD: Key<Download> = Key::local("download");
-/// Set once this browser session's service worker has started (`storage.session`).
-pub const SESSION_STARTED: Key<bool> = Key::session("session");
 
 /// Job `id`'s state (`storage.session`).
 pub fn job(id: &str) -> Key<JobState> {

@@ -190,8 +190,10 @@ struct Queued {
 struct State {
     queue: VecDeque<Queued>,
     running: Option<String>,
-    /// The latest jobs ended (the service worker fails a running job that its offscreen document does
-    /// not name: that document closed or crashed with it).
+    /// The running job is private.
+    running_private: bool,
+    /// The latest jobs ended, and the images of private jobs (the service worker fails a running job
+    /// that its offscreen document does not name: that document closed or crashed with it).
     book: JobBook,
     /// The running job was cancelled.
     cancel_running: bool,
@@ -235,6 +237,7 @@ impl Default for State {
             release_running: false,
             idle_epoch: 0,
             install: None,
+            running_private: false,
             book: JobBook::default(),
             longest_quiet_ms: HashMap::new(),
             swap_pending: false,
@@ -253,7 +256,8 @@ thread_local! {
 pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let reply = match command(message, sender).await {
-            Ok(()) => STATE.with_borrow(|state| OffscreenReply::Done {
+            Ok(Some(reply)) => reply,
+            Ok(None) => STATE.with_borrow(|state| OffscreenReply::Done {
                 installing: state.install.is_some(),
                 loaded: loaded_stages(state),
                 jobs: known_jobs(state),
@@ -272,7 +276,8 @@ fn known_jobs(state: &State) -> Vec<String> {
     state.book.ended_jobs().chain(running).chain(queued).cloned().collect()
 }
 
-async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError> {
+/// Carries out a command; its own reply, for the commands that have one (else `Done`).
+async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenReply>, OffscreenError> {
     if crate::platform::messaging::sender(&sender) != Sender::ServiceWorker {
         return Err(OffscreenError::NotFromServiceWorker);
     }
@@ -323,8 +328,28 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
             remove_staging().await?;
         }
         OffscreenCommand::InstallStatus => {}
+        OffscreenCommand::PrivateImage { id } => {
+            let png = STATE.with_borrow(|state| state.book.private_image(&id).cloned());
+            return Ok(Some(OffscreenReply::PrivateImage { png }));
+        }
+        OffscreenCommand::ForgetPrivate => forget_private(),
     }
-    Ok(())
+    Ok(None)
+}
+
+/// The last private window closed: the private jobs queued or running are cancelled, and every
+/// private image held is forgotten.
+fn forget_private() {
+    let jobs: Vec<String> = STATE.with_borrow_mut(|state| {
+        state.book.forget_private();
+        let running = state.running.clone().filter(|_| state.running_private);
+        let queued =
+            state.queue.iter().filter(|queued| queued.params.private).map(|queued| queued.job.clone());
+        running.into_iter().chain(queued).collect()
+    });
+    for job in jobs {
+        cancel(&job);
+    }
 }
 
 async fn run_queue() {
@@ -332,6 +357,7 @@ async fn run_queue() {
         let next = STATE.with_borrow_mut(|state| {
             let next = if state.swap_pending { None } else { state.queue.pop_front() };
             state.running = next.as_ref().map(|queued| queued.job.clone());
+            state.running_private = next.as_ref().is_some_and(|queued| queued.params.private);
             state.cancel_running = false;
             next
         });
@@ -606,6 +632,16 @@ async fn run_stages(
                     count: images,
                     private: params.private,
                 };
+                // A private image is held in this document's memory for the pages that ask later;
+                // nothing of it goes to disk.
+                // (Not once cancelled: the last private window may have closed meanwhile.)
+                if result.private {
+                    STATE.with_borrow_mut(|state| {
+                        if !state.cancel_running {
+                            state.book.keep_private(job, index, &result.png);
+                        }
+                    });
+                }
                 broadcast(&Event::Result(result)).await;
                 if index + 1 < images {
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
@@ -716,7 +752,8 @@ async fn prompt_embeddings(
     };
     let values = MAX_TOKENS * EMBED_WIDTH;
     if let (Some(commit), Some(key)) = (commit, &key) {
-        match crate::platform::opfs::embeddings::read_entry(commit, key, values).await {
+        // A private job uses a cached prompt without marking it as used: nothing of it goes to disk.
+        match crate::platform::opfs::embeddings::read_entry(commit, key, values, !params.private).await {
             Ok(Some(embeddings)) => {
                 let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
                 return Ok((buffer, StageTiming::default()));

@@ -78,6 +78,15 @@ pub enum OffscreenCommand {
     CancelPack,
     /// Whether a download worker runs.
     InstallStatus,
+    /// The PNG of a private job's image ([`imagine_core::gallery::image_id`]), which only this
+    /// document's memory holds; answered with [`OffscreenReply::PrivateImage`].
+    PrivateImage {
+        /// The image's id: `<job>` or `<job>-<index>`.
+        id: String,
+    },
+    /// The last private window closed: every private job queued or running is cancelled and every
+    /// private image is forgotten.
+    ForgetPrivate,
 }
 
 /// The one limit on the jobs remembered once they have ended: the service worker keeps the state of
@@ -102,6 +111,12 @@ pub enum OffscreenReply {
         /// [`KEPT_ENDED_JOBS`] it ended.
         #[serde(default)]
         jobs: Vec<String>,
+    },
+    /// The answer to [`OffscreenCommand::PrivateImage`]: the PNG in base64, or `None` when this
+    /// document does not hold it (it was forgotten, or another document made it).
+    PrivateImage {
+        /// The PNG, base64.
+        png: Option<String>,
     },
     /// Not done, and why.
     Refused(ErrorText),
@@ -442,6 +457,10 @@ pub struct StudioFocus {
     /// The prompt, to show in the studio's prompt box.
     #[serde(default)]
     pub prompt: String,
+    /// The job is private (text selected in a private window): so is whatever the studio makes from
+    /// its prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private: bool,
     /// Why the job could not start, when it did not.
     pub error: Option<String>,
     /// The same, as a `_locales` message.
