@@ -148,3 +148,61 @@ test('text selected in a private window makes an image that is shown but leaves 
   assert.ok((await galleryPrompts()).includes('a kept lighthouse'));
   assert.equal((await cachedEmbeddings(b.page)).length, 1);
 });
+
+test('what a private image leads to is private too: again with a new seed, 4 variations, its seed reused', { timeout: 900_000 }, async (t) => {
+  const b = await h.setup(t);
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 256, steps: 1 } }));
+  const prompt = 'a private harbour';
+  const { tab, job } = await fromPrivateWindow(b, prompt);
+  // The result page's "Open in the studio": the studio at this image, for what it derives from it.
+  await tab.click('#open-studio');
+  await tab.waitForURL(/\/studio\.html\?job=/);
+  await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png') && !document.querySelector('#result').hidden, null, { timeout: 60_000 });
+  await h.collectEvents(tab);
+  const known = new Set([job]);
+  /** Clicks `selector` and waits for the job it starts to end with its `images` images; their result events. */
+  const made = async (selector, images) => {
+    await tab.waitForFunction((s) => !document.querySelector(s).disabled, selector);
+    await tab.click(selector);
+    const first = await h.waitForEvent(tab, (e) => e.type === 'result' && !known.has(e.job));
+    known.add(first.job);
+    const results = async () => (await h.events(tab)).filter((e) => e.type === 'result' && e.job === first.job);
+    await until(async () => (await results()).length === images, h.GENERATION_TIMEOUT_MS, `${images} images of ${selector}`);
+    await tab.waitForFunction(() => !document.querySelector('#generate').disabled);
+    return { job: first.job, results: await results() };
+  };
+
+  const again = await made('#again', 1);
+  assert.deepEqual(again.results.map((r) => r.private), [true], 'the image "Again with a new seed" made from a private image is not private');
+  assert.equal(again.results[0].prompt, prompt);
+  const variations = await made('#variations', 4);
+  assert.deepEqual(variations.results.map((r) => r.private), [true, true, true, true], 'the variations of a private image are not private');
+  // The studio's form holds the private prompt: it says it will make a private image, and after
+  // "Reuse this seed" it makes one with that seed.
+  assert.equal(await tab.isVisible('#private'), true);
+  assert.equal(await tab.isChecked('#private'), true);
+  await tab.click('#reuse-seed');
+  const seed = await tab.inputValue('#seed');
+  await tab.fill('#width', '256');
+  await tab.fill('#height', '256');
+  await tab.fill('#steps', '1');
+  const reused = await made('#generate', 1);
+  assert.deepEqual(reused.results.map((r) => [r.private, r.seed, r.prompt]), [[true, seed, prompt]], 'the image made with a private image\'s seed reused is not private');
+
+  // None of them is kept: not in the gallery, no prompt embeddings cached, every job's state private;
+  // the studio stored neither its form nor the timings of these runs.
+  for (const derived of [again, variations, reused]) {
+    const state = await h.endedJob(b.page, derived.job);
+    assert.equal(state.status, 'done');
+    assert.ok(state.results.every((r) => r.private === true), JSON.stringify(state, h.shorten));
+  }
+  assert.equal((await h.api(b.page, { type: 'galleryList' })).total, 0);
+  assert.deepEqual(await cachedEmbeddings(b.page), []);
+  assert.equal(await tab.evaluate(() => localStorage.getItem('imagine.studio.settings')), null);
+  assert.deepEqual(await tab.evaluate(() => chrome.storage.local.get('studioTimings')), {});
+  // Unticked, the form makes an image kept like any other.
+  await tab.uncheck('#private');
+  const kept = await made('#generate', 1);
+  assert.equal(kept.results[0].private, undefined);
+  assert.equal((await h.api(b.page, { type: 'galleryList' })).total, 1);
+});
