@@ -2,10 +2,10 @@
 // not allowed in service workers), so they wait for the wasm module inside.
 import init, {
   serviceWorkerMessage, serviceWorkerInstalled, serviceWorkerMenuClick, serviceWorkerWake,
-  serviceWorkerStartup, serviceWorkerCommand, serviceWorkerNotificationClick, serviceWorkerBoot,
+  serviceWorkerStartup, serviceWorkerCommand, serviceWorkerNotificationClick, serviceWorkerWindowRemoved,
 } from './pkg/imagine_web.js';
 
-const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) }).then(() => serviceWorkerBoot());
+const ready = init({ module_or_path: new URL('./pkg/imagine_web_bg.wasm', import.meta.url) });
 
 // `sidePanel.open()` is allowed only while the user's gesture (menu click, shortcut) is being handled:
 // it must be called here, synchronously, before anything is awaited (the wasm module may still be
@@ -35,6 +35,8 @@ chrome.commands.onCommand.addListener((command, tab) => {
   const panel = openStudioPanel(tab);
   ready.then(() => serviceWorkerCommand(command, panel));
 });
+// The last private window closing is what forgets the images made from text selected there.
+chrome.windows.onRemoved.addListener(() => { ready.then(() => serviceWorkerWindowRemoved()); });
 chrome.notifications.onClicked.addListener((id) => {
   const panel = openStudioPanel(undefined);
   ready.then(() => serviceWorkerNotificationClick(id, panel));

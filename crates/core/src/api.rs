@@ -446,6 +446,9 @@ pub enum JobState {
         prompt: String,
         #[serde(default)]
         results: Vec<GenerateResult>,
+        /// Made for a `private` request ([`GenerateRequest::private`]), like every one of its results.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        private: bool,
     },
     /// `result`: the last image; `results`: every image of the job, in order.
     Done {
@@ -474,6 +477,17 @@ impl JobState {
     /// A failure with no image.
     pub fn failed(error: &(impl Localize + ?Sized)) -> JobState {
         JobState::Failed { error: error.to_string(), message: Some(error.message()), results: Vec::new() }
+    }
+
+    /// Whether the job has ended (done, failed, cancelled; an unknown job too): only a running one,
+    /// queued or under way, has not.
+    pub fn has_ended(&self) -> bool {
+        !matches!(self, JobState::Running { .. })
+    }
+
+    /// Whether the job was made for a `private` request: nothing derived from it may be kept.
+    pub fn is_private(&self) -> bool {
+        matches!(self, JobState::Running { private: true, .. }) || self.results().iter().any(|r| r.private)
     }
 
     /// The images finished so far.
@@ -744,6 +758,28 @@ mod tests {
         let e =
             serde_json::from_str::<Request>(r#"{"type":"galleryDelete","id":"a","all":true}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `all`"), "{e}");
+    }
+
+    #[test]
+    fn a_job_state_says_whether_it_ended_and_whether_it_is_private() {
+        let running =
+            |private| JobState::Running { progress: None, prompt: "a".into(), results: vec![], private };
+        assert!(!running(false).has_ended() && !running(true).has_ended());
+        assert!(JobState::Unknown.has_ended() && JobState::Cancelled { results: vec![] }.has_ended());
+        assert!(running(true).is_private() && !running(false).is_private());
+        // Stored by an older version: no flag on the running state, the results carry it.
+        let old: JobState =
+            serde_json::from_str(r#"{"status":"running","progress":null,"prompt":"a"}"#).unwrap();
+        assert_eq!(old, running(false));
+        assert_eq!(serde_json::to_value(running(false)).unwrap().get("private"), None);
+        let result: GenerateResult = serde_json::from_value(serde_json::json!({
+            "job": "j", "png": "", "prompt": "a", "seed": "1", "width": 256, "height": 256, "steps": 1,
+            "schedule": "flux2", "tokenCount": 3, "truncated": false, "trace": null, "timings": null,
+            "private": true,
+        }))
+        .unwrap();
+        let done = JobState::Done { result: result.clone(), results: vec![result] };
+        assert!(done.is_private() && done.has_ended());
     }
 
     #[test]

@@ -28,8 +28,9 @@ pub const PACKS_DIR: &str = "packs";
 /// The state file in [`PACKS_DIR`].
 pub const STATE_FILE: &str = "state.json";
 /// What earlier versions kept at the OPFS root (`pack/`, `pack-staging/`, job images in `results/`,
-/// now in the gallery). Nothing reads them; they are removed wherever stray files are cleaned up.
-pub const LEGACY_DIRS: [&str; 3] = ["pack", "pack-staging", "results"];
+/// now in the gallery, the images of private jobs in `private/`, now in memory only). Nothing reads
+/// them; they are removed wherever stray files are cleaned up.
+pub const LEGACY_DIRS: [&str; 4] = ["pack", "pack-staging", "results", "private"];
 /// The two slots of the download record, in the staging slot (see the web crate's `download.rs`).
 pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.json"];
 

@@ -48,3 +48,54 @@ test('the jobs of an offscreen document that closes end failed within a minute; 
   const { result } = await h.generateOk(b.page, { prompt: 'a red kite', width: 256, height: 256, steps: 1, seed: '2' });
   assert.ok(result.png.length > 0);
 });
+
+// More jobs than the service worker keeps ended ones of (8): none that is queued or running is forgotten.
+const TEN = Array.from({ length: 10 }, (_, i) => ({ type: 'generate', prompt: `a kite number ${i + 1}`, width: 256, height: 256, steps: 1, seed: String(i + 1) }));
+
+/** Sends every request at once from the page; the replies, in order. */
+async function startAll(page, requests) {
+  const replies = await page.evaluate((all) => Promise.all(all.map((r) => chrome.runtime.sendMessage(r))), requests);
+  for (const reply of replies) assert.equal(reply.type, 'jobStarted', JSON.stringify(reply));
+  return replies.map((r) => r.job);
+}
+
+test('ten jobs queued at once: each can be asked for while it waits, and each ends with its image', { timeout: 900_000 }, async (t) => {
+  const b = await h.setup(t);
+  await h.collectEvents(b.page);
+  const jobs = await startAll(b.page, TEN);
+  // The first loads its stages for seconds: the others wait behind it, and a page asking for any of
+  // them (one opened late, say) hears that it is on its way.
+  for (const [i, job] of jobs.entries()) {
+    const state = await h.api(b.page, { type: 'job', job });
+    // (The first may be done already on a fast machine; none is gone.)
+    assert.ok(['running', 'done'].includes(state.status), `job ${i + 1} of 10, queued: ${JSON.stringify(state, h.shorten)}`);
+    if (state.status === 'running') assert.equal(state.prompt, `a kite number ${i + 1}`);
+  }
+  for (const [i, job] of jobs.entries()) {
+    const end = await h.waitForJobEnd(b.page, job, 300_000);
+    assert.equal(end.type, 'result', `job ${i + 1}: ${JSON.stringify(end, h.shorten)}`);
+    const state = await h.endedJob(b.page, job);
+    assert.equal(state.status, 'done', `job ${i + 1} once ended: ${JSON.stringify(state, h.shorten)}`);
+    assert.ok(state.result.png.length > 0);
+  }
+});
+
+test('ten jobs queued when the offscreen document closes: every one of them ends failed', { timeout: 400_000 }, async (t) => {
+  const b = await h.setup(t);
+  await h.collectEvents(b.page);
+  // The first job held once its text encoder has loaded; nine more queued behind it.
+  await h.armFailpoint(b.page, 'stage:session-created:TextEncoder');
+  const jobs = await startAll(b.page, TEN);
+  await h.waitForFailpoint(b.page, 60_000);
+  for (const [i, job] of jobs.entries()) {
+    const state = await h.api(b.page, { type: 'job', job });
+    assert.equal(state.status, 'running', `job ${i + 1} of 10, before the document closed: ${JSON.stringify(state, h.shorten)}`);
+  }
+  await b.serviceWorker.evaluate(() => chrome.offscreen.closeDocument());
+  for (const [i, job] of jobs.entries()) {
+    const end = await h.waitForJobEnd(b.page, job, 90_000, 90_000);
+    assert.equal(end.type, 'failed', `job ${i + 1}: ${JSON.stringify(end, h.shorten)}`);
+    assert.match(end.error, /the page that makes images closed/);
+    assert.equal((await h.api(b.page, { type: 'job', job })).status, 'failed', `job ${i + 1}`);
+  }
+});

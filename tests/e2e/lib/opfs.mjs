@@ -207,3 +207,38 @@ export async function offscreenOpen(context) {
   const { targetInfos } = await cdp.send('Target.getTargets');
   return targetInfos.some((t) => t.url.includes('/offscreen.html'));
 }
+
+/**
+ * The files under `dir` (a browser profile, on this machine's disk) that hold any of `needles` (strings,
+ * searched as UTF-8 and UTF-16LE, or Buffers): [{ file, needle }], `file` relative to `dir`. Files that
+ * vanish or cannot be read while the browser writes are skipped; links are not followed.
+ */
+export function filesHolding(dir, needles) {
+  const patterns = needles.flatMap((n) => (Buffer.isBuffer(n) ? [[n, n]] : [[Buffer.from(n, 'utf8'), n], [Buffer.from(n, 'utf16le'), n]]));
+  const found = [];
+  const walk = (d) => {
+    let entries;
+    try {
+      entries = fs.readdirSync(d, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.isFile()) {
+        let bytes;
+        try {
+          bytes = fs.readFileSync(p);
+        } catch {
+          continue;
+        }
+        for (const [pattern, needle] of patterns) {
+          if (bytes.includes(pattern)) found.push({ file: path.relative(dir, p), needle: Buffer.isBuffer(needle) ? `${needle.length} bytes of the image` : needle });
+        }
+      }
+    }
+  };
+  walk(dir);
+  return found;
+}

@@ -77,7 +77,7 @@ pub enum ServiceWorkerError {
     /// Asking the Hub for a pack's plan (`packPlan`).
     #[error(transparent)]
     Fetch(#[from] FetchError),
-    /// Reading or writing the pack state, a pack or a private image in OPFS.
+    /// Reading or writing the pack state or a pack in OPFS.
     #[error(transparent)]
     Opfs(#[from] OpfsError),
     /// `chrome.offscreen.createDocument` failed (not because the document exists already).
@@ -102,6 +102,12 @@ pub enum ServiceWorkerError {
     /// A finished job whose image is gone from the gallery.
     #[error("the image of this job is no longer kept ({0})")]
     NotKept(GalleryStoreError),
+    /// A private job's image that the offscreen document no longer holds (it closed or crashed).
+    #[error(
+        "the image is no longer kept: an image made from text selected in a private window is kept in \
+         memory only, and the page that held it closed"
+    )]
+    PrivateGone,
     /// An image that could not be written to the gallery.
     #[error(
         "the image was made but could not be kept ({error}); free some disk space and generate it again \
@@ -187,21 +193,57 @@ async fn request_reply(message: &JsValue) -> Result<Reply, ServiceWorkerError> {
     handle(from_js::<Request>(message).map_err(ServiceWorkerError::NotARequest)?).await
 }
 
-/// Each start of the service worker, before it handles anything: in a new browser session (its
-/// `storage.session` is empty), the last session's private images are removed; their pages are gone.
-#[wasm_bindgen(js_name = serviceWorkerBoot)]
-pub fn service_worker_boot() -> js_sys::Promise {
+/// `chrome.windows.onRemoved`: when no private (incognito) window is left, what private windows made is
+/// forgotten ([`forget_private`]).
+#[wasm_bindgen(js_name = serviceWorkerWindowRemoved)]
+pub fn service_worker_window_removed() -> js_sys::Promise {
     future_to_promise(async {
-        if records::SESSION_STARTED.get().await.is_none() {
-            if let Ok(root) = opfs::root().await {
-                if let Err(e) = opfs::remove(&root, PRIVATE_DIR).await {
-                    web_sys::console::error_1(&e.to_string().into());
-                }
-            }
-            records::SESSION_STARTED.set_or_log(&true).await;
+        if !private_window_open().await {
+            forget_private().await;
         }
         Ok(JsValue::UNDEFINED)
     })
+}
+
+/// Whether a private (incognito) window is open. The extension sees them only where the user allowed it
+/// in private windows, which is also the only way it gets text selected there. If Chrome cannot say,
+/// none is taken to be open: forgetting is the side to err on.
+async fn private_window_open() -> bool {
+    let windows = match chrome::windows_get_all(&Obj::new().build()) {
+        Ok(promise) => JsFuture::from(promise).await.map_err(JsError::from),
+        Err(e) => Err(JsError::from(e)),
+    };
+    match windows {
+        Ok(windows) => {
+            js_sys::Array::from(&windows).iter().any(|w| get(&w, "incognito").as_bool() == Some(true))
+        }
+        Err(e) => {
+            web_sys::console::error_1(&format!("imagine: the windows could not be listed: {e}").into());
+            false
+        }
+    }
+}
+
+/// The last private window closed: every private job still queued or running is cancelled, the
+/// offscreen document forgets the private images it holds (the only copies: they are never written to
+/// disk), and the records of private jobs and a studio focus on one are removed, so that no page opened
+/// later shows them or their prompts. A page still showing one keeps what it shows.
+async fn forget_private() {
+    if let Ok(true) = offscreen_exists().await {
+        send_command(&OffscreenCommand::ForgetPrivate).await.log_error("forgetting the private images");
+    }
+    let _guard = JOB_LOCK.with(Arc::clone).lock_owned().await;
+    let mut kept = Vec::new();
+    for job in records::JOBS.get().await.unwrap_or_default() {
+        match records::job(&job).get().await {
+            Some(state) if state.is_private() => records::job(&job).remove_or_log().await,
+            _ => kept.push(job),
+        }
+    }
+    records::JOBS.set_or_log(&kept).await;
+    if storage::STUDIO_FOCUS.get().await.is_some_and(|focus| focus.private) {
+        storage::STUDIO_FOCUS.remove_or_log().await;
+    }
 }
 
 /// `chrome.runtime.onInstalled`: (re)creates the context menu.
@@ -264,13 +306,14 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise, incognit
         // The settings the user chose as defaults (options page), like every page that makes images.
         let mut request = settings::defaults().await.request(prompt.clone());
         request.private = incognito && !settings::keep_private().await;
+        let private = request.private;
         let started = start_job(request).await;
         // The prompt stays out of the URL (it would land in the browser's history): the page asks
         // for the job, which carries it.
         let (focus, page) = match started {
             Ok((job, _)) => {
                 let page = format!("result.html?job={job}");
-                (StudioFocus { job: Some(job), prompt, ..Default::default() }, page)
+                (StudioFocus { job: Some(job), prompt, private, ..Default::default() }, page)
             }
             Err(error) => {
                 let message = error.message();
@@ -283,6 +326,7 @@ pub fn service_worker_menu_click(info: JsValue, panel: js_sys::Promise, incognit
                 );
                 let focus = StudioFocus {
                     prompt,
+                    private,
                     error: Some(error.to_string()),
                     message: Some(message),
                     ..Default::default()
@@ -565,7 +609,12 @@ async fn start_job(request: GenerateRequest) -> Result<(String, String), Service
     }
     fail_lost_jobs().await;
     let job = format!("{:016x}", random_u64());
-    let running = JobState::Running { progress: None, prompt: params.prompt.clone(), results: Vec::new() };
+    let running = JobState::Running {
+        progress: None,
+        prompt: params.prompt.clone(),
+        results: Vec::new(),
+        private: params.private,
+    };
     let seed = params.seed.to_string();
     let keep_loaded_seconds = settings::keep_loaded_seconds().await;
     let gpu_budget = gpu_memory::job_budget(params.backend).await;
@@ -650,7 +699,7 @@ async fn send_command(command: &OffscreenCommand) -> Result<Answer, ServiceWorke
     match from_js::<OffscreenReply>(&reply) {
         Ok(OffscreenReply::Done { installing, loaded, jobs }) => Ok(Answer { installing, loaded, jobs }),
         Ok(OffscreenReply::Refused(error)) => Err(ServiceWorkerError::Refused(error)),
-        Err(_) => Err(ServiceWorkerError::NoAnswer),
+        Ok(OffscreenReply::PrivateImage { .. }) | Err(_) => Err(ServiceWorkerError::NoAnswer),
     }
 }
 
@@ -743,11 +792,11 @@ async fn record(event: Event) {
     };
     match event {
         Event::Progress { job, progress } => {
-            let (prompt, results) = match records::job(&job).get().await {
-                Some(JobState::Running { prompt, results, .. }) => (prompt, results),
+            let (prompt, results, private) = match records::job(&job).get().await {
+                Some(JobState::Running { prompt, results, private, .. }) => (prompt, results, private),
                 _ => Default::default(),
             };
-            set_job(&job, &JobState::Running { progress: Some(progress), prompt, results }).await
+            set_job(&job, &JobState::Running { progress: Some(progress), prompt, results, private }).await
         }
         Event::Result(mut result) => {
             // The trace is for the caller that asked for it, not worth keeping; the image is kept in
@@ -756,6 +805,10 @@ async fn record(event: Event) {
             let job = result.job.clone();
             let png = std::mem::take(&mut result.png);
             let previous = records::job(&job).get().await;
+            // A private job forgotten as the last private window closed: nothing of it is recorded.
+            if result.private && previous.is_none() {
+                return;
+            }
             let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
             // The PNG first, then the job's state (which reads it), then the gallery's index: a page
             // asking for the job is answered as soon as the image is on disk.
@@ -777,7 +830,7 @@ async fn record(event: Event) {
                         _ => (None, result.prompt.clone()),
                     };
                     results.push(result.clone());
-                    JobState::Running { progress, prompt, results }
+                    JobState::Running { progress, prompt, results, private: result.private }
                 }
             };
             set_job(&job, &state).await;
@@ -894,11 +947,8 @@ async fn job_state(job: &str) -> JobState {
     };
     for result in results.iter_mut() {
         match kept_image(job, result).await {
-            Ok(png) => {
-                use base64::Engine;
-                result.png = base64::engine::general_purpose::STANDARD.encode(png);
-            }
-            Err(e) => return JobState::failed(&ServiceWorkerError::NotKept(e)),
+            Ok(png) => result.png = png,
+            Err(e) => return JobState::failed(&e),
         }
     }
     if let JobState::Done { result, results } = &mut state {
@@ -910,31 +960,34 @@ async fn job_state(job: &str) -> JobState {
 }
 
 /// Keeps `result`'s image (`png`, base64, as the result event carries it) in the gallery, which is where
-/// the job's images are read back from: one copy of the bytes; a private one in [`PRIVATE_DIR`]
-/// instead. Returns the PNG's size.
+/// the job's images are read back from: one copy of the bytes. A private one is not written anywhere:
+/// the offscreen document that made it holds it in memory ([`kept_image`]). Returns the PNG's size.
 async fn keep_image(result: &GenerateResult, png: &str) -> Result<u64, ServiceWorkerError> {
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD.decode(png)?;
-    let id = gallery::image_id(&result.job, result.index);
-    if result.private {
-        let file = gallery::image_file(gallery::validate_id(&id).map_err(GalleryStoreError::from)?);
-        opfs::write_whole(&opfs::dir(PRIVATE_DIR, true).await?, &file, &bytes).await?;
-    } else {
-        gallery_store::write_png(&id, &bytes).await?;
+    if !result.private {
+        gallery_store::write_png(&gallery::image_id(&result.job, result.index), &bytes).await?;
     }
     Ok(bytes.len() as u64)
 }
 
-async fn kept_image(job: &str, result: &GenerateResult) -> Result<Vec<u8>, GalleryStoreError> {
+/// The PNG (base64) of a job's image: from the gallery, or a private one from the offscreen document's
+/// memory (never opened for it: a closed document holds nothing).
+async fn kept_image(job: &str, result: &GenerateResult) -> Result<String, ServiceWorkerError> {
+    use base64::Engine;
     let id = gallery::image_id(job, result.index);
     if !result.private {
-        return gallery_store::png(&id).await;
+        let png = gallery_store::png(&id).await.map_err(ServiceWorkerError::NotKept)?;
+        return Ok(base64::engine::general_purpose::STANDARD.encode(png));
     }
-    let file = gallery::image_file(gallery::validate_id(&id)?);
-    Ok(opfs::read(&opfs::dir(PRIVATE_DIR, false).await?, &file).await?)
+    if !offscreen_exists().await.unwrap_or(false) {
+        return Err(ServiceWorkerError::PrivateGone);
+    }
+    let reply = send(&protocol::to_offscreen(&OffscreenCommand::PrivateImage { id })).await?;
+    match from_js::<OffscreenReply>(&reply) {
+        Ok(OffscreenReply::PrivateImage { png: Some(png) }) => Ok(png),
+        Ok(OffscreenReply::PrivateImage { png: None }) => Err(ServiceWorkerError::PrivateGone),
+        Ok(OffscreenReply::Refused(error)) => Err(ServiceWorkerError::Refused(error)),
+        _ => Err(ServiceWorkerError::NoAnswer),
+    }
 }
-
-/// Where the images of private jobs wait for their pages until the browser closes: outside the
-/// gallery (whose index rebuild lists every PNG of its folder), emptied in the next browser session
-/// ([`service_worker_boot`]).
-const PRIVATE_DIR: &str = "private";

@@ -32,12 +32,13 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
+use crate::offscreen::jobs::JobBook;
 use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
 use crate::platform::messaging::broadcast;
 use crate::platform::opfs::OpfsError;
 use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask, StageTiming, KNOWN_JOBS,
+    StageOutput, StageReport, StageTask, StageTiming,
 };
 
 /// Why a command, a job or an install failed in the offscreen document.
@@ -190,9 +191,11 @@ struct Queued {
 struct State {
     queue: VecDeque<Queued>,
     running: Option<String>,
-    /// The jobs this document was given, oldest first (the service worker fails a running job that its
-    /// offscreen document does not name: that document closed or crashed with it).
-    given: VecDeque<String>,
+    /// The running job is private.
+    running_private: bool,
+    /// The latest jobs ended, and the images of private jobs (the service worker fails a running job
+    /// that its offscreen document does not name: that document closed or crashed with it).
+    book: JobBook,
     /// The running job was cancelled.
     cancel_running: bool,
     current: Vec<Current>,
@@ -235,7 +238,8 @@ impl Default for State {
             release_running: false,
             idle_epoch: 0,
             install: None,
-            given: VecDeque::new(),
+            running_private: false,
+            book: JobBook::default(),
             longest_quiet_ms: HashMap::new(),
             swap_pending: false,
             storing_block32: false,
@@ -253,10 +257,11 @@ thread_local! {
 pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let reply = match command(message, sender).await {
-            Ok(()) => STATE.with_borrow(|state| OffscreenReply::Done {
+            Ok(Some(reply)) => reply,
+            Ok(None) => STATE.with_borrow(|state| OffscreenReply::Done {
                 installing: state.install.is_some(),
                 loaded: loaded_stages(state),
-                jobs: state.given.iter().cloned().collect(),
+                jobs: known_jobs(state),
             }),
             Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
         };
@@ -264,7 +269,16 @@ pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
     })
 }
 
-async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError> {
+/// The jobs this document names: the latest it ended, the running one and the queued ones, oldest
+/// first. None it has not ended is ever left out.
+fn known_jobs(state: &State) -> Vec<String> {
+    let running = state.running.iter();
+    let queued = state.queue.iter().map(|queued| &queued.job);
+    state.book.ended_jobs().chain(running).chain(queued).cloned().collect()
+}
+
+/// Carries out a command; its own reply, for the commands that have one (else `Done`).
+async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenReply>, OffscreenError> {
     if crate::platform::messaging::sender(&sender) != Sender::ServiceWorker {
         return Err(OffscreenError::NotFromServiceWorker);
     }
@@ -272,10 +286,6 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
         OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
             let start_now = STATE.with_borrow_mut(|state| {
                 state.keep_loaded_seconds = keep_loaded_seconds;
-                if state.given.len() == KNOWN_JOBS {
-                    state.given.pop_front();
-                }
-                state.given.push_back(job.clone());
                 state.queue.push_back(Queued { job, params, gpu_budget });
                 // The first job of an idle queue starts the loop; until the loop has popped it, a job
                 // queued right after must not start a second one.
@@ -319,8 +329,28 @@ async fn command(message: JsValue, sender: JsValue) -> Result<(), OffscreenError
             remove_staging().await?;
         }
         OffscreenCommand::InstallStatus => {}
+        OffscreenCommand::PrivateImage { id } => {
+            let png = STATE.with_borrow(|state| state.book.private_image(&id).cloned());
+            return Ok(Some(OffscreenReply::PrivateImage { png }));
+        }
+        OffscreenCommand::ForgetPrivate => forget_private(),
     }
-    Ok(())
+    Ok(None)
+}
+
+/// The last private window closed: the private jobs queued or running are cancelled, and every
+/// private image held is forgotten.
+fn forget_private() {
+    let jobs: Vec<String> = STATE.with_borrow_mut(|state| {
+        state.book.forget_private();
+        let running = state.running.clone().filter(|_| state.running_private);
+        let queued =
+            state.queue.iter().filter(|queued| queued.params.private).map(|queued| queued.job.clone());
+        running.into_iter().chain(queued).collect()
+    });
+    for job in jobs {
+        cancel(&job);
+    }
 }
 
 async fn run_queue() {
@@ -328,6 +358,7 @@ async fn run_queue() {
         let next = STATE.with_borrow_mut(|state| {
             let next = if state.swap_pending { None } else { state.queue.pop_front() };
             state.running = next.as_ref().map(|queued| queued.job.clone());
+            state.running_private = next.as_ref().is_some_and(|queued| queued.params.private);
             state.cancel_running = false;
             next
         });
@@ -337,11 +368,17 @@ async fn run_queue() {
         };
         // A finished job has broadcast its results already.
         let event = match run_job(&job, &params, gpu_budget).await {
-            Ok(()) => continue,
-            Err(StageFailure::Cancelled) => Event::Cancelled { job },
-            Err(StageFailure::Error(error)) => Event::failed(job, &error),
+            Ok(()) => None,
+            Err(StageFailure::Cancelled) => Some(Event::Cancelled { job: job.clone() }),
+            Err(StageFailure::Error(error)) => Some(Event::failed(job.clone(), &error)),
         };
-        broadcast(&event).await;
+        if let Some(event) = event {
+            broadcast(&event).await;
+        }
+        STATE.with_borrow_mut(|state| {
+            state.running = None;
+            state.book.ended(&job);
+        });
     }
 }
 
@@ -361,7 +398,10 @@ fn cancel(job: &str) {
     });
     if queued {
         let job = job.to_owned();
-        spawn_local(async move { broadcast(&Event::Cancelled { job }).await });
+        spawn_local(async move {
+            broadcast(&Event::Cancelled { job: job.clone() }).await;
+            STATE.with_borrow_mut(|state| state.book.ended(&job));
+        });
     }
 }
 
@@ -610,6 +650,16 @@ async fn run_stages(
                     count: images,
                     private: params.private,
                 };
+                // A private image is held in this document's memory for the pages that ask later;
+                // nothing of it goes to disk.
+                // (Not once cancelled: the last private window may have closed meanwhile.)
+                if result.private {
+                    STATE.with_borrow_mut(|state| {
+                        if !state.cancel_running {
+                            state.book.keep_private(job, index, &result.png);
+                        }
+                    });
+                }
                 broadcast(&Event::Result(result)).await;
                 if index + 1 < images {
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
@@ -720,7 +770,8 @@ async fn prompt_embeddings(
     };
     let values = MAX_TOKENS * EMBED_WIDTH;
     if let (Some(commit), Some(key)) = (commit, &key) {
-        match crate::platform::opfs::embeddings::read_entry(commit, key, values).await {
+        // A private job uses a cached prompt without marking it as used: nothing of it goes to disk.
+        match crate::platform::opfs::embeddings::read_entry(commit, key, values, !params.private).await {
             Ok(Some(embeddings)) => {
                 let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
                 return Ok((buffer, StageTiming::default()));

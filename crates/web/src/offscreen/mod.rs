@@ -7,4 +7,5 @@ pub mod convert;
 pub mod document;
 pub mod download;
 pub mod hasher;
+pub mod jobs;
 pub mod stage_worker;

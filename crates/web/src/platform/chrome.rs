@@ -100,6 +100,11 @@ extern "C" {
     /// `chrome.action.setPopup(details)`: the page the toolbar button opens (`""`: none).
     #[wasm_bindgen(catch, js_namespace = ["chrome", "action"], js_name = setPopup)]
     pub fn action_set_popup(details: &JsValue) -> Result<Promise, JsValue>;
+
+    /// `chrome.windows.getAll(query)`: the browser's windows, the private (incognito) ones included
+    /// where the user allowed the extension in them.
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "windows"], js_name = getAll)]
+    pub fn windows_get_all(query: &JsValue) -> Result<Promise, JsValue>;
 }
 
 /// `chrome.windows.WINDOW_ID_CURRENT`: the window the calling page is in (the last focused one for the

@@ -219,6 +219,7 @@ impl Localize for ServiceWorkerError {
             ServiceWorkerError::Image(_) => Message::text(self),
             ServiceWorkerError::Gallery(e) => e.message(),
             ServiceWorkerError::NotKept(e) => Message::new("errSwNotKept", [cause(e)]),
+            ServiceWorkerError::PrivateGone => Message::new("errSwPrivateGone", []),
             ServiceWorkerError::Unkept { error, seed } => {
                 Message::new("errSwUnkept", [cause(error), arg(seed)])
             }

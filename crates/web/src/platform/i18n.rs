@@ -408,6 +408,7 @@ mod tests {
             Box::new(ServiceWorkerError::NotKept(GalleryStoreError::Gallery(GalleryError::NotFound(
                 "j".into(),
             )))),
+            Box::new(ServiceWorkerError::PrivateGone),
             Box::new(ServiceWorkerError::Unkept { error: ErrorText::of(&quota()), seed: "42".into() }),
             Box::new(ServiceWorkerError::NotRecorded(js())),
             Box::new(ServiceWorkerError::JobLost),

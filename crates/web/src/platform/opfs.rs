@@ -429,9 +429,15 @@ pub mod embeddings {
         }
     }
 
-    /// The cached embeddings `key` (of `values` values) of the pack at `commit`, marked as just used; `None`
-    /// when there are none or their file is missing, short or damaged (then the entry is dropped).
-    pub async fn read_entry(commit: &str, key: &str, values: usize) -> OpfsResult<Option<Vec<f32>>> {
+    /// The cached embeddings `key` (of `values` values) of the pack at `commit`, marked as just used
+    /// (unless `record_use` is false: a private job's use leaves no trace); `None` when there are none or
+    /// their file is missing, short or damaged (then the entry is dropped).
+    pub async fn read_entry(
+        commit: &str,
+        key: &str,
+        values: usize,
+        record_use: bool,
+    ) -> OpfsResult<Option<Vec<f32>>> {
         let (mut index, dir) = load(commit).await?;
         if index.touch(key).is_none() {
             return Ok(None);
@@ -442,6 +448,8 @@ pub mod embeddings {
             Err(e) => Err(e.to_string()),
         };
         let found = match checked {
+            // Unrecorded (a private job's use), the index stays as it was on disk.
+            Ok(values) if !record_use => return Ok(Some(values)),
             Ok(values) => Some(values),
             Err(why) => {
                 web_sys::console::warn_1(&format!("imagine: cached embeddings {key} not used: {why}").into());

@@ -80,27 +80,45 @@ pub enum OffscreenCommand {
     CancelPack,
     /// Whether a download worker runs.
     InstallStatus,
+    /// The PNG of a private job's image ([`imagine_core::gallery::image_id`]), which only this
+    /// document's memory holds; answered with [`OffscreenReply::PrivateImage`].
+    PrivateImage {
+        /// The image's id: `<job>` or `<job>-<index>`.
+        id: String,
+    },
+    /// The last private window closed: every private job queued or running is cancelled and every
+    /// private image is forgotten.
+    ForgetPrivate,
 }
 
-/// How many of the jobs it was given the offscreen document names in its replies: more than a queue
-/// holds in practice, so that a job it still has is never taken for lost.
-pub const KNOWN_JOBS: usize = 64;
+/// The one limit on the jobs remembered once they have ended: the service worker keeps the state of
+/// the latest this many ended jobs (for pages that open late), and the offscreen document names as
+/// many ended jobs in its replies, beside every job it has queued or running. A job that has not ended
+/// is never forgotten, however many there are.
+pub const KEPT_ENDED_JOBS: usize = 8;
 
 /// Offscreen document → service worker: the answer to an [`OffscreenCommand`].
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "camelCase")]
 pub enum OffscreenReply {
     /// Done; whether a download worker runs now, which stages are loaded, and the jobs this document
-    /// was given (running, queued or ended; the latest [`KNOWN_JOBS`]).
+    /// has (queued or running; and the latest [`KEPT_ENDED_JOBS`] it ended).
     Done {
         /// A download worker runs.
         installing: bool,
         /// The stages whose sessions are loaded now.
         #[serde(default)]
         loaded: Vec<Stage>,
-        /// The ids of the latest [`KNOWN_JOBS`] jobs this document was given, oldest first.
+        /// The ids of the jobs this document has queued or running, and of the latest
+        /// [`KEPT_ENDED_JOBS`] it ended.
         #[serde(default)]
         jobs: Vec<String>,
+    },
+    /// The answer to [`OffscreenCommand::PrivateImage`]: the PNG in base64, or `None` when this
+    /// document does not hold it (it was forgotten, or another document made it).
+    PrivateImage {
+        /// The PNG, base64.
+        png: Option<String>,
     },
     /// Not done, and why.
     Refused(ErrorText),
@@ -455,6 +473,10 @@ pub struct StudioFocus {
     /// The prompt, to show in the studio's prompt box.
     #[serde(default)]
     pub prompt: String,
+    /// The job is private (text selected in a private window): so is whatever the studio makes from
+    /// its prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private: bool,
     /// Why the job could not start, when it did not.
     pub error: Option<String>,
     /// The same, as a `_locales` message.

@@ -4,6 +4,11 @@
 //! earlier runs on this machine; the image with copy, save, "again with a new seed", "4 variations"
 //! and "reuse this seed"; a gallery image's prompt and settings when the gallery reuses them.
 //!
+//! What the studio makes from a private job's image (text selected in a private window) is private
+//! too: "again" and "4 variations" of it, and the form once it holds its prompt or its seed (the
+//! "Private" box, ticked then, says so; the user may untick it). A private run stores nothing on this
+//! machine: neither the form's settings nor its timings.
+//!
 //! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid)
 //! are [`results`]; opening the studio from the service worker, the popup and the gallery is
 //! `platform::side_panel`.
@@ -167,6 +172,8 @@ struct Run {
     started: Option<f64>,
     /// When the page began following it.
     followed: f64,
+    /// A private job: its timings are not kept.
+    private: bool,
     progress: Option<Progress>,
     /// The image the progress is about (0-based).
     image: u32,
@@ -194,6 +201,7 @@ impl Run {
             height,
             started,
             followed: now,
+            private: false,
             progress: None,
             image: 0,
             progress_at: now,
@@ -432,6 +440,7 @@ async fn reuse_offered(reuse: Reuse) {
 /// Fills the form with a gallery image's prompt and settings, its seed fixed.
 fn fill_from(reuse: &Reuse) {
     element::<HtmlTextAreaElement>("prompt").set_value(&reuse.prompt);
+    set_form_private(false);
     input("width").set_value(&reuse.width.to_string());
     input("height").set_value(&reuse.height.to_string());
     input("steps").set_value(&reuse.steps.to_string());
@@ -623,14 +632,24 @@ fn form_request() -> GenerateRequest {
         steps: number("steps"),
         seed: (input("seed-fixed").checked() && !seed.is_empty()).then_some(Seed::Text(seed)),
         schedule: Some(element::<HtmlSelectElement>("schedule").value()),
+        private: input("private").checked(),
         ..Default::default()
     }
+}
+
+/// Whether the form holds what a private job made (its prompt, its seed): then the "Private" box is
+/// shown, ticked, and what Generate makes is private. `false`: the form was filled from elsewhere (a
+/// gallery image, a job that is not private), and the box goes.
+fn set_form_private(private: bool) {
+    input("private").set_checked(private);
+    set_visible("private-row", private);
 }
 
 fn selected_result() -> Option<GenerateResult> {
     with(|s| s.results.selected().cloned())
 }
 
+/// A request for images like `result`: private when it is.
 fn request_like(result: &GenerateResult) -> GenerateRequest {
     GenerateRequest {
         prompt: result.prompt.clone(),
@@ -638,6 +657,7 @@ fn request_like(result: &GenerateResult) -> GenerateRequest {
         height: Some(i64::from(result.height)),
         steps: Some(i64::from(result.steps)),
         schedule: Some(result.schedule.clone()),
+        private: result.private,
         ..Default::default()
     }
 }
@@ -650,8 +670,12 @@ async fn generate(from: GenerateForm) {
     let typed = matches!(from, GenerateForm::Form);
     let wanted = match from {
         GenerateForm::Form => {
-            save_settings();
-            form_request()
+            let wanted = form_request();
+            // A private image's settings (its seed, say) are not written to this machine's disk.
+            if !wanted.private {
+                save_settings();
+            }
+            wanted
         }
         GenerateForm::Again => match selected_result() {
             Some(result) => request_like(&result),
@@ -675,6 +699,7 @@ async fn generate(from: GenerateForm) {
     form_check::clear();
     let count = wanted.count.unwrap_or(1).clamp(1, 8) as u32;
     let prompt = wanted.prompt.clone();
+    let private = wanted.private;
     // What the user typed is checked at its controls; a shown image's settings were allowed already.
     let checked =
         if typed { form_check::check(&wanted) } else { wanted.clone().validate(0).map_err(Problem::Other) };
@@ -691,8 +716,9 @@ async fn generate(from: GenerateForm) {
                     input("seed").set_value(&seed);
                 }
                 let size = (params.width, params.height);
-                begin_run(Run::new(job.clone(), count, params.steps, size, Some(now_ms())));
-                let focus = StudioFocus { job: Some(job), prompt, ..Default::default() };
+                let run = Run::new(job.clone(), count, params.steps, size, Some(now_ms()));
+                begin_run(Run { private, ..run });
+                let focus = StudioFocus { job: Some(job), prompt, private, ..Default::default() };
                 storage::STUDIO_FOCUS.set_or_log(&focus).await;
             }
             Reply::Error { error, message } => show_error(&i18n::error_text(&error, message.as_ref())),
@@ -705,6 +731,7 @@ async fn generate(from: GenerateForm) {
 async fn follow(focus: StudioFocus) {
     if !focus.prompt.is_empty() {
         element::<HtmlTextAreaElement>("prompt").set_value(&focus.prompt);
+        set_form_private(focus.private);
         prompt_edited();
     }
     if let Some(error) = &focus.error {
@@ -715,15 +742,17 @@ async fn follow(focus: StudioFocus) {
     let reply = request(&Request::Job { job: job.clone() }).await;
     let Reply::Job(state) = &reply else { return };
     let earlier = state.results().to_vec();
+    let private = state.is_private();
     match state {
         JobState::Running { progress, prompt, .. } => {
             if !prompt.is_empty() {
                 element::<HtmlTextAreaElement>("prompt").set_value(prompt);
+                set_form_private(private);
                 prompt_edited();
             }
             // Opened on a running job: its size comes with its first image.
             let steps = progress.as_ref().map_or(0, |p| p.steps);
-            begin_run(Run { progress: progress.clone(), ..Run::new(job, 1, steps, (0, 0), None) });
+            begin_run(Run { progress: progress.clone(), private, ..Run::new(job, 1, steps, (0, 0), None) });
             for result in earlier {
                 on_result(result);
             }
@@ -735,6 +764,7 @@ async fn follow(focus: StudioFocus) {
             let results = if earlier.is_empty() { vec![result.clone()] } else { earlier };
             if element::<HtmlTextAreaElement>("prompt").value().is_empty() {
                 element::<HtmlTextAreaElement>("prompt").set_value(&result.prompt);
+                set_form_private(private);
                 prompt_edited();
             }
             with(|s| {
@@ -878,7 +908,8 @@ fn record_timings() {
     let sample = with(|s| {
         let run = s.run.as_ref()?;
         let started = run.started?;
-        if run.count != 1 {
+        // A private run leaves nothing on this machine, not even how long it took.
+        if run.count != 1 || run.private {
             return None;
         }
         let (transformer, step1, decoder) = (run.transformer_at?, run.step1_at?, run.decoder_at?);
@@ -950,6 +981,9 @@ fn show_results() {
 
 fn reuse_seed() {
     let Some(result) = selected_result() else { return };
+    if result.private {
+        set_form_private(true);
+    }
     input("seed-fixed").set_checked(true);
     seed_mode_changed();
     input("seed").set_value(&result.seed);
