@@ -60,6 +60,22 @@ test('offscreen document closed mid-download: resumes by itself from the checkpo
   assert.ok(resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, `resumed at ${resumed[0]}, was at ${h.fileDone(mid, SHARD)}`);
 });
 
+test('the hash worker dies mid-download: the install goes on from its checkpoint with fresh workers', { timeout: 240_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  // How long a worker may leave a message due unanswered (shortened from its default).
+  await h.opfsWrite(b.page, 'worker-limit-ms', '3000');
+  const mid = await startMidFile(b);
+  // The hash worker ends itself at its next checkpoint: its port stays open and never answers.
+  await h.armFailpoint(b.page, 'hash:dies');
+  await h.waitForFailpoint(b.page, 30_000);
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page, 90_000);
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 1 } });
+  const resumed = resumedFrom(b.hub);
+  assert.equal(resumed.length, 1, JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.ok(resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, `resumed at ${resumed[0]}, was at ${h.fileDone(mid, SHARD)}`);
+});
+
 test('browser closed and reopened on the same profile: resumes by itself, nothing lost', { timeout: 600_000 }, async (t) => {
   const b = await h.setupPadded(t);
   const mid = await startMidFile(b);

@@ -107,6 +107,35 @@ export async function opfsTruncate(page, filePath, length) {
   }, { p: filePath, length });
 }
 
+/** Removes an OPFS file or directory (`dir/name` from the root); absent is fine. */
+export async function opfsRemove(page, filePath) {
+  return page.evaluate(async (p) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    try {
+      for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+      await dir.removeEntry(parts.at(-1), { recursive: true });
+    } catch (e) {
+      if (e.name !== 'NotFoundError') throw e;
+    }
+  }, filePath);
+}
+
+/** Inverts `count` bytes of an OPFS file from `offset`, keeping its length (a same-length corruption). */
+export async function opfsFlipBytes(page, filePath, offset, count) {
+  return page.evaluate(async ({ p, offset, count }) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+    const handle = await dir.getFileHandle(parts.at(-1));
+    const bytes = new Uint8Array(await (await handle.getFile()).slice(offset, offset + count).arrayBuffer());
+    for (let i = 0; i < bytes.length; i++) bytes[i] ^= 0xff;
+    const w = await handle.createWritable({ keepExistingData: true });
+    await w.write({ type: 'write', position: offset, data: bytes });
+    await w.close();
+  }, { p: filePath, offset, count });
+}
+
 /**
  * Arms the failpoint `name` (crates/web/src/platform/opfs.rs `failpoint`): the extension holds for ever when it
  * reaches it, and removes the OPFS file `failpoint`, which tells the test it got there.

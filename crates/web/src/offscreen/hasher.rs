@@ -18,6 +18,7 @@ use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::spawn_local;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
 use crate::platform::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
@@ -82,12 +83,25 @@ pub fn hash_worker_main() {
                     HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, command, data))
                 },
             );
-            let sent = match reply {
-                Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
-                Err(error) => protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None),
-            };
-            if let Err(e) = sent {
-                web_sys::console::error_1(&e.to_string().into());
+            match reply {
+                // Lets a test make this worker die at a checkpoint, as a crashed worker would: its port
+                // then never answers. The state is taken before, so it stays the one after the blocks
+                // sent before the checkpoint however late it is posted.
+                Ok((reply @ HashReport::Checkpoint { .. }, _)) => {
+                    let port = reply_port.clone();
+                    spawn_local(async move {
+                        if crate::platform::opfs::failpoint_reached("hash:dies").await {
+                            web_sys::console::log_1(&"imagine: failpoint hash:dies reached".into());
+                            js_sys::global().unchecked_into::<DedicatedWorkerGlobalScope>().close();
+                            return;
+                        }
+                        posted(protocol::post(&port, &reply, None));
+                    });
+                }
+                Ok((reply, data)) => posted(protocol::post(&reply_port, &reply, data.as_ref())),
+                Err(error) => {
+                    posted(protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None))
+                }
             }
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -96,6 +110,13 @@ pub fn hash_worker_main() {
     });
     scope.set_onmessage(Some(on_port.as_ref().unchecked_ref()));
     on_port.forget();
+}
+
+/// Logs a reply that could not be posted.
+fn posted(sent: Result<(), ProtocolError>) {
+    if let Err(e) = sent {
+        web_sys::console::error_1(&e.to_string().into());
+    }
 }
 
 fn handle(
