@@ -11,7 +11,10 @@
 
 use std::cell::RefCell;
 
+use std::pin::pin;
+
 use futures_channel::mpsc;
+use futures_util::future::{select, Either};
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
 use imagine_core::message::ErrorText;
@@ -21,6 +24,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
+use crate::platform::js::sleep_ms;
 use crate::platform::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
 
 /// Why hashing failed, on either side of the link between the download worker and its hash worker.
@@ -58,7 +62,23 @@ pub enum HashError {
     /// The link to the hash worker closed: it is gone.
     #[error("the hash worker stopped")]
     Stopped,
+    /// The hash worker answered nothing for `seconds` while an answer was due: it died or hangs (a
+    /// port to a worker that died never closes). The install starts again from its checkpoint.
+    #[error("the hash worker answered nothing for {seconds} s and was given up")]
+    Silent {
+        /// How long it was waited for, in seconds.
+        seconds: u64,
+    },
 }
+
+/// How long the download worker waits for an answer the hash worker owes it (hashing a block takes
+/// milliseconds) before it takes the hash worker for dead; a test shortens it with the OPFS file
+/// [`WORKER_LIMIT_FILE`].
+pub const HASH_SILENCE_MS: u64 = 60_000;
+
+/// The OPFS file in which a test shortens how long a worker may leave a task or an answer due: the
+/// hash worker's silence, the store of the re-blocked forms.
+pub const WORKER_LIMIT_FILE: &str = "worker-limit-ms";
 
 /// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
 pub const MAX_LENT: usize = 2;
@@ -155,6 +175,8 @@ pub struct HashWorker {
     spare: Vec<ArrayBuffer>,
     lent: usize,
     block_bytes: u32,
+    /// How long an answer may be due before the hash worker is taken for dead.
+    silence_ms: u64,
     /// A checkpoint was asked for and has not been taken yet.
     checkpoint_asked: bool,
     /// The answer to it, once it came.
@@ -163,8 +185,9 @@ pub struct HashWorker {
 }
 
 impl HashWorker {
-    /// Talks to the hash worker through `port`; buffers are `block_bytes` long.
-    pub fn connect(port: MessagePort, block_bytes: u32) -> HashWorker {
+    /// Talks to the hash worker through `port`; buffers are `block_bytes` long; an answer due for
+    /// `silence_ms` fails with [`HashError::Silent`].
+    pub fn connect(port: MessagePort, block_bytes: u32, silence_ms: u64) -> HashWorker {
         let (sender, inbox) = mpsc::unbounded();
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
             let _ = sender.unbounded_send(event.data());
@@ -176,6 +199,7 @@ impl HashWorker {
             spare: Vec::new(),
             lent: 0,
             block_bytes,
+            silence_ms,
             checkpoint_asked: false,
             checkpoint: None,
             _on_message: on_message,
@@ -213,8 +237,17 @@ impl HashWorker {
         }
     }
 
+    /// The next message of the hash worker, which is due: one that does not come within the silence
+    /// limit fails.
     async fn next(&mut self) -> Result<JsValue, HashError> {
-        self.inbox.next().await.ok_or(HashError::Stopped)
+        if let Ok(message) = self.inbox.try_next() {
+            return message.ok_or(HashError::Stopped);
+        }
+        let silence = sleep_ms(self.silence_ms);
+        match select(self.inbox.next(), pin!(silence)).await {
+            Either::Left((message, _)) => message.ok_or(HashError::Stopped),
+            Either::Right(_) => Err(HashError::Silent { seconds: self.silence_ms.div_ceil(1000) }),
+        }
     }
 
     /// Waits for the next reply, taking in the messages before it.

@@ -156,16 +156,16 @@ async fn run_task(
         }
     };
     match task {
-        StageTask::TextEncoder { params, prompt, keep } => {
-            let stage = Stage::take(kept, Graph::TextEncoder, &params, arrived).await?;
+        StageTask::TextEncoder { params, prompt, keep, checked } => {
+            let stage = Stage::take(kept, Graph::TextEncoder, &params, &checked, arrived).await?;
             text_encoder(stage, &prompt, keep.then_some(kept)).await
         }
-        StageTask::Transformer { params, keep } => {
-            let stage = Stage::take(kept, Graph::Transformer, &params, arrived).await?;
+        StageTask::Transformer { params, keep, checked } => {
+            let stage = Stage::take(kept, Graph::Transformer, &params, &checked, arrived).await?;
             transformer(stage, &params, input, keep.then_some(kept)).await
         }
-        StageTask::Decoder { params, keep } => {
-            let stage = Stage::take(kept, Graph::Decoder, &params, arrived).await?;
+        StageTask::Decoder { params, keep, checked } => {
+            let stage = Stage::take(kept, Graph::Decoder, &params, &checked, arrived).await?;
             decoder(stage, &params, input, keep.then_some(kept)).await
         }
         StageTask::Input => Err(StageWorkerError::MissingInput("a task before its input")),
@@ -231,6 +231,7 @@ impl Stage {
     async fn open(
         graph: Graph,
         params: &GenerateParams,
+        checked: &[String],
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
         let (backend, profile) = (params.backend, params.profile);
@@ -245,8 +246,39 @@ impl Stage {
             Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
             Backend::Wasm => Block32Form::Unchanged,
         };
-        let (name, bytes) = match block32 {
-            Block32Form::Stored(stored) => (stored.onnx.clone(), opfs::read(&dir, &stored.onnx).await?),
+        // A stored form is loaded only as it was stored: its lengths checked at every load, its checksums
+        // at its first load in this document's life. A damaged one is left alone (the job stores it again
+        // after it) and the graph re-blocked while it loads, as if the form had never been stored.
+        let (mut checked_form, mut stored_form_check_ms) = (None, 0.0);
+        let (block32, stored_onnx) = match block32 {
+            Block32Form::Stored(stored) => {
+                let key = format!("{}:{}", record.commit, stored.onnx);
+                let full = !checked.contains(&key);
+                let started = now_ms();
+                let read = stored_form(&dir, stored, full).await;
+                stored_form_check_ms = now_ms() - started;
+                match read {
+                    Ok(onnx) => {
+                        checked_form = full.then_some(key);
+                        (block32, Some(onnx))
+                    }
+                    Err(why) => {
+                        web_sys::console::warn_1(
+                            &format!(
+                                "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
+                                 stored again after the job",
+                                stored.graph
+                            )
+                            .into(),
+                        );
+                        (Block32Form::AtLoad, None)
+                    }
+                }
+            }
+            other => (other, None),
+        };
+        let (name, bytes) = match (&block32, stored_onnx) {
+            (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
             _ => (name, bytes),
         };
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -306,6 +338,8 @@ impl Stage {
         let timing = StageTiming {
             graph_file: name,
             reblocked_at_load,
+            checked_form,
+            stored_form_check_ms,
             fused_attention: fused_attention as u32,
             chunked_attention: chunked_attention as u32,
             worker_created_at_ms: arrived.worker_created_at_ms,
@@ -343,6 +377,7 @@ impl Stage {
         kept: &mut Option<Stage>,
         graph: Graph,
         params: &GenerateParams,
+        checked: &[String],
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
         let same = |stage: &Stage| {
@@ -371,7 +406,7 @@ impl Stage {
                 if let Some(stage) = other {
                     stage.close().await;
                 }
-                Stage::open(graph, params, arrived).await
+                Stage::open(graph, params, checked, arrived).await
             }
         }
     }
@@ -472,6 +507,46 @@ async fn choose_graph(
     }
     Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
 }
+
+/// The stored re-blocked graph of `stored` (its bytes), once its files are checked against the record:
+/// their lengths, and with `checksums` their SHA-256 too, the data file read in slices; why not, if
+/// they differ (or cannot be read).
+async fn stored_form(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    stored: &matmul_blocks::Block32Graph,
+    checksums: bool,
+) -> Result<Vec<u8>, String> {
+    let onnx = opfs::read(dir, &stored.onnx).await.map_err(|e| e.to_string())?;
+    let data = opfs::file(dir, &stored.data).await.map_err(|e| e.to_string())?;
+    let data_len = data.size() as u64;
+    stored.check(onnx.len() as u64, data_len, None).map_err(|e| e.to_string())?;
+    if !checksums {
+        return Ok(onnx);
+    }
+    let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
+    onnx_digest.update(&onnx);
+    let mut data_digest = imagine_core::hub::ResumableSha256::new();
+    let mut buffer = Vec::new();
+    let mut offset = 0u64;
+    while offset < data_len {
+        let end = (offset + CHECK_CHUNK_BYTES).min(data_len);
+        let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
+        let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
+        let chunk = Uint8Array::new(&JsFuture::from(slice.array_buffer()).await.map_err(read)?);
+        buffer.resize(chunk.length() as usize, 0);
+        chunk.copy_to(&mut buffer);
+        data_digest.update(&buffer);
+        offset += u64::from(chunk.length()).max(1);
+    }
+    let (onnx_digest, data_digest) = (onnx_digest.finalize(), data_digest.finalize());
+    stored
+        .check(onnx.len() as u64, data_len, Some((&onnx_digest, &data_digest)))
+        .map_err(|e| e.to_string())?;
+    Ok(onnx)
+}
+
+/// Bytes of a stored form's data file read at once to check its checksum.
+const CHECK_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Opens `file`, which `graph` needs.
 async fn open_external(
