@@ -577,7 +577,7 @@ pub struct StageTimings {
     #[serde(default)]
     pub chunked_attention: u32,
     /// How long checking the stored form re-blocked to 32 took before it was loaded, in milliseconds:
-    /// its files' lengths, and their SHA-256 at its first load in a browser session (0: none loaded).
+    /// its files' lengths, and their checksums at its first load in a browser session (0: none loaded).
     #[serde(default)]
     pub stored_form_check_ms: f64,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).

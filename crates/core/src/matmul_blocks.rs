@@ -107,9 +107,65 @@ pub struct Block32Graph {
     /// SHA-256 of the graph file, lowercase hex.
     #[serde(default)]
     pub onnx_sha256: String,
-    /// SHA-256 of the data file, lowercase hex.
+    /// The data file's [`PieceDigest`], lowercase hex.
     #[serde(default)]
-    pub data_sha256: String,
+    pub data_digest: String,
+}
+
+/// Bytes of each piece of a stored form's data file that [`PieceDigest`] hashes on its own.
+pub const DIGEST_PIECE_BYTES: u64 = 8 << 20;
+
+/// The checksum of a stored form's data file: the SHA-256 of the SHA-256 of each of its
+/// [`DIGEST_PIECE_BYTES`] pieces in order (the last may be shorter; an empty file has none). Written
+/// so, a stage checks a file of hundreds of MB a piece at a time with the browser's own SHA-256
+/// (`crypto.subtle`, at about the speed of the disk), where SHA-256 in wasm would take seconds, and
+/// holds one piece in memory.
+#[derive(Debug, Clone, Default)]
+pub struct PieceDigest {
+    outer: sha2::Sha256,
+    piece: sha2::Sha256,
+    in_piece: u64,
+}
+
+impl PieceDigest {
+    /// Nothing hashed yet.
+    pub fn new() -> PieceDigest {
+        PieceDigest::default()
+    }
+
+    /// Hashes the next bytes of the file, in pieces of any length.
+    pub fn update(&mut self, mut data: &[u8]) {
+        use sha2::Digest;
+        while !data.is_empty() {
+            let take = (DIGEST_PIECE_BYTES - self.in_piece).min(data.len() as u64) as usize;
+            self.piece.update(&data[..take]);
+            self.in_piece += take as u64;
+            data = &data[take..];
+            if self.in_piece == DIGEST_PIECE_BYTES {
+                let digest = self.piece.finalize_reset();
+                self.outer.update(digest);
+                self.in_piece = 0;
+            }
+        }
+    }
+
+    /// Takes the SHA-256 of the next whole piece, computed elsewhere (by the browser); only between
+    /// whole pieces.
+    pub fn piece(&mut self, digest: &[u8; 32]) {
+        use sha2::Digest;
+        debug_assert_eq!(self.in_piece, 0, "a piece's digest in the middle of a piece");
+        self.outer.update(digest);
+    }
+
+    /// The checksum.
+    pub fn finalize(mut self) -> [u8; 32] {
+        use sha2::Digest;
+        if self.in_piece > 0 {
+            let digest = self.piece.finalize();
+            self.outer.update(digest);
+        }
+        self.outer.finalize().into()
+    }
 }
 
 /// How a stored form differs from its record ([`Block32Graph::check`]): it is not loaded, and is made
@@ -127,7 +183,7 @@ pub enum Block32Damage {
         expected: u64,
     },
     /// A file's bytes are not the recorded ones (same length, other bytes).
-    #[error("{file} does not have the SHA-256 it was stored with")]
+    #[error("{file} does not have the checksum it was stored with")]
     Checksum {
         /// The file.
         file: String,
@@ -144,9 +200,9 @@ impl Block32Graph {
         (format!("{stem}.b32.onnx"), format!("{stem}.b32.data"))
     }
 
-    /// The form of `graph` stored as `onnx` (these bytes) and `data` (`data_bytes` bytes, whose SHA-256
-    /// is `data_sha256`).
-    pub fn new(graph: &str, onnx: &[u8], data_bytes: u64, data_sha256: &[u8; 32]) -> Block32Graph {
+    /// The form of `graph` stored as `onnx` (these bytes) and `data` (`data_bytes` bytes, whose
+    /// [`PieceDigest`] is `data_digest`).
+    pub fn new(graph: &str, onnx: &[u8], data_bytes: u64, data_digest: &[u8; 32]) -> Block32Graph {
         use sha2::{Digest, Sha256};
         let (onnx_name, data) = Block32Graph::names(graph);
         let onnx_sha256: [u8; 32] = Sha256::digest(onnx).into();
@@ -157,20 +213,20 @@ impl Block32Graph {
             bytes: onnx.len() as u64 + data_bytes,
             onnx_bytes: onnx.len() as u64,
             onnx_sha256: crate::hub::hex(&onnx_sha256),
-            data_sha256: crate::hub::hex(data_sha256),
+            data_digest: crate::hub::hex(data_digest),
         }
     }
 
     /// Checks the stored files against the record: their lengths (`onnx_len`, `data_len`), which is
-    /// cheap and done at every load, and, when given, their SHA-256 (`digests`: the graph's and the
-    /// data's), which reads them whole.
+    /// cheap and done at every load, and, when given, their checksums (`digests`: the graph's SHA-256
+    /// and the data's [`PieceDigest`]), which reads them whole.
     pub fn check(
         &self,
         onnx_len: u64,
         data_len: u64,
         digests: Option<(&[u8; 32], &[u8; 32])>,
     ) -> Result<(), Block32Damage> {
-        if self.onnx_bytes == 0 || self.onnx_sha256.is_empty() || self.data_sha256.is_empty() {
+        if self.onnx_bytes == 0 || self.onnx_sha256.is_empty() || self.data_digest.is_empty() {
             return Err(Block32Damage::Unchecked(self.onnx.clone()));
         }
         let data_bytes = self.bytes.saturating_sub(self.onnx_bytes);
@@ -183,7 +239,7 @@ impl Block32Graph {
         }
         if let Some((onnx, data)) = digests {
             for (file, digest, expected) in
-                [(&self.onnx, onnx, &self.onnx_sha256), (&self.data, data, &self.data_sha256)]
+                [(&self.onnx, onnx, &self.onnx_sha256), (&self.data, data, &self.data_digest)]
             {
                 if crate::hub::hex(digest) != *expected {
                     return Err(Block32Damage::Checksum { file: file.clone() });
@@ -283,10 +339,37 @@ mod tests {
     }
 
     #[test]
+    fn the_piece_digest_is_the_sha256_of_each_pieces_sha256() {
+        use sha2::{Digest, Sha256};
+        let piece = DIGEST_PIECE_BYTES as usize;
+        let file: Vec<u8> = (0..2 * piece + 1000).map(|i| (i * 7 % 251) as u8).collect();
+        let mut outer = Sha256::new();
+        for part in file.chunks(piece) {
+            outer.update(Sha256::digest(part));
+        }
+        let expected: [u8; 32] = outer.finalize().into();
+        // Fed in chunks that do not line up with the pieces, as the install writes it.
+        let mut written = PieceDigest::new();
+        for chunk in file.chunks(999_983) {
+            written.update(chunk);
+        }
+        assert_eq!(written.finalize(), expected);
+        // A piece at a time, each hashed elsewhere, as a stage checks it.
+        let mut checked = PieceDigest::new();
+        for part in file.chunks(piece) {
+            checked.piece(&Sha256::digest(part).into());
+        }
+        assert_eq!(checked.finalize(), expected);
+        assert_eq!(PieceDigest::new().finalize(), <[u8; 32]>::from(Sha256::digest(b"")));
+    }
+
+    #[test]
     fn a_stored_form_is_checked_by_its_lengths_and_its_checksums() {
         use sha2::{Digest, Sha256};
         let data = b"repeated scales";
-        let digest: [u8; 32] = Sha256::digest(data).into();
+        let mut pieces = PieceDigest::new();
+        pieces.update(data);
+        let digest = pieces.finalize();
         let form = Block32Graph::new("transformer_q8.onnx", b"graph", data.len() as u64, &digest);
         assert_eq!(
             (form.onnx.as_str(), form.data.as_str()),
@@ -302,7 +385,9 @@ mod tests {
             Err(Block32Damage::Length { file: "transformer_q8.b32.data".into(), found: 7, expected: 15 })
         );
         // Same length, other bytes: found by the checksum.
-        let other: [u8; 32] = Sha256::digest(b"repeated scalez").into();
+        let mut pieces = PieceDigest::new();
+        pieces.update(b"repeated scalez");
+        let other = pieces.finalize();
         assert_eq!(
             form.check(5, 15, Some((&onnx, &other))),
             Err(Block32Damage::Checksum { file: "transformer_q8.b32.data".into() })

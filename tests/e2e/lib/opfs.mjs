@@ -7,18 +7,30 @@ import { browserSession } from './cdp.mjs';
 import { DIST, INSTALL_TIMEOUT_MS } from './config.mjs';
 import { sleep } from './process.mjs';
 
-/** The OPFS of the extension, from an extension page: { 'packs/a/x.onnx': size, 'packs/b/': 0, … } (dirs end in /). */
+/**
+ * The OPFS of the extension, from an extension page: { 'packs/a/x.onnx': size, 'packs/b/': 0, … } (dirs end
+ * in /). An entry the extension removes while it is read is left out.
+ */
 export async function opfsTree(page) {
   return page.evaluate(async () => {
     const out = {};
+    const gone = (e) => e?.name === 'NotFoundError';
     const walk = async (dir, prefix) => {
-      for await (const [name, h] of dir.entries()) {
-        if (h.kind === 'directory') {
-          out[`${prefix}${name}/`] = 0;
-          await walk(h, `${prefix}${name}/`);
-        } else {
-          out[`${prefix}${name}`] = (await h.getFile()).size;
+      try {
+        for await (const [name, h] of dir.entries()) {
+          if (h.kind === 'directory') {
+            out[`${prefix}${name}/`] = 0;
+            await walk(h, `${prefix}${name}/`);
+          } else {
+            try {
+              out[`${prefix}${name}`] = (await h.getFile()).size;
+            } catch (e) {
+              if (!gone(e)) throw e;
+            }
+          }
         }
+      } catch (e) {
+        if (!gone(e)) throw e;
       }
     };
     await walk(await navigator.storage.getDirectory(), '');

@@ -13,8 +13,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use imagine_core::hub::ResumableSha256;
-use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange};
+use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange, PieceDigest};
 use imagine_core::pack;
 use js_sys::Uint8Array;
 use wasm_bindgen::JsValue;
@@ -111,8 +110,8 @@ async fn store_graph(
         let data_file = SyncFile::create(dir, &data).await?;
         let mut failed: Option<OpfsError> = None;
         let mut written = 0;
-        // Its SHA-256 goes into the record, so that a stage can check the file before it loads it.
-        let mut digest = ResumableSha256::new();
+        // Its checksum goes into the record, so that a stage can check the file before it loads it.
+        let mut digest = PieceDigest::new();
         let reblocked = matmul_blocks::to_block_32_computed(model, read, &data, &mut |chunk| {
             // After a failed write (the disk full, say) nothing more is written.
             if failed.is_none() {

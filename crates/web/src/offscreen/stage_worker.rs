@@ -34,7 +34,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
 use crate::platform::gpu::{self, GpuError};
-use crate::platform::js::{now_ms, time_origin_ms, JsError, LogError};
+use crate::platform::js::{get, now_ms, time_origin_ms, JsError, LogError};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
@@ -509,7 +509,7 @@ async fn choose_graph(
 }
 
 /// The stored re-blocked graph of `stored` (its bytes), once its files are checked against the record:
-/// their lengths, and with `checksums` their SHA-256 too, the data file read in slices; why not, if
+/// their lengths, and with `checksums` their checksums too (the data a piece at a time); why not, if
 /// they differ (or cannot be read).
 async fn stored_form(
     dir: &web_sys::FileSystemDirectoryHandle,
@@ -525,18 +525,22 @@ async fn stored_form(
     }
     let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
     onnx_digest.update(&onnx);
-    let mut data_digest = imagine_core::hub::ResumableSha256::new();
-    let mut buffer = Vec::new();
+    // A piece at a time, each hashed by the browser (`crypto.subtle`), far faster than SHA-256 in wasm.
+    let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
+    let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
+    let mut data_digest = matmul_blocks::PieceDigest::new();
     let mut offset = 0u64;
     while offset < data_len {
-        let end = (offset + CHECK_CHUNK_BYTES).min(data_len);
+        let end = (offset + matmul_blocks::DIGEST_PIECE_BYTES).min(data_len);
         let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
         let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
-        let chunk = Uint8Array::new(&JsFuture::from(slice.array_buffer()).await.map_err(read)?);
-        buffer.resize(chunk.length() as usize, 0);
-        chunk.copy_to(&mut buffer);
-        data_digest.update(&buffer);
-        offset += u64::from(chunk.length()).max(1);
+        let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+        let hashed = digest.call2(&subtle, &"SHA-256".into(), &piece).map_err(read)?;
+        let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
+        let hashed: [u8; 32] =
+            Uint8Array::new(&hashed).to_vec().try_into().map_err(|_| "a digest of another length")?;
+        data_digest.piece(&hashed);
+        offset = end;
     }
     let (onnx_digest, data_digest) = (onnx_digest.finalize(), data_digest.finalize());
     stored
@@ -544,9 +548,6 @@ async fn stored_form(
         .map_err(|e| e.to_string())?;
     Ok(onnx)
 }
-
-/// Bytes of a stored form's data file read at once to check its checksum.
-const CHECK_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Opens `file`, which `graph` needs.
 async fn open_external(
