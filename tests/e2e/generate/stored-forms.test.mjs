@@ -92,12 +92,12 @@ test('a stored form cut short is not loaded: the same image, re-blocked while lo
   const { result } = await h.generateOk(b.page, REQ, 600_000);
   assert.equal(graphFiles(result).transformer, 'transformer_q8.b32.onnx');
   assert.ok(h.pngBytes(result).equals(h.pngBytes(first.result)));
-  // What checking costs: the first load of a session reads each form whole for its SHA-256.
+  // What checking costs: the first load of a session reads each form whole for its checksums.
   const forms = (await h.packState(b.page)).installed.block32.graphs;
   const checkMs = (r, stage) => r.timings.stages.find((s) => s.stage === stage).storedFormCheckMs.toFixed(1);
   for (const [stage, graph] of [['textEncoder', 'text_encoder_q4.onnx'], ['transformer', TRANSFORMER]]) {
     const bytes = forms.find((g) => g.graph === graph).bytes;
-    t.diagnostic(`${stage}'s stored form (${bytes} bytes): checked with its SHA-256 in ${checkMs(first.result, stage)} ms at the session's first load`);
+    t.diagnostic(`${stage}'s stored form (${bytes} bytes): checked with its checksums in ${checkMs(first.result, stage)} ms at the session's first load`);
   }
   t.diagnostic(`transformer's stored form checked by its lengths in ${checkMs(result, 'transformer')} ms`);
 });
