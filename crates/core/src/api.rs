@@ -367,6 +367,10 @@ pub struct PackStatus {
     /// `shader-f16`).
     #[serde(default)]
     pub converted_bytes: Option<u64>,
+    /// Bytes of the graphs re-blocked to 32 stored beside it for WebGPU (`<stem>.b32.onnx`,
+    /// `<stem>.b32.data`), when it has any.
+    #[serde(default)]
+    pub block32_bytes: Option<u64>,
     pub storage: StorageUse,
     /// A download that is running, paused or failed (resumable), if any.
     pub download: Option<DownloadProgress>,
@@ -594,6 +598,10 @@ pub struct StageTimings {
     /// GPU memory (`crate::f32_rewrite::split`); 0 when the stage did not run.
     #[serde(default)]
     pub pieces: u32,
+    /// How long checking the stored form re-blocked to 32 took before it was loaded, in milliseconds:
+    /// its files' lengths, and their checksums at its first load in a browser session (0: none loaded).
+    #[serde(default)]
+    pub stored_form_check_ms: f64,
     /// The stage worker's creation; 0 when the stage did not run (cached prompt embeddings).
     #[serde(default)]
     pub worker_created_at_ms: f64,

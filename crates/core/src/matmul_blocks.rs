@@ -100,6 +100,97 @@ pub struct Block32Graph {
     pub data: String,
     /// Bytes of the two files.
     pub bytes: u64,
+    /// Bytes of the graph file (the data file has the rest of [`Block32Graph::bytes`]); 0 in a record
+    /// of a version before it, whose forms are then made again ([`Block32Graph::check`]).
+    #[serde(default)]
+    pub onnx_bytes: u64,
+    /// SHA-256 of the graph file, lowercase hex.
+    #[serde(default)]
+    pub onnx_sha256: String,
+    /// The data file's [`PieceDigest`], lowercase hex.
+    #[serde(default)]
+    pub data_digest: String,
+}
+
+/// Bytes of each piece of a stored form's data file that [`PieceDigest`] hashes on its own.
+pub const DIGEST_PIECE_BYTES: u64 = 8 << 20;
+
+/// The checksum of a stored form's data file: the SHA-256 of the SHA-256 of each of its
+/// [`DIGEST_PIECE_BYTES`] pieces in order (the last may be shorter; an empty file has none). Written
+/// so, a stage checks a file of hundreds of MB a piece at a time with the browser's own SHA-256
+/// (`crypto.subtle`, at about the speed of the disk), where SHA-256 in wasm would take seconds, and
+/// holds one piece in memory.
+#[derive(Debug, Clone, Default)]
+pub struct PieceDigest {
+    outer: sha2::Sha256,
+    piece: sha2::Sha256,
+    in_piece: u64,
+}
+
+impl PieceDigest {
+    /// Nothing hashed yet.
+    pub fn new() -> PieceDigest {
+        PieceDigest::default()
+    }
+
+    /// Hashes the next bytes of the file, in pieces of any length.
+    pub fn update(&mut self, mut data: &[u8]) {
+        use sha2::Digest;
+        while !data.is_empty() {
+            let take = (DIGEST_PIECE_BYTES - self.in_piece).min(data.len() as u64) as usize;
+            self.piece.update(&data[..take]);
+            self.in_piece += take as u64;
+            data = &data[take..];
+            if self.in_piece == DIGEST_PIECE_BYTES {
+                let digest = self.piece.finalize_reset();
+                self.outer.update(digest);
+                self.in_piece = 0;
+            }
+        }
+    }
+
+    /// Takes the SHA-256 of the next whole piece, computed elsewhere (by the browser); only between
+    /// whole pieces.
+    pub fn piece(&mut self, digest: &[u8; 32]) {
+        use sha2::Digest;
+        debug_assert_eq!(self.in_piece, 0, "a piece's digest in the middle of a piece");
+        self.outer.update(digest);
+    }
+
+    /// The checksum.
+    pub fn finalize(mut self) -> [u8; 32] {
+        use sha2::Digest;
+        if self.in_piece > 0 {
+            let digest = self.piece.finalize();
+            self.outer.update(digest);
+        }
+        self.outer.finalize().into()
+    }
+}
+
+/// How a stored form differs from its record ([`Block32Graph::check`]): it is not loaded, and is made
+/// again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Block32Damage {
+    /// A file's length is not the recorded one (cut short, say).
+    #[error("{file} is {found} bytes, {expected} were stored")]
+    Length {
+        /// The file.
+        file: String,
+        /// Its length on disk.
+        found: u64,
+        /// The length recorded.
+        expected: u64,
+    },
+    /// A file's bytes are not the recorded ones (same length, other bytes).
+    #[error("{file} does not have the checksum it was stored with")]
+    Checksum {
+        /// The file.
+        file: String,
+    },
+    /// The record has no lengths and checksums to check the files against (an older version's).
+    #[error("{0} was stored without a checksum")]
+    Unchecked(String),
 }
 
 impl Block32Graph {
@@ -107,6 +198,55 @@ impl Block32Graph {
     pub fn names(graph: &str) -> (String, String) {
         let stem = graph.strip_suffix(".onnx").unwrap_or(graph);
         (format!("{stem}.b32.onnx"), format!("{stem}.b32.data"))
+    }
+
+    /// The form of `graph` stored as `onnx` (these bytes) and `data` (`data_bytes` bytes, whose
+    /// [`PieceDigest`] is `data_digest`).
+    pub fn new(graph: &str, onnx: &[u8], data_bytes: u64, data_digest: &[u8; 32]) -> Block32Graph {
+        use sha2::{Digest, Sha256};
+        let (onnx_name, data) = Block32Graph::names(graph);
+        let onnx_sha256: [u8; 32] = Sha256::digest(onnx).into();
+        Block32Graph {
+            graph: graph.to_owned(),
+            onnx: onnx_name,
+            data,
+            bytes: onnx.len() as u64 + data_bytes,
+            onnx_bytes: onnx.len() as u64,
+            onnx_sha256: crate::hub::hex(&onnx_sha256),
+            data_digest: crate::hub::hex(data_digest),
+        }
+    }
+
+    /// Checks the stored files against the record: their lengths (`onnx_len`, `data_len`), which is
+    /// cheap and done at every load, and, when given, their checksums (`digests`: the graph's SHA-256
+    /// and the data's [`PieceDigest`]), which reads them whole.
+    pub fn check(
+        &self,
+        onnx_len: u64,
+        data_len: u64,
+        digests: Option<(&[u8; 32], &[u8; 32])>,
+    ) -> Result<(), Block32Damage> {
+        if self.onnx_bytes == 0 || self.onnx_sha256.is_empty() || self.data_digest.is_empty() {
+            return Err(Block32Damage::Unchecked(self.onnx.clone()));
+        }
+        let data_bytes = self.bytes.saturating_sub(self.onnx_bytes);
+        for (file, found, expected) in
+            [(&self.onnx, onnx_len, self.onnx_bytes), (&self.data, data_len, data_bytes)]
+        {
+            if found != expected {
+                return Err(Block32Damage::Length { file: file.clone(), found, expected });
+            }
+        }
+        if let Some((onnx, data)) = digests {
+            for (file, digest, expected) in
+                [(&self.onnx, onnx, &self.onnx_sha256), (&self.data, data, &self.data_digest)]
+            {
+                if crate::hub::hex(digest) != *expected {
+                    return Err(Block32Damage::Checksum { file: file.clone() });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -181,8 +321,7 @@ mod tests {
 
     #[test]
     fn a_graph_the_record_does_not_name_is_re_blocked_while_it_loads() {
-        let (onnx, data) = Block32Graph::names("transformer_q8.f32.onnx");
-        let stored = Block32Graph { graph: "transformer_q8.f32.onnx".into(), onnx, data, bytes: 9 };
+        let stored = Block32Graph::new("transformer_q8.f32.onnx", b"graph", 4, &[0; 32]);
         let record =
             Block32Record { graphs: vec![stored.clone()], unchanged: vec!["vae_decoder.onnx".into()] };
         assert_eq!(
@@ -197,5 +336,67 @@ mod tests {
         // `unchanged` may be absent: read as empty.
         let old: Block32Record = serde_json::from_str(r#"{"graphs":[]}"#).unwrap();
         assert_eq!(Block32Record::form(Some(&old), "vae_decoder.onnx"), Block32Form::AtLoad);
+    }
+
+    #[test]
+    fn the_piece_digest_is_the_sha256_of_each_pieces_sha256() {
+        use sha2::{Digest, Sha256};
+        let piece = DIGEST_PIECE_BYTES as usize;
+        let file: Vec<u8> = (0..2 * piece + 1000).map(|i| (i * 7 % 251) as u8).collect();
+        let mut outer = Sha256::new();
+        for part in file.chunks(piece) {
+            outer.update(Sha256::digest(part));
+        }
+        let expected: [u8; 32] = outer.finalize().into();
+        // Fed in chunks that do not line up with the pieces, as the install writes it.
+        let mut written = PieceDigest::new();
+        for chunk in file.chunks(999_983) {
+            written.update(chunk);
+        }
+        assert_eq!(written.finalize(), expected);
+        // A piece at a time, each hashed elsewhere, as a stage checks it.
+        let mut checked = PieceDigest::new();
+        for part in file.chunks(piece) {
+            checked.piece(&Sha256::digest(part).into());
+        }
+        assert_eq!(checked.finalize(), expected);
+        assert_eq!(PieceDigest::new().finalize(), <[u8; 32]>::from(Sha256::digest(b"")));
+    }
+
+    #[test]
+    fn a_stored_form_is_checked_by_its_lengths_and_its_checksums() {
+        use sha2::{Digest, Sha256};
+        let data = b"repeated scales";
+        let mut pieces = PieceDigest::new();
+        pieces.update(data);
+        let digest = pieces.finalize();
+        let form = Block32Graph::new("transformer_q8.onnx", b"graph", data.len() as u64, &digest);
+        assert_eq!(
+            (form.onnx.as_str(), form.data.as_str()),
+            ("transformer_q8.b32.onnx", "transformer_q8.b32.data")
+        );
+        assert_eq!((form.bytes, form.onnx_bytes), (20, 5));
+        let onnx: [u8; 32] = Sha256::digest(b"graph").into();
+        assert_eq!(form.check(5, 15, None), Ok(()));
+        assert_eq!(form.check(5, 15, Some((&onnx, &digest))), Ok(()));
+        // Cut short: found by its length alone.
+        assert_eq!(
+            form.check(5, 7, None),
+            Err(Block32Damage::Length { file: "transformer_q8.b32.data".into(), found: 7, expected: 15 })
+        );
+        // Same length, other bytes: found by the checksum.
+        let mut pieces = PieceDigest::new();
+        pieces.update(b"repeated scalez");
+        let other = pieces.finalize();
+        assert_eq!(
+            form.check(5, 15, Some((&onnx, &other))),
+            Err(Block32Damage::Checksum { file: "transformer_q8.b32.data".into() })
+        );
+        // A record of a version that stored no checksums: made again.
+        let old: Block32Graph = serde_json::from_str(
+            r#"{"graph":"transformer_q8.onnx","onnx":"transformer_q8.b32.onnx","data":"transformer_q8.b32.data","bytes":20}"#,
+        )
+        .unwrap();
+        assert_eq!(old.check(5, 15, None), Err(Block32Damage::Unchecked("transformer_q8.b32.onnx".into())));
     }
 }

@@ -20,8 +20,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
-use crate::f32_rewrite::pack_conversion::{ConversionRecord, CONVERSION_STATE_FILE};
-use crate::matmul_blocks::Block32Record;
+use crate::f32_rewrite::pack_conversion::{converted_graph_name, ConversionRecord, CONVERSION_STATE_FILE};
+use crate::matmul_blocks::{Block32Graph, Block32Record, COMPUTED_DATA};
+use crate::pack::Graph;
 
 /// The directory of both slots and the state file.
 pub const PACKS_DIR: &str = "packs";
@@ -36,7 +37,28 @@ pub const DOWNLOAD_RECORD_SLOTS: [&str; 2] = ["download-a.json", "download-b.jso
 
 /// File names a pack may not use: they would overwrite our own bookkeeping in the slot.
 pub fn is_reserved_name(path: &str) -> bool {
-    DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE || path == CONVERSION_STATE_FILE
+    reserved_name(path).is_some()
+}
+
+/// Why a pack may not use the file name `path`, if it may not: the download's own records, and the
+/// files Imagine writes beside an installed pack, the graphs re-blocked to 32 (`<stem>.b32.onnx`,
+/// `<stem>.b32.data` of each graph and of its float32 conversion, and the name under which a stage
+/// hands ORT the values it computes while loading), which would overwrite the pack's file after it
+/// was verified, and later remove it.
+pub fn reserved_name(path: &str) -> Option<&'static str> {
+    if DOWNLOAD_RECORD_SLOTS.contains(&path) || path == STATE_FILE || path == CONVERSION_STATE_FILE {
+        return Some("the name is reserved for the download's own records");
+    }
+    let stored_form = Graph::ALL
+        .iter()
+        .flat_map(|&graph| [graph.file_name(), converted_graph_name(graph)])
+        .flat_map(|graph| {
+            let (onnx, data) = Block32Graph::names(&graph);
+            [onnx, data]
+        })
+        .any(|name| name == path);
+    (stored_form || path == COMPUTED_DATA)
+        .then_some("the name is reserved for the graphs Imagine re-blocks to 32 and keeps beside the pack")
 }
 
 /// One of the two pack directories.
@@ -193,5 +215,27 @@ mod tests {
             assert!(is_reserved_name(name), "{name}");
         }
         assert!(!is_reserved_name("transformer_q8.onnx"));
+    }
+
+    #[test]
+    fn the_re_blocked_forms_names_are_reserved() {
+        for name in [
+            "transformer_q8.b32.onnx",
+            "transformer_q8.b32.data",
+            "text_encoder_q4.b32.onnx",
+            "vae_decoder.b32.data",
+            "transformer_q8.f32.b32.onnx",
+            "text_encoder_q4.f32.b32.data",
+            "imagine-block32.data",
+        ] {
+            assert_eq!(
+                reserved_name(name),
+                Some("the name is reserved for the graphs Imagine re-blocks to 32 and keeps beside the pack"),
+                "{name}"
+            );
+        }
+        for name in ["transformer_q8-00000.data", "transformer_q8.f32.onnx", "other.b32.onnx", "x.b32.data"] {
+            assert_eq!(reserved_name(name), None, "{name}");
+        }
     }
 }

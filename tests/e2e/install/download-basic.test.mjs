@@ -220,6 +220,36 @@ for (const [name, spec, needle] of [
     'shards/extra.data, which is in a sub-folder: a pack\'s files must all be at the top of the repo',
   ],
   [
+    // Imagine's own files beside an installed pack (the graphs re-blocked to 32): a pack file of that name
+    // would be overwritten, then removed, after it was verified.
+    'a manifest listing transformer_q8.b32.data, a name Imagine stores its re-blocked graphs under',
+    {
+      override: { 'transformer_q8.manifest.json': JSON.stringify({ shards: [{ path: 'transformer_q8-00000.data' }, { path: 'transformer_q8-00001.data' }, { path: 'transformer_q8.b32.data' }] }) },
+      files: { 'transformer_q8.b32.data': Buffer.alloc(1000, 1) },
+    },
+    '"transformer_q8.b32.data" is not allowed as a file name in the pack: the name is reserved',
+  ],
+  [
+    // Imagine's own files beside an installed pack (the graphs re-blocked to 32): a pack file of that name
+    // would be overwritten, then removed, after it was verified.
+    'a manifest listing text_encoder_q4.b32.onnx, a name Imagine stores its re-blocked graphs under',
+    {
+      override: { 'text_encoder_q4.manifest.json': JSON.stringify({ shards: [{ path: 'text_encoder_q4-00000.data' }, { path: 'text_encoder_q4-00001.data' }, { path: 'text_encoder_q4.b32.onnx' }] }) },
+      files: { 'text_encoder_q4.b32.onnx': Buffer.alloc(1000, 1) },
+    },
+    '"text_encoder_q4.b32.onnx" is not allowed as a file name in the pack: the name is reserved',
+  ],
+  [
+    // Imagine's own files beside an installed pack (the graphs re-blocked to 32): a pack file of that name
+    // would be overwritten, then removed, after it was verified.
+    'a manifest listing imagine-block32.data, a name Imagine stores its re-blocked graphs under',
+    {
+      override: { 'transformer_q8.manifest.json': JSON.stringify({ shards: [{ path: 'transformer_q8-00000.data' }, { path: 'transformer_q8-00001.data' }, { path: 'imagine-block32.data' }] }) },
+      files: { 'imagine-block32.data': Buffer.alloc(1000, 1) },
+    },
+    '"imagine-block32.data" is not allowed as a file name in the pack: the name is reserved',
+  ],
+  [
     'a size that makes no sense (tree size and LFS size disagree)',
     {
       mutateTree: (entries) =>

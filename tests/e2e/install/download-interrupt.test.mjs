@@ -60,6 +60,26 @@ test('offscreen document closed mid-download: resumes by itself from the checkpo
   assert.ok(resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, `resumed at ${resumed[0]}, was at ${h.fileDone(mid, SHARD)}`);
 });
 
+test('the hash worker dies mid-download: the install goes on from its checkpoint with fresh workers', { timeout: 240_000 }, async (t) => {
+  const b = await h.setupPadded(t);
+  // How long a worker may leave a message due unanswered (shortened from its default).
+  await h.opfsWrite(b.page, 'worker-limit-ms', '1500');
+  const mid = await startMidFile(b);
+  // The hash worker ends itself at its next checkpoint: its port stays open and never answers.
+  await h.armFailpoint(b.page, 'hash:dies');
+  await h.waitForFailpoint(b.page, 30_000);
+  // Still throttled until the fresh workers ask for the rest.
+  for (const until = Date.now() + 60_000; resumedFrom(b.hub).length === 0 && Date.now() < until;) await h.sleep(100);
+  b.hub.clearFaults();
+  await h.waitForInstall(b.page, 90_000);
+  // The dead worker's response goes on filling the connection's buffers until the silence limit: a
+  // second interruption's worth.
+  h.assertServed(b.hub, b.repo, { interruptions: { [SHARD]: 2 } });
+  const resumed = resumedFrom(b.hub);
+  assert.equal(resumed.length, 1, JSON.stringify(b.hub.stats(SHARD).ranges));
+  assert.ok(resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, `resumed at ${resumed[0]}, was at ${h.fileDone(mid, SHARD)}`);
+});
+
 test('browser closed and reopened on the same profile: resumes by itself, nothing lost', { timeout: 600_000 }, async (t) => {
   const b = await h.setupPadded(t);
   const mid = await startMidFile(b);

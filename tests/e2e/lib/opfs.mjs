@@ -7,18 +7,30 @@ import { browserSession } from './cdp.mjs';
 import { DIST, INSTALL_TIMEOUT_MS } from './config.mjs';
 import { sleep } from './process.mjs';
 
-/** The OPFS of the extension, from an extension page: { 'packs/a/x.onnx': size, 'packs/b/': 0, … } (dirs end in /). */
+/**
+ * The OPFS of the extension, from an extension page: { 'packs/a/x.onnx': size, 'packs/b/': 0, … } (dirs end
+ * in /). An entry the extension removes while it is read is left out.
+ */
 export async function opfsTree(page) {
   return page.evaluate(async () => {
     const out = {};
+    const gone = (e) => e?.name === 'NotFoundError';
     const walk = async (dir, prefix) => {
-      for await (const [name, h] of dir.entries()) {
-        if (h.kind === 'directory') {
-          out[`${prefix}${name}/`] = 0;
-          await walk(h, `${prefix}${name}/`);
-        } else {
-          out[`${prefix}${name}`] = (await h.getFile()).size;
+      try {
+        for await (const [name, h] of dir.entries()) {
+          if (h.kind === 'directory') {
+            out[`${prefix}${name}/`] = 0;
+            await walk(h, `${prefix}${name}/`);
+          } else {
+            try {
+              out[`${prefix}${name}`] = (await h.getFile()).size;
+            } catch (e) {
+              if (!gone(e)) throw e;
+            }
+          }
         }
+      } catch (e) {
+        if (!gone(e)) throw e;
       }
     };
     await walk(await navigator.storage.getDirectory(), '');
@@ -105,6 +117,35 @@ export async function opfsTruncate(page, filePath, length) {
     await w.truncate(length);
     await w.close();
   }, { p: filePath, length });
+}
+
+/** Removes an OPFS file or directory (`dir/name` from the root); absent is fine. */
+export async function opfsRemove(page, filePath) {
+  return page.evaluate(async (p) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    try {
+      for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+      await dir.removeEntry(parts.at(-1), { recursive: true });
+    } catch (e) {
+      if (e.name !== 'NotFoundError') throw e;
+    }
+  }, filePath);
+}
+
+/** Inverts `count` bytes of an OPFS file from `offset`, keeping its length (a same-length corruption). */
+export async function opfsFlipBytes(page, filePath, offset, count) {
+  return page.evaluate(async ({ p, offset, count }) => {
+    let dir = await navigator.storage.getDirectory();
+    const parts = p.split('/');
+    for (const part of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(part);
+    const handle = await dir.getFileHandle(parts.at(-1));
+    const bytes = new Uint8Array(await (await handle.getFile()).slice(offset, offset + count).arrayBuffer());
+    for (let i = 0; i < bytes.length; i++) bytes[i] ^= 0xff;
+    const w = await handle.createWritable({ keepExistingData: true });
+    await w.write({ type: 'write', position: offset, data: bytes });
+    await w.close();
+  }, { p: filePath, offset, count });
 }
 
 /**

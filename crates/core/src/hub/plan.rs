@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use super::{verify_small, HubError};
 use crate::api::{PackFile, PackPlan, PackSource};
 use crate::pack::{external_data_locations, parse_manifest, Graph, PackError};
-use crate::storage::is_reserved_name;
+use crate::storage::reserved_name;
 
 /// The already-downloaded small files of one graph, from which [`plan`] reads the data files it
 /// needs.
@@ -80,13 +80,10 @@ pub fn plan(
     let mut files: Vec<PackFile> = Vec::new();
     let mut planned: HashSet<String> = HashSet::new();
     let mut push = |file: PackFile| -> Result<(), HubError> {
-        if is_reserved_name(&file.path) {
+        if let Some(reason) = reserved_name(&file.path) {
             return Err(HubError::PackFile {
                 file: file.path.clone(),
-                error: PackError::Path {
-                    path: file.path,
-                    reason: "the name is reserved for the download's own records",
-                },
+                error: PackError::Path { path: file.path, reason },
             });
         }
         if file.sha256.is_none() && file.git_oid.is_none() {

@@ -515,9 +515,18 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     if download.as_ref().is_some_and(|d| d.state == DownloadState::Installing) {
         return Err(ServiceWorkerError::Installing);
     }
-    // An unreadable state is replaced: deleting is how the user starts over.
+    // A store of the pack's re-blocked forms holds its files open and would write its record back:
+    // ended first, and none starts for it again.
+    let installed = opfs::pack_state().await.ok().and_then(|s| s.installed).map(|p| p.commit);
+    if let (Some(commit), Ok(true)) = (installed, offscreen_exists().await) {
+        command(&OffscreenCommand::StopStore { commit }).await?;
+    }
+    // One writer of the state at a time (a store that got to its write holds the same lock). An
+    // unreadable state is replaced: deleting is how the user starts over.
+    let lock = opfs::lock_pack_state().await;
     let state = opfs::pack_state().await.unwrap_or_default();
     opfs::write_pack_state(&state.deleted()).await?;
+    drop(lock);
     // The pack's cached prompt embeddings go with it.
     opfs::embeddings::clear().await?;
     Ok(opfs::remove_stray(download.is_some()).await?)
@@ -572,6 +581,7 @@ async fn pack_status() -> PackStatus {
         installed: record.is_some(),
         bytes: record.as_ref().map_or(0, |r| r.bytes),
         converted_bytes: record.as_ref().and_then(|r| r.conversion.as_ref()).map(|c| c.bytes),
+        block32_bytes: record.as_ref().and_then(|r| r.block32.as_ref()).map(|b| b.bytes()).filter(|&b| b > 0),
         commit: record.as_ref().map(|r| r.commit.clone()),
         source: record.map(|r| r.source),
         storage: opfs::storage_use().await.unwrap_or_default(),

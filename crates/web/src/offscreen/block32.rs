@@ -13,7 +13,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange};
+use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange, PieceDigest};
 use imagine_core::pack;
 use js_sys::Uint8Array;
 use wasm_bindgen::JsValue;
@@ -21,6 +21,7 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemDirectoryHandle;
 
 use crate::offscreen::convert::ConvertError;
+use crate::platform::js::LogError;
 use crate::platform::opfs::{self, OpfsError, SyncFile};
 
 /// Stores the re-blocked form of each of `graphs` (file names in `dir`: the graphs a WebGPU stage will
@@ -33,12 +34,29 @@ pub async fn store(
     for graph in graphs {
         let model = opfs::read(dir, graph).await?;
         let read = read_sources(dir, graph, &model).await?;
-        match store_graph(dir, graph, &model, &read).await? {
+        let stored = match store_graph(dir, graph, &model, &read).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                // Nothing half-written stays behind (a full disk, say): the files are named by no
+                // record yet, and would only take space.
+                remove_form(dir, graph).await;
+                return Err(error);
+            }
+        };
+        match stored {
             Some(stored) => record.graphs.push(stored),
             None => record.unchanged.push(graph.clone()),
         }
     }
     Ok(record)
+}
+
+/// Removes the stored files of `graph`'s form, if any (a failure to is logged: they are only space).
+pub async fn remove_form(dir: &FileSystemDirectoryHandle, graph: &str) {
+    let (onnx, data) = Block32Graph::names(graph);
+    for file in [onnx, data] {
+        opfs::remove(dir, &file).await.warn_on_error(&format!("removing {file}"));
+    }
 }
 
 /// The stored scales and zero points `model` (the graph `graph`) re-blocks, by range. Read through
@@ -90,15 +108,21 @@ async fn store_graph(
     let (onnx, data) = Block32Graph::names(graph);
     for _ in 0..2 {
         let data_file = SyncFile::create(dir, &data).await?;
-        let failed: Cell<Option<OpfsError>> = Cell::new(None);
+        let mut failed: Option<OpfsError> = None;
         let mut written = 0;
+        // Its checksum goes into the record, so that a stage can check the file before it loads it.
+        let mut digest = PieceDigest::new();
         let reblocked = matmul_blocks::to_block_32_computed(model, read, &data, &mut |chunk| {
-            if let Err(e) = data_file.write_at(chunk, written) {
-                failed.set(Some(e));
+            // After a failed write (the disk full, say) nothing more is written.
+            if failed.is_none() {
+                if let Err(e) = data_file.write_at(chunk, written) {
+                    failed = Some(e);
+                }
             }
+            digest.update(chunk);
             written += chunk.len() as u64;
         })?;
-        if let Some(e) = failed.take() {
+        if let Some(e) = failed {
             return Err(e.into());
         }
         if reblocked.changed == 0 {
@@ -111,9 +135,10 @@ async fn store_graph(
         graph_file.write_at(&reblocked.graph, 0)?;
         graph_file.flush()?;
         if reads_back(&graph_file, &reblocked.graph)? && data_reads_back(&data_file, model, read, &data)? {
-            let bytes = reblocked.graph.len() as u64 + reblocked.data_length;
+            let stored =
+                Block32Graph::new(graph, &reblocked.graph, reblocked.data_length, &digest.finalize());
             opfs::failpoint("block32:graph-done").await;
-            return Ok(Some(Block32Graph { graph: graph.to_owned(), onnx, data, bytes }));
+            return Ok(Some(stored));
         }
     }
     Err(ConvertError::Corrupt(onnx))

@@ -7,7 +7,7 @@
 //! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::pin;
 use std::rc::Rc;
 
@@ -32,6 +32,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
+use crate::offscreen::hasher::WORKER_LIMIT_FILE;
 use crate::offscreen::jobs::JobBook;
 use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
 use crate::platform::messaging::broadcast;
@@ -171,6 +172,10 @@ struct Install {
     ended: bool,
     /// An install asked for while the previous one was ending; it starts right after.
     next: Option<InstallRequest>,
+    /// What it installs (to start it again with fresh workers when one died).
+    request: InstallRequest,
+    /// How often it was started again so.
+    restarts: u32,
 }
 
 impl Install {
@@ -219,9 +224,16 @@ struct State {
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
     swap_pending: bool,
-    /// A download worker stores, with the installed pack, the forms of graphs a stage re-blocked while
-    /// loading ([`store_block32`]): a pack swap waits for it.
-    storing_block32: bool,
+    /// The download worker that stores, with the installed pack, the forms of graphs a stage
+    /// re-blocked while loading ([`store_block32`]), while it runs. A pack swap or a deletion ends it.
+    store: Option<(Worker, mpsc::UnboundedSender<Incoming>)>,
+    /// Stores that failed in a row, and when the last one did: the next waits ([`store_backoff_ms`]).
+    store_failures: u32,
+    store_failed_at_ms: f64,
+    /// The pack (commit) being deleted: no store starts for it.
+    no_store_for: Option<String>,
+    /// The stored forms (`<commit>:<file>`) whose checksums a stage checked in this document's life.
+    checked_forms: HashSet<String>,
 }
 
 impl Default for State {
@@ -242,7 +254,11 @@ impl Default for State {
             book: JobBook::default(),
             longest_quiet_ms: HashMap::new(),
             swap_pending: false,
-            storing_block32: false,
+            store: None,
+            store_failures: 0,
+            store_failed_at_ms: 0.0,
+            no_store_for: None,
+            checked_forms: HashSet::new(),
         }
     }
 }
@@ -327,6 +343,10 @@ async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenRe
         OffscreenCommand::CancelPack => {
             stop_install();
             remove_staging().await?;
+        }
+        OffscreenCommand::StopStore { commit } => {
+            STATE.with_borrow_mut(|state| state.no_store_for = Some(commit));
+            stop_store();
         }
         OffscreenCommand::InstallStatus => {}
         OffscreenCommand::PrivateImage { id } => {
@@ -558,8 +578,10 @@ async fn run_stages(
 
     progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
     let prompt = tokenize(&params.prompt).await?;
-    let transformer_task = StageTask::Transformer { params: params.clone(), keep: plan.memory.keep };
-    let decoder_task = StageTask::Decoder { params: params.clone(), keep: plan.memory.keep };
+    let transformer_task =
+        StageTask::Transformer { params: params.clone(), keep: plan.memory.keep, checked: checked_forms() };
+    let decoder_task =
+        StageTask::Decoder { params: params.clone(), keep: plan.memory.keep, checked: checked_forms() };
     let early = |task: &StageTask| -> Result<Option<StageRun>, StageFailure> {
         Ok(if plan.memory.ahead { Some(StageRun::start(job, task, None)?) } else { None })
     };
@@ -574,6 +596,8 @@ async fn run_stages(
         return Err(unexpected("transformer"));
     };
     transformer.end(plan.memory.keep);
+    note_checked(&encoder_timing);
+    note_checked(&denoised.timing);
 
     progress(job, Stage::Decoder, 0, images, 1, 1).await;
     let latents = latents.ok_or(OffscreenError::NoOutput)?;
@@ -590,6 +614,9 @@ async fn run_stages(
                 *sent += 1;
                 if index == 0 && timing.reblocked_at_load {
                     reblocked_at_load.push(timing.graph_file.clone());
+                }
+                if index == 0 {
+                    note_checked(&timing);
                 }
                 let timings = Timings {
                     session_create_ms: encoder_timing.session_create_ms
@@ -611,6 +638,7 @@ async fn run_stages(
                         fused_attention: t.fused_attention,
                         chunked_attention: t.chunked_attention,
                         pieces: t.pieces,
+                        stored_form_check_ms: t.stored_form_check_ms,
                         worker_created_at_ms: t.worker_created_at_ms,
                         task_at_ms: t.task_at_ms,
                         started_at_ms: t.started_at_ms,
@@ -780,7 +808,12 @@ async fn prompt_embeddings(
             Err(e) => warn(&format!("imagine: the embedding cache could not be read: {e}")),
         }
     }
-    let task = StageTask::TextEncoder { params: params.clone(), prompt: prompt.clone(), keep };
+    let task = StageTask::TextEncoder {
+        params: params.clone(),
+        prompt: prompt.clone(),
+        keep,
+        checked: checked_forms(),
+    };
     let mut encoder = StageRun::start(job, &task, None)?;
     let (StageOutput::TextEncoder(encoded), embeddings) = encoder.done(params.count).await? else {
         return Err(unexpected("text encoder"));
@@ -1026,6 +1059,15 @@ fn new_worker(script: &str) -> Result<Worker, JsError> {
 /// Starts the worker `script`, whose messages and crash arrive in the returned inbox.
 fn spawn_worker(script: &str) -> Result<Spawned, JsError> {
     let worker = new_worker(script)?;
+    let (inbox, sender) = watch_worker(&worker, script);
+    Ok((worker, inbox, sender))
+}
+
+/// The inbox of `worker` (started from `script`): its messages and its crash.
+fn watch_worker(
+    worker: &Worker,
+    script: &str,
+) -> (mpsc::UnboundedReceiver<Incoming>, mpsc::UnboundedSender<Incoming>) {
     let (sender, inbox) = mpsc::unbounded();
     let on_message = {
         let sender = sender.clone();
@@ -1046,7 +1088,7 @@ fn spawn_worker(script: &str) -> Result<Spawned, JsError> {
     // The closures must live as long as the worker; a worker lives for one stage or one download.
     on_message.forget();
     on_error.forget();
-    Ok((worker, inbox, sender))
+    (inbox, sender)
 }
 
 /// Starts the download worker, unless one is running: a second request joins the first.
@@ -1062,62 +1104,229 @@ fn start_install(request: InstallRequest) -> Result<(), OffscreenError> {
     if busy {
         return Ok(());
     }
-    let (worker, inbox, sender) = spawn_worker("download-worker.js")?;
-    let hasher = new_worker("hash-worker.js")?;
-    let channel = MessageChannel::new().map_err(JsError::from)?;
-    let (download_end, hash_end) = (channel.port1(), channel.port2());
-    protocol::post(&hasher, &HashSetup::Port, Some(&hash_end))?;
-    protocol::post(&worker, &DownloadCommand::Install { request }, Some(&download_end))?;
-    let install = Install { worker, hasher, inbox: sender, last: None, ended: false, next: None };
+    // The installed pack is about to be replaced: a store of its forms is of no use any more.
+    stop_store();
+    let (worker, hasher, inbox, sender) = spawn_install_workers(&request)?;
+    let install =
+        Install { worker, hasher, inbox: sender, last: None, ended: false, next: None, request, restarts: 0 };
     STATE.with_borrow_mut(|state| state.install = Some(install));
     spawn_local(relay_install(inbox));
     Ok(())
 }
 
+/// A download worker and its hash worker, linked, with `request` posted.
+fn spawn_install_workers(
+    request: &InstallRequest,
+) -> Result<
+    (Worker, Worker, mpsc::UnboundedReceiver<Incoming>, mpsc::UnboundedSender<Incoming>),
+    OffscreenError,
+> {
+    let (worker, inbox, sender) = spawn_worker("download-worker.js")?;
+    let hasher = new_worker("hash-worker.js")?;
+    let channel = MessageChannel::new().map_err(JsError::from)?;
+    let (download_end, hash_end) = (channel.port1(), channel.port2());
+    protocol::post(&hasher, &HashSetup::Port, Some(&hash_end))?;
+    protocol::post(&worker, &DownloadCommand::Install { request: request.clone() }, Some(&download_end))?;
+    Ok((worker, hasher, inbox, sender))
+}
+
+/// How often an install is started again with fresh workers because one died ([`restart_install`]).
+const MAX_INSTALL_RESTARTS: u32 = 3;
+
+/// Starts the running install again with fresh workers (a worker it needs died); it goes on from its
+/// checkpoint. `false` when it was started again too often already.
+fn restart_install() -> Result<bool, OffscreenError> {
+    let request = STATE.with_borrow(|state| {
+        state.install.as_ref().filter(|i| i.restarts < MAX_INSTALL_RESTARTS).map(|i| i.request.clone())
+    });
+    let Some(request) = request else { return Ok(false) };
+    let (worker, hasher, inbox, sender) = spawn_install_workers(&request)?;
+    let replaced = STATE.with_borrow_mut(|state| {
+        let install = state.install.as_mut()?;
+        install.terminate();
+        install.worker = worker.clone();
+        install.hasher = hasher.clone();
+        install.inbox = sender;
+        install.restarts += 1;
+        Some(())
+    });
+    if replaced.is_none() {
+        worker.terminate();
+        hasher.terminate();
+        return Ok(false);
+    }
+    spawn_local(relay_install(inbox));
+    Ok(true)
+}
+
+/// The stored forms whose checksums were checked in this document's life, for the next stage tasks.
+fn checked_forms() -> Vec<String> {
+    STATE.with_borrow(|state| state.checked_forms.iter().cloned().collect())
+}
+
+/// Keeps the stored form a stage checked the checksums of (`StageTiming::checked_form`).
+fn note_checked(timing: &StageTiming) {
+    if let Some(form) = &timing.checked_form {
+        STATE.with_borrow_mut(|state| state.checked_forms.insert(form.clone()));
+    }
+}
+
 /// Has a download worker of its own store the re-blocked forms of `graphs`, which a stage of the job
 /// just done re-blocked while loading, with the installed pack `commit` (`download::store_block32`), so
-/// that the next loads read them: once, in the background, unless one is already at it or a download
-/// runs (whose new pack gets its own at install). A failure costs nothing but the speed-up: logged.
+/// that the next loads read them: once, in the background, unless one is already at it, a download
+/// runs (whose new pack gets its own at install), the pack is being deleted, or the last store failed
+/// too recently ([`store_backoff_ms`]: a disk without room is not written to after every job). A
+/// failure costs nothing but the speed-up: logged. The store is given [`STORE_LIMIT_MS`]; a worker
+/// that has not reported by then is ended, and what it half-wrote removed.
 fn store_block32(commit: &str, graphs: Vec<String>) {
-    let start = STATE.with_borrow_mut(|state| {
-        let start = !state.storing_block32 && state.install.is_none();
-        state.storing_block32 |= start;
-        start
+    let start = STATE.with_borrow(|state| {
+        state.store.is_none() && state.install.is_none() && state.no_store_for.as_deref() != Some(commit)
     });
     if !start {
         return;
     }
-    let command = DownloadCommand::StoreBlock32 { commit: commit.to_owned(), graphs };
+    let commit = commit.to_owned();
     spawn_local(async move {
-        let outcome = run_store_block32(&command).await;
-        STATE.with_borrow_mut(|state| state.storing_block32 = false);
+        let (failures, failed_at) =
+            STATE.with_borrow(|state| (state.store_failures, state.store_failed_at_ms));
+        if failures > 0 && now_ms() - failed_at < store_backoff_ms(failures).await as f64 {
+            return;
+        }
+        let limit_ms =
+            crate::platform::opfs::test_setting_u64(WORKER_LIMIT_FILE).await.unwrap_or(STORE_LIMIT_MS);
+        let worker = match new_worker("download-worker.js") {
+            Ok(worker) => worker,
+            Err(e) => return warn(&format!("imagine: the graphs re-blocked to 32 could not be stored: {e}")),
+        };
+        let (inbox, sender) = watch_worker(&worker, "download-worker.js");
+        // Checked again now that nothing is awaited before the store is registered.
+        let start = STATE.with_borrow_mut(|state| {
+            let start = state.store.is_none()
+                && state.install.is_none()
+                && state.no_store_for.as_deref() != Some(commit.as_str());
+            if start {
+                state.store = Some((worker.clone(), sender.clone()));
+            }
+            start
+        });
+        if !start {
+            worker.terminate();
+            return;
+        }
+        let command = DownloadCommand::StoreBlock32 { commit: commit.clone(), graphs: graphs.clone() };
+        let outcome = run_store_block32(&worker, inbox, &sender, &command, limit_ms).await;
+        // Ended by a swap or a deletion meanwhile ([`stop_store`]): not a failure of the store.
+        let ours = STATE.with_borrow_mut(|state| {
+            let ours = state.store.as_ref().is_some_and(|(w, _)| w == &worker);
+            if ours {
+                state.store = None;
+            }
+            ours
+        });
+        worker.terminate();
+        if !ours {
+            return;
+        }
+        STATE.with_borrow_mut(|state| match &outcome {
+            Ok(()) => state.store_failures = 0,
+            Err(_) => {
+                state.store_failures += 1;
+                state.store_failed_at_ms = now_ms();
+            }
+        });
         if let Err(e) = outcome {
             warn(&format!("imagine: storing the graphs re-blocked to 32 with the pack failed: {e}"));
+            if e.ended {
+                remove_unrecorded_forms(&commit, &graphs).await;
+            }
         }
     });
 }
 
-/// [`store_block32`]'s worker, from its start to its one report.
-async fn run_store_block32(command: &DownloadCommand) -> Result<(), String> {
-    let (worker, mut inbox, _) = spawn_worker("download-worker.js").map_err(|e| e.to_string())?;
-    let posted = protocol::post(&worker, command, None).map_err(|e| e.to_string());
-    let report = match posted {
-        Ok(()) => inbox.next().await,
-        Err(e) => {
-            worker.terminate();
-            return Err(e);
-        }
-    };
-    worker.terminate();
+/// How long a store of the re-blocked forms may run before its worker is ended (the published pack's
+/// take seconds).
+const STORE_LIMIT_MS: u64 = 10 * 60 * 1000;
+
+/// The OPFS file in which a test sets the wait after a failed store, in milliseconds.
+const STORE_RETRY_FILE: &str = "block32-retry-ms";
+
+/// How long after the `failures`-th failed store in a row the next may start: 10 minutes, doubling
+/// up to 8 hours (a disk that stays full is tried a few times a day, and in each new browser session).
+async fn store_backoff_ms(failures: u32) -> u64 {
+    if let Some(ms) = crate::platform::opfs::test_setting_u64(STORE_RETRY_FILE).await {
+        return ms;
+    }
+    ((10 * 60 * 1000u64) << failures.saturating_sub(1).min(6)).min(8 * 60 * 60 * 1000)
+}
+
+/// Why a store of the re-blocked forms failed; `ended`: its worker was ended here, mid-way.
+struct StoreFailed {
+    text: String,
+    ended: bool,
+}
+
+impl std::fmt::Display for StoreFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// [`store_block32`]'s worker, from its start to its one report, within `limit_ms`.
+async fn run_store_block32(
+    worker: &Worker,
+    mut inbox: mpsc::UnboundedReceiver<Incoming>,
+    sender: &mpsc::UnboundedSender<Incoming>,
+    command: &DownloadCommand,
+    limit_ms: u64,
+) -> Result<(), StoreFailed> {
+    let failed = |text: String| StoreFailed { text, ended: false };
+    protocol::post(worker, command, None).map_err(|e| failed(e.to_string()))?;
+    let report =
+        match futures_util::future::select(inbox.next(), pin!(crate::platform::js::sleep_ms(limit_ms))).await
+        {
+            Either::Left((report, _)) => report,
+            Either::Right(_) => {
+                worker.terminate();
+                let _ = sender.unbounded_send(Incoming::Stopped);
+                return Err(StoreFailed {
+                    text: format!("it reported nothing for {} s, so it was stopped", limit_ms.div_ceil(1000)),
+                    ended: true,
+                });
+            }
+        };
     match report {
         Some(Incoming::Posted(posted)) => match protocol::read::<DownloadReport>(&posted) {
             Ok((DownloadReport::Block32Stored, _)) => Ok(()),
-            Ok((DownloadReport::Failed { error, .. }, _)) => Err(error.error),
-            Ok(_) => Err("an unexpected report".to_owned()),
-            Err(e) => Err(e.to_string()),
+            Ok((DownloadReport::Failed { error, .. }, _)) => Err(failed(error.error)),
+            Ok(_) => Err(failed("an unexpected report".to_owned())),
+            Err(e) => Err(failed(e.to_string())),
         },
-        Some(Incoming::Crashed(e)) => Err(e.to_string()),
-        _ => Err("the worker ended without a report".to_owned()),
+        Some(Incoming::Crashed(e)) => Err(StoreFailed { text: e.to_string(), ended: true }),
+        _ => Err(StoreFailed { text: "the worker ended without a report".to_owned(), ended: true }),
+    }
+}
+
+/// Removes what an ended store left of the forms of `graphs` in the installed pack `commit`: the files
+/// its record does not name (the worker's files are let go of as it ends, which `opfs::remove` waits for).
+async fn remove_unrecorded_forms(commit: &str, graphs: &[String]) {
+    let Some((installed, dir)) =
+        crate::platform::opfs::installed_pack().await.filter(|(p, _)| p.commit == commit)
+    else {
+        return;
+    };
+    let record = installed.block32.unwrap_or_default();
+    for graph in graphs.iter().filter(|g| record.graph(g).is_none()) {
+        crate::offscreen::block32::remove_form(&dir, graph).await;
+    }
+}
+
+/// Ends the store of re-blocked forms, if one runs: for a pack swap (the forms are of the pack being
+/// replaced) or a deletion. Its files are let go of as its worker ends; its state write, if it got
+/// there, held the state's lock and named the pack it was for, so nothing of it outlives that pack.
+fn stop_store() {
+    if let Some((worker, inbox)) = STATE.with_borrow_mut(|state| state.store.take()) {
+        worker.terminate();
+        let _ = inbox.unbounded_send(Incoming::Stopped);
     }
 }
 
@@ -1183,11 +1392,12 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
             }
             Ok(DownloadReport::SwapReady) => {
                 STATE.with_borrow_mut(|state| state.swap_pending = true);
-                // The job that is running finishes on the installed pack, and forms being stored with
-                // it are recorded before it is replaced.
-                while STATE.with_borrow(|state| state.running.is_some() || state.storing_block32) {
+                // The job that is running finishes on the installed pack. A store of that pack's
+                // re-blocked forms is ended: they would be of the pack being replaced.
+                while STATE.with_borrow(|state| state.running.is_some()) {
                     crate::platform::js::sleep_ms(100).await;
                 }
+                stop_store();
                 let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
                 if let Some(worker) = worker {
                     protocol::post(&worker, &DownloadCommand::Swap, None)
@@ -1195,14 +1405,24 @@ async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
                 }
             }
             Ok(DownloadReport::Installed { pack }) => {
+                // A pack deleted before may be this one again: its forms may be stored.
+                STATE.with_borrow_mut(|state| state.no_store_for = None);
                 // Embeddings of the previous pack would never be used again.
                 if let Err(e) = crate::platform::opfs::embeddings::clear().await {
                     warn(&format!("imagine: the embedding cache could not be cleared: {e}"));
                 }
                 break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
             }
-            Ok(DownloadReport::Failed { error, offline }) => {
-                break Event::pack_failed(&OffscreenError::Reported(error), offline)
+            Ok(DownloadReport::Failed { error, offline, restart }) => {
+                if restart {
+                    warn(&format!("imagine: {}; the download goes on with fresh workers", error.error));
+                    match restart_install() {
+                        Ok(true) => return,
+                        Ok(false) => {}
+                        Err(e) => warn(&format!("imagine: the download could not be started again: {e}")),
+                    }
+                }
+                break Event::pack_failed(&OffscreenError::Reported(error), offline);
             }
             Ok(DownloadReport::Block32Stored) => {}
             Err(error) => break pack_failed(error.into()),

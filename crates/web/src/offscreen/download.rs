@@ -40,7 +40,7 @@ use web_sys::{
 
 use crate::offscreen::block32;
 use crate::offscreen::convert::{self, ConvertError, ConvertProgress};
-use crate::offscreen::hasher::{HashError, HashWorker};
+use crate::offscreen::hasher::{HashError, HashWorker, HASH_SILENCE_MS, WORKER_LIMIT_FILE};
 use crate::platform::gpu::{self, GpuError};
 use crate::platform::hub_client::{self, check_status, FetchError, KeptFiles};
 use crate::platform::js::{get, now_ms, random_u64, sleep_ms, JsError, LogError};
@@ -198,6 +198,12 @@ impl DownloadError {
         }
     }
 
+    /// The hash worker died or hangs: the offscreen document starts the install again, with fresh
+    /// workers, from its checkpoint.
+    fn lost_worker(&self) -> bool {
+        matches!(self, DownloadError::Hash(HashError::Silent { .. } | HashError::Stopped))
+    }
+
     /// The Hub never answered (no connection at all, every attempt): the network is down, so the
     /// service worker tries the download again later by itself.
     fn is_offline(&self) -> bool {
@@ -259,7 +265,11 @@ fn send(report: &DownloadReport) {
 
 /// Reports why the download stopped: the one place its error becomes text.
 fn fail(error: DownloadError) {
-    send(&DownloadReport::Failed { error: ErrorText::of(&error), offline: error.is_offline() });
+    send(&DownloadReport::Failed {
+        error: ErrorText::of(&error),
+        offline: error.is_offline(),
+        restart: error.lost_worker(),
+    });
 }
 
 /// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
@@ -376,7 +386,8 @@ async fn install(
         }
     }
     report.state = DownloadState::Downloading;
-    let hasher = HashWorker::connect(hash_port, WRITE_BYTES as u32);
+    let silence_ms = opfs::test_setting_u64(WORKER_LIMIT_FILE).await.unwrap_or(HASH_SILENCE_MS);
+    let hasher = HashWorker::connect(hash_port, WRITE_BYTES as u32, silence_ms);
     let mut download = Download { dir, source, record, store, report, hasher };
     download.save().await?;
     download.report.record(&download.record);
@@ -417,31 +428,69 @@ async fn install(
 }
 
 /// Stores the re-blocked forms of `graphs` with the installed pack `commit` and adds them to its record,
-/// for graphs a stage had to re-block while loading: a pack installed by an older version, or one
-/// converted for an adapter that has since gained `shader-f16`. Jobs may run meanwhile: the new files
-/// are read by no one until the record names them, and the record is written in one write of the
-/// state. The offscreen document holds a pack swap until this is done, so the state written here is
-/// never an older pack's.
+/// for graphs a stage had to re-block while loading: a pack installed by an older version, one
+/// converted for an adapter that has since gained `shader-f16`, or a stored form the stage found
+/// damaged (its record entry is dropped first, then it is made again). Jobs may run meanwhile: the new
+/// files are read by no one until the record names them. Too little space is refused before anything
+/// is written, and what a failure leaves half-written is removed. The record is changed in one write of
+/// the state, holding the state's lock ([`opfs::lock_pack_state`]), and only while `commit` is still
+/// installed: a pack swapped or deleted meanwhile is never brought back.
 async fn store_block32(commit: &str, graphs: &[String]) -> Result<(), DownloadError> {
     let Some((installed, dir)) = opfs::installed_pack().await.filter(|(p, _)| p.commit == commit) else {
         return Ok(());
     };
     let have = installed.block32.unwrap_or_default();
-    let missing: Vec<String> =
-        graphs.iter().filter(|g| have.graph(g).is_none() && !have.unchanged.contains(g)).cloned().collect();
-    if missing.is_empty() {
+    let todo: Vec<String> = graphs.iter().filter(|g| !have.unchanged.contains(g)).cloned().collect();
+    if todo.is_empty() {
         return Ok(());
     }
-    let stored = block32::store(&dir, &missing).await?;
+    // A graph the record names that a stage re-blocked all the same was found damaged: the record stops
+    // naming it before its files are written again.
+    if todo.iter().any(|g| have.graph(g).is_some())
+        && !change_block32(commit, |record| record.graphs.retain(|g| !todo.contains(&g.graph))).await?
+    {
+        return Ok(());
+    }
+    let mut needed = 0;
+    for graph in &todo {
+        let model = opfs::read(&dir, graph).await?;
+        needed += matmul_blocks::stored_bytes(graph, &model).map_err(ConvertError::from)?;
+        // What a damaged form or an interrupted store left is not counted as used.
+        block32::remove_form(&dir, graph).await;
+    }
+    let usage = opfs::storage_use().await?;
+    hub::check_space(needed, usage.usage_bytes, usage.quota_bytes)?;
+    let stored = block32::store(&dir, &todo).await?;
+    let recorded = change_block32(commit, |record| {
+        record.graphs.retain(|g| stored.graph(&g.graph).is_none());
+        record.graphs.extend(stored.graphs.iter().cloned());
+        record.unchanged.retain(|g| !stored.unchanged.contains(g));
+        record.unchanged.extend(stored.unchanged.iter().cloned());
+    })
+    .await?;
+    if !recorded {
+        // Another pack was installed meanwhile: its files are not these.
+        for graph in &todo {
+            block32::remove_form(&dir, graph).await;
+        }
+    }
+    Ok(())
+}
+
+/// Changes the record of stored forms of the installed pack `commit` in one write of the state, holding
+/// the state's lock; `false` (and nothing written) when that pack is not installed any more.
+async fn change_block32(
+    commit: &str,
+    change: impl FnOnce(&mut Block32Record),
+) -> Result<bool, DownloadError> {
+    let _lock = opfs::lock_pack_state().await;
     let state = opfs::pack_state().await?;
     let Some(mut installed) = state.installed.clone().filter(|p| p.commit == commit) else {
-        return Ok(());
+        return Ok(false);
     };
-    let record = installed.block32.get_or_insert_with(Block32Record::default);
-    record.graphs.extend(stored.graphs);
-    record.unchanged.extend(stored.unchanged);
+    change(installed.block32.get_or_insert_with(Block32Record::default));
     opfs::write_pack_state(&opfs::PackState { installed: Some(installed), ..state }).await?;
-    Ok(())
+    Ok(true)
 }
 
 /// Each graph of the pack as a WebGPU stage will load it (its float32 conversion where `plans` has
@@ -909,17 +958,21 @@ async fn swap(
     conversion: Option<ConversionRecord>,
     block32: Option<Block32Record>,
 ) -> Result<PackRecord, DownloadError> {
-    let state = opfs::pack_state().await?;
-    if state.staging != staging {
-        return Err(DownloadError::StorageChanged);
-    }
     let files = record.files.iter().map(|f| f.file.clone()).collect();
     let mut installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);
     installed.conversion = conversion;
     installed.block32 = block32;
     opfs::failpoint("swap:before-state").await;
+    // One writer of the pack state at a time: a store of re-blocked forms or a deletion that read the
+    // state before this write could otherwise write back what it read.
+    let lock = opfs::lock_pack_state().await;
+    let state = opfs::pack_state().await?;
+    if state.staging != staging {
+        return Err(DownloadError::StorageChanged);
+    }
     let swapped = state.swapped(installed.clone());
     opfs::write_pack_state(&swapped).await?;
+    drop(lock);
     opfs::failpoint("swap:after-state").await;
     opfs::clear_slot(swapped.staging).await?;
     let dir = opfs::slot_dir(staging, false).await?;

@@ -11,15 +11,20 @@
 
 use std::cell::RefCell;
 
+use std::pin::pin;
+
 use futures_channel::mpsc;
+use futures_util::future::{select, Either};
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
 use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::spawn_local;
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent, MessagePort};
 
+use crate::platform::js::sleep_ms;
 use crate::platform::protocol::{self, HashCommand, HashReport, HashSetup, ProtocolError};
 
 /// Why hashing failed, on either side of the link between the download worker and its hash worker.
@@ -57,7 +62,23 @@ pub enum HashError {
     /// The link to the hash worker closed: it is gone.
     #[error("the hash worker stopped")]
     Stopped,
+    /// The hash worker answered nothing for `seconds` while an answer was due: it died or hangs (a
+    /// port to a worker that died never closes). The install starts again from its checkpoint.
+    #[error("the hash worker answered nothing for {seconds} s and was given up")]
+    Silent {
+        /// How long it was waited for, in seconds.
+        seconds: u64,
+    },
 }
+
+/// How long the download worker waits for an answer the hash worker owes it (hashing a block takes
+/// milliseconds) before it takes the hash worker for dead; a test shortens it with the OPFS file
+/// [`WORKER_LIMIT_FILE`].
+pub const HASH_SILENCE_MS: u64 = 60_000;
+
+/// The OPFS file in which a test shortens how long a worker may leave a task or an answer due: the
+/// hash worker's silence, the store of the re-blocked forms.
+pub const WORKER_LIMIT_FILE: &str = "worker-limit-ms";
 
 /// Blocks lent to the hash worker at most: how far hashing may fall behind writing.
 pub const MAX_LENT: usize = 2;
@@ -82,12 +103,25 @@ pub fn hash_worker_main() {
                     HASHER.with_borrow_mut(|(hasher, scratch)| handle(hasher, scratch, command, data))
                 },
             );
-            let sent = match reply {
-                Ok((reply, data)) => protocol::post(&reply_port, &reply, data.as_ref()),
-                Err(error) => protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None),
-            };
-            if let Err(e) = sent {
-                web_sys::console::error_1(&e.to_string().into());
+            match reply {
+                // Lets a test make this worker die at a checkpoint, as a crashed worker would: its port
+                // then never answers. The state is taken before, so it stays the one after the blocks
+                // sent before the checkpoint however late it is posted.
+                Ok((reply @ HashReport::Checkpoint { .. }, _)) => {
+                    let port = reply_port.clone();
+                    spawn_local(async move {
+                        if crate::platform::opfs::failpoint_reached("hash:dies").await {
+                            web_sys::console::log_1(&"imagine: failpoint hash:dies reached".into());
+                            js_sys::global().unchecked_into::<DedicatedWorkerGlobalScope>().close();
+                            return;
+                        }
+                        posted(protocol::post(&port, &reply, None));
+                    });
+                }
+                Ok((reply, data)) => posted(protocol::post(&reply_port, &reply, data.as_ref())),
+                Err(error) => {
+                    posted(protocol::post(&reply_port, &HashReport::Error(ErrorText::of(&error)), None))
+                }
             }
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
@@ -96,6 +130,13 @@ pub fn hash_worker_main() {
     });
     scope.set_onmessage(Some(on_port.as_ref().unchecked_ref()));
     on_port.forget();
+}
+
+/// Logs a reply that could not be posted.
+fn posted(sent: Result<(), ProtocolError>) {
+    if let Err(e) = sent {
+        web_sys::console::error_1(&e.to_string().into());
+    }
 }
 
 fn handle(
@@ -134,6 +175,8 @@ pub struct HashWorker {
     spare: Vec<ArrayBuffer>,
     lent: usize,
     block_bytes: u32,
+    /// How long an answer may be due before the hash worker is taken for dead.
+    silence_ms: u64,
     /// A checkpoint was asked for and has not been taken yet.
     checkpoint_asked: bool,
     /// The answer to it, once it came.
@@ -142,8 +185,9 @@ pub struct HashWorker {
 }
 
 impl HashWorker {
-    /// Talks to the hash worker through `port`; buffers are `block_bytes` long.
-    pub fn connect(port: MessagePort, block_bytes: u32) -> HashWorker {
+    /// Talks to the hash worker through `port`; buffers are `block_bytes` long; an answer due for
+    /// `silence_ms` fails with [`HashError::Silent`].
+    pub fn connect(port: MessagePort, block_bytes: u32, silence_ms: u64) -> HashWorker {
         let (sender, inbox) = mpsc::unbounded();
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |event: MessageEvent| {
             let _ = sender.unbounded_send(event.data());
@@ -155,6 +199,7 @@ impl HashWorker {
             spare: Vec::new(),
             lent: 0,
             block_bytes,
+            silence_ms,
             checkpoint_asked: false,
             checkpoint: None,
             _on_message: on_message,
@@ -192,8 +237,17 @@ impl HashWorker {
         }
     }
 
+    /// The next message of the hash worker, which is due: one that does not come within the silence
+    /// limit fails.
     async fn next(&mut self) -> Result<JsValue, HashError> {
-        self.inbox.next().await.ok_or(HashError::Stopped)
+        if let Ok(message) = self.inbox.try_next() {
+            return message.ok_or(HashError::Stopped);
+        }
+        let silence = sleep_ms(self.silence_ms);
+        match select(self.inbox.next(), pin!(silence)).await {
+            Either::Left((message, _)) => message.ok_or(HashError::Stopped),
+            Either::Right(_) => Err(HashError::Silent { seconds: self.silence_ms.div_ceil(1000) }),
+        }
     }
 
     /// Waits for the next reply, taking in the messages before it.

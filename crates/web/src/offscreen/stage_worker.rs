@@ -34,7 +34,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
 use crate::platform::gpu::{self, GpuError};
-use crate::platform::js::{now_ms, time_origin_ms, JsError, LogError};
+use crate::platform::js::{get, now_ms, time_origin_ms, JsError, LogError};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
@@ -156,16 +156,16 @@ async fn run_task(
         }
     };
     match task {
-        StageTask::TextEncoder { params, prompt, keep } => {
-            let stage = Stage::take(kept, Graph::TextEncoder, &params, arrived).await?;
+        StageTask::TextEncoder { params, prompt, keep, checked } => {
+            let stage = Stage::take(kept, Graph::TextEncoder, &params, &checked, arrived).await?;
             text_encoder(stage, &prompt, keep.then_some(kept)).await
         }
-        StageTask::Transformer { params, keep } => {
-            let stage = Stage::take(kept, Graph::Transformer, &params, arrived).await?;
+        StageTask::Transformer { params, keep, checked } => {
+            let stage = Stage::take(kept, Graph::Transformer, &params, &checked, arrived).await?;
             transformer(stage, &params, input, keep.then_some(kept)).await
         }
-        StageTask::Decoder { params, keep } => {
-            let stage = Stage::take(kept, Graph::Decoder, &params, arrived).await?;
+        StageTask::Decoder { params, keep, checked } => {
+            let stage = Stage::take(kept, Graph::Decoder, &params, &checked, arrived).await?;
             decoder(stage, &params, input, keep.then_some(kept)).await
         }
         StageTask::Input => Err(StageWorkerError::MissingInput("a task before its input")),
@@ -233,6 +233,7 @@ impl Stage {
     async fn open(
         graph: Graph,
         params: &GenerateParams,
+        checked: &[String],
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
         let (backend, profile) = (params.backend, params.profile);
@@ -247,8 +248,39 @@ impl Stage {
             Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
             Backend::Wasm => Block32Form::Unchanged,
         };
-        let (name, bytes) = match block32 {
-            Block32Form::Stored(stored) => (stored.onnx.clone(), opfs::read(&dir, &stored.onnx).await?),
+        // A stored form is loaded only as it was stored: its lengths checked at every load, its checksums
+        // at its first load in this document's life. A damaged one is left alone (the job stores it again
+        // after it) and the graph re-blocked while it loads, as if the form had never been stored.
+        let (mut checked_form, mut stored_form_check_ms) = (None, 0.0);
+        let (block32, stored_onnx) = match block32 {
+            Block32Form::Stored(stored) => {
+                let key = format!("{}:{}", record.commit, stored.onnx);
+                let full = !checked.contains(&key);
+                let started = now_ms();
+                let read = stored_form(&dir, stored, full).await;
+                stored_form_check_ms = now_ms() - started;
+                match read {
+                    Ok(onnx) => {
+                        checked_form = full.then_some(key);
+                        (block32, Some(onnx))
+                    }
+                    Err(why) => {
+                        web_sys::console::warn_1(
+                            &format!(
+                                "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
+                                 stored again after the job",
+                                stored.graph
+                            )
+                            .into(),
+                        );
+                        (Block32Form::AtLoad, None)
+                    }
+                }
+            }
+            other => (other, None),
+        };
+        let (name, bytes) = match (&block32, stored_onnx) {
+            (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
             _ => (name, bytes),
         };
         let (bytes, taken_out) = table_lookup::take_out(&bytes)
@@ -320,6 +352,8 @@ impl Stage {
         let timing = StageTiming {
             graph_file: name,
             reblocked_at_load,
+            checked_form,
+            stored_form_check_ms,
             fused_attention: fused_attention as u32,
             chunked_attention: chunked_attention as u32,
             pieces: session.pieces(),
@@ -359,6 +393,7 @@ impl Stage {
         kept: &mut Option<Stage>,
         graph: Graph,
         params: &GenerateParams,
+        checked: &[String],
         arrived: Arrival,
     ) -> Result<Stage, StageWorkerError> {
         let same = |stage: &Stage| {
@@ -389,7 +424,7 @@ impl Stage {
                 if let Some(stage) = other {
                     stage.close().await;
                 }
-                Stage::open(graph, params, arrived).await
+                Stage::open(graph, params, checked, arrived).await
             }
         }
     }
@@ -571,6 +606,47 @@ async fn choose_graph(
         lookups.push((lookup.clone(), open_external(dir, &converted.onnx, &lookup.source.file).await?));
     }
     Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
+}
+
+/// The stored re-blocked graph of `stored` (its bytes), once its files are checked against the record:
+/// their lengths, and with `checksums` their checksums too (the data a piece at a time); why not, if
+/// they differ (or cannot be read).
+async fn stored_form(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    stored: &matmul_blocks::Block32Graph,
+    checksums: bool,
+) -> Result<Vec<u8>, String> {
+    let onnx = opfs::read(dir, &stored.onnx).await.map_err(|e| e.to_string())?;
+    let data = opfs::file(dir, &stored.data).await.map_err(|e| e.to_string())?;
+    let data_len = data.size() as u64;
+    stored.check(onnx.len() as u64, data_len, None).map_err(|e| e.to_string())?;
+    if !checksums {
+        return Ok(onnx);
+    }
+    let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
+    onnx_digest.update(&onnx);
+    // A piece at a time, each hashed by the browser (`crypto.subtle`), far faster than SHA-256 in wasm.
+    let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
+    let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
+    let mut data_digest = matmul_blocks::PieceDigest::new();
+    let mut offset = 0u64;
+    while offset < data_len {
+        let end = (offset + matmul_blocks::DIGEST_PIECE_BYTES).min(data_len);
+        let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
+        let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
+        let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+        let hashed = digest.call2(&subtle, &"SHA-256".into(), &piece).map_err(read)?;
+        let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
+        let hashed: [u8; 32] =
+            Uint8Array::new(&hashed).to_vec().try_into().map_err(|_| "a digest of another length")?;
+        data_digest.piece(&hashed);
+        offset = end;
+    }
+    let (onnx_digest, data_digest) = (onnx_digest.finalize(), data_digest.finalize());
+    stored
+        .check(onnx.len() as u64, data_len, Some((&onnx_digest, &data_digest)))
+        .map_err(|e| e.to_string())?;
+    Ok(onnx)
 }
 
 /// Opens `file`, which `graph` needs.

@@ -147,6 +147,7 @@ impl Localize for HashError {
             HashError::Protocol(e) => e.message(),
             HashError::Reported(e) => e.message(),
             HashError::Stopped => Message::new("errHashStopped", []),
+            HashError::Silent { seconds } => Message::new("errHashSilent", [arg(seconds)]),
             // Between our own workers: a bug, said as it is.
             HashError::NoData
             | HashError::NoBuffer

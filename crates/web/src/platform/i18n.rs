@@ -389,6 +389,7 @@ mod tests {
             Box::new(DownloadError::StorageChanged),
             Box::new(DownloadError::Internal("no port")),
             Box::new(HashError::Stopped),
+            Box::new(HashError::Silent { seconds: 60 }),
             Box::new(HashError::NoBuffer),
             Box::new(HashError::Reported(ErrorText::of(&HashError::Stopped))),
             Box::new(ConvertError::Corrupt("x.f32-00000.data".into())),

@@ -270,6 +270,52 @@ pub async fn pack_state() -> OpfsResult<PackState> {
     serde_json::from_slice(&js_sys::Uint8Array::new(&buffer).to_vec()).map_err(OpfsError::UnreadableState)
 }
 
+/// The Web Lock every read-modify-write of `packs/state.json` holds: the swap of an install and the
+/// store of the re-blocked forms (download workers), the deletion (service worker). Each context that
+/// writes the state is another JS context of the same origin, so this is their one writer at a time;
+/// a context that ends (a worker terminated) lets go of it.
+const PACK_STATE_LOCK: &str = "imagine-pack-state";
+
+/// Held while the pack state is read, changed and written ([`lock_pack_state`]); dropping it lets go.
+#[must_use = "the lock is let go when this is dropped"]
+pub struct PackStateLock {
+    release: Option<js_sys::Function>,
+}
+
+impl Drop for PackStateLock {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            let _ = release.call0(&JsValue::UNDEFINED);
+        }
+    }
+}
+
+/// Waits until this context alone may write the pack state, then holds that until the guard is
+/// dropped. Where the browser has no Web Locks (never in the Chrome the manifest allows), it holds
+/// nothing.
+pub async fn lock_pack_state() -> PackStateLock {
+    let locks = get(&get(&js_sys::global(), "navigator"), "locks");
+    let request = get(&locks, "request");
+    let Some(request) = request.dyn_ref::<js_sys::Function>() else {
+        return PackStateLock { release: None };
+    };
+    let (granted, grant) = futures_channel::oneshot::channel::<js_sys::Function>();
+    let mut granted = Some(granted);
+    // The lock is held until the promise this callback returns settles: its `resolve` is the release.
+    let callback = Closure::once_into_js(move |_lock: JsValue| -> js_sys::Promise {
+        js_sys::Promise::new(&mut |resolve, _reject| {
+            if let Some(granted) = granted.take() {
+                let _ = granted.send(resolve);
+            }
+        })
+    });
+    if let Err(e) = request.call2(&locks, &PACK_STATE_LOCK.into(), &callback) {
+        web_sys::console::error_1(&e);
+        return PackStateLock { release: None };
+    }
+    PackStateLock { release: grant.await.ok() }
+}
+
 /// Replaces `packs/state.json` whole (see [`write_whole`]), so an interruption leaves either the old
 /// state or the new one.
 pub async fn write_pack_state(state: &PackState) -> OpfsResult<()> {

@@ -78,6 +78,12 @@ pub enum OffscreenCommand {
     PausePack,
     /// Stop the download worker and empty the staging slot.
     CancelPack,
+    /// The installed pack `commit` is being deleted: a store of its re-blocked forms is stopped (its
+    /// worker terminated, its files let go of) and none starts for it again.
+    StopStore {
+        /// The commit of the pack being deleted.
+        commit: String,
+    },
     /// Whether a download worker runs.
     InstallStatus,
     /// The PNG of a private job's image ([`imagine_core::gallery::image_id`]), which only this
@@ -140,6 +146,10 @@ pub enum StageTask {
         prompt: EncodedPrompt,
         /// Keep the session after the task (a resident stage).
         keep: bool,
+        /// The stored re-blocked forms (`<commit>:<file>`) whose checksums were checked already in this
+        /// document's life: only their lengths are checked again ([`StageTiming::checked_form`]).
+        #[serde(default)]
+        checked: Vec<String>,
     },
     /// The denoising loop of each image, seeds in a row (`data`: the prompt embeddings, float32).
     Transformer {
@@ -147,6 +157,10 @@ pub enum StageTask {
         params: GenerateParams,
         /// Keep the session after the task (a resident stage).
         keep: bool,
+        /// The stored re-blocked forms (`<commit>:<file>`) whose checksums were checked already in this
+        /// document's life: only their lengths are checked again ([`StageTiming::checked_form`]).
+        #[serde(default)]
+        checked: Vec<String>,
     },
     /// Each image's latents to a PNG (`data`: the final latents of every image, float32, one after the
     /// other).
@@ -155,6 +169,10 @@ pub enum StageTask {
         params: GenerateParams,
         /// Keep the session after the task (a resident stage).
         keep: bool,
+        /// The stored re-blocked forms (`<commit>:<file>`) whose checksums were checked already in this
+        /// document's life: only their lengths are checked again ([`StageTiming::checked_form`]).
+        #[serde(default)]
+        checked: Vec<String>,
     },
     /// The `data` of the task posted before without it.
     Input,
@@ -265,8 +283,17 @@ pub struct StageTiming {
     /// The graph file its session was created from (`transformer.b32.onnx` for the form re-blocked to 32
     /// at install, say).
     pub graph_file: String,
-    /// `graph_file` was re-blocked to 32 while it loaded, on WebGPU: its form was not stored with the pack.
+    /// `graph_file` was re-blocked to 32 while it loaded, on WebGPU: its form was not stored with the
+    /// pack, or the stored one was damaged.
     pub reblocked_at_load: bool,
+    /// The stored re-blocked form (`<commit>:<file>`) whose checksums this load checked, and found
+    /// right.
+    #[serde(default)]
+    pub checked_form: Option<String>,
+    /// How long checking the stored re-blocked form took (its lengths, and its checksums when it was
+    /// not checked before), in milliseconds.
+    #[serde(default)]
+    pub stored_form_check_ms: f64,
     /// Attentions of `graph_file` fused into `MultiHeadAttention` (`imagine_core::attention`).
     pub fused_attention: u32,
     /// Attentions computed in chunks of queries (`GenerateParams::attention_chunks`).
@@ -340,6 +367,10 @@ pub enum DownloadReport {
         error: ErrorText,
         /// The Hub could not be reached at all (no network), rather than answering with an error.
         offline: bool,
+        /// A worker it needs died (the hash worker): the install goes on from its checkpoint with
+        /// fresh workers.
+        #[serde(default)]
+        restart: bool,
     },
 }
 
