@@ -15,6 +15,38 @@ use crate::onnx::wire::{self, Field, Value};
 /// The domain of ONNX Runtime's contrib operators.
 const MS_DOMAIN: &str = "com.microsoft";
 
+/// The fewest inputs and outputs ONNX gives each operator the finder reads by position: a node with
+/// fewer (a malformed custom graph) is refused with an error instead of read past its end.
+const ARITY: [(&str, usize, usize); 10] = [
+    ("MatMul", 2, 1),
+    ("Softmax", 1, 1),
+    ("Transpose", 1, 1),
+    ("Reshape", 2, 1),
+    ("Mul", 2, 1),
+    ("Div", 2, 1),
+    ("Slice", 1, 1),
+    ("Shape", 1, 1),
+    ("Concat", 1, 1),
+    ("Constant", 0, 1),
+];
+
+fn check_arity(node: &Node) -> Result<(), RewriteError> {
+    let Some(&(op, inputs, outputs)) = ARITY.iter().find(|(op, ..)| node.is_onnx(op)) else { return Ok(()) };
+    if node.inputs.len() < inputs || node.outputs.len() < outputs {
+        return Err(RewriteError::Protobuf {
+            what: "NodeProto",
+            detail: format!(
+                "node {} {:?} ({op}) has {} inputs and {} outputs, where ONNX's {op} takes at least {inputs} and {outputs}",
+                node.index,
+                node.name,
+                node.inputs.len(),
+                node.outputs.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A transpose that swaps the sequence and head axes of a rank-4 tensor (BSNH to BNSH and back).
 const SWAP_SEQUENCE_AND_HEADS: [i64; 4] = [0, 2, 1, 3];
 
@@ -365,6 +397,7 @@ impl<'a> Graph<'a> {
             match f.number {
                 GRAPH_NODE => {
                     let node = read_node(f.bytes(WHAT)?, graph.nodes.len())?;
+                    check_arity(&node)?;
                     let index = graph.nodes.len();
                     for output in node.outputs.iter().filter(|o| !o.is_empty()) {
                         graph.producer.insert(output, index);

@@ -1297,6 +1297,19 @@ fn attention_is_fused_under_the_name_the_graph_reads_and_what_fed_only_it_goes()
 }
 
 #[test]
+fn a_malformed_node_is_refused_not_read_past_its_end() {
+    // A MatMul with one input, a Softmax with no output: read by position, they would panic the
+    // stage worker.
+    for bad in [node("mm", "", "MatMul", &["q"], &["s"], &[]), node("sm", "", "Softmax", &["s"], &[], &[])] {
+        let broken = model(&[(1, bad)]);
+        for result in [attention::fuse_attention(&broken), attention::chunk_attention(&broken, 2)] {
+            let error = result.unwrap_err().to_string();
+            assert!(error.contains("takes at least"), "{error}");
+        }
+    }
+}
+
+#[test]
 fn attention_that_cannot_be_proven_stays_byte_for_byte() {
     let masked = attention_model(true);
     assert_eq!(attention::fuse_attention(&masked).unwrap(), (masked.clone(), 0));
