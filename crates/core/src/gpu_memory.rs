@@ -216,33 +216,43 @@ impl StageWeights {
     }
 }
 
-/// A stage's need beyond its weights: `fixed + per_pixel·pixels + per_score·scores`, where `scores` is
-/// the bytes of one attention's scores at this size.
+/// A stage's need beyond its weights: `fixed + per_pixel·pixels + per_score·scores + per_wide·wide`,
+/// where `scores` is the bytes of one attention's scores at this size and `wide` the bytes of the
+/// transformer's widest per-layer tensor. ORT caches released buffers up to 160 MiB and reuses them;
+/// larger ones are made afresh and freed only once the GPU has caught up, so several layers' worth pile
+/// up: the transformer's two terms count only while their tensor is over the cache's limit (the
+/// attention in chunks brings the scores under it).
 #[derive(Debug, Clone, Copy)]
 struct Coefficients {
     fixed: i64,
     per_pixel: f64,
     per_score: f64,
+    per_wide: f64,
 }
 
 /// Fitted to the H200's whole-GPU use, each stage alone, Chromium, ORT's buffer cache at its default
-/// (BENCHMARKS.md "One device session ..."): text encoder 2.04 GB (float16) and 2.39 GB (float32);
-/// transformer 5.85 and 11.22 GB at 512x512 and 1024x1024 (float16), 11.42 GB at 512x512 (float32);
-/// decoder 3.90 and 17.94 GB at 512x512 and 1024x1024. The text encoder's embedding table stays on
+/// (BENCHMARKS.md, "GPU memory"): with the GPU to itself, text encoder 2.04 GB (float16) and 2.39 GB
+/// (float32); transformer 5.85 and 11.22 GB at 512x512 and 1024x1024 (float16), 11.42 GB at 512x512
+/// (float32); decoder 3.90 and 17.94 GB at 512x512 and 1024x1024. With the GPU held to 7.8 GB free:
+/// the float32 transformer at 512x512 in 2 chunks ran within 6.74 GB; at 1024x1024 in 13 chunks it did
+/// not fit; the float16 one at 1024x1024 in 7 chunks did. The text encoder's embedding table stays on
 /// disk, so its float16 need is its weights.
 fn coefficients(stage: Stage, precision: Precision) -> Coefficients {
     use Precision::*;
-    let (fixed, per_pixel, per_score) = match (stage, precision) {
-        (Stage::TextEncoder, Float16) => (0, 0.0, 0.0),
-        (Stage::TextEncoder, Float32) => (190_000_000, 0.0, 0.0),
-        // About six layers' scores and probabilities alive at once.
-        (Stage::Transformer, Float16) => (1_000_000_000, 0.0, 5.9),
-        (Stage::Transformer, Float32) => (5_950_000_000, 0.0, 5.9),
+    let (fixed, per_pixel, per_score, per_wide) = match (stage, precision) {
+        (Stage::TextEncoder, Float16) => (0, 0.0, 0.0, 0.0),
+        (Stage::TextEncoder, Float32) => (190_000_000, 0.0, 0.0, 0.0),
+        (Stage::Transformer, Float16) => (1_710_000_000, 0.0, 4.27, 4.0),
+        (Stage::Transformer, Float32) => (1_920_000_000, 0.0, 20.7, 4.0),
         // The decoder is float32 in the pack, whatever the GPU.
-        (Stage::Decoder, _) => (0, 13_200.0, 3.6),
+        (Stage::Decoder, _) => (0, 13_200.0, 3.6, 0.0),
     };
-    Coefficients { fixed, per_pixel, per_score }
+    Coefficients { fixed, per_pixel, per_score, per_wide }
 }
+
+/// The width of the transformer's widest per-layer tensor: a single-stream block's fused projection
+/// (query, key and value, 3 x 3072, and the gated MLP's two halves, 2 x 9216).
+const TRANSFORMER_WIDEST: u64 = 27_648;
 
 /// What ORT's simple cache (`keepBuffers`: every buffer kept between runs) adds to a stage's working
 /// memory: measured +9 % (float16) and +17 % (float32) of the whole GPU at 1024x1024, most of it the
@@ -273,6 +283,11 @@ impl Levers {
 /// full-size decoder, which overstates what ORT holds: 53 GB counted where 18 GB were measured whole).
 const DECODER_SPLIT_FLOOR_PER_PIXEL: f64 = 4_100.0;
 
+/// What a piece of the decoder may hold beyond its count: the inputs ORT copies in and the outputs it
+/// hands on between pieces, and what its cache keeps. At 768x1024 with the GPU held to 7.8 GB free,
+/// pieces counted at up to 6.8 GB ran out of memory; pieces are cut to the room this leaves.
+const DECODER_PIECE_OVERRUN: f64 = 2.0;
+
 /// The smallest piece the decoder is cut into: below it a chain would be mostly session creation.
 const MIN_DECODER_PIECE_BYTES: u64 = 256 << 20;
 
@@ -302,6 +317,11 @@ impl Job {
         TRANSFORMER_HEADS * self.tokens() * self.tokens() * self.precision.bytes()
     }
 
+    /// Bytes of the transformer's widest per-layer tensor ([`TRANSFORMER_WIDEST`]).
+    fn transformer_wide(&self) -> u64 {
+        self.tokens() * TRANSFORMER_WIDEST * self.precision.bytes()
+    }
+
     /// Bytes of the decoder's attention scores: one head over every pixel of its 8x8-smaller input,
     /// float32.
     fn decoder_scores(&self) -> u64 {
@@ -313,15 +333,22 @@ impl Job {
 /// Bytes `stage` needs on the GPU for `job` with `levers`: its weights and its working memory.
 pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Levers) -> u64 {
     let c = coefficients(stage, job.precision);
-    let scores = match stage {
-        Stage::TextEncoder => 0,
-        Stage::Transformer => job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1))),
-        Stage::Decoder => job.decoder_scores(),
+    let uncached = |bytes: u64| if bytes > ORT_LARGEST_CACHED_BUFFER { bytes } else { 0 };
+    let (scores, wide) = match stage {
+        Stage::TextEncoder => (0, 0),
+        Stage::Transformer => (
+            uncached(job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1)))),
+            uncached(job.transformer_wide()),
+        ),
+        Stage::Decoder => (job.decoder_scores(), 0),
     };
-    let mut working = c.fixed as f64 + c.per_pixel * job.pixels() as f64 + c.per_score * scores as f64;
+    let mut working = c.fixed as f64
+        + c.per_pixel * job.pixels() as f64
+        + c.per_score * scores as f64
+        + c.per_wide * wide as f64;
     if let (Stage::Decoder, Some(piece)) = (stage, levers.decoder_piece_bytes) {
         let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
-        working = working.min((piece as f64).max(floor));
+        working = working.min((DECODER_PIECE_OVERRUN * piece as f64).max(floor));
     }
     if levers.keep_buffers && stage != Stage::TextEncoder {
         working *= KEEP_BUFFERS_FACTOR;
@@ -378,7 +405,8 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     let lean_levers = Levers::NONE;
     let chunked = Levers { attention_chunks: attention_chunks(job), ..Levers::NONE };
     // The decoder alone on the GPU may use what its weights leave of the budget.
-    let piece = budget.saturating_sub(weights.decoder).max(MIN_DECODER_PIECE_BYTES);
+    let piece = ((budget.saturating_sub(weights.decoder) as f64 / DECODER_PIECE_OVERRUN) as u64)
+        .max(MIN_DECODER_PIECE_BYTES);
     let split = Levers { decoder_piece_bytes: Some(piece), ..chunked };
     let together = wanted.ahead || wanted.keep;
     let candidates = [
@@ -425,6 +453,21 @@ impl Learned {
     }
 }
 
+/// Whether a stage's failure is the GPU running out of memory, by what WebGPU and ONNX Runtime say of
+/// it (seen on an H200 held to a few GB free): an allocation the GPU refused leaves an invalid buffer
+/// that the next command using it trips over, or ORT's download from it fails.
+pub fn is_out_of_memory(failure: &str) -> bool {
+    const SIGNS: [&str; 5] = [
+        "out of memory",
+        "outofmemory",
+        "is invalid due to a previous error",
+        "failed to allocate",
+        "buffermanager::download",
+    ];
+    let failure = failure.to_ascii_lowercase();
+    SIGNS.iter().any(|sign| failure.contains(sign))
+}
+
 /// What a plan knows of this device and pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -439,6 +482,32 @@ impl MemoryFacts {
     /// [`plan`] for an image of `width` x `height`.
     pub fn plan(&self, budget: Option<u64>, width: u32, height: u32, wanted: Wanted) -> MemoryPlan {
         plan(budget, &self.weights, &Job { width, height, precision: self.precision }, wanted)
+    }
+
+    /// The plan to make a `width` x `height` image again after the GPU ran out of memory under `failed`,
+    /// within `budget` (what is free now, where a probe could tell): one stage at a time, nothing kept,
+    /// the attention in at least as many chunks, the decoder in pieces of at most half the failed
+    /// plan's (or of its whole need). `None` where that changes nothing: no retry then.
+    pub fn after_out_of_memory(
+        &self,
+        budget: Option<u64>,
+        width: u32,
+        height: u32,
+        failed: &MemoryPlan,
+    ) -> Option<MemoryPlan> {
+        let job = Job { width, height, precision: self.precision };
+        let lean = Wanted { ahead: false, keep: false, keep_buffers: false };
+        let replanned = plan(budget, &self.weights, &job, lean);
+        let whole = stage_need(Stage::Decoder, &self.weights, &job, Levers::NONE) - self.weights.decoder;
+        let halved = (failed.levers.decoder_piece_bytes.unwrap_or(whole) / 2).max(MIN_DECODER_PIECE_BYTES);
+        let levers = Levers {
+            keep_buffers: false,
+            attention_chunks: failed.levers.attention_chunks.max(replanned.levers.attention_chunks),
+            decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
+        };
+        let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);
+        let retry = MemoryPlan { ahead: false, keep: false, levers, peak, fits: budget.is_none_or(|b| peak <= b) };
+        ((retry.ahead, retry.keep, retry.levers) != (failed.ahead, failed.keep, failed.levers)).then_some(retry)
     }
 
     /// The plan of a default job of this size (stages loaded at once and kept, buffers kept above
@@ -505,7 +574,25 @@ mod tests {
         assert_eq!(attention_chunks(&job(512, Precision::Float16)), 1, "113 MB fits already");
         let chunked =
             stage_need(Stage::Transformer, &W, &big, Levers { attention_chunks: chunks, ..Levers::NONE });
-        assert!(chunked < 6_500_000_000, "{}", gb(chunked));
+        assert!(chunked < 7 * GB, "{}", gb(chunked));
+    }
+
+    #[test]
+    fn needs_match_what_ran_on_a_gpu_held_to_8_gb() {
+        use Precision::*;
+        let chunked = |j: &Job| Levers { attention_chunks: attention_chunks(j), ..Levers::NONE };
+        // The H200 held to 7.8 GB free: the float32 transformer ran at 512x512 within 6.74 GB, the
+        // float16 one ran at 1024x1024 and the float32 one did not.
+        let small32 = job(512, Float32);
+        let need = gb(stage_need(Stage::Transformer, &W, &small32, chunked(&small32)));
+        assert!((need - 6.74).abs() <= 0.674, "{need}");
+        let big16 = job(1024, Float16);
+        assert!(stage_need(Stage::Transformer, &W, &big16, chunked(&big16)) <= 7_000_000_000);
+        let big32 = job(1024, Float32);
+        assert!(stage_need(Stage::Transformer, &W, &big32, chunked(&big32)) > 7_800_000_000);
+        // So the plan: with 8 GB the float32 conversion makes 512x512 and not 1024x1024.
+        assert!(plan(Some(8 * GB), &W, &small32, WANTED).fits);
+        assert!(!plan(Some(8 * GB), &W, &big32, WANTED).fits);
     }
 
     const WANTED: Wanted = Wanted { ahead: true, keep: true, keep_buffers: true };
@@ -550,12 +637,12 @@ mod tests {
         let roomy = plan(Some(20 * GB), &W, &big, WANTED);
         assert_eq!((roomy.levers.attention_chunks, roomy.levers.decoder_piece_bytes), (1, None));
         // Whole, the decoder needs 17.9 GB at 1024x1024: with 8 GB the attention is chunked and the
-        // decoder split into pieces of what its weights leave of the budget.
+        // decoder split into pieces of half what its weights leave of the budget.
         assert!(stage_need(Stage::Decoder, &W, &big, Levers::NONE) > 8 * GB);
         let p = plan(Some(8 * GB), &W, &big, WANTED);
         assert!(p.fits && !p.ahead && !p.keep && !p.levers.keep_buffers, "{p:?}");
         assert_eq!(p.levers.attention_chunks, 7);
-        assert_eq!(p.levers.decoder_piece_bytes, Some(8 * GB - W.decoder));
+        assert_eq!(p.levers.decoder_piece_bytes, Some((8 * GB - W.decoder) / 2));
         assert!(p.peak <= 8 * GB, "{}", gb(p.peak));
         // Every preset size fits 8 GB with shader-f16; with 4 GB nothing does, and that plan says so.
         for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
@@ -579,6 +666,53 @@ mod tests {
             stage_need(Stage::Decoder, &W, &big, huge),
             stage_need(Stage::Decoder, &W, &big, Levers::NONE)
         );
+    }
+
+    #[test]
+    fn after_running_out_the_plan_is_smaller_until_nothing_is_left_to_cut() {
+        let facts = MemoryFacts { weights: W, precision: Precision::Float16 };
+        let failed = facts.default_plan(Some(7 * GB), 1024, 768);
+        let retry = facts.after_out_of_memory(Some(7 * GB), 1024, 768, &failed).unwrap();
+        assert!(!retry.ahead && !retry.keep && !retry.levers.keep_buffers);
+        assert!(retry.levers.attention_chunks >= failed.levers.attention_chunks);
+        assert!(retry.levers.decoder_piece_bytes.unwrap() <= failed.levers.decoder_piece_bytes.unwrap() / 2);
+        // Ballast grown meanwhile: the probe now finds less, and the plan follows it.
+        let squeezed = facts.after_out_of_memory(Some(3 * GB), 1024, 768, &failed).unwrap();
+        assert!(!squeezed.fits, "{squeezed:?}");
+        // Each failure halves the pieces, down to the smallest: then there is nothing left to try.
+        let mut plan = failed;
+        let mut retries = 0;
+        while let Some(next) = facts.after_out_of_memory(Some(7 * GB), 1024, 768, &plan) {
+            plan = next;
+            retries += 1;
+            assert!(retries < 10, "{plan:?}");
+        }
+        assert_eq!(plan.levers.decoder_piece_bytes, Some(MIN_DECODER_PIECE_BYTES));
+        // A whole decoder that failed is split at half its need.
+        let roomy = facts.default_plan(None, 512, 512);
+        let split = facts.after_out_of_memory(None, 512, 512, &roomy).unwrap();
+        let whole = stage_need(Stage::Decoder, &W, &job(512, Precision::Float16), Levers::NONE) - W.decoder;
+        assert_eq!(split.levers.decoder_piece_bytes, Some(whole / 2));
+    }
+
+    #[test]
+    fn out_of_memory_is_told_from_other_failures() {
+        // As ORT reported them on the H200 with the rest of its memory held.
+        let seen = [
+            "running vae_decoder.onnx failed: failed to call OrtRun(). ERROR_CODE: 1, ERROR_MESSAGE: WebGPU \
+             validation failed. [Invalid Buffer (unlabeled)] is invalid due to a previous error.\n - While \
+             encoding [CommandEncoder (unlabeled)].CopyBufferToBuffer(...)",
+            "running transformer_q8.onnx failed: failed to call OrtRun(). ERROR_CODE: 1, ERROR_MESSAGE: \
+             /onnxruntime/core/providers/webgpu/buffer_manager.cc:643 void \
+             onnxruntime::webgpu::BufferManager::Download(WGPUBuffer, void *, size_t)",
+            "GPUOutOfMemoryError: Out of memory",
+        ];
+        for failure in seen {
+            assert!(is_out_of_memory(failure), "{failure}");
+        }
+        for other in ["the transformer made no progress for 300 s and was stopped", "reading x: HTTP 404"] {
+            assert!(!is_out_of_memory(other), "{other}");
+        }
     }
 
     #[test]

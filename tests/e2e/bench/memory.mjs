@@ -7,7 +7,7 @@
 //   node tests/e2e/bench/memory.mjs [--size 384] [--steps 2] [--pack tiny-f32|f32] [--pack-dir DIR]
 //        [--piece-mb 16] [--plans unlimited,lean,split] [--out FILE]
 //   node tests/e2e/bench/memory.mjs --free-gb 8,6,4 --pack-dir DIR [--sizes 512,768x1024,1024x768,1024]
-//        [--browser-args "..."] [--out FILE]
+//        [--small-sizes 512,1024] [--grow 8:3] [--also 'SIZE=JSON;...'] [--steps 4] [--browser-args "..."] [--out FILE]
 //
 // Plans (the image is always the same prompt and seed):
 //   unlimited  no budget: every stage loads at once and stays loaded (what a large GPU gets);
@@ -43,6 +43,9 @@ const { values: o } = parseArgs({
     'pack-dir': { type: 'string' },
     'free-gb': { type: 'string' },
     sizes: { type: 'string', default: '512,768x1024,1024x768,1024' },
+    'small-sizes': { type: 'string', default: '512,1024' },
+    grow: { type: 'string' },
+    also: { type: 'string' },
     'browser-args': { type: 'string', default: '' },
     plans: { type: 'string', default: 'unlimited,lean,split' },
     out: { type: 'string' },
@@ -56,6 +59,7 @@ const PLANS = {
   split: { budget: 1e9, request: { decoderPieceBytes: Number(o['piece-mb']) * 1e6 } },
 };
 const MB = 2 ** 20;
+const gb = (bytes) => (bytes / 1e9).toFixed(1);
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-memory-'));
 
 /** The GPU's memory in use (bytes) every 200 ms while it runs, where nvidia-smi answers; else []. */
@@ -131,89 +135,166 @@ function ballast(gb) {
   });
 }
 
-/** One image of `size` (`WxH` or `S`) in `b`: its outcome, time, GPU peak above the start, PNG path. */
-async function image(b, size, tag) {
+/** One image of `size` (`WxH` or `S`) in `b`: its outcome, time, GPU and renderer peaks above the start, PNG. */
+async function image(b, size, tag, { during, extra = {} } = {}) {
   const [width, height] = size.includes('x') ? size.split('x').map(Number) : [Number(size), Number(size)];
+  // Every image cold, its text encoder included: the prompt's cached embeddings go first.
+  await h.opfsRemove(b.page, 'cache/embeddings');
   const gpu = sampleGpu();
+  const cpu = startSampler(b.profileDir, 200);
   await h.sleep(1000);
   const before = Math.min(...gpu.samples.map((x) => x.bytes), Infinity);
-  const r = await h.generate(b.page, { ...REQUEST, width, height }, 1_800_000);
+  const t0 = Date.now();
+  const rendererBefore = medianBetween(cpu.history, t0 - 1000, t0).extension ?? 0;
+  const job = h.generate(b.page, { ...REQUEST, width, height, ...extra }, 1_800_000);
+  const duringOutcome = during ? await during(b) : null;
+  const r = await job;
   gpu.stop();
+  await cpu.stop();
   const peak = Math.max(...gpu.samples.map((x) => x.bytes), -Infinity);
+  const rendererPeak = peakBetween(cpu.history, t0, Date.now()).peak.extension ?? 0;
   const png = r.result ? path.join(dir, `${tag}-${size}.png`) : null;
   if (png) fs.writeFileSync(png, h.pngBytes(r.result));
   return {
     size,
     done: !!r.result,
-    error: r.failed?.error ?? null,
+    error: r.result ? null : (r.failed?.error ?? JSON.stringify(r.reply)),
     wallMs: r.wallMs,
     memory: r.result?.timings.memory ?? null,
     budget: r.result?.timings.budget ?? null,
+    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
+    rendererAboveStart: rendererPeak - rendererBefore,
+    // The GPU's use over time (ms from the request, MB), to tell the stages' peaks apart afterwards.
+    gpuTrace: gpu.samples.map((x) => [x.t - t0, Math.round(x.bytes / MB)]),
+    during: duringOutcome,
     png,
   };
 }
 
+
+/** Opens the profile again under the current ballast and measures the budget, as at a first run. */
+async function reopen(profileDir, args, freeGb) {
+  const b = await h.launch({ profileDir, args });
+  b.profileDir = profileDir;
+  await h.collectEvents(b.page);
+  const measured = await h.api(b.page, { type: 'gpuMemory', measure: true });
+  console.log(`${freeGb} GB free: the probe found ${JSON.stringify(measured.probe?.found)}, budget ${measured.budget}`);
+  return { b, probe: measured.probe?.found ?? null };
+}
+
+/** Compares `row`'s image with the reference image of its size. */
+async function compare(row, reference) {
+  const ref = reference[row.size];
+  row.timeRatio = ref?.done && row.done ? row.wallMs / ref.wallMs : null;
+  if (row.png && ref?.png) {
+    const c = await h.run('python3', ['tests/reference/compare.py', ref.png, row.png, '--tol', '2']);
+    row.largestDifference = Number(/max abs channel difference (\d+)/.exec(c.stdout)?.[1] ?? NaN);
+  }
+}
+
 async function smallGpus() {
   const sizes = o.sizes.split(',');
+  const smallSizes = o['small-sizes'].split(',');
   const args = o['browser-args'].split(' ').filter(Boolean);
   const { repoDir, repo } = await packSource();
   const hub = await h.startHub({ repos: { [repo]: { dir: repoDir } } });
   const profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-memory-profile-'));
   let b = await h.launch({ profileDir, args });
+  b.profileDir = profileDir;
   await h.collectEvents(b.page);
+  const installT0 = Date.now();
   await h.installPack(b.page, hub, repo);
+  console.log(`installed in ${((Date.now() - installT0) / 1000).toFixed(1)} s`);
   const reference = {};
-  for (const size of sizes) reference[size] = await image(b, size, 'unlimited');
+  for (const size of sizes) {
+    reference[size] = await image(b, size, 'unlimited');
+    console.log(JSON.stringify({ freeGb: 'all', ...reference[size], gpuTrace: undefined }));
+  }
   await b.close({ keepProfile: true });
   const rows = [];
-  for (const gb of o['free-gb'].split(',').map(Number)) {
-    const held = await ballast(gb);
+  const save = () => o.out && fs.writeFileSync(o.out, JSON.stringify({ sizes, steps: REQUEST.steps, args, reference, rows }, null, 2));
+  save();
+  for (const freeGb of o['free-gb'].split(',').map(Number)) {
+    const held = await ballast(freeGb);
     try {
-      b = await h.launch({ profileDir, args });
-      await h.collectEvents(b.page);
-      const measured = await h.api(b.page, { type: 'gpuMemory', measure: true });
-      console.log(`${gb} GB free: the probe found ${JSON.stringify(measured.probe?.found)}, budget ${measured.budget}`);
-      // Images made with the stages loaded from the first one: each size after a fresh start.
-      for (const size of sizes) {
+      let probe;
+      ({ b, probe } = await reopen(profileDir, args, freeGb));
+      // Each size from a fresh start: nothing kept loaded from the image before.
+      for (const size of freeGb >= 8 ? sizes : smallSizes) {
         await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
-        const row = { freeGb: gb, probe: measured.probe?.found ?? null, ...(await image(b, size, `free-${gb}`)) };
-        const ref = reference[size];
-        row.timeRatio = ref.done && row.done ? row.wallMs / ref.wallMs : null;
-        if (row.png && ref.png) {
-          const c = await h.run('python3', ['tests/reference/compare.py', ref.png, row.png, '--tol', '2']);
-          row.largestDifference = Number(/max abs channel difference (\d+)/.exec(c.stdout)?.[1] ?? NaN);
-        }
+        const row = { freeGb, probe, ...(await image(b, size, `free-${freeGb}`)) };
+        await compare(row, reference);
         rows.push(row);
-        console.log(JSON.stringify(row));
+        console.log(JSON.stringify({ ...row, gpuTrace: undefined }));
+        save();
+      }
+      for (const also of o.also?.split(';') ?? []) {
+        const [size, json] = [also.slice(0, also.indexOf('=')), also.slice(also.indexOf('=') + 1)];
+        await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
+        const row = { freeGb: `${freeGb} ${json}`, probe, ...(await image(b, size, `free-${freeGb}-also`, { extra: JSON.parse(json) })) };
+        await compare(row, reference);
+        rows.push(row);
+        console.log(JSON.stringify({ ...row, gpuTrace: undefined }));
+        save();
       }
       await b.close({ keepProfile: true });
     } finally {
       held.kill('SIGTERM');
     }
   }
+  if (o.grow) {
+    const [from, to] = o.grow.split(':').map(Number);
+    const held = await ballast(from);
+    let more = null;
+    try {
+      let probe;
+      ({ b, probe } = await reopen(profileDir, args, from));
+      await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
+      const seen = (await h.events(b.page)).length;
+      const during = async (browser) => {
+        // Only this job's events: the list holds the earlier jobs' too.
+        for (const t0 = Date.now(); Date.now() - t0 < 600_000; await h.sleep(100)) {
+          const evs = (await h.events(browser.page)).slice(seen);
+          if (evs.some((e) => ['result', 'failed', 'cancelled'].includes(e.type))) return 'the job ended before its transformer ran';
+          if (evs.some((e) => e.type === 'progress' && e.progress?.stage === 'transformer')) break;
+        }
+        more = await ballast(to);
+        return `ballast grown to ${to} GB free while the transformer ran`;
+      };
+      const grown = { freeGb: `${from}->${to}`, probe, ...(await image(b, '1024', `grow-${from}-${to}`, { during })) };
+      await compare(grown, reference);
+      rows.push(grown);
+      console.log(JSON.stringify({ ...grown, gpuTrace: undefined }));
+      const after = { freeGb: `${to} (after)`, probe, ...(await image(b, '512', `grow-after-${to}`)) };
+      await compare(after, reference);
+      rows.push(after);
+      console.log(JSON.stringify({ ...after, gpuTrace: undefined }));
+      save();
+      await b.close({ keepProfile: true });
+    } finally {
+      more?.kill('SIGTERM');
+      held.kill('SIGTERM');
+    }
+  }
   await hub.close();
+  const plan = (r) => (r.memory ? `${r.memory.ahead} / ${r.memory.levers.decoderPieceBytes ? gb(r.memory.levers.decoderPieceBytes) : 'whole'} / ${r.memory.levers.attentionChunks}` : '-');
   h.printTable(
-    ['free GB', 'size', 'outcome', 'budget GB', 'plan (at once / pieces / chunks)', 'GPU above start (GB)', 'time (s)', 'time / unlimited', 'largest difference'],
-    [
-      ...sizes.map((size) => {
-        const r = reference[size];
-        return ['all', size, r.done ? 'done' : `failed: ${r.error}`, '-', r.memory ? `${r.memory.ahead} / ${r.memory.levers.decoderPieceBytes ?? '-'} / ${r.memory.levers.attentionChunks}` : '-', r.gpuAboveStart === null ? '-' : (r.gpuAboveStart / 1e9).toFixed(1), (r.wallMs / 1000).toFixed(1), '1.00', 0];
-      }),
-      ...rows.map((r) => [
-        r.freeGb,
-        r.size,
-        r.done ? 'done' : `failed: ${r.error}`,
-        r.budget === null ? '-' : (r.budget / 1e9).toFixed(1),
-        r.memory ? `${r.memory.ahead} / ${r.memory.levers.decoderPieceBytes ?? '-'} / ${r.memory.levers.attentionChunks}` : '-',
-        r.gpuAboveStart === null ? '-' : (r.gpuAboveStart / 1e9).toFixed(1),
-        (r.wallMs / 1000).toFixed(1),
-        r.timeRatio === null ? '-' : r.timeRatio.toFixed(2),
-        r.largestDifference ?? '-',
-      ]),
-    ],
+    ['free GB', 'size', 'outcome', 'budget GB', 'plan (at once / decoder pieces GB / chunks)', 'GPU above start (GB)', 'renderer above start (GB)', 'time (s)', 'time / unlimited', 'largest difference'],
+    [...sizes.map((size) => ({ freeGb: 'all', ...reference[size], timeRatio: 1, largestDifference: 0 })), ...rows].map((r) => [
+      r.freeGb,
+      r.size,
+      r.done ? 'done' : `failed: ${r.error}`,
+      r.budget === null ? '-' : gb(r.budget),
+      plan(r),
+      r.gpuAboveStart === null ? '-' : gb(r.gpuAboveStart),
+      gb(r.rendererAboveStart),
+      (r.wallMs / 1000).toFixed(1),
+      r.timeRatio == null ? '-' : r.timeRatio.toFixed(2),
+      r.largestDifference ?? '-',
+    ]),
   );
-  if (o.out) fs.writeFileSync(o.out, JSON.stringify({ sizes, reference, rows }, null, 2));
+  save();
   fs.rmSync(profileDir, { recursive: true, force: true });
 }
 

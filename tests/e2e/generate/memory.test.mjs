@@ -88,6 +88,57 @@ test('under a small budget no two stages are loaded at once, none stays, and the
   assert.equal(again.result.png, result.png, 'the plan changes where the graphs load, not the image');
 });
 
+test('a GPU that runs out of memory: the image is made again smaller, and else the failure says GPU memory', { timeout: 600_000 }, async (t) => {
+  const b = await h.setup(t);
+  // Nothing stays loaded, so that every try loads its stages afresh.
+  await h.api(b.page, { type: 'keepLoaded', seconds: 0 });
+  const plain = await h.generateOk(b.page, REQ);
+  assert.equal(plain.result.timings.memory.ahead, true);
+
+  /** Makes `request` with the decoder running out of memory at each of its first `times` tries; counts the tries. */
+  const outOfMemory = async (request, times) => {
+    const arm = () => h.armFailpoint(b.page, 'stage:out-of-memory:Decoder');
+    const consumed = async () => !(await h.opfsEntries(b.page)).includes('failpoint');
+    await arm();
+    let ended = false;
+    const job = h.generate(b.page, request).finally(() => { ended = true; });
+    let armed = true;
+    let tries = 0;
+    while (!ended) {
+      if (armed && (await consumed())) {
+        tries += 1;
+        armed = tries < times;
+        if (armed) await arm();
+      }
+      await h.sleep(50);
+    }
+    if (armed && (await consumed())) tries++;
+    await h.opfsRemove(b.page, 'failpoint');
+    return { ...(await job), tries };
+  };
+
+  // Out of memory with every stage loaded at once, then one stage at a time: made a third time with the
+  // decoder in pieces, and the image is the same.
+  const twice = await outOfMemory(REQ, 2);
+  assert.ok(twice.result, JSON.stringify(twice.failed));
+  assert.equal(twice.tries, 2);
+  const m = twice.result.timings.memory;
+  assert.deepEqual([m.ahead, m.keep, m.levers.keepBuffers], [false, false, false], JSON.stringify(m));
+  assert.ok(m.levers.decoderPieceBytes > 0, JSON.stringify(m));
+  assert.equal(twice.result.png, plain.result.png);
+
+  // Out of memory every time: a few tries and no more (no retry storm), and the failure says what ran
+  // out. The plan that failed before is remembered as too large, so this job had a budget below it.
+  const always = await outOfMemory({ ...REQ, seed: '23' }, 10);
+  assert.ok(always.failed, 'the job failed');
+  assert.ok(always.tries >= 2 && always.tries <= 3, `${always.tries} tries`);
+  assert.match(always.failed.error, /^(This image needs about \d+\.\d GB of GPU memory and Imagine may use \d+\.\d GB on this GPU, so it failed|The GPU ran out of memory making this image, also when made again with less: Imagine may use \d+\.\d GB on this GPU now) \(.*Out of memory.*\)\. (Sizes up to|No size fits)/s, always.failed.error);
+
+  // The GPU is still there: the next image is made.
+  const after = await h.generateOk(b.page, REQ);
+  assert.equal(after.result.png, plain.result.png);
+});
+
 test('the probe holds buffers up to its cap and lets them go', { timeout: 300_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
   const cap = 768 << 20;

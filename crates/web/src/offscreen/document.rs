@@ -19,7 +19,7 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
-use imagine_core::gpu_memory::{Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
+use imagine_core::gpu_memory::{is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
 use imagine_core::message::ErrorText;
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
@@ -126,6 +126,32 @@ pub enum OffscreenError {
         /// How it failed.
         cause: Box<OffscreenError>,
     },
+    /// The GPU ran out of memory where the plan said the job would fit, and once more after it was
+    /// made again smaller: it says so, with what would fit.
+    #[error("{}", out_of_memory_text(*budget, *largest_square, cause))]
+    OutOfMemory {
+        /// The budget it was last tried within, in bytes, where known.
+        budget: Option<u64>,
+        /// The largest square size that fits, if any.
+        largest_square: Option<u32>,
+        /// How it failed.
+        cause: Box<OffscreenError>,
+    },
+}
+
+fn out_of_memory_text(budget: Option<u64>, largest_square: Option<u32>, cause: &OffscreenError) -> String {
+    match budget {
+        Some(budget) => format!(
+            "The GPU ran out of memory making this image, also when made again with less: Imagine may use {} \
+             GB on this GPU now ({cause}). {}",
+            gigabytes(budget),
+            fits_text(largest_square)
+        ),
+        None => format!(
+            "The GPU ran out of memory making this image, also when made again with less ({cause}). Try a \
+             smaller size, or close programs that use the GPU."
+        ),
+    }
 }
 
 /// Bytes as GB with one decimal, as the memory messages say them.
@@ -483,6 +509,7 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     let plan = Plan { memory, budget: gpu_budget };
     let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
     let mut sent = 0;
+    let mut tried = plan;
     let outcome = match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
         // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
         Err(StageFailure::Error(error))
@@ -496,6 +523,7 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
             warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
             unload();
             let lean = plan.lean();
+            tried = lean;
             let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
             let outcome = run_stages(job, params, pack.as_deref(), lean, &mut sent).await;
             // Lean worked where the fuller plan failed: later jobs stay below that plan.
@@ -506,17 +534,60 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
         }
         outcome => outcome,
     };
-    match (outcome, gpu_budget) {
-        // Where the plan had no room, a failure says so: the likely cause, and what would fit.
-        (Err(StageFailure::Error(cause)), Some(budget)) if sent == 0 && !memory.fits => {
-            Err(StageFailure::Error(OffscreenError::NoRoom {
-                need: memory.peak,
-                budget,
-                largest_square: facts.largest_square(budget),
-                cause: Box::new(cause),
+    let outcome = match outcome {
+        // The GPU ran out where the plan said it would fit (other programs took memory meanwhile, or a
+        // stage held more than its count): made once more within what is free now, smaller.
+        Err(StageFailure::Error(error)) if sent == 0 && is_out_of_memory(&error.to_string()) => {
+            unload();
+            if let Some(pack) = &pack {
+                learn(pack, tried.memory.peak).await;
+            }
+            let budget = free_now(tried.budget).await;
+            match facts.after_out_of_memory(budget, params.width, params.height, &tried.memory) {
+                Some(memory) => {
+                    warn(&format!("imagine: {error}; making the image again within {budget:?} bytes"));
+                    tried = Plan { memory, budget };
+                    let params = &GenerateParams {
+                        keep_buffers: false,
+                        attention_chunks: memory.levers.attention_chunks,
+                        decoder_piece_bytes: memory.levers.decoder_piece_bytes,
+                        ..params.clone()
+                    };
+                    run_stages(job, params, pack.as_deref(), tried, &mut sent).await
+                }
+                None => Err(StageFailure::Error(error)),
+            }
+        }
+        outcome => outcome,
+    };
+    match outcome {
+        // A failure for room says so: the likely cause, and what would fit.
+        Err(StageFailure::Error(cause))
+            if sent == 0 && (!tried.memory.fits || is_out_of_memory(&cause.to_string())) =>
+        {
+            let need = tried.memory.peak;
+            let largest_square = tried.budget.and_then(|budget| facts.largest_square(budget));
+            Err(StageFailure::Error(match tried.budget {
+                Some(budget) if need > budget => {
+                    OffscreenError::NoRoom { need, budget, largest_square, cause: Box::new(cause) }
+                }
+                budget => OffscreenError::OutOfMemory { budget, largest_square, cause: Box::new(cause) },
             }))
         }
-        (outcome, _) => outcome,
+        outcome => outcome,
+    }
+}
+
+/// The budget after the GPU ran out of memory: `budget`, lowered to what a probe finds free now (every
+/// stage unloaded) where the browser tells.
+async fn free_now(budget: Option<u64>) -> Option<u64> {
+    let found = match crate::platform::gpu::device_report().await {
+        Ok(report) => crate::platform::gpu::probe_memory(&report, None).await.ok().and_then(|p| p.budget()),
+        Err(_) => None,
+    };
+    match (budget, found) {
+        (Some(budget), Some(found)) => Some(budget.min(found)),
+        (budget, found) => budget.or(found),
     }
 }
 

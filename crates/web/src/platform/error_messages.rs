@@ -282,12 +282,20 @@ impl Localize for OffscreenError {
             }
             OffscreenError::Tokenizer(e) => Message::new("errOffscreenTokenizer", [cause(e)]),
             OffscreenError::Prompt(e) => Message::new("errOffscreenPrompt", [cause(e)]),
+            OffscreenError::OutOfMemory { budget: None, cause: inner, .. } => {
+                Message::new("errOffscreenOutOfMemoryUnknown", [cause(inner.as_ref())])
+            }
+            OffscreenError::OutOfMemory { budget: Some(budget), largest_square, cause: inner } => Message::new(
+                "errOffscreenOutOfMemory",
+                [
+                    number(crate::offscreen::document::gigabytes(*budget)),
+                    cause(inner.as_ref()),
+                    Arg::Message(fits_message(*largest_square)),
+                ],
+            ),
             OffscreenError::NoRoom { need, budget, largest_square, cause: inner } => {
                 use crate::offscreen::document::gigabytes;
-                let fits = match largest_square {
-                    Some(side) => Message::new("gpuFitsUpTo", [arg(side)]),
-                    None => Message::new("gpuFitsNone", []),
-                };
+                let fits = fits_message(*largest_square);
                 Message::new(
                     "errOffscreenNoRoom",
                     [
@@ -304,5 +312,13 @@ impl Localize for OffscreenError {
             | OffscreenError::WrongOutput(_)
             | OffscreenError::NoOutput => Message::text(self),
         }
+    }
+}
+
+/// What sizes fit, as the memory messages end.
+fn fits_message(largest_square: Option<u32>) -> Message {
+    match largest_square {
+        Some(side) => Message::new("gpuFitsUpTo", [arg(side)]),
+        None => Message::new("gpuFitsNone", []),
     }
 }
