@@ -216,17 +216,19 @@ impl StageWeights {
     }
 }
 
-/// A stage's need beyond its weights: `fixed + per_pixel·pixels + per_score·scores + per_wide·wide`,
-/// where `scores` is the bytes of one attention's scores at this size and `wide` the bytes of the
-/// transformer's widest per-layer tensor. ORT caches released buffers up to 160 MiB and reuses them;
-/// larger ones are made afresh and freed only once the GPU has caught up, so several layers' worth pile
-/// up: the transformer's two terms count only while their tensor is over the cache's limit (the
-/// attention in chunks brings the scores under it).
+/// A stage's need beyond its weights: `fixed + per_pixel·pixels + per_score·scores`, where `scores` is
+/// the bytes of one attention's scores at this size; for the transformer also `score_pile` and
+/// `per_wide·wide`, `wide` the bytes of its widest per-layer tensor. ORT caches released buffers up to
+/// 160 MiB and reuses them; larger ones are made afresh and freed only once the GPU has caught up, so
+/// they pile up: the transformer's two terms count only while their tensor is over the cache's limit
+/// (the attention in chunks brings the scores under it). The scores' pile measured about the same,
+/// 4.4-4.7 GB, for 1.02 GB of scores (float16, 1024x1024) and 0.23 GB (float32, 512x512).
 #[derive(Debug, Clone, Copy)]
 struct Coefficients {
     fixed: i64,
     per_pixel: f64,
     per_score: f64,
+    score_pile: i64,
     per_wide: f64,
 }
 
@@ -239,15 +241,16 @@ struct Coefficients {
 /// disk, so its float16 need is its weights.
 fn coefficients(stage: Stage, precision: Precision) -> Coefficients {
     use Precision::*;
-    let (fixed, per_pixel, per_score, per_wide) = match (stage, precision) {
-        (Stage::TextEncoder, Float16) => (0, 0.0, 0.0, 0.0),
-        (Stage::TextEncoder, Float32) => (190_000_000, 0.0, 0.0, 0.0),
-        (Stage::Transformer, Float16) => (1_710_000_000, 0.0, 4.27, 4.0),
-        (Stage::Transformer, Float32) => (1_920_000_000, 0.0, 20.7, 4.0),
+    let none = Coefficients { fixed: 0, per_pixel: 0.0, per_score: 0.0, score_pile: 0, per_wide: 0.0 };
+    let transformer = Coefficients { score_pile: 4_700_000_000, per_wide: 4.0, ..none };
+    match (stage, precision) {
+        (Stage::TextEncoder, Float16) => none,
+        (Stage::TextEncoder, Float32) => Coefficients { fixed: 190_000_000, ..none },
+        (Stage::Transformer, Float16) => Coefficients { fixed: 1_710_000_000, ..transformer },
+        (Stage::Transformer, Float32) => Coefficients { fixed: 1_900_000_000, ..transformer },
         // The decoder is float32 in the pack, whatever the GPU.
-        (Stage::Decoder, _) => (0, 13_200.0, 3.6, 0.0),
-    };
-    Coefficients { fixed, per_pixel, per_score, per_wide }
+        (Stage::Decoder, _) => Coefficients { per_pixel: 13_200.0, per_score: 3.6, ..none },
+    }
 }
 
 /// The width of the transformer's widest per-layer tensor: a single-stream block's fused projection
@@ -334,17 +337,18 @@ impl Job {
 pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Levers) -> u64 {
     let c = coefficients(stage, job.precision);
     let uncached = |bytes: u64| if bytes > ORT_LARGEST_CACHED_BUFFER { bytes } else { 0 };
-    let (scores, wide) = match stage {
-        Stage::TextEncoder => (0, 0),
-        Stage::Transformer => (
-            uncached(job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1)))),
-            uncached(job.transformer_wide()),
-        ),
-        Stage::Decoder => (job.decoder_scores(), 0),
+    let (scores, pile, wide) = match stage {
+        Stage::TextEncoder => (0, 0, 0),
+        Stage::Transformer => {
+            let chunk = job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1)));
+            (0, if uncached(chunk) > 0 { c.score_pile } else { 0 }, uncached(job.transformer_wide()))
+        }
+        Stage::Decoder => (job.decoder_scores(), 0, 0),
     };
     let mut working = c.fixed as f64
         + c.per_pixel * job.pixels() as f64
         + c.per_score * scores as f64
+        + pile as f64
         + c.per_wide * wide as f64;
     if let (Stage::Decoder, Some(piece)) = (stage, levers.decoder_piece_bytes) {
         let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
