@@ -14,6 +14,9 @@
 #      (LAYOUT=0: not);
 #   4. waits until the bench has finished or LIMIT seconds have passed, then copies the logs, the
 #      report and the images to $OUT (results.tgz).
+# EXPORT="stem:activations ..." (part 1's call) exports only those graphs; PACK_BASE (the call that
+# completes Chromium, carrying it) brings the others, e.g. EXPORT=vae_decoder:float32 with
+# PACK_BASE=target/tiny-packs/f16: the full-size decoder behind the tiny text encoder and transformer.
 set -u
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-570}
@@ -59,8 +62,8 @@ if [ -e $W/.setup ] && [ ! -e $W/.export-started ] && [ -z "${PROBE:-}" ]; then
   mkdir -p $PACK
   setsid bash -c '
     T=$SECONDS; ok=1; pids=()
-    for job in "text_encoder_q4 float16" "transformer_q8 float16" "vae_decoder float32"; do
-      set -- $job
+    for job in '"${EXPORT:-text_encoder_q4:float16 transformer_q8:float16 vae_decoder:float32}"'; do
+      set -- ${job/:/ }
       python3 tools/gpu-bench/export_stage.py --stem $1 --config full --activations $2 --out '$PACK' \
         --threads 5 > '$W'/logs/export-$1.log 2>&1 & pids+=($!)
     done
@@ -80,6 +83,9 @@ if [ ! -x $W/chr/chromium/chromium ] && [ "$have" = "$parts" ]; then
   mkdir -p $W/chr && xz -dc $W/chromium.tar.xz | tar -x -C $W/chr && rm -f $W/chromium.tar.xz $W/chromium.part.*
   LD_LIBRARY_PATH=$W/chr/chromium/libs $W/chr/chromium/chromium --version
 fi
+# PACK_BASE=DIR (a folder of the tree, carried in this call): the graphs the export left out, e.g. the
+# tiny real-architecture pack's text encoder and transformer beside a full-size decoder (EXPORT).
+if [ -n "${PACK_BASE:-}" ] && [ -d "$PACK_BASE" ]; then mkdir -p $W/base && cp -r "$PACK_BASE"/. $W/base/; fi
 if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
   touch $W/.bench-started
   # node_modules is not part of the tree that travels: put playwright-core back if a call lost it.
@@ -93,6 +99,7 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     fi
     while [ ! -e '$PACK'/.done ] && [ ! -e '$PACK'/.failed ]; do sleep 2; done
     [ -e '$PACK'/.done ] || { echo "export failed" > '$W'/logs/bench.log; touch '$W'/.bench-done; exit; }
+    [ -d '$W'/base ] && cp -n '$W'/base/* '$PACK'/
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
     if [ -n "'"${MEMORY_ARGS:-}"'" ]; then
       '$W'/node tests/e2e/bench/memory.mjs --pack-dir '$PACK' --out '$W'/logs/memory.json '"${MEMORY_ARGS:-}"' \
