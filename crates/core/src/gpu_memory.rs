@@ -510,8 +510,10 @@ impl MemoryFacts {
             decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
         };
         let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);
-        let retry = MemoryPlan { ahead: false, keep: false, levers, peak, fits: budget.is_none_or(|b| peak <= b) };
-        ((retry.ahead, retry.keep, retry.levers) != (failed.ahead, failed.keep, failed.levers)).then_some(retry)
+        let retry =
+            MemoryPlan { ahead: false, keep: false, levers, peak, fits: budget.is_none_or(|b| peak <= b) };
+        ((retry.ahead, retry.keep, retry.levers) != (failed.ahead, failed.keep, failed.levers))
+            .then_some(retry)
     }
 
     /// The plan of a default job of this size (stages loaded at once and kept, buffers kept above

@@ -14,8 +14,10 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::api::Stage;
 use crate::image::{encode_png, to_rgba8, ImageError, PngMeta};
 use crate::latents::{
     euler_step, image_ids, initial_noise, text_ids, unpack_tokens, unpatchify, LengthError, ID_AXES,
@@ -23,24 +25,94 @@ use crate::latents::{
 };
 use crate::message::{arg, Localize, Message};
 use crate::pack::Graph;
+use crate::params::Backend;
 use crate::prompt::{EncodedPrompt, MAX_TOKENS};
 use crate::schedule::Schedule;
 use crate::session::{DType, Dim, FloatType, Session, SessionError, Tensor, TensorInfo};
 
-/// How long a stage may report nothing (a session created, a step, an image, its end) before it is
-/// ended as stalled, given the longest it has gone quiet before on this device, at any point of a job
-/// that finished: five times that, at least a minute; ten minutes while nothing has been measured (a
-/// cold load of the full-size pack on a slow disk and GPU takes a few minutes at most). A hang found
-/// this way is a worker that will never answer: a kernel that never returns, a read that never
-/// settles.
-pub fn stall_limit_ms(longest_quiet_ms: Option<f64>) -> f64 {
-    const UNMEASURED_MS: f64 = 600_000.0;
-    const AT_LEAST_MS: f64 = 60_000.0;
-    match longest_quiet_ms {
-        Some(ms) if ms.is_finite() && ms >= 0.0 => (5.0 * ms).max(AT_LEAST_MS),
-        _ => UNMEASURED_MS,
+/// How much a stage computes between two reports at `pixels`, relative to a 512x512 image: the text
+/// encoder's is fixed (512 tokens); a transformer step grows with its tokens and with their attention
+/// (tokens squared); the decoder with the pixels and with its attention over every latent pixel.
+pub fn quiet_work(stage: Stage, pixels: u64) -> f64 {
+    let grown = |ratio: f64| (ratio + ratio * ratio) / 2.0;
+    match stage {
+        Stage::TextEncoder => 1.0,
+        Stage::Transformer => grown((pixels as f64 / 256.0 + 512.0) / (262_144.0 / 256.0 + 512.0)),
+        Stage::Decoder => grown(pixels as f64 / 262_144.0),
     }
 }
+
+/// The longest a stage went without reporting, on one backend, in jobs that finished, per class of
+/// image size ([`QuietTimes::size_class`]): what its stall limit scales with. Kept across restarts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuietTimes {
+    entries: Vec<QuietTime>,
+}
+
+/// One of [`QuietTimes`]'s entries.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QuietTime {
+    stage: Stage,
+    backend: Backend,
+    /// The size class's pixels.
+    pixels: u64,
+    longest_ms: f64,
+}
+
+impl QuietTimes {
+    /// Images are classed by their pixels rounded up to a power of two: 512x512 and 1024x1024 fall in
+    /// classes of their own, 768x1024 with 1024x1024.
+    pub fn size_class(pixels: u64) -> u64 {
+        pixels.max(1).next_power_of_two()
+    }
+
+    /// Keeps that `stage` on `backend` went `quiet_ms` without a report in a job of `pixels` that
+    /// finished; whether that changed what is kept.
+    pub fn note(&mut self, stage: Stage, backend: Backend, pixels: u64, quiet_ms: f64) -> bool {
+        if !quiet_ms.is_finite() || quiet_ms < 0.0 {
+            return false;
+        }
+        let pixels = Self::size_class(pixels);
+        match self.entries.iter_mut().find(|e| (e.stage, e.backend, e.pixels) == (stage, backend, pixels)) {
+            Some(e) if e.longest_ms >= quiet_ms => false,
+            Some(e) => {
+                e.longest_ms = quiet_ms;
+                true
+            }
+            None => {
+                self.entries.push(QuietTime { stage, backend, pixels, longest_ms: quiet_ms });
+                true
+            }
+        }
+    }
+
+    /// How long `stage` on `backend` may report nothing in a job of `pixels` before it is ended as
+    /// stalled: five times the longest quiet seen in any size class, scaled by the work from that
+    /// class's to this size ([`quiet_work`]), at least a minute; while nothing has been seen, ten
+    /// minutes scaled by the work from 512x512 (a cold load of the full-size pack on a slow disk and GPU
+    /// takes a few minutes at most). A hang found this way is a worker that will never answer: a kernel
+    /// that never returns, a read that never settles.
+    pub fn stall_limit_ms(&self, stage: Stage, backend: Backend, pixels: u64) -> f64 {
+        const UNMEASURED_MS: f64 = 600_000.0;
+        const AT_LEAST_MS: f64 = 60_000.0;
+        let work = quiet_work(stage, pixels);
+        let scaled = self
+            .entries
+            .iter()
+            .filter(|e| (e.stage, e.backend) == (stage, backend))
+            .map(|e| 5.0 * e.longest_ms * (work / quiet_work(stage, e.pixels)).max(1.0))
+            .fold(None, |most: Option<f64>, ms| Some(most.map_or(ms, |m| m.max(ms))));
+        match scaled {
+            Some(ms) => ms.max(AT_LEAST_MS),
+            None => UNMEASURED_MS * work.max(1.0),
+        }
+    }
+}
+
+/// The smallest stall limit a test may set (the OPFS file `stall-limit-ms`): less, 0 included, would
+/// end every stage before its first report, and is refused.
+pub const MIN_TEST_STALL_LIMIT_MS: u64 = 1_000;
 
 /// Width of one text token's embedding (three Qwen3 layers of 2560, concatenated).
 pub const EMBED_WIDTH: usize = 7680;

@@ -519,13 +519,31 @@ fn image_is_a_png_of_the_sample() {
 }
 
 #[test]
-fn stall_limit_scales_with_what_the_stage_took_before() {
-    use imagine_core::stages::stall_limit_ms;
-    // Nothing measured: ten minutes, enough for a cold full-size load on a slow machine.
-    assert_eq!(stall_limit_ms(None), 600_000.0);
-    assert_eq!(stall_limit_ms(Some(f64::NAN)), 600_000.0);
-    // Fast stages still get a minute; slow ones five times their longest quiet time, past ten minutes too.
-    assert_eq!(stall_limit_ms(Some(500.0)), 60_000.0);
-    assert_eq!(stall_limit_ms(Some(20_000.0)), 100_000.0);
-    assert_eq!(stall_limit_ms(Some(300_000.0)), 1_500_000.0);
+fn the_stall_limit_scales_with_the_work_and_what_was_seen() {
+    use imagine_core::api::Stage;
+    use imagine_core::stages::QuietTimes;
+    use imagine_core::Backend;
+    const SMALL: u64 = 512 * 512;
+    const HUGE: u64 = 1536 * 1536;
+    let mut seen = QuietTimes::default();
+    // Nothing seen: ten minutes at 512x512, more for more work.
+    assert_eq!(seen.stall_limit_ms(Stage::Decoder, Backend::WebGpu, SMALL), 600_000.0);
+    assert!(seen.stall_limit_ms(Stage::Decoder, Backend::WebGpu, HUGE) > 600_000.0);
+    // A 10 s decode at 512x512: a minute there (five times 10 s is less), and a 1536x1536 decode, 9 times
+    // the pixels and more for its attention, gets more than 9 times as long.
+    assert!(seen.note(Stage::Decoder, Backend::WebGpu, SMALL, 10_000.0));
+    assert_eq!(seen.stall_limit_ms(Stage::Decoder, Backend::WebGpu, SMALL), 60_000.0);
+    assert!(seen.stall_limit_ms(Stage::Decoder, Backend::WebGpu, HUGE) > 9.0 * 5.0 * 10_000.0);
+    // What a larger class saw holds for smaller ones too; other stages and backends are apart.
+    assert!(seen.note(Stage::Decoder, Backend::WebGpu, HUGE, 100_000.0));
+    assert_eq!(seen.stall_limit_ms(Stage::Decoder, Backend::WebGpu, SMALL), 500_000.0);
+    assert!(!seen.note(Stage::Decoder, Backend::WebGpu, HUGE, 50_000.0), "shorter: nothing changes");
+    assert!(!seen.note(Stage::Decoder, Backend::WebGpu, SMALL, f64::NAN));
+    assert_eq!(seen.stall_limit_ms(Stage::Decoder, Backend::Wasm, SMALL), 600_000.0);
+    assert_eq!(seen.stall_limit_ms(Stage::TextEncoder, Backend::WebGpu, HUGE), 600_000.0);
+    // Kept across restarts as JSON.
+    let kept: QuietTimes = serde_json::from_str(&serde_json::to_string(&seen).unwrap()).unwrap();
+    assert_eq!(kept, seen);
+    assert_eq!(QuietTimes::size_class(768 * 1024), QuietTimes::size_class(1024 * 1024));
+    assert_ne!(QuietTimes::size_class(SMALL), QuietTimes::size_class(1024 * 1024));
 }

@@ -45,6 +45,21 @@ test('a stage that hangs is ended: made again once with a fresh worker, then fai
   assert.ok(result.png.length > 0);
 });
 
+test('what each stage took is kept per size class for the stall limits, and a stall limit of 0 is refused', { timeout: 400_000 }, async (t) => {
+  const b = await h.setup(t);
+  // A limit of 0 would end every stage at once: refused, the job runs under the learnt limits.
+  await h.opfsWrite(b.page, 'stall-limit-ms', '0');
+  await h.generateOk(b.page, base);
+  await h.generateOk(b.page, { ...base, width: 512, height: 512, seed: '2' });
+  // Kept in OPFS (read again after a restart): each stage, per backend and size class (pixels rounded
+  // up to a power of two), the longest it went without reporting.
+  const kept = JSON.parse(await h.opfsText(b.page, 'stage-quiet.json'));
+  const classes = (stage) => kept.entries.filter((e) => e.stage === stage && e.backend === 'webgpu').map((e) => e.pixels).sort((x, y) => x - y);
+  assert.deepEqual(classes('decoder'), [65536, 262144], JSON.stringify(kept));
+  assert.deepEqual(classes('transformer'), [65536, 262144], JSON.stringify(kept));
+  assert.ok(kept.entries.every((e) => e.longestMs > 0), JSON.stringify(kept));
+});
+
 test('a 3000-word prompt is truncated to 512 tokens', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const words = Array.from({ length: 3000 }, (_, i) => ['red', 'fox', 'snow', 'tree', 'light'][i % 5]).join(' ');

@@ -7,7 +7,7 @@
 //! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::pin::pin;
 use std::rc::Rc;
 
@@ -24,7 +24,7 @@ use imagine_core::message::ErrorText;
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
-use imagine_core::stages::{stall_limit_ms, EMBED_WIDTH};
+use imagine_core::stages::{QuietTimes, EMBED_WIDTH, MIN_TEST_STALL_LIMIT_MS};
 use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
@@ -74,7 +74,7 @@ pub enum OffscreenError {
     /// The stage worker's inbox closed without a report: it is gone.
     #[error("the stage worker stopped unexpectedly")]
     StageStopped,
-    /// A stage reported nothing for longer than it may ([`stall_limit_ms`]); its worker was ended.
+    /// A stage reported nothing for longer than it may ([`QuietTimes::stall_limit_ms`]); its worker was ended.
     #[error("the {} made no progress for {seconds} s and was stopped", stage_name(*.stage))]
     Stalled {
         /// The stage that went quiet.
@@ -243,9 +243,9 @@ struct State {
     release_running: bool,
     /// Counts idle periods: a job starting or the setting changing voids the unload timer of the last.
     idle_epoch: u64,
-    /// The longest each stage (on each backend) went without reporting anything in a job that
-    /// finished, in this document's life: what its stall limit scales with.
-    longest_quiet_ms: HashMap<(Stage, Backend), f64>,
+    /// The longest each stage went without reporting anything in jobs that finished (what its stall
+    /// limit scales with), read from OPFS when first needed.
+    quiet_times: Option<QuietTimes>,
     install: Option<Install>,
     /// A verified pack waits to replace the installed one: no new job starts until it has (or the
     /// install stopped).
@@ -278,7 +278,7 @@ impl Default for State {
             install: None,
             running_private: false,
             book: JobBook::default(),
-            longest_quiet_ms: HashMap::new(),
+            quiet_times: None,
             swap_pending: false,
             store: None,
             store_failures: 0,
@@ -949,6 +949,8 @@ struct StageRun {
     job: String,
     /// The longest this worker went without reporting anything while a job waited on it.
     quiet_ms: f64,
+    /// The pixels of the image its task works on.
+    pixels: u64,
     /// What its session was made with: a task asking for others gets a fresh worker, as ORT's
     /// `release()` does not give all of a session's GPU memory back.
     options: Option<SessionOptions>,
@@ -967,6 +969,7 @@ impl StageRun {
         let run = match StageRun::resident(stage, backend, options) {
             Some(mut run) => {
                 run.job = job.to_owned();
+                run.pixels = task.pixels();
                 STATE.with_borrow_mut(|state| {
                     if let Some(current) = state.current.iter_mut().find(|current| current.id == run.id) {
                         current.job = job.to_owned();
@@ -984,7 +987,18 @@ impl StageRun {
                     state.current.push(current);
                     id
                 });
-                StageRun { id, stage, backend, worker, inbox, job: job.to_owned(), quiet_ms: 0.0, options }
+                let pixels = task.pixels();
+                StageRun {
+                    id,
+                    stage,
+                    backend,
+                    worker,
+                    inbox,
+                    job: job.to_owned(),
+                    quiet_ms: 0.0,
+                    pixels,
+                    options,
+                }
             }
         };
         protocol::post(&run.worker, task, data)?;
@@ -1045,7 +1059,7 @@ impl StageRun {
     }
 
     /// Relays the worker's progress until it reports an image or the end; a worker quiet for longer
-    /// than its stage may be ([`stall_limit_ms`]) is a failure.
+    /// than its stage may be ([`QuietTimes::stall_limit_ms`]) is a failure.
     async fn next(&mut self, images: u32) -> Result<Reported, StageFailure> {
         let limit_ms = self.stall_limit_ms().await;
         loop {
@@ -1076,11 +1090,13 @@ impl StageRun {
                 // For benchmarks, which read it from the worker's messages; the pipeline needs nothing.
                 (StageReport::SessionCreated { .. }, _) => {}
                 (StageReport::Done { output }, data) => {
-                    let (key, quiet) = ((self.stage, self.backend), self.quiet_ms);
-                    STATE.with_borrow_mut(|state| {
-                        let longest = state.longest_quiet_ms.entry(key).or_default();
-                        *longest = longest.max(quiet);
-                    });
+                    let mut times = quiet_times().await;
+                    if times.note(self.stage, self.backend, self.pixels, self.quiet_ms) {
+                        crate::platform::opfs::quiet::set(&times)
+                            .await
+                            .log_error("keeping the stages' quiet times");
+                        STATE.with_borrow_mut(|state| state.quiet_times = Some(times));
+                    }
                     return Ok(Reported::Done(output, data));
                 }
                 (StageReport::Error(error), _) => return Err(OffscreenError::Reported(error).into()),
@@ -1088,16 +1104,25 @@ impl StageRun {
         }
     }
 
-    /// How long this stage may go quiet now: scaled to the longest it did before, unless a test set
-    /// it (the OPFS file `stall-limit-ms`).
+    /// How long this stage may go quiet now: scaled to the work and to the longest it went quiet
+    /// before, unless a test set it (the OPFS file `stall-limit-ms`; less than
+    /// [`MIN_TEST_STALL_LIMIT_MS`], 0 included, is refused).
     async fn stall_limit_ms(&self) -> f64 {
-        if let Some(ms) = crate::platform::opfs::test_setting_u64(STALL_LIMIT_FILE).await {
+        let set = crate::platform::opfs::test_setting_u64(STALL_LIMIT_FILE).await;
+        if let Some(ms) = set.filter(|&ms| ms >= MIN_TEST_STALL_LIMIT_MS) {
             return ms as f64;
         }
-        let known =
-            STATE.with_borrow(|state| state.longest_quiet_ms.get(&(self.stage, self.backend)).copied());
-        stall_limit_ms(known)
+        quiet_times().await.stall_limit_ms(self.stage, self.backend, self.pixels)
     }
+}
+
+/// The stages' quiet times: as kept in this document, else as kept in OPFS.
+async fn quiet_times() -> QuietTimes {
+    if let Some(times) = STATE.with_borrow(|state| state.quiet_times.clone()) {
+        return times;
+    }
+    let times = crate::platform::opfs::quiet::get().await;
+    STATE.with_borrow_mut(|state| state.quiet_times.get_or_insert(times).clone())
 }
 
 /// The OPFS file with which a test shortens every stage's stall limit, in milliseconds.

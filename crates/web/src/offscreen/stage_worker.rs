@@ -337,7 +337,9 @@ impl Stage {
         }
         // ... or run out of GPU memory, in the words WebGPU uses.
         if opfs::failpoint_reached(&format!("stage:out-of-memory:{graph:?}")).await {
-            return Err(StageWorkerError::Injected(format!("{graph:?} session (GPUOutOfMemoryError: Out of memory)")));
+            return Err(StageWorkerError::Injected(format!(
+                "{graph:?} session (GPUOutOfMemoryError: Out of memory)"
+            )));
         }
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();

@@ -285,14 +285,16 @@ impl Localize for OffscreenError {
             OffscreenError::OutOfMemory { budget: None, cause: inner, .. } => {
                 Message::new("errOffscreenOutOfMemoryUnknown", [cause(inner.as_ref())])
             }
-            OffscreenError::OutOfMemory { budget: Some(budget), largest_square, cause: inner } => Message::new(
-                "errOffscreenOutOfMemory",
-                [
-                    number(crate::offscreen::document::gigabytes(*budget)),
-                    cause(inner.as_ref()),
-                    Arg::Message(fits_message(*largest_square)),
-                ],
-            ),
+            OffscreenError::OutOfMemory { budget: Some(budget), largest_square, cause: inner } => {
+                Message::new(
+                    "errOffscreenOutOfMemory",
+                    [
+                        number(crate::offscreen::document::gigabytes(*budget)),
+                        cause(inner.as_ref()),
+                        Arg::Message(fits_message(*largest_square)),
+                    ],
+                )
+            }
             OffscreenError::NoRoom { need, budget, largest_square, cause: inner } => {
                 use crate::offscreen::document::gigabytes;
                 let fits = fits_message(*largest_square);

@@ -568,6 +568,26 @@ pub mod learned {
     }
 }
 
+/// How long each stage went without reporting, kept across restarts (the stall limits scale with it).
+pub mod quiet {
+    use imagine_core::stages::QuietTimes;
+
+    use super::{json_bytes, read, root, write_whole, OpfsResult};
+
+    const FILE: &str = "stage-quiet.json";
+
+    /// What was kept; nothing where none was, or it cannot be read.
+    pub async fn get() -> QuietTimes {
+        let Ok(root) = root().await else { return QuietTimes::default() };
+        read(&root, FILE).await.ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
+    }
+
+    /// Keeps `times` in place of what was kept.
+    pub async fn set(times: &QuietTimes) -> OpfsResult<()> {
+        write_whole(&root().await?, FILE, &json_bytes(times, FILE)?).await
+    }
+}
+
 /// The file that arms a [`failpoint`].
 const FAILPOINT_FILE: &str = "failpoint";
 

@@ -189,6 +189,16 @@ impl StageTask {
         }
     }
 
+    /// The pixels of the image the task works on (an `Input`: none).
+    pub fn pixels(&self) -> u64 {
+        match self {
+            StageTask::TextEncoder { params, .. }
+            | StageTask::Transformer { params, .. }
+            | StageTask::Decoder { params, .. } => u64::from(params.width) * u64::from(params.height),
+            StageTask::Input => 0,
+        }
+    }
+
     /// The options the task's session is made with (an `Input` has none of its own).
     pub fn session_options(&self) -> Option<SessionOptions> {
         let (params, graph) = match self {
