@@ -86,6 +86,11 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
   assert.deepEqual(left.sort(), ['packs/', 'packs/state.json'], 'pack files left in OPFS after deletePack');
   const g = await h.generate(b.page, { prompt: 'x', width: 256, height: 256, steps: 1, seed: '1' });
   assert.ok(!g.result, 'generated without a pack');
+  // Host permissions: the Hub's for good, nothing else held after the install and the deletion; the
+  // manifest may ask for an https host or a loopback one, never any http host.
+  const { granted, manifest } = await b.page.evaluate(async () => ({ granted: await chrome.permissions.getAll(), manifest: chrome.runtime.getManifest() }));
+  assert.deepEqual(granted.origins.sort(), manifest.host_permissions.sort());
+  assert.deepEqual(manifest.optional_host_permissions, ['https://*/*', 'http://localhost/*', 'http://127.0.0.1/*', 'http://[::1]/*']);
 });
 
 test('a new pack installed while a generation runs replaces the old one only after that job', { timeout: 600_000 }, async (t) => {

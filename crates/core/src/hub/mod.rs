@@ -33,7 +33,10 @@ pub use plan::{graph_files, plan, GraphFiles, MAX_GRAPH_BYTES, MAX_MANIFEST_BYTE
 pub use rate::RateMeter;
 pub use record::{DownloadRecord, FileRecord};
 pub use sha256::{HashCheckpoint, ResumableSha256};
-pub use source::{check_redirect, resolve_url, revision_url, tree_url, SourceRule, MAX_REVISION_LEN};
+pub use source::{
+    check_redirect, resolve_url, revision_url, tree_url, unused_host_permissions, SourceRule,
+    MAX_REVISION_LEN,
+};
 pub use transfer::{
     backoff_ms, check_space, format_bytes, parse_content_range, range_ends_early, range_matches,
     MAX_ATTEMPTS_WITHOUT_PROGRESS,

@@ -105,6 +105,32 @@ impl PackSource {
     }
 }
 
+impl PackSource {
+    /// The host permission (a match pattern) that downloading from this source needs: its checked
+    /// endpoint's scheme and host, any port, any path (`https://mirror.example/*`). `None` for the
+    /// published pack's Hub, whose hosts the manifest grants, and for an endpoint that fails its check
+    /// (asking for the raw field would ask for far more: `https://*` is every site).
+    pub fn host_permission(&self) -> Option<String> {
+        if self.endpoint.trim() == PackSource::default().endpoint {
+            return None;
+        }
+        let endpoint = validate_endpoint(&self.endpoint).ok()?;
+        let (scheme, rest) = endpoint.split_once("://")?;
+        let authority = rest.split('/').next()?;
+        let host = match authority.strip_prefix('[') {
+            Some(bracketed) => format!("[{}]", bracketed.split_once(']')?.0),
+            None => authority.split(':').next()?.to_owned(),
+        };
+        Some(format!("{scheme}://{}/*", host.to_ascii_lowercase()))
+    }
+}
+
+/// The host permissions granted earlier that no source in use needs any more: all of `granted` but
+/// those `in_use` and those the manifest grants for good (`required`).
+pub fn unused_host_permissions(granted: &[String], in_use: &[String], required: &[String]) -> Vec<String> {
+    granted.iter().filter(|origin| !in_use.contains(origin) && !required.contains(origin)).cloned().collect()
+}
+
 fn validate_endpoint(value: &str) -> Result<String, HubError> {
     let refuse = |reason| Err(HubError::Source { field: "endpoint", value: value.to_owned(), reason });
     let v = value.trim();
@@ -309,6 +335,29 @@ mod tests {
         for loopback in ["http://localhost", "http://LOCALHOST:80/hub", "http://127.1.2.3:8"] {
             assert!(src(loopback, "a/b", "v1").validate().is_ok(), "{loopback}");
         }
+    }
+
+    #[test]
+    fn the_host_permission_is_the_checked_origin_and_unused_ones_go() {
+        for (endpoint, permission) in [
+            ("https://Mirror.Example:8443/hub/", Some("https://mirror.example/*")),
+            ("http://127.0.0.1:5000", Some("http://127.0.0.1/*")),
+            ("http://[::1]:8080/x", Some("http://[::1]/*")),
+            ("https://*", None),
+            ("https://*.example", None),
+            ("http://mirror.example", None),
+            ("https://huggingface.co", None),
+        ] {
+            assert_eq!(src(endpoint, "a/b", "v1").host_permission().as_deref(), permission, "{endpoint}");
+        }
+        let granted =
+            ["https://a.example/*", "http://127.0.0.1/*", "https://huggingface.co/*"].map(String::from);
+        let unused = unused_host_permissions(
+            &granted,
+            &["http://127.0.0.1/*".into()],
+            &["https://huggingface.co/*".into()],
+        );
+        assert_eq!(unused, ["https://a.example/*"]);
     }
 
     #[test]

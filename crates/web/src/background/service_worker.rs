@@ -529,7 +529,20 @@ async fn delete_pack() -> Result<(), ServiceWorkerError> {
     drop(lock);
     // The pack's cached prompt embeddings go with it.
     opfs::embeddings::clear().await?;
-    Ok(opfs::remove_stray(download.is_some()).await?)
+    opfs::remove_stray(download.is_some()).await?;
+    forget_unused_host_permissions().await;
+    Ok(())
+}
+
+/// Gives back the host permissions of custom sources that neither the installed pack nor a download
+/// uses any more.
+async fn forget_unused_host_permissions() {
+    let installed = opfs::installed_pack().await.map(|(record, _)| record.source);
+    let downloading = records::DOWNLOAD.get().await.map(|d| d.request.source());
+    settings::forget_unused_host_permissions(
+        &[installed, downloading].into_iter().flatten().collect::<Vec<_>>(),
+    )
+    .await;
 }
 
 async fn clear_alarm(name: &str) {
@@ -877,6 +890,7 @@ async fn record(event: Event) {
             let _guard = lock_download().await;
             records::DOWNLOAD.remove_or_log().await;
             clear_alarm(DOWNLOAD_ALARM).await;
+            forget_unused_host_permissions().await;
         }
         Event::PackFailed { error, message, offline } => {
             update_download(|d| {

@@ -81,6 +81,18 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = request)]
     pub fn permissions_request(permissions: &JsValue) -> Result<Promise, JsValue>;
 
+    /// `chrome.permissions.getAll()`: the permissions the extension holds now.
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = getAll)]
+    pub fn permissions_get_all() -> Result<Promise, JsValue>;
+
+    /// `chrome.permissions.remove(permissions)`: gives optional permissions back.
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "permissions"], js_name = remove)]
+    pub fn permissions_remove(permissions: &JsValue) -> Result<Promise, JsValue>;
+
+    /// `chrome.runtime.getManifest()`.
+    #[wasm_bindgen(js_namespace = ["chrome", "runtime"], js_name = getManifest)]
+    pub fn runtime_get_manifest() -> JsValue;
+
     /// `chrome.notifications.create(id, options)`: shows (or replaces) the notification `id`.
     #[wasm_bindgen(catch, js_namespace = ["chrome", "notifications"], js_name = create)]
     pub fn notifications_create(id: &str, options: &JsValue) -> Result<Promise, JsValue>;

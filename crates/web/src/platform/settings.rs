@@ -142,15 +142,33 @@ pub fn source_from_form() -> PackSource {
     }
 }
 
-/// Asks for access to a pack source's host when it is not the Hub (whose hosts the manifest grants).
-/// Must be called synchronously within the click that asks for the download (Chrome's rule for
-/// permission requests); the promise resolves once the user answered.
+/// Asks for access to a pack source's host, its checked origin only ([`PackSource::host_permission`]),
+/// when it is not the Hub (whose hosts the manifest grants). Must be called synchronously within the
+/// click that asks for the download (Chrome's rule for permission requests); the promise resolves once
+/// the user answered.
 pub fn request_host_permission(source: &PackSource) -> Option<js_sys::Promise> {
-    if source.endpoint == PackSource::default().endpoint {
-        return None;
-    }
-    let origins = js_sys::Array::of1(&format!("{}/*", source.endpoint).into());
+    let origins = js_sys::Array::of1(&source.host_permission()?.into());
     chrome::permissions_request(&Obj::new().set("origins", origins).build()).ok()
+}
+
+/// Gives back the host permissions granted for pack sources that no longer need them: neither the
+/// installed pack's source nor a download's (`in_use`).
+pub async fn forget_unused_host_permissions(in_use: &[PackSource]) {
+    let in_use: Vec<String> = in_use.iter().filter_map(PackSource::host_permission).collect();
+    let strings = |value: wasm_bindgen::JsValue| -> Vec<String> {
+        js_sys::Array::from(&value).iter().filter_map(|v| v.as_string()).collect()
+    };
+    let required = strings(crate::platform::js::get(&chrome::runtime_get_manifest(), "host_permissions"));
+    let Ok(granted) = crate::platform::js::settled(chrome::permissions_get_all()).await else { return };
+    let granted = strings(crate::platform::js::get(&granted, "origins"));
+    let unused = imagine_core::hub::unused_host_permissions(&granted, &in_use, &required);
+    if unused.is_empty() {
+        return;
+    }
+    let origins: js_sys::Array = unused.iter().map(|o| wasm_bindgen::JsValue::from_str(o)).collect();
+    crate::platform::js::settled(chrome::permissions_remove(&Obj::new().set("origins", origins).build()))
+        .await
+        .log_error("giving back unused host permissions");
 }
 
 /// Waits for the answer to [`request_host_permission`]. Refused or failed is not an error: the
