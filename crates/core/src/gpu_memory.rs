@@ -23,6 +23,11 @@ use crate::pack::Graph;
 /// A gigabyte, as the pages say sizes (decimal).
 pub const GB: u64 = 1_000_000_000;
 
+/// Bytes as GB with one decimal ("6.5"), as every page and message says a GPU memory size.
+pub fn gigabytes(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / GB as f64)
+}
+
 /// What share of the memory the probe found the plan may use: the browser and other pages draw on the
 /// same GPU.
 pub const AUTO_SHARE_PERCENT: u64 = 90;

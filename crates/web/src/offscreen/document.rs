@@ -19,7 +19,7 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
-use imagine_core::gpu_memory::{is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
+use imagine_core::gpu_memory::{gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
 use imagine_core::message::ErrorText;
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
@@ -154,10 +154,6 @@ fn out_of_memory_text(budget: Option<u64>, largest_square: Option<u32>, cause: &
     }
 }
 
-/// Bytes as GB with one decimal, as the memory messages say them.
-pub(crate) fn gigabytes(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / imagine_core::gpu_memory::GB as f64)
-}
 
 fn fits_text(largest_square: Option<u32>) -> String {
     match largest_square {

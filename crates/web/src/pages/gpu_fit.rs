@@ -6,7 +6,6 @@
 use std::cell::RefCell;
 
 use imagine_core::api::{GpuMemoryRequest, GpuMemoryStatus, Reply, Request};
-use imagine_core::gpu_memory::GB;
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
@@ -27,7 +26,7 @@ pub async fn load() {
 
 /// Bytes as "6.5" (the page's decimal separator), for "$1 GB".
 pub fn gigabytes(bytes: u64) -> String {
-    i18n::number(&format!("{:.1}", bytes as f64 / GB as f64))
+    i18n::number(&imagine_core::gpu_memory::gigabytes(bytes))
 }
 
 /// What to say of an image of `width` x `height` that will not fit; `None` when it fits, or nothing

@@ -4,6 +4,7 @@
 //! a library said stays as it is. `i18n`'s tests render a sample of each variant with
 //! `_locales/en` and compare it with its `Display`. In one module, so the keys are reviewed together.
 
+use imagine_core::gpu_memory::gigabytes;
 use imagine_core::message::{arg, cause, number, Arg, Localize, Message};
 use imagine_core::storage::{PACKS_DIR, STATE_FILE};
 
@@ -289,14 +290,13 @@ impl Localize for OffscreenError {
                 Message::new(
                     "errOffscreenOutOfMemory",
                     [
-                        number(crate::offscreen::document::gigabytes(*budget)),
+                        number(gigabytes(*budget)),
                         cause(inner.as_ref()),
                         Arg::Message(fits_message(*largest_square)),
                     ],
                 )
             }
             OffscreenError::NoRoom { need, budget, largest_square, cause: inner } => {
-                use crate::offscreen::document::gigabytes;
                 let fits = fits_message(*largest_square);
                 Message::new(
                     "errOffscreenNoRoom",
