@@ -19,7 +19,9 @@ use imagine_core::api::{
     StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
-use imagine_core::gpu_memory::{gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted};
+use imagine_core::gpu_memory::{
+    gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted,
+};
 use imagine_core::message::ErrorText;
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
@@ -153,7 +155,6 @@ fn out_of_memory_text(budget: Option<u64>, largest_square: Option<u32>, cause: &
         ),
     }
 }
-
 
 fn fits_text(largest_square: Option<u32>) -> String {
     match largest_square {
