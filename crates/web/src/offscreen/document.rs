@@ -984,18 +984,8 @@ impl StageRun {
                     state.current.push(current);
                     id
                 });
-                let pixels = task.pixels();
-                StageRun {
-                    id,
-                    stage,
-                    backend,
-                    worker,
-                    inbox,
-                    job: job.to_owned(),
-                    quiet_ms: 0.0,
-                    pixels,
-                    options,
-                }
+                let (job, pixels) = (job.to_owned(), task.pixels());
+                StageRun { id, stage, backend, worker, inbox, job, quiet_ms: 0.0, pixels, options }
             }
         };
         protocol::post(&run.worker, task, data)?;
