@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
 
-test('popup generates an image and shows progress', { timeout: 600_000 }, async (t) => {
+test('popup generates an image (Ctrl+Enter in the prompt) and shows progress', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t);
   const page = b.page;
   await page.reload(); // the popup starts with the pack installed
@@ -15,7 +15,12 @@ test('popup generates an image and shows progress', { timeout: 600_000 }, async 
     const record = () => window.__progressTexts.push(el.textContent);
     new MutationObserver(record).observe(el, { childList: true, characterData: true, subtree: true });
   });
-  await page.click('#generate');
+  // Ctrl+Enter in the prompt generates, as in chat and image apps, adding no new line; Enter alone
+  // still does.
+  await page.press('#prompt', 'Enter');
+  assert.equal(await page.inputValue('#prompt'), 'a small red boat on a calm lake\n');
+  await page.press('#prompt', 'Backspace');
+  await page.press('#prompt', 'Control+Enter');
   await page.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png'), null, {
     timeout: h.GENERATION_TIMEOUT_MS,
   });

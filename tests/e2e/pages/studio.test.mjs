@@ -196,8 +196,10 @@ test('studio: the progress bar never goes back, though a stage overruns its esti
     const bar = document.querySelector('#progress-bar');
     new MutationObserver(() => window.__bar.push(Number(bar.getAttribute('value')))).observe(bar, { attributes: true, attributeFilter: ['value'] });
   });
-  await page.click('#generate');
+  // Cmd+Enter in the prompt generates (Ctrl+Enter in popup.test.mjs), adding no new line.
+  await page.press('#prompt', 'Meta+Enter');
   await imageShown(page);
+  assert.equal(await page.inputValue('#prompt'), 'a lighthouse at dusk');
   const values = await page.evaluate(() => window.__bar);
   assert.ok(values.length >= 3, JSON.stringify(values));
   const back = values.findIndex((v, i) => i > 0 && v < values[i - 1]);

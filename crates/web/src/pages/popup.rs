@@ -28,6 +28,7 @@ thread_local! {
 pub fn popup_main() {
     i18n::localize_page();
     on("generate", "click", |_| spawn_local(generate()));
+    crate::pages::view::ctrl_enter_clicks("prompt", "generate");
     on("cancel", "click", |_| spawn_local(cancel()));
     form_check::wire();
     on("install", "click", |_| install_clicked());

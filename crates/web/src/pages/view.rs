@@ -56,6 +56,18 @@ pub fn on(id: &str, event: &str, action: impl Fn(web_sys::Event) + 'static) {
     closure.forget();
 }
 
+/// Ctrl+Enter (Cmd+Enter on a Mac) in the field `field` clicks `button`, as in chat and image apps;
+/// Enter alone still makes a new line.
+pub fn ctrl_enter_clicks(field: &'static str, button: &'static str) {
+    on(field, "keydown", move |event| {
+        let Some(key) = event.dyn_ref::<web_sys::KeyboardEvent>() else { return };
+        if key.key() == "Enter" && (key.ctrl_key() || key.meta_key()) && !key.is_composing() {
+            event.prevent_default();
+            element::<HtmlElement>(button).click();
+        }
+    });
+}
+
 /// Calls `action` with the element matching `selector` that a click in `#container_id` landed on or
 /// inside: one listener for a grid however often it is drawn anew, its items told apart by their
 /// attributes.
