@@ -7,6 +7,9 @@ test('popup generates an image (Ctrl+Enter in the prompt) and shows progress', {
   const b = await h.setup(t);
   const page = b.page;
   await page.reload(); // the popup starts with the pack installed
+  // Tab reaches the prompt and Generate before "Delete model".
+  const order = await page.evaluate(() => ['#prompt', '#generate', '#delete-pack'].map((s) => document.querySelector(s)).reduce((ok, el, i, all) => ok && (i === 0 || Boolean(all[i - 1].compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING)), true));
+  assert.ok(order, 'the prompt and Generate come before Delete model');
   await page.fill('#prompt', 'a small red boat on a calm lake');
   // Record every text #progress shows (polling could miss a short-lived one).
   await page.evaluate(() => {
