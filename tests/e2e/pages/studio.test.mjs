@@ -200,6 +200,9 @@ test('studio: the progress bar never goes back, though a stage overruns its esti
   await page.press('#prompt', 'Meta+Enter');
   await imageShown(page);
   assert.equal(await page.inputValue('#prompt'), 'a lighthouse at dusk');
+  // The result card says its own prompt; with no fixed seed the seed field says "random", not a seed.
+  assert.equal(await page.textContent('#result-prompt'), 'a lighthouse at dusk');
+  assert.equal(await page.inputValue('#seed'), '');
   const values = await page.evaluate(() => window.__bar);
   assert.ok(values.length >= 3, JSON.stringify(values));
   const back = values.findIndex((v, i) => i > 0 && v < values[i - 1]);

@@ -95,7 +95,9 @@ fn restore_settings() {
         }
     }
     input("seed-fixed").set_checked(settings.seed_fixed);
-    input("seed").set_value(&settings.seed);
+    if settings.seed_fixed {
+        input("seed").set_value(&settings.seed);
+    }
     if !settings.schedule.is_empty() {
         element::<HtmlSelectElement>("schedule").set_value(&settings.schedule);
     }
@@ -525,6 +527,10 @@ fn seed_mode_changed() {
     if fixed && seed.value().trim().is_empty() {
         seed.set_value(&(random_u64() >> 11).to_string());
     }
+    // A seed shown greyed out reads as if it would be used: without a fixed seed the field says "random".
+    if !fixed {
+        seed.set_value("");
+    }
 }
 
 // --- tokens
@@ -725,8 +731,9 @@ async fn generate(from: GenerateForm) {
         }
         Ok(params) => match request(&Request::Generate(wanted)).await {
             Reply::JobStarted { job, seed } => {
-                if again {
-                    // The service worker picked it: shown where a seed is set, to keep or note.
+                if again && input("seed-fixed").checked() {
+                    // The service worker picked it: kept in the fixed seed's field (with no fixed
+                    // seed the field stays empty, "random", and the result says the seed).
                     input("seed").set_value(&seed);
                 }
                 let size = (params.width, params.height);

@@ -81,6 +81,8 @@ impl Results {
         let Some(result) = self.selected() else { return };
         set_visible("result", true);
         show_png("image", "save-png", &result.png, &result.prompt, &result.seed);
+        // The image's own prompt (the box may hold another by now): what "Again" and "4 variations" use.
+        set_text("result-prompt", &result.prompt);
         let mut meta = i18n::t_args(
             "studioMeta",
             &[
