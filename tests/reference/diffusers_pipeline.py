@@ -4,7 +4,7 @@ torch modules of a tiny real-architecture pack exported without quantization, fr
 initial noise, compared item by item with the extension's trace and image.
 
     target/export-venv/bin/python tests/reference/diffusers_pipeline.py --pack DIR --trace RESULT.json \
-        --out DIR [--noise-seed N] [--extra-steps K] [--mu-delta D] [--text-taps A,B,C]
+        --out DIR [--noise-seed N] [--extra-steps K] [--mu-delta D] [--text-taps A,B,C] [--text-position-offset K]
 
 DIR is a pack written by `tools/export/export.py --config tiny --activations float32 --no-quantize`;
 its `export_info.json` gives the seed, and the torch modules are built again from it by the exporter's
@@ -36,7 +36,8 @@ tokenizer-qwen3/models: tokenizer.json and tokenizer_config.json with the chat t
 
 The options change one thing on diffusers' side, to show that the comparison fails then: `--noise-seed`
 another seed's noise as `latents` (torch.randn), `--extra-steps` more steps, `--mu-delta` added to the
-schedule's mu, `--text-taps` other hidden-state layers.
+schedule's mu, `--text-taps` other hidden-state layers, `--text-position-offset` the text tokens'
+positions shifted (a text-position off-by-one, caught by comparing `txtIds`).
 
 Writes OUT/diffusers.png, OUT/diffusers_trace.npz (every item above) and OUT/report.json
 ({items: {name: {ok, ...}}, ok}); prints one line per item. Exits 0 when everything matches, 1 when
@@ -116,7 +117,7 @@ def build_pipeline(pack, taps_override=None):
     return pipe, cfg, taps
 
 
-def run(pipe, cfg, taps, result, noise_seed=None, extra_steps=0, mu_delta=0.0):
+def run(pipe, cfg, taps, result, noise_seed=None, extra_steps=0, mu_delta=0.0, text_position_offset=0):
     import torch
     from diffusers.pipelines.flux2 import pipeline_flux2_klein as klein
 
@@ -156,6 +157,15 @@ def run(pipe, cfg, taps, result, noise_seed=None, extra_steps=0, mu_delta=0.0):
     hooks = [pipe.text_encoder.register_forward_pre_hook(text_pre, with_kwargs=True),
              pipe.transformer.register_forward_hook(transformer_hook, with_kwargs=True)]
     klein.compute_empirical_mu = mu
+    if text_position_offset:
+        prepare = klein.Flux2KleinPipeline._prepare_text_ids
+
+        def shifted(x, t_coord=None):
+            ids = prepare(x, t_coord)
+            ids[..., 3] += text_position_offset
+            return ids
+
+        pipe._prepare_text_ids = shifted
     try:
         t0 = time.time()
         image = pipe(prompt=result["prompt"], height=h, width=w, num_inference_steps=steps, latents=latents,
@@ -163,6 +173,7 @@ def run(pipe, cfg, taps, result, noise_seed=None, extra_steps=0, mu_delta=0.0):
         seconds = time.time() - t0
     finally:
         klein.compute_empirical_mu = original_mu
+        pipe.__dict__.pop("_prepare_text_ids", None)
         for hk in hooks:
             hk.remove()
     real = int(seen["attention_mask"][0].sum())
@@ -232,6 +243,8 @@ def main(argv=None):
     ap.add_argument("--extra-steps", type=int, default=0, help="negative check: this many more steps")
     ap.add_argument("--mu-delta", type=float, default=0.0, help="negative check: added to the schedule's mu")
     ap.add_argument("--text-taps", help="negative check: other hidden-state layers, e.g. 0,1,2")
+    ap.add_argument("--text-position-offset", type=int, default=0,
+                    help="negative check: added to the text tokens' position (txt_ids' last axis)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
 
@@ -250,14 +263,15 @@ def main(argv=None):
     taps = tuple(int(x) for x in a.text_taps.split(",")) if a.text_taps else None
     t0 = time.time()
     pipe, cfg, taps = build_pipeline(a.pack, taps)
-    ours, image, run_info = run(pipe, cfg, taps, result, a.noise_seed, a.extra_steps, a.mu_delta)
+    ours, image, run_info = run(pipe, cfg, taps, result, a.noise_seed, a.extra_steps, a.mu_delta,
+                                a.text_position_offset)
     image.save(os.path.join(a.out, "diffusers.png"))
     np.savez(os.path.join(a.out, "diffusers_trace.npz"), **ours)
     items = compare(result, ours, image, ext_png)
     ok = all(v["ok"] for v in items.values())
     report = {"ok": ok, "items": items, "run": run_info, "seconds": round(time.time() - t0, 1),
               "options": {"noiseSeed": a.noise_seed, "extraSteps": a.extra_steps, "muDelta": a.mu_delta,
-                          "textTaps": a.text_taps}}
+                          "textTaps": a.text_taps, "textPositionOffset": a.text_position_offset}}
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     for name, v in items.items():

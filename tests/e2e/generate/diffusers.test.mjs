@@ -4,7 +4,8 @@
 // exported from, with the extension's initial noise as `latents` (tests/reference/diffusers_pipeline.py).
 // The traced token ids, attention mask, sigmas, noise, position ids (img_ids, txt_ids) and prompt
 // embeddings as fed, and the first velocity must match, and the image within 2 levels; and the same
-// comparison fails when one thing changes on diffusers' side.
+// comparison fails when one thing changes on diffusers' side (another seed's noise, one more step, the
+// schedule's mu, the text taps, the text positions).
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -50,6 +51,8 @@ test('the extension matches diffusers\' Flux2KleinPipeline on an unquantized tin
     // The tiny model's image hardly depends on the text (1 level here): the traced embeddings and first
     // velocity are what catch the taps.
     ['text-taps', ['--text-taps', '0,1,2'], ['promptEmbeds', 'firstVelocity']],
+    // A text-position off-by-one, caught by comparing the position ids as fed.
+    ['text-position', ['--text-position-offset', '1'], ['txtIds']],
   ];
   for (const [name, args, expected] of negatives) {
     const { report, stdout } = await diffusers(dir, files, name, args);
