@@ -42,6 +42,9 @@ test('the extension matches diffusers\' Flux2KleinPipeline on an unquantized tin
   const same = await diffusers(dir, files, 'same');
   console.log(same.stdout.trim());
   assert.deepEqual(differing(same.report), [], same.stdout);
+  const compared = await h.run('python3', ['tests/reference/compare.py', files.png, path.join(h.OUT, 'diffusers-same', 'diffusers.png'), '--tol', '2']);
+  assert.equal(compared.code, 0, `compare.py: ${compared.stdout}${compared.stderr}`);
+  console.log(`against diffusers' image: ${compared.stdout.trim()}`);
 
   // One change on diffusers' side each: the comparison reports it, and the items it must touch differ.
   const negatives = [
