@@ -3,12 +3,13 @@
 upstream model classes.
 
     python3 tools/export/export.py --config tiny|full --activations float16|float32 \
-        [--weights DIR] --out DIR [--seed N] [--verify] [--keep-unquantized]
+        [--weights DIR] --out DIR [--seed N] [--verify] [--keep-unquantized] [--no-quantize]
 
 Writes DIR/text_encoder_q4.onnx (int4 MatMulNBits, block 128) + shards + manifest,
 DIR/transformer_q8.onnx (int8 MatMulNBits, block 128) + shards + manifest, DIR/vae_decoder.onnx
 (float32) + vae_decoder.onnx.data, and DIR/export_info.json (what was built, for verify.py).
 With --keep-unquantized (implied by --verify) the float graphs go to DIR/unquantized/ as well.
+With --no-quantize the text encoder's and the transformer's float graphs take the quantized ones' names.
 Random weights are deterministic for a seed; --weights DIR loads a diffusers-layout checkpoint
 (DIR/text_encoder, DIR/transformer, DIR/vae) instead.
 """
@@ -122,7 +123,8 @@ def export_float(stem, module, inputs, path):
     return m
 
 
-def export_pack(config, activations, out, seed=0, weights=None, keep_unquantized=False, shard_bytes=None):
+def export_pack(config, activations, out, seed=0, weights=None, keep_unquantized=False, shard_bytes=None,
+                quantize=True):
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = models.CONFIGS[config]
     shard_bytes = shard_bytes or cfg.shard_bytes
@@ -150,6 +152,9 @@ def export_pack(config, activations, out, seed=0, weights=None, keep_unquantized
                 ot.save_single(copy.deepcopy(m), unq, stem)
             if stem == "vae_decoder":
                 ot.save_single(m, out, stem)
+            elif not quantize:
+                t_q = 0.0
+                ot.save_sharded(m, out, stem, shard_bytes)
             else:
                 t2 = time.time()
                 m = ot.quantize_matmul_nbits(m, bits=4 if stem == "text_encoder_q4" else 8, block_size=128)
@@ -165,6 +170,7 @@ def export_pack(config, activations, out, seed=0, weights=None, keep_unquantized
             f" LayerNormalization {ops[stem].get('LayerNormalization', 0)}")
     info = {"config": config, "activations": activations, "seed": seed, "weights": weights and os.path.abspath(weights),
             "text_taps": list(cfg.text_taps), "text_layers": cfg.text_layers, "shard_bytes": shard_bytes,
+            "quantized": quantize,
             "versions": versions(), "seconds": timings}
     with open(os.path.join(out, "export_info.json"), "w") as f:
         json.dump(info, f, indent=2)
@@ -196,11 +202,14 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-mb", type=float, help="largest external-data shard in MB (default: the config's)")
     ap.add_argument("--keep-unquantized", action="store_true", help="also write the float graphs to OUT/unquantized/")
+    ap.add_argument("--no-quantize", action="store_true",
+                    help="write the text encoder's and the transformer's float graphs under the pack's names "
+                         "(no MatMulNBits): what tests/reference/diffusers_pipeline.py compares with diffusers")
     ap.add_argument("--verify", action="store_true", help="then verify every graph against PyTorch (verify.py)")
     a = ap.parse_args(argv)
     export_pack(a.config, a.activations, a.out, seed=a.seed, weights=a.weights,
                 keep_unquantized=a.keep_unquantized or a.verify,
-                shard_bytes=int(a.shard_mb * 1e6) if a.shard_mb else None)
+                shard_bytes=int(a.shard_mb * 1e6) if a.shard_mb else None, quantize=not a.no_quantize)
     if a.verify:
         import verify
 

@@ -643,6 +643,17 @@ pub struct Trace {
     /// layout: what two forms of the graph must agree on for the same inputs.
     #[serde(default)]
     pub first_velocity: String,
+    /// The transformer's `img_ids` as fed, `[1, N, 4]`, int64 little-endian, base64.
+    #[serde(default)]
+    pub img_ids: String,
+    /// The transformer's `txt_ids` as fed, `[1, 512, 4]`, int64 little-endian, base64.
+    #[serde(default)]
+    pub txt_ids: String,
+    /// The prompt embeddings fed as `encoder_hidden_states`, the rows of the real tokens only (those
+    /// `attention_mask` marks, the first `T`): `[1, T, 7680]`, float32 little-endian, base64 (the
+    /// padding rows would make it 21 MB).
+    #[serde(default)]
+    pub prompt_embeds: String,
 }
 
 /// An event, broadcast to every extension page.

@@ -439,6 +439,10 @@ pub struct Denoised {
     pub latents: Vec<f32>,
     /// The transformer's output at the first step, `[N, 128]` (for the trace).
     pub first_velocity: Vec<f32>,
+    /// The position ids fed as `img_ids`, `[N, 4]` (for the trace).
+    pub img_ids: Vec<i64>,
+    /// The position ids fed as `txt_ids`, `[512, 4]` (for the trace).
+    pub txt_ids: Vec<i64>,
 }
 
 /// Stage 2, the transformer: from the seed's noise, `steps` Euler steps conditioned on the prompt
@@ -481,9 +485,9 @@ pub async fn denoise(
     let noise = initial_noise(params.seed, params.width, params.height);
     let context = Tensor::from_f32(text_float, &embeddings, &[1, text_tokens, EMBED_WIDTH as i64]);
     drop(embeddings);
-    let img_ids =
-        Tensor::from_i64(image_ids(params.height, params.width), &[1, tokens as i64, ID_AXES as i64]);
-    let txt_ids = Tensor::from_i64(text_ids(), &[1, text_tokens, ID_AXES as i64]);
+    let (img_ids_fed, txt_ids_fed) = (image_ids(params.height, params.width), text_ids());
+    let img_ids = Tensor::from_i64(img_ids_fed.clone(), &[1, tokens as i64, ID_AXES as i64]);
+    let txt_ids = Tensor::from_i64(txt_ids_fed.clone(), &[1, text_tokens, ID_AXES as i64]);
 
     let mut latents = noise.clone();
     let mut first_velocity = Vec::new();
@@ -505,7 +509,7 @@ pub async fn denoise(
         }
         on_step(step as u32 + 1);
     }
-    Ok(Denoised { sigmas, noise, latents, first_velocity })
+    Ok(Denoised { sigmas, noise, latents, first_velocity, img_ids: img_ids_fed, txt_ids: txt_ids_fed })
 }
 
 /// Stage 3, the VAE decoder: the final latents (packed tokens `[N, 128]`) in the layout the decoder

@@ -150,3 +150,27 @@ def test_vae_wrapper_folds_bn_and_unpatchify():
     torch.testing.assert_close(got, want)
     assert float(vae.bn.running_var.std()) > 0.1, "random BN statistics, so the fold is tested"
     np.testing.assert_equal(vae.config.batch_norm_eps, 1e-4)
+
+
+def test_no_quantize(tmp_path):
+    """--no-quantize: the float graphs under the pack's names, sharded as usual, no MatMulNBits; what
+    tests/reference/diffusers_pipeline.py compares with diffusers. The graphs run in ORT to the outputs
+    of the float graphs a quantized export keeps in unquantized/."""
+    import export
+    import onnxruntime as ort
+
+    d = str(tmp_path / "float")
+    info = export.export_pack("tiny", "float32", d, seed=0, quantize=False, keep_unquantized=True)
+    assert info["quantized"] is False
+    with open(os.path.join(d, "export_info.json")) as f:
+        assert json.load(f)["quantized"] is False
+    ex = export.example_inputs(models.TINY, "float32")
+    for stem in SHARDED:
+        with open(os.path.join(d, f"{stem}.manifest.json")) as f:
+            assert len(json.load(f)["shards"]) >= 2
+        m = onnx.load(os.path.join(d, f"{stem}.onnx"), load_external_data=False)
+        assert not [n for n in m.graph.node if n.op_type == "MatMulNBits"]
+        feeds = {k: v.numpy() for k, v in ex[stem].items()}
+        got = ort.InferenceSession(os.path.join(d, f"{stem}.onnx")).run(None, feeds)[0]
+        want = ort.InferenceSession(os.path.join(d, "unquantized", f"{stem}.onnx")).run(None, feeds)[0]
+        np.testing.assert_array_equal(got, want)

@@ -658,6 +658,14 @@ async fn run_stages(
     let (embeddings, encoder_timing) =
         prompt_embeddings(job, params, &prompt, pack, plan.memory.keep).await?;
 
+    // The trace's prompt embeddings: the real tokens' rows of what the transformer is given.
+    let prompt_embeds = if params.trace {
+        let real = prompt.attention_mask.iter().filter(|&&m| m != 0).count() as u32;
+        let values = Float32Array::new(&embeddings).subarray(0, real * EMBED_WIDTH as u32).to_vec();
+        crate::offscreen::stage_worker::base64_f32(&values)
+    } else {
+        String::new()
+    };
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
     let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
@@ -727,6 +735,9 @@ async fn run_stages(
                     sigmas: denoised.sigmas.clone(),
                     noise: denoised.noise.get(index as usize).cloned().unwrap_or_default(),
                     first_velocity: denoised.first_velocity.get(index as usize).cloned().unwrap_or_default(),
+                    img_ids: denoised.img_ids.clone(),
+                    txt_ids: denoised.txt_ids.clone(),
+                    prompt_embeds: prompt_embeds.clone(),
                 });
                 use base64::Engine;
                 let result = GenerateResult {

@@ -844,6 +844,7 @@ async fn transformer(
     let mut latents = Vec::new();
     let (mut noise, mut first_velocity) = (Vec::new(), Vec::new());
     let (mut image_run_ms, mut sigmas) = (Vec::new(), Vec::new());
+    let (mut img_ids, mut txt_ids) = (String::new(), String::new());
     for image in 0..params.count {
         let denoise = DenoiseParams {
             width: params.width,
@@ -859,17 +860,26 @@ async fn transformer(
         if params.trace {
             noise.push(base64_f32(&denoised.noise));
             first_velocity.push(base64_f32(&denoised.first_velocity));
+            img_ids = base64_i64(&denoised.img_ids);
+            txt_ids = base64_i64(&denoised.txt_ids);
         }
         latents.extend_from_slice(&denoised.latents);
         sigmas = denoised.sigmas;
     }
     let timing = stage.end(keep).await;
-    let output = TransformerOutput { sigmas, noise, first_velocity, image_run_ms, timing };
+    let output = TransformerOutput { sigmas, noise, first_velocity, img_ids, txt_ids, image_run_ms, timing };
     Ok((StageOutput::Transformer(output), Some(f32_buffer(&latents))))
 }
 
 /// Float32 values as little-endian bytes in base64 (the trace format).
 pub fn base64_f32(values: &[f32]) -> String {
+    use base64::Engine;
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Int64 values as little-endian bytes in base64 (the trace format).
+pub fn base64_i64(values: &[i64]) -> String {
     use base64::Engine;
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     base64::engine::general_purpose::STANDARD.encode(bytes)

@@ -280,6 +280,12 @@ pub struct TransformerOutput {
     /// Each image's first transformer output, float32 LE base64, when tracing.
     #[serde(default)]
     pub first_velocity: Vec<String>,
+    /// The `img_ids` and `txt_ids` fed (the same for every image), int64 LE base64, when tracing.
+    #[serde(default)]
+    pub img_ids: String,
+    /// See `img_ids`.
+    #[serde(default)]
+    pub txt_ids: String,
     /// Time in ORT's run for each image's denoising loop.
     pub image_run_ms: Vec<f64>,
     /// The transformer's times, all images.
