@@ -43,7 +43,27 @@ test('a file list the Hub serves in pages is read to its last page', { timeout: 
 
 test('install: every pack file once, at the commit, nothing else; generate; deletePack frees it', { timeout: 600_000 }, async (t) => {
   const b = await h.setup(t, { install: false });
+  // Host permissions granted earlier for custom sources (a test cannot answer Chrome's prompt, so the
+  // service worker's chrome.permissions stands in for it): one for another mirror, one for this source.
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  await sw.evaluate(() => {
+    const real = chrome.permissions.getAll.bind(chrome.permissions);
+    self.__granted = ['https://old-mirror.example/*', 'http://127.0.0.1/*'];
+    self.__removed = [];
+    chrome.permissions.getAll = async () => {
+      const all = await real();
+      return { ...all, origins: [...all.origins, ...self.__granted] };
+    };
+    chrome.permissions.remove = async ({ origins }) => {
+      self.__removed.push(origins);
+      self.__granted = self.__granted.filter((o) => !origins.includes(o));
+      return true;
+    };
+  });
   const ev = await h.installPack(b.page, b.hub, REPO);
+  // Installed from this source: the other mirror's permission is given back, this source's kept.
+  for (const t0 = Date.now(); (await sw.evaluate(() => self.__removed.length)) === 0 && Date.now() - t0 < 10_000; ) await h.sleep(100);
+  assert.deepEqual(await sw.evaluate(() => self.__removed), [['https://old-mirror.example/*']]);
   const commit = b.hub.commit(REPO);
   const files = h.packFiles(b.hub, REPO);
   assert.equal(ev.commit, commit);
@@ -79,6 +99,8 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
 
   const del = await h.api(b.page, { type: 'deletePack' });
   assert.equal(del.type, 'done', JSON.stringify(del));
+  // Deleted: nothing uses this source any more, its permission is given back too.
+  assert.deepEqual(await sw.evaluate(() => self.__removed), [['https://old-mirror.example/*'], ['http://127.0.0.1/*']]);
   const after = await h.packStatus(b.page);
   assert.equal(after.installed, false);
   assert.ok(after.storage.usageBytes < st.storage.usageBytes - sum(files) / 2, `storage not freed: ${JSON.stringify([st.storage, after.storage])}`);
