@@ -244,10 +244,14 @@ fn show_params(item: &GalleryItem) {
     if let Some(timings) = &item.timings {
         rows.push((t("galleryTime"), format!("{:.1} s", timings.total_ms / 1000.0)));
     }
-    if let Some(commit) = &item.pack_commit {
-        rows.push((t("galleryPack"), commit.chars().take(12).collect()));
-    }
     fill_definitions(&list, rows);
+    // Which model version made it: for a bug report, not for the eye (behind "Details").
+    let technical = element::<HtmlElement>("viewer-technical");
+    technical.set_text_content(None);
+    if let Some(commit) = &item.pack_commit {
+        fill_definitions(&technical, vec![(t("galleryPack"), commit.chars().take(12).collect())]);
+    }
+    crate::pages::view::set_visible("viewer-more", item.pack_commit.is_some());
 }
 
 /// Puts `?view=<id>` in the page's URL (or takes it out), without reloading.
