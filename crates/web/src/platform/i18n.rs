@@ -452,6 +452,16 @@ mod tests {
                 largest_square: None,
                 cause: Box::new(OffscreenError::StageStopped),
             }),
+            Box::new(OffscreenError::OutOfMemory {
+                budget: Some(7_000_000_000),
+                largest_square: Some(768),
+                cause: Box::new(OffscreenError::StageStopped),
+            }),
+            Box::new(OffscreenError::OutOfMemory {
+                budget: None,
+                largest_square: None,
+                cause: Box::new(OffscreenError::StageStopped),
+            }),
             Box::new(imagine_core::gpu_memory::SettingError { gigabytes: 0.5 }),
         ];
         for op in [
