@@ -36,7 +36,7 @@ use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, sleep_ms, LogError};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
-use crate::platform::settings::{self, take_reuse, Reuse};
+use crate::platform::settings::{take_reuse, Reuse};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
 use crate::platform::storage;
 use results::Results;
@@ -231,9 +231,6 @@ struct Studio {
 }
 
 thread_local! {
-    /// The pack source saved on the options page, as last read: Download asks for its host
-    /// permission synchronously.
-    static SAVED_SOURCE: RefCell<Option<imagine_core::api::PackSource>> = const { RefCell::new(None) };
     static STUDIO: RefCell<Studio> = const { RefCell::new(Studio {
         encoder: Encoder::NotLoaded,
         edit: 0,
@@ -261,17 +258,9 @@ pub fn studio_main() {
     });
     on("cancel", "click", |_| spawn_local(cancel()));
     on("install", "click", |_| {
-        // The source saved on the options page: a host other than the Hub's is asked for here, within
-        // the click as Chrome requires, as the popup and the options page do.
-        let source = SAVED_SOURCE.with_borrow(Clone::clone);
-        let permission = source.as_ref().and_then(settings::request_host_permission);
-        spawn_local(async move {
-            settings::host_permission_answered(permission).await;
-            let source = match source {
-                Some(source) => source,
-                None => storage::SOURCE.get().await.unwrap_or_default(),
-            };
-            setup::install(source).await;
+        spawn_local(async {
+            // The source saved on the options page (which asked for its host permission then).
+            setup::install(storage::SOURCE.get().await.unwrap_or_default()).await;
             refresh_setup().await;
         })
     });
@@ -376,9 +365,7 @@ async fn start() {
 /// until it is.
 async fn refresh_setup() {
     let status = setup::pack_status().await;
-    let source = storage::SOURCE.get().await.unwrap_or_default();
-    SAVED_SOURCE.set(Some(source.clone()));
-    setup::show_status(&status, &source).await;
+    setup::show_status(&status, &storage::SOURCE.get().await.unwrap_or_default()).await;
 }
 
 /// `chrome.runtime.onMessage` in the studio: events only.
