@@ -691,6 +691,34 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         offline: bool,
     },
+    /// The model or its download changed in a way no progress report tells: paused, resumed,
+    /// cancelled, or the model deleted. Pages ask `packStatus` again.
+    PackChanged {},
+    /// Stages were loaded or released, or the keep-loaded setting changed.
+    Residency(Residency),
+    /// Images were deleted from the gallery: `ids`, or every image (`all`).
+    GalleryDeleted {
+        ids: Vec<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        all: bool,
+    },
+}
+
+impl Request {
+    /// What every open page should hear once this request is done, where no other event tells it.
+    pub fn announcement(&self) -> Option<Event> {
+        match self {
+            Request::PausePack {}
+            | Request::ResumePack {}
+            | Request::CancelPack {}
+            | Request::DeletePack {} => Some(Event::PackChanged {}),
+            Request::GalleryDelete { id } => {
+                Some(Event::GalleryDeleted { ids: vec![id.clone()], all: false })
+            }
+            Request::GalleryClear {} => Some(Event::GalleryDeleted { ids: Vec::new(), all: true }),
+            _ => None,
+        }
+    }
 }
 
 impl Reply {
@@ -727,6 +755,7 @@ impl Event {
                 _ => String::new(),
             }),
             Event::PackInstalled { .. } | Event::PackFailed { .. } => Some(String::new()),
+            Event::PackChanged {} | Event::Residency(_) | Event::GalleryDeleted { .. } => None,
         }
     }
 }

@@ -160,22 +160,25 @@ test('errors made outside the page (core, service worker, download) are shown in
   await studio.click('#generate');
   assert.equal(await fieldError(studio, 'seed'), 'Seed "abc" ist nicht erlaubt: Verwenden Sie eine ganze Zahl von 0 bis 18446744073709551615 oder lassen Sie das Feld für einen zufälligen leer.');
   assert.equal(await studio.isHidden('#steps-error'), true);
-  // The service worker's own refusal, in German too: the model deleted while the studio is open.
+  // The model deleted while the studio is open: the studio holds Generate back at once, saying why in
+  // German; the service worker's own refusal of a request sent anyway is German too.
   await studio.fill('#seed', '7');
   await h.api(b.page, { type: 'deletePack' });
-  await studio.click('#generate');
-  await studio.waitForSelector('#error:not([hidden])', { timeout: 30_000 });
-  assert.equal((await studio.textContent('#error')).trim(), await studio.evaluate(() => chrome.i18n.getMessage('errSwNoPack')));
-  assert.match(await studio.textContent('#error'), /^das Modell ist noch nicht installiert/);
+  await studio.waitForSelector('#generate[aria-disabled="true"]', { timeout: 5_000 });
+  assert.equal((await studio.textContent('#generate-reason')).trim(), await studio.evaluate(() => chrome.i18n.getMessage('setupGenerateReason')));
+  const refused = await h.api(b.page, { type: 'generate', prompt: 'eine Katze' });
+  assert.equal(refused.message.key, 'errSwNoPack');
+  assert.match(await studio.evaluate((m) => chrome.i18n.getMessage(m.key, m.args), refused.message), /^Das Modell ist noch nicht installiert/);
   await studio.close();
 
   // The options page: a refused source, checked by the core in the page, with the rule it breaks.
   const options = await b.context.newPage();
   await options.goto(h.extensionUrl(b.extensionId, 'options.html'));
+  await options.click('#source-advanced summary');
   await options.fill('#hub-repo', 'a b');
   await options.click('#save-source');
   await options.waitForSelector('#model-error:not([hidden])', { timeout: 30_000 });
-  assert.equal((await options.textContent('#model-error')).trim(), 'repo "a b" ist nicht erlaubt: es muss die Form Besitzer/Name haben');
+  assert.equal((await options.textContent('#model-error')).trim(), 'Repo "a b" ist nicht erlaubt: es muss die Form Besitzer/Name haben.');
   await options.close();
 
   // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL as it is.
@@ -187,5 +190,5 @@ test('errors made outside the page (core, service worker, download) are shown in
   await b.page.reload();
   await b.page.waitForSelector('#download-error:not([hidden])', { timeout: 30_000 });
   const shown = (await b.page.textContent('#download-error')).trim();
-  assert.match(shown, /fixtures\/missing.* wurde nicht gefunden \(HTTP 404\)$/, shown);
+  assert.match(shown, /fixtures\/missing.* wurde nicht gefunden \(HTTP 404\)\.$/, shown);
 });

@@ -53,6 +53,28 @@ test('context menu on a selection opens result.html with the image, made with th
   await tab.waitForURL(/\/studio\.html\?job=/);
   await tab.waitForFunction(() => document.querySelector('#image')?.src?.startsWith('data:image/png') && !document.querySelector('#result').hidden, null, { timeout: 60_000 });
   assert.match(await tab.textContent('#meta'), /^256×320, 2 steps, /);
+
+  // While an image is made the page shows the studio's progress (the stage, a bar, the time so far)
+  // and Cancel, which stops it.
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 320, steps: 50, schedule: 'linear-shift' } }));
+  const [slow] = await Promise.all([
+    b.context.waitForEvent('page', { timeout: 30_000 }),
+    sw.evaluate(() =>
+      chrome.contextMenus.onClicked.dispatch(
+        { menuItemId: 'imagine-selection', selectionText: 'a slow lighthouse', editable: false, pageUrl: 'https://example.com/' },
+        { id: -1 },
+      ),
+    ),
+  ]);
+  await slow.waitForFunction(() => document.querySelector('#stage-steps').className === 'now' && Number(document.querySelector('#progress-bar').value) > 0.1, null, { timeout: 60_000 });
+  assert.match(await slow.textContent('#timing'), /\d+ s/);
+  assert.equal(await slow.isVisible('#cancel'), true);
+  await slow.click('#cancel');
+  await slow.waitForFunction(() => document.querySelector('#progress').textContent === 'Cancelled.', null, { timeout: 30_000 });
+  assert.equal(await slow.isVisible('#run'), false);
+  assert.equal(await slow.isVisible('#image'), false);
+  const slowJob = new URL(slow.url()).searchParams.get('job');
+  assert.equal((await h.endedJob(b.page, slowJob)).status, 'cancelled');
 });
 
 /** Dispatches the context menu's click on `selectionText` as a private (incognito) window's tab would. */

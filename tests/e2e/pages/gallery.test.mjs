@@ -302,21 +302,55 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.equal((await gridIds(gallery, 2)).length, 2);
   });
 
-  await t.test('delete one', async () => {
-    await gallery.click(`#grid button.thumb[data-id="${barn}"]`);
+  await t.test('delete one: Undo for a moment, then gone from every open page', async () => {
+    // A new image (the relaunch forgot the earlier jobs), open elsewhere: the studio showing it,
+    // another gallery with its large view.
+    assert.equal((await h.api(b.page, { type: 'galleryLimit', maxItems: 10 })).maxItems, 10);
+    const { result } = await h.generateOk(b.page, { prompt: 'an owl at night', width: 256, height: 256, steps: 1, seed: '17' });
+    const owl = result.job;
+    assert.deepEqual(await gridIds(gallery, 3), [owl, barn, fox]);
+    const studio = await b.context.newPage();
+    await studio.goto(h.extensionUrl(b.extensionId, `studio.html?job=${owl}`));
+    await studio.waitForSelector('#result:not([hidden]) #image[src^="data:image/png"]');
+    const other = await b.context.newPage();
+    await other.goto(h.extensionUrl(b.extensionId, `gallery.html?view=${owl}`));
+    await other.waitForSelector('#viewer[open]');
+    await gallery.bringToFront();
+
+    await gallery.click(`#grid button.thumb[data-id="${owl}"]`);
     await gallery.waitForSelector('#viewer[open]');
     await gallery.click('#delete');
-    assert.deepEqual(await gridIds(gallery, 1), [fox]);
-    // One image is "1 image".
-    await gallery.waitForFunction(() => /^1 image, /.test(document.querySelector('#usage').textContent));
+    assert.deepEqual(await gridIds(gallery, 2), [barn, fox]);
+    await gallery.waitForSelector('#undo-bar:not([hidden])');
+    // Not deleted yet: Undo brings it back, with the focus on it.
+    assert.notEqual((await h.opfsTree(b.page))[`gallery/${owl}.png`], undefined);
+    await gallery.click('#undo');
+    assert.deepEqual(await gridIds(gallery, 3), [owl, barn, fox]);
+    await gallery.waitForFunction((id) => document.activeElement?.dataset?.id === id, owl, { timeout: 5_000 });
+
+    // Deleted again and left alone: deleted once Undo is no longer offered.
+    await gallery.click(`#grid button.thumb[data-id="${owl}"]`);
+    await gallery.waitForSelector('#viewer[open]');
+    await gallery.click('#delete');
+    assert.deepEqual(await gridIds(gallery, 2), [barn, fox]);
+    await gallery.waitForFunction(() => /^2 images, /.test(document.querySelector('#usage').textContent), null, { timeout: 20_000 });
+    await gallery.waitForSelector('#undo-bar', { state: 'hidden' });
     // The focus goes to the thumbnail that took the deleted one's place, not to nowhere.
-    await gallery.waitForFunction((id) => document.activeElement?.dataset?.id === id, fox, { timeout: 5_000 });
-    assert.equal((await h.opfsTree(b.page))[`gallery/${barn}.png`], undefined);
-    const again = await h.api(b.page, { type: 'galleryDelete', id: barn });
+    await gallery.waitForFunction((id) => document.activeElement?.dataset?.id === id, barn, { timeout: 5_000 });
+    assert.equal((await h.opfsTree(b.page))[`gallery/${owl}.png`], undefined);
+    // The other pages let it go at once: no error about an image the user deleted.
+    assert.deepEqual(await gridIds(other, 2), [barn, fox]);
+    await other.waitForSelector('#viewer:not([open])', { state: 'attached' });
+    await studio.waitForSelector('#result', { state: 'hidden' });
+    assert.equal(await studio.isVisible('#error'), false);
+    await studio.close();
+    await other.close();
+
+    const again = await h.api(b.page, { type: 'galleryDelete', id: owl });
     assert.deepEqual(again, {
       type: 'error',
-      error: `there is no image "${barn}" in the gallery`,
-      message: { key: 'errGalleryNotFound', args: [`"${barn}"`] },
+      error: `there is no image "${owl}" in the gallery`,
+      message: { key: 'errGalleryNotFound', args: [`"${owl}"`] },
     });
     const bad = await h.api(b.page, { type: 'galleryImage', id: '../packs' });
     assert.equal(bad.type, 'error');
@@ -327,7 +361,7 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     await gallery.click('#clear');
     await gallery.waitForSelector('#confirm[open]');
     await gallery.click('#confirm-no');
-    assert.equal((await list(b.page)).count, 1);
+    assert.equal((await list(b.page)).count, 2);
     await gallery.click('#clear');
     await gallery.click('#confirm-yes');
     await gallery.waitForSelector('#empty:not([hidden])');

@@ -27,6 +27,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     // installed pack's source typed in, that pack's (the float32 fixture: nothing to convert). The
     // details say how Linux + NVIDIA gets the feature.
     assert.match(await options.textContent('#device-verdict'), /converted once at download \(about \+0\.9 GB\)/);
+    await options.click('#source-advanced summary');
     await options.fill('#hub-endpoint', b.hub.url);
     await options.fill('#hub-repo', b.repo);
     await options.waitForFunction(() => document.querySelector('#device-verdict').textContent === 'Your GPU lacks 16-bit floats, but this model needs none: it runs as downloaded.');
@@ -42,11 +43,24 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
 
   await t.test('defaults are checked, saved, and the popup and the studio start from them', async () => {
     await options.waitForFunction(() => document.querySelector('#default-width').value === '512');
+    // Every value not allowed is marked at its own field at once, with the nearest allowed values
+    // offered; nothing is saved; the focus is on the first.
     await options.fill('#default-width', '300');
+    await options.fill('#default-steps', '99');
     await options.click('#save-defaults');
-    await options.waitForFunction(() => /width/.test(document.querySelector('#defaults-status').textContent));
+    await options.waitForSelector('#default-steps-error:not([hidden])');
+    assert.equal(await options.textContent('#default-width-error .message'), '300 pixels is not allowed: use a multiple of 16 from 256 to 1536.');
+    assert.equal(await options.textContent('#default-steps-error .message'), '99 steps is not allowed: choose from 1 to 50 (more steps take longer).');
+    assert.equal(await options.isHidden('#default-height-error'), true);
+    assert.equal(await options.evaluate(() => document.activeElement.id), 'default-width');
+    assert.equal(await options.textContent('#defaults-status'), '');
     assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.defaults')), {});
+    assert.deepEqual(await options.$$eval('#default-width-error .fixes button', (bs) => bs.map((b) => b.textContent)), ['Use 288', 'Use 304']);
+    await options.click('#default-steps-error .fixes button');
+    assert.equal(await options.inputValue('#default-steps'), '50');
+    assert.equal(await options.isHidden('#default-steps-error'), true);
     await options.fill('#default-width', '768');
+    assert.equal(await options.isHidden('#default-width-error'), true);
     await options.fill('#default-height', '384');
     await options.fill('#default-steps', '6');
     await options.selectOption('#default-schedule', 'linear-shift');
@@ -77,6 +91,9 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
   });
 
   await t.test('the source is saved and the popup offers it', async () => {
+    // Folded away under "Advanced" while the source is the model's own.
+    assert.equal(await options.isVisible('#hub-revision'), false);
+    await options.click('#source-advanced summary');
     await options.fill('#hub-revision', 'v1.0');
     await options.click('#save-source');
     await options.waitForFunction(() => document.querySelector('#model-status').textContent.startsWith('Source saved. '));
@@ -95,7 +112,8 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     const page = await h.api(b.page, { type: 'galleryList' });
     assert.deepEqual(page.limit, { maxItems: 7, maxBytes: 64_000_000 });
     // A limit out of range is marked at its field, in the field's own terms, and nothing is sent.
-    for (const [field, value, text] of [['#max-items', '0', 'Keep between 1 and 10000 images.'], ['#max-megabytes', '70000', 'Use between 1 and 64000 MB.']]) {
+    // Half a megabyte is below the limit too, not cut to a whole number and ignored.
+    for (const [field, value, text] of [['#max-items', '0', 'Keep between 1 and 10000 images.'], ['#max-megabytes', '70000', 'Use between 1 and 64000 MB.'], ['#max-megabytes', '0.5', 'Use between 1 and 64000 MB.']]) {
       await options.fill(field, value);
       await options.click('#save-limit');
       await options.waitForFunction((f) => document.querySelector(f).getAttribute('aria-invalid') === 'true', field);
@@ -116,10 +134,9 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
     assert.equal(await options.inputValue('#keep-loaded'), '300');
     assert.equal(await status(), 'Nothing is loaded now.');
+    // Followed while the page is open: no reload.
     await h.generateOk(b.page, { prompt: 'a kettle', width: 256, height: 256, steps: 1, seed: '5' });
-    await options.reload();
-    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent !== '');
-    assert.equal(await status(), 'Loaded now: text encoder, transformer, decoder.');
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent === 'Loaded now: text encoder, transformer, decoder.', null, { timeout: 10_000 });
     await options.selectOption('#keep-loaded', '0');
     await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent === 'Nothing is loaded now.');
     assert.deepEqual(await options.evaluate(() => chrome.storage.local.get('imagine.keepLoaded')), { 'imagine.keepLoaded': 0 });
@@ -167,11 +184,28 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     await h.sleep(500);
     assert.equal((await h.packStatus(b.page)).installed, true);
     assert.match(await options.textContent('#model-status'), /^Installed: fixtures\/f32/);
+    // Deleted with the stages loaded and the popup and the studio open: every page follows at once.
+    await h.generateOk(b.page, { prompt: 'a kettle', width: 256, height: 256, steps: 1, seed: '6' });
+    await options.waitForFunction(() => /^Loaded now: /.test(document.querySelector('#keep-loaded-status').textContent), null, { timeout: 10_000 });
+    const popup = await b.context.newPage();
+    await popup.goto(h.extensionUrl(b.extensionId, 'popup.html'));
+    await popup.waitForFunction(() => /^Model installed/.test(document.querySelector('#pack-status').textContent), null, { timeout: 15_000 });
+    const studio = await b.context.newPage();
+    await studio.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+    await studio.waitForSelector('#setup', { state: 'hidden', timeout: 15_000 });
+    assert.equal(await studio.getAttribute('#generate', 'aria-disabled'), null);
+    await options.bringToFront();
     await options.click('#delete-pack');
     await options.click('#delete-confirm-yes');
     await options.waitForFunction(() => document.querySelector('#model-status').textContent === 'The model is not installed yet.');
     assert.equal((await h.packStatus(b.page)).installed, false);
     assert.equal(await options.isHidden('#delete-pack'), true);
+    await options.waitForFunction(() => document.querySelector('#keep-loaded-status').textContent === 'Nothing is loaded now.', null, { timeout: 5_000 });
+    await popup.waitForFunction(() => document.querySelector('#pack-status').textContent === 'The model is not installed yet.', null, { timeout: 5_000 });
+    await studio.waitForSelector('#setup', { state: 'visible', timeout: 5_000 });
+    assert.equal(await studio.getAttribute('#generate', 'aria-disabled'), 'true');
+    await popup.close();
+    await studio.close();
   });
 });
 

@@ -174,7 +174,7 @@ for (const lang of ['en', 'de']) {
   });
 }
 
-test('the studio follows a download started elsewhere, and cancelling it there brings the Download button back', { timeout: 180_000 }, async (t) => {
+test('the studio, the popup and the options page follow a download started elsewhere; cancelled in the studio, every page brings the Download button back', { timeout: 180_000 }, async (t) => {
   const b = await h.setupPadded(t);
   b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 1 << 20 });
   const studio = await open(b, 'studio.html');
@@ -184,10 +184,17 @@ test('the studio follows a download started elsewhere, and cancelling it there b
   await studio.waitForFunction(() => Number(document.querySelector('#download-bar').getAttribute('aria-valuenow')) > 0, null, { timeout: 30_000 });
   assert.equal(await studio.isVisible('#install'), false);
   assert.equal(await studio.getAttribute('#generate', 'aria-disabled'), 'true');
+  // The popup and the options page follow too, and are told of the cancel at once.
+  const popup = await open(b, 'popup.html');
+  const options = await open(b, 'options.html');
+  for (const page of [popup, options]) await page.waitForSelector('#download', { state: 'visible', timeout: 15_000 });
+  await studio.bringToFront();
   await studio.click('#cancel-download');
   await studio.waitForSelector('#install', { state: 'visible', timeout: 15_000 });
   assert.equal(await studio.isVisible('#download'), false);
   assert.equal((await h.packStatus(b.page)).download, null);
+  for (const page of [popup, options]) await page.waitForSelector('#download', { state: 'hidden', timeout: 5_000 });
+  await popup.waitForSelector('#install', { state: 'visible', timeout: 5_000 });
 });
 
 test('first-time flow: a fresh profile opens the studio, downloads from the Hub, generates and sees the image without scrolling', { timeout: 420_000 }, async (t) => {

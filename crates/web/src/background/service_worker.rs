@@ -21,7 +21,7 @@ use imagine_core::message::{ErrorText, Localize};
 use imagine_core::{Backend, ParamError};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{future_to_promise, JsFuture};
+use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
 
 use crate::background::gpu_memory;
 use crate::background::notify;
@@ -71,7 +71,7 @@ pub enum ServiceWorkerError {
     Installing,
     /// `generate` with no pack installed.
     #[error(
-        "the model is not installed yet: download it (from the popup or the settings page) before making images"
+        "The model is not installed yet: download it in the studio, the popup or the settings, then make images"
     )]
     NoPack,
     /// Asking the Hub for a pack's plan (`packPlan`).
@@ -352,7 +352,18 @@ pub fn service_worker_command(command: String, panel: js_sys::Promise) -> js_sys
     })
 }
 
+/// Answers `request`; what it changed that no other event tells reaches every open page.
 async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
+    let announcement = request.announcement();
+    let reply = answer(request).await?;
+    if let Some(event) = announcement {
+        // Not awaited: the page that asked gets its reply first.
+        spawn_local(async move { messaging::broadcast(&event).await });
+    }
+    Ok(reply)
+}
+
+async fn answer(request: Request) -> Result<Reply, ServiceWorkerError> {
     Ok(match request {
         Request::InstallPack(request) => {
             install(request).await?;
@@ -399,10 +410,12 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
         }
         Request::GalleryDelete { id } => {
             gallery_store::delete(&id).await?;
+            forget_deleted_focus().await;
             Reply::Done
         }
         Request::GalleryClear {} => {
             gallery_store::clear().await?;
+            forget_deleted_focus().await;
             Reply::Done
         }
         Request::GalleryExport {} => {
@@ -742,7 +755,12 @@ async fn keep_loaded(request: KeepLoadedRequest) -> Result<Residency, ServiceWor
     } else {
         Vec::new()
     };
-    Ok(Residency { seconds: settings::keep_loaded_seconds().await, loaded })
+    let residency = Residency { seconds: settings::keep_loaded_seconds().await, loaded };
+    if seconds.is_some() {
+        let event = Event::Residency(residency.clone());
+        spawn_local(async move { messaging::broadcast(&event).await });
+    }
+    Ok(residency)
 }
 
 /// The stages loaded in the offscreen document now (none when it is closed).
@@ -912,6 +930,8 @@ async fn record(event: Event) {
                 clear_alarm(DOWNLOAD_ALARM).await;
             }
         }
+        // For the pages: nothing the service worker keeps.
+        Event::PackChanged {} | Event::Residency(_) | Event::GalleryDeleted { .. } => {}
     }
 }
 
@@ -945,6 +965,16 @@ async fn update_download(change: impl FnOnce(&mut Download)) {
     }
 }
 
+/// The studio's focus goes once every image of its finished job was deleted from the gallery: a
+/// studio opened later starts empty, not with an error about an image the user deleted.
+async fn forget_deleted_focus() {
+    let Some(job) = storage::STUDIO_FOCUS.get().await.and_then(|focus| focus.job) else { return };
+    let done = matches!(records::job(&job).get().await, Some(JobState::Done { .. }));
+    if done && job_state(&job).await == JobState::Unknown {
+        storage::STUDIO_FOCUS.remove_or_log().await;
+    }
+}
+
 /// The images of a batch recorded so far (without their PNGs); `None` when the job is done already.
 async fn finished_images(job: &str) -> Option<Vec<GenerateResult>> {
     match records::job(job).get().await {
@@ -969,11 +999,24 @@ async fn job_state(job: &str) -> JobState {
         | JobState::Cancelled { results } => results,
         JobState::Unknown => return state,
     };
-    for result in results.iter_mut() {
-        match kept_image(job, result).await {
-            Ok(png) => result.png = png,
+    let mut kept = Vec::with_capacity(results.len());
+    for mut result in std::mem::take(results) {
+        match kept_image(job, &result).await {
+            Ok(png) => {
+                result.png = png;
+                kept.push(result);
+            }
+            // Deleted from the gallery since: the job shows the images left.
+            Err(ServiceWorkerError::NotKept(GalleryStoreError::Gallery(
+                gallery::GalleryError::NotFound(_),
+            ))) => {}
             Err(e) => return JobState::failed(&e),
         }
+    }
+    let none_left = kept.is_empty();
+    *results = kept;
+    if none_left && matches!(state, JobState::Done { .. }) {
+        return JobState::Unknown;
     }
     if let JobState::Done { result, results } = &mut state {
         if let Some(last) = results.last() {

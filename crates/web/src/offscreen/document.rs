@@ -15,8 +15,8 @@ use futures_channel::mpsc;
 use futures_util::future::Either;
 use futures_util::StreamExt;
 use imagine_core::api::{
-    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Sender, Stage,
-    StageTimings, Timings, Trace,
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Residency, Sender,
+    Stage, StageTimings, Timings, Trace,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::gpu_memory::{
@@ -233,6 +233,8 @@ struct State {
     resident: Vec<StageRun>,
     /// The pack (commit) the resident workers loaded.
     resident_pack: Option<String>,
+    /// The stages the pages were last told are loaded ([`announce_residency`]).
+    announced_loaded: Vec<Stage>,
     /// How long stages stay loaded after the last job (the service worker's `keepLoaded`).
     keep_loaded_seconds: u32,
     /// `keepLoaded` was 0 at some moment of the running job: its stages end with it even if the
@@ -269,6 +271,7 @@ impl Default for State {
             next_run: 0,
             resident: Vec::new(),
             resident_pack: None,
+            announced_loaded: Vec::new(),
             keep_loaded_seconds: DEFAULT_KEEP_LOADED_SECONDS,
             release_running: false,
             idle_epoch: 0,
@@ -368,7 +371,15 @@ async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenRe
             remove_staging().await?;
         }
         OffscreenCommand::StopStore { commit } => {
-            STATE.with_borrow_mut(|state| state.no_store_for = Some(commit));
+            // The stages kept loaded from the pack being deleted would only hold GPU memory.
+            let resident_of_it = STATE.with_borrow_mut(|state| {
+                let of_it = state.resident_pack.as_ref() == Some(&commit);
+                state.no_store_for = Some(commit);
+                of_it
+            });
+            if resident_of_it {
+                unload();
+            }
             stop_store();
         }
         OffscreenCommand::InstallStatus => {}
@@ -792,6 +803,23 @@ fn loaded_stages(state: &State) -> Vec<Stage> {
         .collect()
 }
 
+/// Tells every page which stages are loaded now, if that changed since it was last told. Called as
+/// workers start and end; the check runs once the current task is done, so a burst is told once.
+fn announce_residency() {
+    spawn_local(async {
+        let residency = STATE.with_borrow_mut(|state| {
+            let loaded = loaded_stages(state);
+            (state.announced_loaded != loaded).then(|| {
+                state.announced_loaded = loaded.clone();
+                Residency { seconds: state.keep_loaded_seconds, loaded }
+            })
+        });
+        if let Some(residency) = residency {
+            broadcast(&Event::Residency(residency)).await;
+        }
+    });
+}
+
 /// Starts the idle period: the resident stages are unloaded once it has lasted `keepLoaded` seconds
 /// (at once for 0), unless a job starts first.
 fn unload_later() {
@@ -995,6 +1023,7 @@ impl StageRun {
                     state.current.push(current);
                     id
                 });
+                announce_residency();
                 let (job, pixels) = (job.to_owned(), task.pixels());
                 StageRun { id, stage, backend, worker, inbox, job, quiet_ms: 0.0, pixels, options }
             }
@@ -1139,6 +1168,7 @@ impl Drop for StageRun {
     fn drop(&mut self) {
         self.worker.terminate();
         STATE.with_borrow_mut(|state| state.current.retain(|current| current.id != self.id));
+        announce_residency();
     }
 }
 

@@ -1,17 +1,20 @@
 //! Checking the studio's and the popup's generate form before a request is sent: an empty prompt, a
 //! prompt too long, a size, a number of steps or a seed that is not allowed is shown at its control
 //! (`aria-invalid`, a message tied to it by `aria-describedby`, focus moved to it), in the page's
-//! language, and no job is started. A size that is not allowed comes with buttons that put the nearest
-//! allowed ones in its place. Any other problem (a page's own setting such as the schedule) is the
+//! language, and no job is started. A size or a number of steps that is not allowed comes with
+//! buttons that put the nearest allowed values in its place. Any other problem (a page's own setting such as the schedule) is the
 //! page's general error, as the service worker would say it.
 //!
 //! Each checked control `#id` has a message element `#id-error` (hidden while the control is valid)
-//! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`.
+//! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`. The
+//! options page's defaults are the same controls under a prefix (`#default-width`, ...).
 
 use imagine_core::api::GenerateRequest;
 #[cfg(test)]
 use imagine_core::api::Seed;
-use imagine_core::params::{nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MIN_SIZE, SIZE_MULTIPLE};
+use imagine_core::params::{
+    nearest_sizes, GenerateParams, ParamError, MAX_SIZE, MAX_STEPS, MIN_SIZE, SIZE_MULTIPLE,
+};
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
@@ -54,16 +57,25 @@ pub fn check(request: &GenerateRequest) -> Result<GenerateParams, Problem> {
     })
 }
 
+/// The controls whose message offers values to put in their place.
+const FIXED_FIELDS: [&str; 3] = ["width", "height", "steps"];
+
 /// Wires the fix buttons (one listener per message) and clears a control's mark once it is edited.
 pub fn wire() {
     for field in FIELDS {
         clear_on_input(field);
     }
-    for field in ["width", "height"] {
+    wire_fixes("");
+}
+
+/// Wires the fix buttons of the controls named `prefix` + one of width, height, steps.
+pub fn wire_fixes(prefix: &'static str) {
+    for field in FIXED_FIELDS {
+        let field = format!("{prefix}{field}");
         let id = format!("{field}-error");
         on_item_click(&id, "button[data-value]", move |button| {
             let Some(value) = button.get_attribute("data-value") else { return };
-            let control = element::<HtmlInputElement>(field);
+            let control = element::<HtmlInputElement>(&field);
             control.set_value(&value);
             // The page hears it as typed (the studio's presets follow the size).
             if let Ok(event) = web_sys::Event::new("input") {
@@ -94,42 +106,60 @@ fn clear_field(field: &str) {
 /// Shows `problem` at its control and moves the focus there; `Some(text)` for a problem no control
 /// shows, for the page's general error.
 pub fn show(problem: &Problem) -> Option<String> {
+    show_at(problem, "")
+}
+
+/// [`show`], for controls named `prefix` + the field.
+pub fn show_at(problem: &Problem, prefix: &str) -> Option<String> {
     let (field, error) = match problem {
         Problem::EmptyPrompt => ("prompt", None),
         Problem::Field { field, error } => (*field, Some(error)),
         Problem::Other(error) => return Some(i18n::error(error)),
     };
+    let field = format!("{prefix}{field}");
     let text = match error {
         None => i18n::t("fieldPromptEmpty"),
         Some(ParamError::Size { value, .. }) => i18n::t_args(
             "fieldSizeInvalid",
             &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
         ),
-        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value, &u64::MAX.to_string()]),
+        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value]),
+        Some(ParamError::Steps { value }) => {
+            i18n::t_args("fieldStepsInvalid", &[&value.to_string(), &MAX_STEPS.to_string()])
+        }
         Some(other) => i18n::error(other),
     };
-    let sizes = match error {
-        Some(ParamError::Size { value, .. }) => nearest_sizes(*value),
-        _ => Vec::new(),
+    // The allowed values nearest to the one typed, each on a button that puts it in its place.
+    let (values, nearest) = match error {
+        Some(ParamError::Size { value, .. }) => {
+            let sizes: Vec<String> = nearest_sizes(*value).iter().map(u32::to_string).collect();
+            let nearest = match sizes.as_slice() {
+                [one] => Some(i18n::t_args("fieldSizeNearest1", &[one])),
+                [low, high] => Some(i18n::t_args("fieldSizeNearest2", &[low, high])),
+                _ => None,
+            };
+            (sizes, nearest)
+        }
+        Some(ParamError::Steps { value }) => (vec![nearest_steps(*value).to_string()], None),
+        _ => (Vec::new(), None),
     };
     let message = element::<HtmlElement>(&format!("{field}-error"));
     child::<HtmlElement>(&message, ".message").set_text_content(Some(&text));
     let fixes = child::<HtmlElement>(&message, ".fixes");
     fixes.set_text_content(None);
-    let sizes_text: Vec<String> = sizes.iter().map(u32::to_string).collect();
-    let nearest = match sizes_text.as_slice() {
-        [one] => Some(i18n::t_args("fieldSizeNearest1", &[one])),
-        [low, high] => Some(i18n::t_args("fieldSizeNearest2", &[low, high])),
-        _ => None,
-    };
     if let Some(nearest) = nearest {
         append(&fixes, "span", &nearest, None);
-        for size in &sizes_text {
-            append(&fixes, "button", &i18n::t_args("fieldUseSize", &[size]), Some(size));
-        }
     }
-    reveal(field, &message);
+    for value in &values {
+        append(&fixes, "button", &i18n::t_args("fieldUseSize", &[value]), Some(value));
+    }
+    reveal(&field, &message);
     None
+}
+
+/// The allowed number of steps nearest to `value`.
+pub fn nearest_steps(value: i64) -> u32 {
+    value.clamp(1, i64::from(MAX_STEPS)) as u32
 }
 
 /// Shows `text` at the control `field` (whose message element is `#field-error`, as above), marks it
@@ -190,5 +220,13 @@ mod tests {
         let schedule = GenerateRequest { schedule: Some("x".into()), ..form("a cat", 512) };
         assert!(matches!(check(&schedule), Err(Problem::Other(_))));
         assert_eq!(check(&form("a cat", 496)).map(|p| p.width), Ok(496));
+    }
+
+    #[test]
+    fn steps_out_of_range_are_offered_the_nearest_allowed() {
+        assert_eq!(nearest_steps(99), MAX_STEPS);
+        assert_eq!(nearest_steps(0), 1);
+        assert_eq!(nearest_steps(-5), 1);
+        assert_eq!(nearest_steps(12), 12);
     }
 }

@@ -1,6 +1,7 @@
 //! The gallery page: every kept image as a grid, newest first, searchable by prompt; a large view
 //! with the parameters; reuse (in whatever the toolbar button opens: the studio or the popup), delete
-//! one or all, export all as a zip.
+//! one or all, export all as a zip. A single delete can be taken back for [`UNDO_MS`]: the image
+//! leaves the grid at once and is deleted when that time is up (or the page closes).
 //!
 //! While the large view is open the page's URL carries `?view=<id>`, which is how the service worker
 //! knows not to drop that image when the gallery is over its limit (`gallery::viewed_ids`). Thumbnails
@@ -20,7 +21,7 @@ use crate::pages::view::{
     show_png,
 };
 use crate::platform::i18n::{self, t, t_args};
-use crate::platform::js::{from_js, get, settled, sleep_ms, LogError};
+use crate::platform::js::{from_js, get, settled, sleep_ms, to_js, LogError};
 use crate::platform::messaging::request;
 use crate::platform::opfs;
 use crate::platform::protocol::ToolbarOpens;
@@ -28,8 +29,13 @@ use crate::platform::settings::Reuse;
 use crate::platform::side_panel::{self, toolbar_choice};
 use crate::platform::storage;
 
+/// How long "Undo" is offered after a single delete, before the image is deleted for good.
+const UNDO_MS: u64 = 6_000;
+
 #[derive(Default)]
 struct State {
+    /// The image deleted on this page, still offered back ("Undo"): hidden here, not yet deleted.
+    pending_delete: Option<String>,
     /// What the grid shows, newest first.
     items: Vec<GalleryItem>,
     /// Object URLs of the thumbnails, revoked when the grid is redrawn.
@@ -62,6 +68,21 @@ pub fn gallery_page_main() {
     on("confirm-no", "click", |_| dialog("confirm").close());
     on("reuse", "click", |_| reuse());
     on("delete", "click", |_| spawn_local(delete_viewed()));
+    on("undo", "click", |_| spawn_local(undo()));
+    // Closed within the undo time: the deletion is sent as the page goes (not awaited: it is on its way
+    // before the page is gone).
+    let flush = Closure::<dyn Fn()>::new(|| {
+        if let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) {
+            crate::platform::chrome::runtime_send_message(&to_js(&Request::GalleryDelete { id }))
+                .log_error("deleting the image as the page closes");
+        }
+    });
+    if let Some(window) = web_sys::window() {
+        window
+            .add_event_listener_with_callback("pagehide", flush.as_ref().unchecked_ref())
+            .log_error("no pagehide listener");
+    }
+    flush.forget();
     on("viewer-close", "click", |_| dialog("viewer").close());
     on("viewer", "close", |_| viewer_closed());
     on_item_click("grid", ".thumb[data-id]", |thumb| {
@@ -84,10 +105,22 @@ pub fn gallery_page_main() {
     });
 }
 
-/// `chrome.runtime.onMessage` on the gallery page: a new image shows up at once.
+/// `chrome.runtime.onMessage` on the gallery page: a new image shows up at once, one deleted elsewhere
+/// goes (and its large view with it).
 #[wasm_bindgen(js_name = galleryPageEvent)]
 pub fn gallery_page_event(message: JsValue) {
-    if let Ok(Event::Result(result)) = from_js::<Event>(&message) {
+    let event = from_js::<Event>(&message);
+    if let Ok(Event::GalleryDeleted { ids, all }) = &event {
+        let viewed = STATE.with_borrow(|s| s.viewing.as_ref().map(|i| i.id.clone()));
+        if viewed.is_some_and(|id| *all || ids.contains(&id)) {
+            dialog("viewer").close();
+        }
+        // This page's own deletions have left its grid already.
+        if STATE.with_borrow(|s| s.items.iter().any(|item| *all || ids.contains(&item.id))) {
+            spawn_local(reload_keeping_focus());
+        }
+    }
+    if let Ok(Event::Result(result)) = event {
         // The service worker stores the image when it gets the same event: wait until it is listed.
         spawn_local(async move {
             for _ in 0..20 {
@@ -173,11 +206,14 @@ async fn fetch_page(generation: u32, offset: i64) {
             ],
         ),
     );
-    for item in &page.items {
+    let pending = STATE.with_borrow(|s| s.pending_delete.clone());
+    let items: Vec<GalleryItem> =
+        page.items.into_iter().filter(|item| Some(&item.id) != pending.as_ref()).collect();
+    for item in &items {
         add_thumbnail(item);
     }
     let shown = STATE.with_borrow_mut(|s| {
-        s.items.extend(page.items);
+        s.items.extend(items);
         s.items.len()
     });
     set_visible("empty", page.count == 0);
@@ -312,26 +348,67 @@ fn reuse() {
     });
 }
 
+/// "Delete" in the large view: the image leaves the grid at once, "Undo" is offered for [`UNDO_MS`],
+/// then it is deleted. An earlier deletion still offered back is carried out first.
 async fn delete_viewed() {
     let Some(id) = STATE.with_borrow(|s| s.viewing.as_ref().map(|i| i.id.clone())) else { return };
-    let index = STATE.with_borrow(|s| s.items.iter().position(|i| i.id == id)).unwrap_or(0);
+    commit_delete().await;
+    let index = STATE.with_borrow_mut(|s| {
+        s.pending_delete = Some(id.clone());
+        let index = s.items.iter().position(|i| i.id == id);
+        s.items.retain(|i| i.id != id);
+        index.unwrap_or(0)
+    });
+    dialog("viewer").close();
+    if let Ok(Some(thumb)) = document().query_selector(&format!("#grid button.thumb[data-id=\"{id}\"]")) {
+        if let Some(card) = thumb.parent_element() {
+            card.remove();
+        }
+    }
+    set_visible("undo-bar", true);
+    // The thumbnail the view was opened from is gone: the focus goes to the one that took its place
+    // (or the last), else to "Undo".
+    let thumbs = document().query_selector_all("#grid button.thumb").ok();
+    let near = thumbs.and_then(|t| t.item((index as u32).min(t.length().saturating_sub(1))));
+    match near {
+        Some(thumb) => focus(thumb.unchecked_into()),
+        None => focus(element("undo")),
+    }
+    sleep_ms(UNDO_MS).await;
+    if STATE.with_borrow(|s| s.pending_delete.as_ref() == Some(&id)) {
+        commit_delete().await;
+    }
+}
+
+/// Deletes the image still offered back, if any.
+async fn commit_delete() {
+    let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
+    set_visible("undo-bar", false);
     match request(&Request::GalleryDelete { id }).await {
-        Reply::Done => {
-            dialog("viewer").close();
-            reload().await;
-            // The thumbnail the view was opened from is gone: the focus goes to the one that took its
-            // place (or the last), else to the search box.
-            let thumbs = document().query_selector_all("#grid button.thumb").ok();
-            let near = thumbs.and_then(|t| t.item((index as u32).min(t.length().saturating_sub(1))));
-            match near {
-                Some(thumb) => focus(thumb.unchecked_into()),
-                None => focus(element("search")),
-            }
+        Reply::Error { error, message } => show_error(Some(&i18n::error_text(&error, message.as_ref()))),
+        _ => reload_keeping_focus().await,
+    }
+}
+
+/// "Undo": the image deleted last comes back, with the focus on it.
+async fn undo() {
+    let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
+    set_visible("undo-bar", false);
+    reload().await;
+    match document().query_selector(&format!("#grid button.thumb[data-id=\"{id}\"]")) {
+        Ok(Some(thumb)) => focus(thumb.unchecked_into()),
+        _ => focus(element("search")),
+    }
+}
+
+/// Redraws the grid, the focus staying on the thumbnail it was on (if that is still there).
+async fn reload_keeping_focus() {
+    let focused = document().active_element().and_then(|e| e.get_attribute("data-id"));
+    reload().await;
+    if let Some(id) = focused {
+        if let Ok(Some(thumb)) = document().query_selector(&format!("#grid button.thumb[data-id=\"{id}\"]")) {
+            focus(thumb.unchecked_into());
         }
-        Reply::Error { error, message } => {
-            set_text("viewer-status", &i18n::error_text(&error, message.as_ref()))
-        }
-        _ => {}
     }
 }
 

@@ -4,8 +4,8 @@
 //! adapter, `shader-f16`, buffer limits, storage quota).
 
 use imagine_core::api::{
-    DownloadState, Event, GalleryLimitRequest, GalleryListRequest, GpuMemoryRequest, InstallRequest,
-    KeepLoadedRequest, Reply, Request, Stage,
+    DownloadState, Event, GalleryLimitRequest, GalleryListRequest, GenerateRequest, GpuMemoryRequest,
+    InstallRequest, KeepLoadedRequest, PackSource, Reply, Request, Residency, Stage,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
 use imagine_core::gpu_memory::{
@@ -15,8 +15,9 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
+use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{self, element, on, set_text, set_visible};
-use crate::pages::{form_check, gpu_fit, setup};
+use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
 use crate::platform::messaging::request;
@@ -33,9 +34,10 @@ pub fn options_page_main() {
     i18n::localize_page();
     on("save-defaults", "click", |_| spawn_local(save_defaults()));
     on("save-limit", "click", |_| spawn_local(save_limit()));
-    for field in ["max-items", "max-megabytes"] {
+    for field in ["max-items", "max-megabytes", "default-width", "default-height", "default-steps"] {
         form_check::clear_on_input(field);
     }
+    form_check::wire_fixes("default-");
     on("keep-loaded", "change", |_| {
         let seconds = element::<HtmlSelectElement>("keep-loaded").value().parse().ok();
         spawn_local(keep_loaded(seconds));
@@ -82,6 +84,10 @@ pub fn options_page_main() {
             input("hub-endpoint").set_value(&source.endpoint);
             input("hub-repo").set_value(&source.repo);
             input("hub-revision").set_value(&source.revision);
+            // A source of one's own is no secret to the one who set it: shown, not folded away.
+            if source != PackSource::default() {
+                let _ = element::<HtmlElement>("source-advanced").set_attribute("open", "");
+            }
         }
         let list = GalleryListRequest { limit: Some(1), ..Default::default() };
         if let Reply::Gallery(page) = request(&Request::GalleryList(list)).await {
@@ -161,19 +167,21 @@ async fn gpu_memory(request_: GpuMemoryRequest) {
 
 /// `keepLoaded`: sets `seconds` if given; shows the setting and what is loaded now.
 async fn keep_loaded(seconds: Option<i64>) {
-    let text = match request(&Request::KeepLoaded(KeepLoadedRequest { seconds })).await {
-        Reply::KeepLoaded(residency) => {
-            show_keep_loaded(residency.seconds);
-            let names: Vec<String> = residency.loaded.iter().map(|stage| t(stage_key(*stage))).collect();
-            if names.is_empty() {
-                t("keepLoadedNothing")
-            } else {
-                t_args("keepLoadedNow", &[&names.join(", ")])
-            }
+    match request(&Request::KeepLoaded(KeepLoadedRequest { seconds })).await {
+        Reply::KeepLoaded(residency) => show_residency(&residency),
+        Reply::Error { error, message } => {
+            set_text("keep-loaded-status", &i18n::error_text(&error, message.as_ref()))
         }
-        Reply::Error { error, message } => i18n::error_text(&error, message.as_ref()),
-        other => format!("{other:?}"),
-    };
+        other => set_text("keep-loaded-status", &format!("{other:?}")),
+    }
+}
+
+/// The keep-loaded setting and the stages loaded now.
+fn show_residency(residency: &Residency) {
+    show_keep_loaded(residency.seconds);
+    let names: Vec<String> = residency.loaded.iter().map(|stage| t(stage_key(*stage))).collect();
+    let text =
+        if names.is_empty() { t("keepLoadedNothing") } else { t_args("keepLoadedNow", &[&names.join(", ")]) };
     set_text("keep-loaded-status", &text);
 }
 
@@ -200,7 +208,8 @@ pub fn stage_key(stage: Stage) -> &'static str {
     }
 }
 
-/// `chrome.runtime.onMessage` on the options page: the model's state follows downloads.
+/// `chrome.runtime.onMessage` on the options page: the model's state follows downloads and deletions
+/// made anywhere, the residency follows the stages.
 #[wasm_bindgen(js_name = optionsPageEvent)]
 pub fn options_page_event(message: JsValue) {
     match from_js::<Event>(&message) {
@@ -211,7 +220,10 @@ pub fn options_page_event(message: JsValue) {
                 spawn_local(refresh_model());
             }
         }
-        Ok(Event::PackInstalled { .. } | Event::PackFailed { .. }) => spawn_local(refresh_model()),
+        Ok(Event::PackInstalled { .. } | Event::PackFailed { .. } | Event::PackChanged {}) => {
+            spawn_local(refresh_model())
+        }
+        Ok(Event::Residency(residency)) => show_residency(&residency),
         _ => {}
     }
 }
@@ -225,13 +237,25 @@ fn number(id: &str) -> Option<i64> {
 }
 
 async fn save_defaults() {
+    set_text("defaults-status", "");
+    let (width, height, steps) = (number("default-width"), number("default-height"), number("default-steps"));
+    // Every field not allowed is marked at once, each at its control; the focus ends on the first.
+    let problems: Vec<Problem> = [
+        ("width", GenerateRequest { width, ..Default::default() }),
+        ("height", GenerateRequest { height, ..Default::default() }),
+        ("steps", GenerateRequest { steps, ..Default::default() }),
+    ]
+    .into_iter()
+    .filter_map(|(field, request)| request.validate(0).err().map(|error| Problem::Field { field, error }))
+    .collect();
+    if !problems.is_empty() {
+        for problem in problems.iter().rev() {
+            form_check::show_at(problem, "default-");
+        }
+        return;
+    }
     let schedule = element::<HtmlSelectElement>("default-schedule").value();
-    let text = match Defaults::validate(
-        number("default-width"),
-        number("default-height"),
-        number("default-steps"),
-        schedule,
-    ) {
+    let text = match Defaults::validate(width, height, steps, schedule) {
         Ok(defaults) => {
             match storage::DEFAULTS.set(&Defaults { saved_at_ms: js_sys::Date::now(), ..defaults }).await {
                 Ok(()) => t("optionsSaved"),
@@ -246,9 +270,11 @@ async fn save_defaults() {
 async fn save_limit() {
     // An earlier "Saved" is not about this try.
     set_text("limit-status", "");
+    // Megabytes may have decimals ("0.5", "0,5"): checked as typed, not cut to a whole number.
+    let megabytes = input("max-megabytes").value().trim().replace(',', ".").parse::<f64>().ok();
     let limit = GalleryLimitRequest {
         max_items: number("max-items"),
-        max_bytes: number("max-megabytes").map(|mb| mb.saturating_mul(MB)),
+        max_bytes: megabytes.map(|mb| (mb * MB as f64).round() as i64),
     };
     // Checked here, in the fields' own units, rather than as the service worker names the values.
     let (items_min, items_max) = MAX_ITEMS_RANGE;
@@ -258,7 +284,7 @@ async fn save_limit() {
     }
     let (bytes_min, bytes_max) = MAX_BYTES_RANGE;
     let (mb_min, mb_max) = (bytes_min as i64 / MB, bytes_max as i64 / MB);
-    if number("max-megabytes").is_some_and(|mb| mb < mb_min || mb > mb_max) {
+    if megabytes.is_some_and(|mb| mb < mb_min as f64 || mb > mb_max as f64) {
         let range = [mb_min.to_string(), mb_max.to_string()];
         return form_check::mark("max-megabytes", &t_args("fieldLimitMegabytes", &[&range[0], &range[1]]));
     }

@@ -75,7 +75,9 @@ pub fn popup_event(message: JsValue) {
     let Ok(event) = from_js::<Event>(&message) else { return };
     match &event {
         Event::PackProgress(progress) => setup::show_download(Some(progress)),
-        Event::PackInstalled { .. } | Event::PackFailed { .. } => spawn_local(refresh_pack()),
+        Event::PackInstalled { .. } | Event::PackFailed { .. } | Event::PackChanged {} => {
+            spawn_local(refresh_pack())
+        }
         _ => {
             let ended = VIEW.with_borrow(|view| view.as_ref().is_some_and(|v| v.apply(&event)));
             if ended {

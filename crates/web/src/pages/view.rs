@@ -156,6 +156,36 @@ pub fn describe(progress: &Progress) -> String {
     }
 }
 
+/// "12 s" of a job's time so far.
+pub fn describe_elapsed(ms: f64) -> String {
+    i18n::t_args("studioElapsed", &[&format!("{:.0}", (ms / 1000.0).floor())])
+}
+
+/// Marks the stage list (`#stage-encode`, `#stage-steps`, `#stage-decode`; the studio, the result page): done, current (`aria-current="step"`), to come.
+pub fn show_stages(progress: Option<&Progress>) {
+    let current = progress.map_or(0, |p| match p.stage {
+        Stage::TextEncoder => 0,
+        Stage::Transformer => 1,
+        Stage::Decoder => 2,
+    });
+    for (i, id) in ["stage-encode", "stage-steps", "stage-decode"].iter().enumerate() {
+        let item = element::<HtmlElement>(id);
+        let state = if progress.is_none() || i > current {
+            "todo"
+        } else if i == current {
+            "now"
+        } else {
+            "done"
+        };
+        item.set_class_name(state);
+        if state == "now" {
+            let _ = item.set_attribute("aria-current", "step");
+        } else {
+            let _ = item.remove_attribute("aria-current");
+        }
+    }
+}
+
 /// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#save-png`.
 pub struct JobView {
     /// The id of the job shown.

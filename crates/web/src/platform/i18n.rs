@@ -77,9 +77,22 @@ pub fn message(message: &Message) -> Option<String> {
 }
 
 /// What a page shows for an error: its message in the browser's language, or the English `error` when
-/// there is no message (a state stored by an older version) or a key is missing.
+/// there is no message (a state stored by an older version) or a key is missing; as a sentence.
 pub fn error_text(error: &str, message: Option<&Message>) -> String {
-    message.and_then(self::message).unwrap_or_else(|| error.to_owned())
+    sentence(&message.and_then(self::message).unwrap_or_else(|| error.to_owned()))
+}
+
+/// `text` as a sentence: a capital first letter and a full stop at the end. Error messages start
+/// small and end open, since one is often quoted inside another ("could not read x: <why>").
+pub fn sentence(text: &str) -> String {
+    let text = text.trim();
+    let mut chars = text.chars();
+    let Some(first) = chars.next() else { return String::new() };
+    let mut sentence: String = first.to_uppercase().chain(chars).collect();
+    if !sentence.ends_with(['.', '!', '?', '\u{2026}']) {
+        sentence.push('.');
+    }
+    sentence
 }
 
 /// An error of ours (checked in the page itself) in the browser's language.
@@ -132,6 +145,17 @@ mod tests {
     use imagine_core::message::{Arg, Localize, Message};
     use std::fs;
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn an_error_is_shown_as_a_sentence() {
+        assert_eq!(
+            super::sentence("repo \"a b\" is not allowed: use owner/name"),
+            "Repo \"a b\" is not allowed: use owner/name."
+        );
+        assert_eq!(super::sentence("über 5 GB."), "Über 5 GB.");
+        assert_eq!(super::sentence("Waiting\u{2026}"), "Waiting\u{2026}");
+        assert_eq!(super::sentence("  "), "");
+    }
 
     fn extension_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../extension")

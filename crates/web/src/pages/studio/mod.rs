@@ -29,7 +29,8 @@ use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElemen
 
 use crate::pages::form_check::{self, Problem};
 use crate::pages::view::{
-    child, copy_png, describe, document, element, from_template, on, on_item_click, set_text, set_visible,
+    self, child, copy_png, describe, document, element, from_template, on, on_item_click, set_text,
+    set_visible,
 };
 use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n;
@@ -145,10 +146,6 @@ fn describe_left(ms: f64) -> String {
     } else {
         i18n::t_args("studioMinutesLeft", &[&((s + 30) / 60).to_string()])
     }
-}
-
-fn describe_elapsed(ms: f64) -> String {
-    i18n::t_args("studioElapsed", &[&format!("{:.0}", (ms / 1000.0).floor())])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,8 +382,24 @@ pub fn studio_event(message: JsValue) {
             set_text("progress", &i18n::t("progressCancelled"));
         }
         Event::PackProgress(progress) => setup::show_download(Some(&progress)),
-        Event::PackInstalled { .. } | Event::PackFailed { .. } => spawn_local(refresh_setup()),
+        Event::PackInstalled { .. } | Event::PackFailed { .. } | Event::PackChanged {} => {
+            spawn_local(refresh_setup())
+        }
+        Event::GalleryDeleted { ids, all } => forget_deleted(&ids, all),
         _ => {}
+    }
+}
+
+/// Images were deleted from the gallery (on another page, say): those on screen go; with none left
+/// the result card goes too, and whatever it said about them.
+fn forget_deleted(ids: &[String], all: bool) {
+    let left = with(|s| s.results.forget(ids, all));
+    if left {
+        show_results();
+    } else if with(|s| s.run.as_ref().is_none_or(|r| r.ended)) {
+        set_visible("result", false);
+        set_visible("error", false);
+        set_text("progress", "");
     }
 }
 
@@ -797,7 +810,7 @@ fn begin_run(run: Run) {
     set_visible("run", true);
     // The last image stays on screen, with its actions, until this run's first one arrives.
     set_text("progress", &i18n::t("starting"));
-    show_stages(None);
+    view::show_stages(None);
     render_progress();
 }
 
@@ -840,7 +853,7 @@ fn on_progress(progress: Progress) {
         run.progress = Some(progress.clone());
         run.progress_at = now;
     });
-    show_stages(Some(&progress));
+    view::show_stages(Some(&progress));
     let (image, count) = with(|s| s.run.as_ref().map_or((0, 1), |r| (r.image, r.count)));
     let mut text = describe(&progress);
     if count > 1 {
@@ -848,31 +861,6 @@ fn on_progress(progress: Progress) {
     }
     set_text("progress", &text);
     render_progress();
-}
-
-/// Marks the stage list: done, current (`aria-current="step"`), to come.
-fn show_stages(progress: Option<&Progress>) {
-    let current = progress.map_or(0, |p| match p.stage {
-        Stage::TextEncoder => 0,
-        Stage::Transformer => 1,
-        Stage::Decoder => 2,
-    });
-    for (i, id) in ["stage-encode", "stage-steps", "stage-decode"].iter().enumerate() {
-        let item = element::<HtmlElement>(id);
-        let state = if progress.is_none() || i > current {
-            "todo"
-        } else if i == current {
-            "now"
-        } else {
-            "done"
-        };
-        item.set_class_name(state);
-        if state == "now" {
-            let _ = item.set_attribute("aria-current", "step");
-        } else {
-            let _ = item.remove_attribute("aria-current");
-        }
-    }
 }
 
 fn on_result(result: GenerateResult) {
@@ -966,7 +954,7 @@ fn render_progress() {
     let Some((fraction, elapsed, left)) = view else { return };
     let bar = element::<HtmlElement>("progress-bar");
     let _ = bar.set_attribute("value", &format!("{fraction:.3}"));
-    let mut timing = describe_elapsed(elapsed);
+    let mut timing = view::describe_elapsed(elapsed);
     if let Some(left) = left {
         timing.push_str(" \u{00b7} ");
         timing.push_str(&describe_left(left));

@@ -3,6 +3,7 @@
 //! one delegated listener, each thumbnail's slot in `data-index`), and copying the shown PNG.
 
 use imagine_core::api::GenerateResult;
+use imagine_core::gallery;
 use wasm_bindgen::prelude::*;
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement};
 
@@ -61,6 +62,20 @@ impl Results {
             self.selected = slot;
         }
         self.slots.iter().all(Option::is_some)
+    }
+
+    /// Forgets the images deleted from the gallery (`all`: every image kept there; a private one never
+    /// was); whether one is left to show.
+    pub fn forget(&mut self, deleted: &[String], all: bool) -> bool {
+        let gone = |r: &GenerateResult| {
+            !r.private && (all || deleted.iter().any(|id| *id == gallery::image_id(&r.job, r.index)))
+        };
+        let shown = self.selected().cloned();
+        self.slots.retain(|slot| slot.as_ref().is_some_and(|r| !gone(r)));
+        self.selected = shown
+            .and_then(|shown| self.slots.iter().position(|slot| slot.as_ref() == Some(&shown)))
+            .unwrap_or(0);
+        !self.slots.is_empty()
     }
 
     /// Selects slot `index`, if its image is there.
@@ -201,6 +216,21 @@ mod tests {
         assert!(!results.arrive(result(2, 4)));
         assert_eq!(results.selected().map(|r| r.index), Some(2));
         assert_eq!(results.slots.len(), 4);
+    }
+
+    #[test]
+    fn images_deleted_from_the_gallery_leave_the_grid() {
+        let mut results = Results::new();
+        results.finished(vec![result(0, 3), result(1, 3), result(2, 3)]);
+        results.select(2);
+        assert!(results.forget(&["j-1".into()], false));
+        assert_eq!(results.slots.len(), 2);
+        assert_eq!(results.selected().map(|r| r.index), Some(2), "the shown image stays shown");
+        assert!(results.forget(&["j-2".into()], false));
+        assert_eq!(results.selected().map(|r| r.index), Some(0));
+        assert!(!results.forget(&["j".into()], false), "nothing left to show");
+        results.finished(vec![GenerateResult { private: true, ..result(0, 1) }]);
+        assert!(results.forget(&[], true), "a private image was never in the gallery");
     }
 
     #[test]
