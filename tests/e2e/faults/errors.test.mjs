@@ -132,7 +132,7 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.match(long.error, /^the prompt is 20001 characters long: at most 20000 are allowed/);
   assert.deepEqual(long.message, { key: 'errParamPrompt', args: ['20001', '20000'] });
 
-  const germanSteps = '99 Schritte sind nicht erlaubt: die Schrittzahl muss eine ganze Zahl von 1 bis 50 sein';
+  const germanSteps = '99 Schritte sind nicht möglich: Wählen Sie 1 bis 50 (mehr Schritte dauern länger).';
   // A number of steps not allowed is refused by the core's validation in the page itself, at its field.
   const fieldError = async (page, field) => {
     await page.waitForSelector(`#${field}-error:not([hidden])`, { timeout: 30_000 });
@@ -154,11 +154,15 @@ test('errors made outside the page (core, service worker, download) are shown in
   await studio.fill('#steps', '99');
   await studio.click('#generate');
   assert.equal(await fieldError(studio, 'steps'), germanSteps);
+  // The fix offered puts the nearest allowed number in the field.
+  assert.equal(await studio.textContent('#steps-error .fixes button'), '50 verwenden');
+  await studio.click('#steps-error .fixes button');
+  assert.equal(await studio.inputValue('#steps'), '50');
   await studio.fill('#steps', '4');
   await studio.check('#seed-fixed');
   await studio.fill('#seed', 'abc');
   await studio.click('#generate');
-  assert.equal(await fieldError(studio, 'seed'), 'Seed "abc" ist nicht erlaubt: Verwenden Sie eine ganze Zahl von 0 bis 18446744073709551615 oder lassen Sie das Feld für einen zufälligen leer.');
+  assert.equal(await fieldError(studio, 'seed'), '„abc“ ist kein Seed: Verwenden Sie eine ganze Zahl mit höchstens 19 Ziffern, oder lassen Sie das Feld leer für einen zufälligen Seed.');
   assert.equal(await studio.isHidden('#steps-error'), true);
   // The model deleted while the studio is open: the studio holds Generate back at once, saying why in
   // German; the service worker's own refusal of a request sent anyway is German too.
@@ -181,7 +185,7 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.equal((await options.textContent('#model-error')).trim(), 'Repo "a b" ist nicht erlaubt: es muss die Form Besitzer/Name haben.');
   await options.close();
 
-  // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL as it is.
+  // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL behind Details.
   await h.startInstall(b.page, b.hub, 'fixtures/missing');
   const english = await h.waitForInstallFailure(b.page);
   assert.match(english, /was not found \(HTTP 404\)/);
@@ -189,6 +193,9 @@ test('errors made outside the page (core, service worker, download) are shown in
   assert.equal(status.download?.message?.key, 'errFetchNotFound', JSON.stringify(status.download));
   await b.page.reload();
   await b.page.waitForSelector('#download-error:not([hidden])', { timeout: 30_000 });
+  // Said for people; the address and the server's answer behind "Details".
   const shown = (await b.page.textContent('#download-error')).trim();
-  assert.match(shown, /fixtures\/missing.* wurde nicht gefunden \(HTTP 404\)\.$/, shown);
+  assert.match(shown, /^Das Modell wurde auf seinem Server nicht gefunden\./, shown);
+  assert.equal(await b.page.isVisible('#download-error details div'), false);
+  assert.match(await b.page.textContent('#download-error details div'), /fixtures\/missing.* wurde nicht gefunden \(HTTP 404\)\.$/);
 });

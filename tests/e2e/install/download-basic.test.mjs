@@ -164,7 +164,7 @@ test('an install of another pack while one downloads is refused, naming it; the 
   assert.equal((await h.startInstall(b.page, b.hub, REPO)).type, 'installStarted');
   const other = await h.api(b.page, { type: 'installPack', endpoint: b.hub.url, repo: 'fixtures/f16', revision: 'main' });
   assert.equal(other.type, 'error', JSON.stringify(other));
-  assert.ok(other.error.includes(`a download of ${REPO}@main from ${b.hub.url} is running`), other.error);
+  assert.ok(other.error.includes(`a download of ${REPO}@main is running`), other.error);
   assert.match(other.error, /pause or cancel it/);
   // The same pack again joins the running download.
   assert.equal((await h.startInstall(b.page, b.hub, REPO)).type, 'installStarted');

@@ -112,7 +112,8 @@ for (const lang of ['en', 'de']) {
     await page.waitForSelector('#generate[aria-disabled="true"]', { timeout: 5_000 });
     await h.recordSent(page);
     await page.fill('#prompt', 'a small red boat');
-    await page.click('#generate');
+    await page.focus('#generate');
+    await page.keyboard.press('Enter');
     await h.sleep(500);
     assert.deepEqual((await page.evaluate(() => window.__sent)).filter((s) => s === 'generate'), []);
     const reply = await h.api(b.page, { type: 'generate', prompt: 'a small red boat' });

@@ -79,21 +79,26 @@ pub fn check_space(needed_bytes: u64, usage: u64, quota: u64) -> Result<(), HubE
     Ok(())
 }
 
-/// A size for people, in decimal units as disks are sold: `6.52 GB`, `12.3 MB`, `4.1 KB`,
-/// `12 bytes`.
+/// A size for people, in decimal units as disks are sold, written one way everywhere: one decimal
+/// below 100 of the unit, none above (`6.5 GB`, `83.4 GB`, `500 MB`, `4.1 KB`, `12 bytes`).
 pub fn format_bytes(bytes: u64) -> String {
     let b = bytes as f64;
-    // Thresholds at what rounds up to the next unit, so 999,999,999 bytes is `1.00 GB`, not `1000.0 MB`.
-    if b >= 999_995_000.0 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 999_950.0 {
-        format!("{:.1} MB", b / 1e6)
+    // Each unit starts where the one below would round to 1000 (999.5 MB is `1.0 GB`, not `1000 MB`).
+    let (value, unit) = if b >= 999_500_000.0 {
+        (b / 1e9, "GB")
+    } else if b >= 999_500.0 {
+        (b / 1e6, "MB")
     } else if b >= 1e3 {
-        format!("{:.1} KB", b / 1e3)
+        (b / 1e3, "KB")
     } else if bytes == 1 {
-        "1 byte".to_owned()
+        return "1 byte".to_owned();
     } else {
-        format!("{bytes} bytes")
+        return format!("{bytes} bytes");
+    };
+    if value >= 99.95 {
+        format!("{value:.0} {unit}")
+    } else {
+        format!("{value:.1} {unit}")
     }
 }
 
@@ -160,8 +165,8 @@ mod tests {
         check_space(0, 200, 100).unwrap();
         assert_eq!(
             check_space(6_520_000_000, 8_800_000_000, 10_000_000_000).unwrap_err().to_string(),
-            "not enough storage: the pack needs 6.52 GB more, 1.20 GB is free (quota 10.00 GB). Free space \
-             on the disk, then install again."
+            "not enough storage: the pack needs 6.5 GB more, 1.2 GB is free (quota 10.0 GB). Free space on \
+             the disk, then install again."
         );
         assert!(check_space(1, 200, 100).is_err());
         assert_eq!(format_bytes(0), "0 bytes");
@@ -169,9 +174,14 @@ mod tests {
         assert_eq!(format_bytes(999), "999 bytes");
         assert_eq!(format_bytes(4_100), "4.1 KB");
         assert_eq!(format_bytes(12_345_678), "12.3 MB");
-        assert_eq!(format_bytes(999_999_999), "1.00 GB");
+        assert_eq!(format_bytes(999_999_999), "1.0 GB");
         assert_eq!(format_bytes(999_999), "1.0 MB");
-        assert_eq!(format_bytes(1_000_000_000), "1.00 GB");
-        assert_eq!(format_bytes(6_524_000_000), "6.52 GB");
+        assert_eq!(format_bytes(999_499), "999 KB");
+        assert_eq!(format_bytes(1_000_000_000), "1.0 GB");
+        assert_eq!(format_bytes(6_524_000_000), "6.5 GB");
+        assert_eq!(format_bytes(83_390_000_000), "83.4 GB");
+        assert_eq!(format_bytes(128_000_000_000), "128 GB");
+        assert_eq!(format_bytes(500_000_000), "500 MB");
+        assert_eq!(format_bytes(99_960_000), "100 MB");
     }
 }

@@ -442,7 +442,7 @@ async fn install(request: InstallRequest) -> Result<(), ServiceWorkerError> {
     if let Some(running) = current.as_ref().filter(|d| d.state.is_active()) {
         let source = running.request.source();
         if source != request.source() {
-            let running = format!("{}@{} from {}", source.repo, source.revision, source.endpoint);
+            let running = format!("{}@{}", source.repo, source.revision);
             return Err(ServiceWorkerError::OtherDownload { running });
         }
     }

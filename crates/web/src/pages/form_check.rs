@@ -123,7 +123,8 @@ pub fn show_at(problem: &Problem, prefix: &str) -> Option<String> {
             "fieldSizeInvalid",
             &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
         ),
-        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value]),
+        // The value comes quoted in English; each language quotes it its own way.
+        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value.trim_matches('"')]),
         Some(ParamError::Steps { value }) => {
             i18n::t_args("fieldStepsInvalid", &[&value.to_string(), &MAX_STEPS.to_string()])
         }

@@ -17,8 +17,8 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
 use crate::pages::view::{
-    child, document, element, fill_definitions, from_template, on, on_item_click, set_text, set_visible,
-    show_png,
+    self, child, document, element, fill_definitions, from_template, on, on_item_click, set_text,
+    set_visible, show_png,
 };
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::{from_js, get, settled, sleep_ms, to_js, LogError};
@@ -185,7 +185,7 @@ async fn fetch_page(generation: u32, offset: i64) {
     let page = match request(&Request::GalleryList(list)).await {
         Reply::Gallery(page) => page,
         Reply::Error { error, message } => {
-            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+            return view::show_error_in("gallery-error", Some((&error, message.as_ref())))
         }
         other => return show_error(Some(&format!("{other:?}"))),
     };
@@ -248,7 +248,7 @@ async fn open(id: String) {
     let (item, png) = match request(&Request::GalleryImage { id: id.clone() }).await {
         Reply::GalleryImage { item, png } => (item, png),
         Reply::Error { error, message } => {
-            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+            return view::show_error_in("gallery-error", Some((&error, message.as_ref())))
         }
         _ => return,
     };
@@ -385,7 +385,9 @@ async fn commit_delete() {
     let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
     set_visible("undo-bar", false);
     match request(&Request::GalleryDelete { id }).await {
-        Reply::Error { error, message } => show_error(Some(&i18n::error_text(&error, message.as_ref()))),
+        Reply::Error { error, message } => {
+            view::show_error_in("gallery-error", Some((&error, message.as_ref())))
+        }
         _ => reload_keeping_focus().await,
     }
 }
@@ -430,7 +432,9 @@ fn ask_clear() {
 
 async fn clear() {
     match request(&Request::GalleryClear {}).await {
-        Reply::Error { error, message } => show_error(Some(&i18n::error_text(&error, message.as_ref()))),
+        Reply::Error { error, message } => {
+            view::show_error_in("gallery-error", Some((&error, message.as_ref())))
+        }
         _ => reload().await,
     }
     let _ = element::<HtmlButtonElement>("export").focus();
@@ -442,7 +446,7 @@ async fn export() {
     let (file, images) = match request(&Request::GalleryExport {}).await {
         Reply::GalleryExport { file, images, .. } => (file, images),
         Reply::Error { error, message } => {
-            return show_error(Some(&i18n::error_text(&error, message.as_ref())))
+            return view::show_error_in("gallery-error", Some((&error, message.as_ref())))
         }
         _ => return,
     };

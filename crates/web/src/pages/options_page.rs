@@ -68,7 +68,7 @@ pub fn options_page_main() {
     view::confirm_delete_model(|| {
         spawn_local(async {
             if let Reply::Error { error, message } = request(&Request::DeletePack {}).await {
-                show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
+                view::show_error_in("model-error", Some((&error, message.as_ref())));
             }
             refresh_model().await;
         })
@@ -215,6 +215,9 @@ pub fn options_page_event(message: JsValue) {
     match from_js::<Event>(&message) {
         Ok(Event::PackProgress(progress)) => {
             setup::show_download(Some(&progress));
+            if element::<HtmlElement>("delete-pack").hidden() {
+                set_text("model-status", &setup::describe_download(&progress));
+            }
             // The first report of a download started elsewhere also changes the buttons.
             if element::<HtmlElement>("download").hidden() || progress.state != DownloadState::Downloading {
                 spawn_local(refresh_model());
@@ -317,7 +320,7 @@ fn source_clicked(install: bool) {
             if let Reply::Error { error, message } =
                 request(&Request::InstallPack(InstallRequest::new(source, None))).await
             {
-                show_model_error(Some(&i18n::error_text(&error, message.as_ref())));
+                view::show_error_in("model-error", Some((&error, message.as_ref())));
             }
         }
         refresh_model().await;
@@ -341,10 +344,7 @@ async fn refresh_model() {
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
         t_args("optionsModelInstalled", &[repo, &commit[..commit.len().min(7)], &i18n::bytes(status.bytes)])
     } else if let Some(download) = &status.download {
-        t_args(
-            "optionsModelDownloading",
-            &[&i18n::bytes(download.done_bytes), &i18n::bytes(download.total_bytes)],
-        )
+        setup::describe_download(download)
     } else {
         t("optionsModelNone")
     };
@@ -352,7 +352,7 @@ async fn refresh_model() {
     set_text(
         "storage-status",
         &t_args(
-            "optionsStorage",
+            "storageUsed",
             &[&i18n::bytes(status.storage.usage_bytes), &i18n::bytes(status.storage.quota_bytes)],
         ),
     );
@@ -374,7 +374,7 @@ async fn device_report() {
     if let Ok(storage) = opfs::storage_use().await {
         extra.push((
             t("optionsQuota"),
-            t_args("optionsStorage", &[&i18n::bytes(storage.usage_bytes), &i18n::bytes(storage.quota_bytes)]),
+            t_args("storageUsed", &[&i18n::bytes(storage.usage_bytes), &i18n::bytes(storage.quota_bytes)]),
         ));
     }
     setup::show_device_details(extra).await;

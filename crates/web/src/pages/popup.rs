@@ -118,7 +118,7 @@ async fn refresh_pack() {
     set_text(
         "storage-used",
         &i18n::t_args(
-            "popupStorageUsed",
+            "storageUsed",
             &[&i18n::bytes(status.storage.usage_bytes), &i18n::bytes(status.storage.quota_bytes)],
         ),
     );

@@ -67,7 +67,7 @@ pub fn result_page_main() {
     let param = |name: &str| params.as_ref().and_then(|p| p.get(name));
     if let Some(error) = param("error") {
         let message = param("message").and_then(|m| serde_json::from_str::<Message>(&m).ok());
-        JobView { job: String::new() }.show_error(&i18n::error_text(&error, message.as_ref()));
+        JobView { job: String::new() }.show_failure(&error, message.as_ref());
         return ended();
     }
     let Some(job) = param("job") else {

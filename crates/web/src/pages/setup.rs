@@ -200,8 +200,7 @@ pub async fn install(source: PackSource) {
     set_visible("setup-error", false);
     let install = imagine_core::api::InstallRequest::new(source, None);
     if let Reply::Error { error, message } = request(&Request::InstallPack(install)).await {
-        set_text("setup-error", &i18n::error_text(&error, message.as_ref()));
-        set_visible("setup-error", true);
+        view::show_error_in("setup-error", Some((&error, message.as_ref())));
     }
 }
 
@@ -240,18 +239,9 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
     // While the new pack is put in place there is nothing left to pause.
     set_visible("pause", running && p.state != DownloadState::Installing);
     set_visible("resume", !running);
-    let state = match p.state {
-        DownloadState::Checking => "popupStateChecking",
-        DownloadState::Downloading => "popupStateDownloading",
-        DownloadState::Converting => "popupStateConverting",
-        DownloadState::Installing => "popupStateInstalling",
-        DownloadState::Paused => "popupStatePaused",
-        DownloadState::Failed => "popupStateStopped",
-    };
-    let done =
-        t_args("popupDownloadDone", &[&t(state), &i18n::bytes(p.done_bytes), &i18n::bytes(p.total_bytes)]);
-    set_text("download-done", &done);
     let percent = p.done_bytes.saturating_mul(100).checked_div(p.total_bytes).unwrap_or(0).min(100);
+    let done = describe_download(p);
+    set_text("download-done", &done);
     let bar = view::element::<HtmlElement>("download-bar");
     let _ = bar.set_attribute("aria-valuenow", &percent.to_string());
     let _ = bar.set_attribute("aria-valuetext", &done);
@@ -265,9 +255,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
     };
     set_text("download-rate", &rate);
     set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
-    let error = p.error.as_deref().map(|error| i18n::error_text(error, p.message.as_ref()));
-    set_text("download-error", error.as_deref().unwrap_or_default());
-    set_visible("download-error", error.is_some());
+    view::show_error_in("download-error", p.error.as_deref().map(|error| (error, p.message.as_ref())));
     let list = view::element::<HtmlElement>("download-files");
     list.set_text_content(None);
     for file in &p.files {
@@ -280,6 +268,26 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         item.set_text_content(Some(&format!("{text}{mark}")));
         let _ = list.append_child(&item);
     }
+}
+
+/// "Downloading: 8.2 MB of 68.4 MB (12 %)", or only the state while no size is known yet.
+pub fn describe_download(p: &DownloadProgress) -> String {
+    let state = t(match p.state {
+        DownloadState::Checking => "popupStateChecking",
+        DownloadState::Downloading => "popupStateDownloading",
+        DownloadState::Converting => "popupStateConverting",
+        DownloadState::Installing => "popupStateInstalling",
+        DownloadState::Paused => "popupStatePaused",
+        DownloadState::Failed => "popupStateStopped",
+    });
+    if p.total_bytes == 0 {
+        return state;
+    }
+    let percent = (p.done_bytes.saturating_mul(100) / p.total_bytes).min(100);
+    t_args(
+        "downloadDone",
+        &[&state, &i18n::bytes(p.done_bytes), &i18n::bytes(p.total_bytes), &percent.to_string()],
+    )
 }
 
 /// "about 3 min left" and the like.

@@ -3,6 +3,7 @@
 //! errors). Text from the prompt or a page is only ever set as text, never parsed as HTML.
 
 use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
+use imagine_core::message::Message;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
@@ -186,6 +187,33 @@ pub fn show_stages(progress: Option<&Progress>) {
     }
 }
 
+/// Shows an error in `#id` (hidden for `None`): the sentence a person reads first and, where the
+/// error's own text is technical (a URL, what the browser said), that text behind "Details".
+pub fn show_error_in(id: &str, error: Option<(&str, Option<&Message>)>) {
+    let target = element::<HtmlElement>(id);
+    target.set_text_content(None);
+    target.set_hidden(error.is_none());
+    let Some((error, message)) = error else { return };
+    let full = i18n::error_text(error, message);
+    let Some(plain) = message.and_then(i18n::plain_key) else {
+        return target.set_text_content(Some(&full));
+    };
+    let document = document();
+    let _ = target.append_with_str_1(&i18n::t(plain));
+    let (Ok(details), Ok(summary), Ok(text)) = (
+        document.create_element("details"),
+        document.create_element("summary"),
+        document.create_element("div"),
+    ) else {
+        return;
+    };
+    summary.set_text_content(Some(&i18n::t("detailsLabel")));
+    text.set_text_content(Some(&full));
+    let _ = details.append_child(&summary);
+    let _ = details.append_child(&text);
+    let _ = target.append_child(&details);
+}
+
 /// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#save-png`.
 pub struct JobView {
     /// The id of the job shown.
@@ -205,7 +233,7 @@ impl JobView {
                 true
             }
             Event::Failed { job, error, message } if *job == self.job => {
-                self.show_error(&i18n::error_text(error, message.as_ref()));
+                self.show_failure(error, message.as_ref());
                 true
             }
             Event::Cancelled { job } if *job == self.job => {
@@ -228,7 +256,7 @@ impl JobView {
                 true
             }
             JobState::Failed { error, message, .. } => {
-                self.show_error(&i18n::error_text(error, message.as_ref()));
+                self.show_failure(error, message.as_ref());
                 true
             }
             JobState::Cancelled { .. } => {
@@ -240,6 +268,12 @@ impl JobView {
                 true
             }
         }
+    }
+
+    /// Shows the job's error (as [`show_error_in`] does) in place of the progress.
+    pub fn show_failure(&self, error: &str, message: Option<&Message>) {
+        set_text("progress", "");
+        show_error_in("error", Some((error, message)));
     }
 
     /// Shows `error` in place of the progress.
@@ -259,7 +293,7 @@ impl JobView {
             &[
                 &result.width.to_string(),
                 &result.height.to_string(),
-                &result.steps.to_string(),
+                &i18n::count_steps(result.steps),
                 &schedule_name(&result.schedule),
                 &result.seed,
             ],

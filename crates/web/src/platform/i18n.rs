@@ -30,6 +30,14 @@ pub fn count_images(count: impl Into<u64>) -> String {
     }
 }
 
+/// "1 step" or "N steps", in the page's language.
+pub fn count_steps(count: u32) -> String {
+    match count {
+        1 => t("countStepOne"),
+        n => t_args("countSteps", &[&n.to_string()]),
+    }
+}
+
 /// `text`, a number written in English ("6.5 GB"), with its decimal point as the browser's language
 /// writes it ("6,5 GB" in German).
 pub fn number(text: &str) -> String {
@@ -44,7 +52,11 @@ pub fn number(text: &str) -> String {
 /// A size in bytes as the pages show them ([`imagine_core::hub::format_bytes`], in the page's
 /// language's decimal point).
 pub fn bytes(bytes: u64) -> String {
-    number(&imagine_core::hub::format_bytes(bytes))
+    match bytes {
+        1 => t("sizeOneByte"),
+        0..1000 => t_args("sizeBytes", &[&bytes.to_string()]),
+        _ => number(&imagine_core::hub::format_bytes(bytes)),
+    }
 }
 
 /// The message `key` with `$1`, `$2`, ... replaced by `args`.
@@ -80,6 +92,60 @@ pub fn message(message: &Message) -> Option<String> {
 /// there is no message (a state stored by an older version) or a key is missing; as a sentence.
 pub fn error_text(error: &str, message: Option<&Message>) -> String {
     sentence(&message.and_then(self::message).unwrap_or_else(|| error.to_owned()))
+}
+
+/// The sentence a person reads for an error whose own text is technical (a URL, what the browser
+/// said, an HTTP status), as a message key; `None` where the error's text is that sentence. The
+/// technical text goes behind a "Details" disclosure ([`crate::pages::view::show_error`]).
+pub fn plain_key(message: &Message) -> Option<&'static str> {
+    let mut keys = Vec::new();
+    collect_keys(message, &mut keys);
+    let has = |key: &str| keys.iter().any(|k| k == key);
+    if has("errSwOffline") {
+        Some("plainOffline")
+    } else if has("errFetchNotFound") {
+        Some("plainNotFound")
+    } else if has("errFetchUnreachable") || has("errInterrupted") || has("errFetchStalled") {
+        Some("plainUnreachable")
+    } else if has("errFetchHttp") || has("errFetchTooLarge") {
+        Some("plainServerError")
+    } else if [
+        "errHubRedirect",
+        "errDownloadRangeMismatch",
+        "errDownloadNoBody",
+        "errDownloadTooLong",
+        "errDownloadTooShort",
+        "errDownloadOtherLength",
+    ]
+    .iter()
+    .any(|key| has(key))
+    {
+        Some("plainServerFiles")
+    } else if [
+        "errText",
+        "errFileDetail",
+        "errStageExternalData",
+        "errSwNotRecorded",
+        "errSwOffscreenNotOpened",
+        "errGpuAdapter",
+    ]
+    .iter()
+    .any(|key| has(key))
+    {
+        // What the browser itself said, in its words and language.
+        Some("plainBrowser")
+    } else {
+        None
+    }
+}
+
+fn collect_keys(message: &Message, keys: &mut Vec<String>) {
+    keys.push(message.key.clone());
+    for arg in &message.args {
+        if let Arg::Message(inner) = arg {
+            collect_keys(inner, keys);
+        }
+    }
 }
 
 /// `text` as a sentence: a capital first letter and a full stop at the end. Error messages start
@@ -145,6 +211,29 @@ mod tests {
     use imagine_core::message::{Arg, Localize, Message};
     use std::fs;
     use std::path::{Path, PathBuf};
+
+    /// What a page shows of every sample error outside "Details": no URL, no browser's own words.
+    #[test]
+    fn no_error_shows_a_url_or_a_browser_error_outside_details() {
+        let english = messages("en");
+        let lookup = |key: &str| english.get(key).cloned();
+        let mut raw_shown = Vec::new();
+        for error in sample_errors() {
+            let message = error.message();
+            let shown = match super::plain_key(&message) {
+                Some(key) => english[key].clone(),
+                None => message.render(&lookup).unwrap(),
+            };
+            // An address ("https://huggingface.co/..."), not a rule about one ("starts with https://").
+            let address = shown.match_indices("://").any(|(at, _)| {
+                shown[at + 3..].chars().next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '[')
+            });
+            if address || ["Failed to fetch", "TypeError"].iter().any(|raw| shown.contains(raw)) {
+                raw_shown.push(format!("{}: {shown}", message.key));
+            }
+        }
+        assert!(raw_shown.is_empty(), "{raw_shown:#?}");
+    }
 
     #[test]
     fn an_error_is_shown_as_a_sentence() {
@@ -441,9 +530,7 @@ mod tests {
                 last: Box::new(FetchError::Unreachable { url: url(), source: js() }),
                 attempts: 6,
             }))),
-            Box::new(ServiceWorkerError::OtherDownload {
-                running: "a/b@main from https://huggingface.co".into(),
-            }),
+            Box::new(ServiceWorkerError::OtherDownload { running: "a/b@main".into() }),
             Box::new(ServiceWorkerError::JobRunning),
             Box::new(StageWorkerError::NoPack),
             Box::new(StageWorkerError::Graph { graph: "decoder.onnx".into(), source: pack_error() }),

@@ -375,7 +375,7 @@ pub fn studio_event(message: JsValue) {
         Event::Result(result) if ours(&result.job) => on_result(result),
         Event::Failed { job, error, message } if ours(&job) => {
             end_run(false);
-            show_error(&i18n::error_text(&error, message.as_ref()));
+            view::show_error_in("error", Some((&error, message.as_ref())));
         }
         Event::Cancelled { job } if ours(&job) => {
             end_run(false);
@@ -742,7 +742,7 @@ async fn generate(from: GenerateForm) {
                 let focus = StudioFocus { job: Some(job), prompt, private, ..Default::default() };
                 storage::STUDIO_FOCUS.set_or_log(&focus).await;
             }
-            Reply::Error { error, message } => show_error(&i18n::error_text(&error, message.as_ref())),
+            Reply::Error { error, message } => view::show_error_in("error", Some((&error, message.as_ref()))),
             other => show_error(&format!("unexpected reply {other:?}")),
         },
     }
@@ -756,7 +756,7 @@ async fn follow(focus: StudioFocus) {
         prompt_edited();
     }
     if let Some(error) = &focus.error {
-        show_error(&i18n::error_text(error, focus.message.as_ref()));
+        view::show_error_in("error", Some((error, focus.message.as_ref())));
         return;
     }
     let Some(job) = focus.job else { return };
@@ -794,7 +794,9 @@ async fn follow(focus: StudioFocus) {
             });
             show_results();
         }
-        JobState::Failed { error, message, .. } => show_error(&i18n::error_text(error, message.as_ref())),
+        JobState::Failed { error, message, .. } => {
+            view::show_error_in("error", Some((error, message.as_ref())))
+        }
         JobState::Unknown => show_error(&i18n::t("jobGone")),
         JobState::Cancelled { .. } => set_text("progress", &i18n::t("progressCancelled")),
     }
@@ -892,10 +894,11 @@ fn end_run(done: bool) {
         }
     });
     set_running(false);
+    // Whatever ended it, there is no time left to count down.
+    set_text("timing", "");
     if done {
         set_text("progress", &i18n::t("progressDone"));
         element::<HtmlElement>("progress-bar").set_attribute("value", "1").ok();
-        set_text("timing", "");
         set_visible("run", false);
     }
 }

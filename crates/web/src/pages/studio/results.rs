@@ -102,7 +102,7 @@ impl Results {
             "studioMeta",
             &[
                 &format!("{}\u{00d7}{}", result.width, result.height),
-                &result.steps.to_string(),
+                &i18n::count_steps(result.steps),
                 &crate::pages::view::schedule_name(&result.schedule),
                 &result.seed,
             ],
