@@ -71,8 +71,9 @@ test('f16 pack without shader-f16: the plan states the float32 cost, the install
   await b.page.click('#check-size');
   await b.page.waitForFunction(() => /files, downloaded once/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
   const verdict = await b.page.textContent('#device-verdict');
-  const planned = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)} GB`;
-  assert.equal(verdict, `Your GPU lacks 16-bit floats: the model is converted once at download (${planned}) and runs in 32-bit.`);
+  // The number and its unit held together by a no-break space.
+  const planned = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)}\u00a0GB`;
+  assert.equal(verdict, `This GPU cannot run the model as published, so Imagine adapts it once while downloading (${planned} on disk); after that it runs like any other.`);
 
   await watchConversion(b.page);
   await h.installPack(b.page, b.hub, REPO);

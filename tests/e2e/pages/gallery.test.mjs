@@ -172,9 +172,10 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.equal(params.Seed, '11');
     assert.equal(params.Size, '256 × 256');
     assert.equal(params.Steps, '1');
-    assert.equal(params.Schedule, 'empirical');
+    assert.equal(params.Schedule, 'standard');
+    assert.match(params.Time, /^\d+\.\d\u00a0s$/);
     // The model version is for a bug report: behind "Details", closed.
-    assert.equal(params['Model commit'], undefined);
+    assert.equal(params['Model version'], undefined);
     assert.equal(await gallery.isVisible('#viewer-more'), true);
     assert.equal(await gallery.isVisible('#viewer-technical'), false);
     const src = await gallery.getAttribute('#viewer-image', 'src');
@@ -443,6 +444,10 @@ test('reuse in German: the studio or the popup gets the prompt and settings, and
   await gallery.goto(h.extensionUrl(b.extensionId, `gallery.html?view=${result.job}`));
   await gallery.waitForSelector('#viewer[open]');
   assert.equal(await gallery.textContent('#reuse'), 'Prompt und Einstellungen übernehmen');
+  // Dates and durations as German writes them.
+  const params = await viewerParams(gallery);
+  assert.match(params.Erstellt, /^\d{2}\.\d{2}\.\d{4}, \d{2}:\d{2}$/, params.Erstellt);
+  assert.match(params.Dauer, /^\d+,\d\u00a0s$/, params.Dauer);
   await gallery.evaluate(() => {
     window.__popupOpened = 0;
     chrome.action.openPopup = async () => { window.__popupOpened += 1; };

@@ -13,28 +13,28 @@ const PANEL = { width: 420, height: 1000 };
 
 const TEXT = {
   en: {
-    converted: (extra) => `Your GPU lacks 16-bit floats: the model is converted once at download (${extra}) and runs in 32-bit.`,
+    converted: (extra) => `This GPU cannot run the model as published, so Imagine adapts it once while downloading (${extra} on disk); after that it runs like any other.`,
     about: (size) => `about ${size}`,
-    number: (text) => text,
+    number: (text) => text.replace(' ', '\u00a0'),
     software: 'This is a software renderer (SwiftShader), not a GPU: each image will be very slow (minutes).',
     intro: (size) => `Imagine makes images with FLUX.2 [klein] 4B on this device. The model is downloaded once (${size}); after that Imagine works offline.`,
     reason: 'Generate works once the model is downloaded.',
     details: 'Details',
   },
   de: {
-    converted: (extra) => `Ihrer GPU fehlen 16-Bit-Gleitkommazahlen: Das Modell wird beim Download einmal umgewandelt (${extra}) und läuft mit 32 Bit.`,
+    converted: (extra) => `Diese GPU kann das Modell nicht so ausführen, wie es veröffentlicht ist; Imagine passt es daher beim Download einmal an (${extra} auf der Festplatte), danach läuft es wie jedes andere.`,
     about: (size) => `etwa ${size}`,
     // German writes a decimal comma.
-    number: (text) => text.replace('.', ','),
-    software: 'Dies ist ein Software-Renderer (SwiftShader), keine GPU: Jedes Bild wird sehr langsam (Minuten).',
+    number: (text) => text.replace('.', ',').replace(' ', '\u00a0'),
+    software: 'Dies ist ein Software-Renderer (SwiftShader), keine GPU: Jedes Bild dauert Minuten.',
     intro: (size) => `Imagine erzeugt Bilder mit FLUX.2 [klein] 4B auf diesem Gerät. Das Modell wird einmalig heruntergeladen (${size}); danach funktioniert Imagine offline.`,
     reason: 'Erzeugen ist möglich, sobald das Modell heruntergeladen ist.',
     details: 'Details',
   },
 };
 
-/** Bytes as the verdict says them: GB to the nearest tenth, at least 0.1. */
-const gb = (bytes) => `${(Math.max(1, Math.round(bytes / 1e8)) / 10).toFixed(1)} GB`;
+/** Bytes as the verdict says them: GB to the nearest tenth, at least 0.1, held to its unit by a no-break space. */
+const gb = (bytes) => `${(Math.max(1, Math.round(bytes / 1e8)) / 10).toFixed(1)}\u00a0GB`;
 
 async function open(b, file, viewport = PANEL) {
   const page = await b.context.newPage();
@@ -100,7 +100,7 @@ for (const lang of ['en', 'de']) {
     assert.equal(await options.evaluate(() => document.querySelector('#device-report').closest('details').open), false);
     assert.equal((await options.textContent('details:has(#device-report) > summary')).trim(), say.details);
     const limits = await options.$$eval('#device-report dt', (dts) => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
-    assert.match(limits.maxBufferSize, lang === 'de' ? /^\d+(,\d+)? (GB|MB)$/ : /^\d+(\.\d+)? (GB|MB)$/, JSON.stringify(limits));
+    assert.match(limits.maxBufferSize, lang === 'de' ? /^\d+(,\d+)?\u00a0(GB|MB)$/ : /^\d+(\.\d+)?\u00a0(GB|MB)$/, JSON.stringify(limits));
 
     // The popup asks for the size: every page then says this plan's extra disk, without "about".
     const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
@@ -131,8 +131,17 @@ for (const lang of ['en', 'de']) {
     await assertAxeBothThemes(studio, 'studio setup');
 
     const pagesBefore = b.context.pages().length;
+    // The source is a mirror (the fake Hub): its host permission is asked for within the click, as
+    // the popup and the options page do. A prompt nobody answers holds nothing up.
+    await studio.evaluate(() => {
+      chrome.permissions.request = ({ origins }) => {
+        window.__asked = origins;
+        return new Promise(() => {});
+      };
+    });
     await studio.click('#install');
     await studio.waitForSelector('#download', { state: 'visible', timeout: 15_000 });
+    assert.deepEqual(await studio.evaluate(() => window.__asked), [`http://${new URL(b.hub.url).hostname}/*`]);
     await studio.waitForFunction(() => Number(document.querySelector('#download-bar[role="progressbar"]')?.getAttribute('aria-valuenow')) > 0, null, { timeout: 30_000 });
     assert.equal(await studio.isVisible('#install'), false);
     assert.equal(await studio.isVisible('#pause'), true);

@@ -122,7 +122,7 @@ for (const lang of ['en', 'de']) {
     if (lang === 'de') {
       assert.doesNotMatch(refused, API_TERMS, refused);
       const schedules = await page.$$eval('#schedule option', (os) => os.map((o) => o.textContent));
-      assert.deepEqual(schedules, ['empirisch (Original)', 'linear verschoben (Modellkarte)']);
+      assert.deepEqual(schedules, ['Standard (wie das Modell trainiert wurde)', 'Linear verschoben (wie die Seite des Modells vorschlägt)']);
       assert.equal(await page.getAttribute('#prompt', 'placeholder'), 'Beschreiben Sie ein Bild …');
       assert.equal(await page.textContent('label[for="prompt"]'), 'Prompt');
     }

@@ -267,8 +267,11 @@ async fn open(id: String) {
 fn show_params(item: &GalleryItem) {
     let list = element::<HtmlElement>("viewer-params");
     list.set_text_content(None);
-    let created =
-        js_sys::Date::new(&JsValue::from_f64(item.created)).to_locale_string("default", &JsValue::UNDEFINED);
+    // In the page's language (its messages'), not the browser's default locale.
+    let created = js_sys::Date::new(&JsValue::from_f64(item.created)).to_locale_string(
+        &t("pageLanguage"),
+        &crate::platform::js::Obj::new().set("dateStyle", "medium").set("timeStyle", "short").build(),
+    );
     let mut rows = vec![
         (t("seed"), item.seed.clone()),
         (t("gallerySize"), format!("{} \u{00d7} {}", item.width, item.height)),
@@ -278,7 +281,7 @@ fn show_params(item: &GalleryItem) {
         (t("galleryFileSize"), i18n::bytes(item.bytes)),
     ];
     if let Some(timings) = &item.timings {
-        rows.push((t("galleryTime"), format!("{:.1} s", timings.total_ms / 1000.0)));
+        rows.push((t("galleryTime"), i18n::number(&format!("{:.1} s", timings.total_ms / 1000.0))));
     }
     fill_definitions(&list, rows);
     // Which model version made it: for a bug report, not for the eye (behind "Details").

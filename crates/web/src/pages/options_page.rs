@@ -340,9 +340,8 @@ fn show_model_error(error: Option<&str>) {
 async fn refresh_model() {
     let status = setup::pack_status().await;
     let text = if status.installed {
-        let commit = status.commit.as_deref().unwrap_or_default();
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
-        t_args("optionsModelInstalled", &[repo, &commit[..commit.len().min(7)], &i18n::bytes(status.bytes)])
+        t_args("optionsModelInstalled", &[repo, &i18n::bytes(status.bytes)])
     } else if let Some(download) = &status.download {
         setup::describe_download(download)
     } else {

@@ -107,8 +107,7 @@ fn set_running(running: bool) {
 async fn refresh_pack() {
     let status = setup::pack_status().await;
     let text = if status.installed {
-        let commit = status.commit.as_deref().unwrap_or_default();
-        i18n::t_args("popupModelInstalled", &[&i18n::bytes(status.bytes), &commit[..commit.len().min(7)]])
+        i18n::t_args("popupModelInstalled", &[&i18n::bytes(status.bytes)])
     } else if status.download.is_some() {
         i18n::t("popupDownloadingModel")
     } else {

@@ -122,7 +122,8 @@ pub async fn device_details() -> Vec<(String, String)> {
                 "maxStorageBufferBindingSize".into(),
                 i18n::bytes(report.max_storage_buffer_binding_size),
             ));
-            if !report.shader_f16 {
+            // The flag that brings 16-bit floats is for NVIDIA on Linux only: said where it can help.
+            if !report.shader_f16 && report.vendor.to_lowercase().contains("nvidia") {
                 rows.push((t("deviceHint"), t("verdictNvidiaHint")));
             }
         }

@@ -39,12 +39,14 @@ pub fn count_steps(count: u32) -> String {
 }
 
 /// `text`, a number written in English ("6.5 GB"), with its decimal point as the browser's language
-/// writes it ("6,5 GB" in German).
+/// writes it ("6,5 GB" in German), and a no-break space before its unit: a line never ends between
+/// "+0,9" and "GB".
 pub fn number(text: &str) -> String {
+    let text = text.replace(' ', "\u{a0}");
     // From the messages, not `getUILanguage`: Chrome may show one language's messages while it reports
     // another (headless with `--lang`).
     match t("numberDecimalPoint").as_str() {
-        "." | "numberDecimalPoint" => text.to_owned(),
+        "." | "numberDecimalPoint" => text,
         point => text.replacen('.', point, 1),
     }
 }

@@ -37,7 +37,7 @@ use crate::platform::i18n;
 use crate::platform::js::{from_js, get, now_ms, random_u64, sleep_ms, LogError};
 use crate::platform::messaging::request;
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
-use crate::platform::settings::{take_reuse, Reuse};
+use crate::platform::settings::{self, take_reuse, Reuse};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
 use crate::platform::storage;
 use results::Results;
@@ -228,6 +228,9 @@ struct Studio {
 }
 
 thread_local! {
+    /// The pack source saved on the options page, as last read: Download asks for its host
+    /// permission within the click, before anything can be awaited.
+    static SAVED_SOURCE: RefCell<Option<imagine_core::api::PackSource>> = const { RefCell::new(None) };
     static STUDIO: RefCell<Studio> = const { RefCell::new(Studio {
         encoder: Encoder::NotLoaded,
         edit: 0,
@@ -255,9 +258,19 @@ pub fn studio_main() {
     });
     on("cancel", "click", |_| spawn_local(cancel()));
     on("install", "click", |_| {
-        spawn_local(async {
-            // The source saved on the options page (which asked for its host permission then).
-            setup::install(storage::SOURCE.get().await.unwrap_or_default()).await;
+        // The source saved on the options page: a host other than the Hub's is asked for here too,
+        // within the click as Chrome requires. The download does not wait on the answer (a mirror
+        // that allows any origin needs none; one that does not fails saying it could not be reached).
+        let source = SAVED_SOURCE.with_borrow(Clone::clone);
+        if let Some(permission) = source.as_ref().and_then(settings::request_host_permission) {
+            spawn_local(settings::host_permission_answered(Some(permission)));
+        }
+        spawn_local(async move {
+            let source = match source {
+                Some(source) => source,
+                None => storage::SOURCE.get().await.unwrap_or_default(),
+            };
+            setup::install(source).await;
             refresh_setup().await;
         })
     });
@@ -362,7 +375,9 @@ async fn start() {
 /// until it is.
 async fn refresh_setup() {
     let status = setup::pack_status().await;
-    setup::show_status(&status, &storage::SOURCE.get().await.unwrap_or_default()).await;
+    let source = storage::SOURCE.get().await.unwrap_or_default();
+    SAVED_SOURCE.set(Some(source.clone()));
+    setup::show_status(&status, &source).await;
 }
 
 /// `chrome.runtime.onMessage` in the studio: events only.
