@@ -150,19 +150,13 @@ impl Verdict {
 
     /// `bytes` in GB after `sign`, "about" unless from this device's plan.
     fn size(&self, sign: &str, bytes: u64) -> Arg {
-        let size = format!("{sign}{}", gigabytes(bytes));
+        let size = format!("{sign}{}", crate::hub::format_bytes(bytes));
         if self.figures.planned {
             number(size)
         } else {
             Arg::Message(Message::new("verdictAbout", [number(size)]))
         }
     }
-}
-
-/// Bytes in GB (10^9) to the nearest tenth, as the pages show sizes; at least 0.1 GB above zero.
-pub fn gigabytes(bytes: u64) -> String {
-    let tenths = ((bytes + 50_000_000) / 100_000_000).max(u64::from(bytes > 0));
-    format!("{}.{} GB", tenths / 10, tenths % 10)
 }
 
 #[cfg(test)]
@@ -195,7 +189,7 @@ mod tests {
             PackFigures::from_plan(&plan(6_530_000_000, Some(892_370_085))),
         );
         assert_eq!(v.runs, Runs::Converted { extra_bytes: 892_370_085 });
-        assert_eq!(v.summary(), Message::new("verdictConverted", [number("+0.9 GB")]));
+        assert_eq!(v.summary(), Message::new("verdictConverted", [number("+892 MB")]));
         assert_eq!(v.download(), Message::new("verdictDownload", [number("6.5 GB")]));
         assert_eq!(v.warning(), None);
         assert!(v.can_run());
@@ -204,7 +198,7 @@ mod tests {
     #[test]
     fn before_a_plan_the_published_figures_are_said_as_about() {
         let v = Verdict::new(Some(&adapter(false, None)), PackFigures::published());
-        assert_eq!(v.summary(), Message::new("verdictConverted", [about("+0.9 GB")]));
+        assert_eq!(v.summary(), Message::new("verdictConverted", [about("+892 MB")]));
         assert_eq!(v.download(), Message::new("verdictDownload", [about("6.5 GB")]));
     }
 
@@ -221,7 +215,7 @@ mod tests {
         }
         let converted =
             Verdict::new(Some(&adapter(false, None)), PackFigures::installed(10, Some(900_000_000)));
-        assert_eq!(converted.summary(), Message::new("verdictConverted", [number("+0.9 GB")]));
+        assert_eq!(converted.summary(), Message::new("verdictConverted", [number("+900 MB")]));
     }
 
     #[test]
@@ -232,14 +226,6 @@ mod tests {
         assert!(!none.can_run());
         assert_eq!(none.summary(), Message::new("verdictNoWebGpu", []));
         assert_eq!(none.warning(), None);
-    }
-
-    #[test]
-    fn sizes_are_rounded_to_the_nearest_tenth_of_a_gb() {
-        assert_eq!(gigabytes(6_530_000_000), "6.5 GB");
-        assert_eq!(gigabytes(6_550_000_000), "6.6 GB");
-        assert_eq!(gigabytes(12_000), "0.1 GB");
-        assert_eq!(gigabytes(0), "0.0 GB");
     }
 
     #[test]

@@ -186,8 +186,15 @@ test('errors made outside the page (core, service worker, download) are shown in
   await options.close();
 
   // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL behind Details.
+  // A studio open meanwhile shows the failure at once, without a reload.
+  const watching = await b.context.newPage();
+  await watching.goto(h.extensionUrl(b.extensionId, 'studio.html'));
+  await watching.waitForSelector('#generate');
   await h.startInstall(b.page, b.hub, 'fixtures/missing');
   const english = await h.waitForInstallFailure(b.page);
+  await watching.waitForSelector('#download-error:not([hidden])', { timeout: 10_000 });
+  assert.match(await watching.textContent('#download-error'), /^Das Modell wurde auf seinem Server nicht gefunden\./);
+  await watching.close();
   assert.match(english, /was not found \(HTTP 404\)/);
   const status = await h.packStatus(b.page);
   assert.equal(status.download?.message?.key, 'errFetchNotFound', JSON.stringify(status.download));

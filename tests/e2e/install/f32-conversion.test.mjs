@@ -72,7 +72,7 @@ test('f16 pack without shader-f16: the plan states the float32 cost, the install
   await b.page.waitForFunction(() => /files, downloaded once/.test(document.querySelector('#pack-size')?.textContent ?? ''), null, { timeout: 30_000 });
   const verdict = await b.page.textContent('#device-verdict');
   // The number and its unit held together by a no-break space.
-  const planned = `+${(Math.max(1, Math.round(plan.conversion.extraDiskBytes / 1e8)) / 10).toFixed(1)}\u00a0GB`;
+  const planned = `+${h.formatBytes(plan.conversion.extraDiskBytes).replace(' ', '\u00a0')}`;
   assert.equal(verdict, `This GPU cannot run the model as published, so Imagine adapts it once while downloading (${planned} on disk); after that it runs like any other.`);
 
   await watchConversion(b.page);

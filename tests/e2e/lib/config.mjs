@@ -45,3 +45,15 @@ export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
   if (!args) throw new Error(`IMAGINE_WEBGPU=${kind}: expected one of ${Object.keys(WEBGPU_ARGS).join(', ')}`);
   return args;
 }
+
+/**
+ * Bytes as the pages write them (`imagine_core::hub::format_bytes`): decimal units, one decimal below
+ * 100 of the unit and none above, with a plain space (the pages hold it to the unit with a no-break
+ * space: `.replace(' ', '\u00a0')`).
+ */
+export function formatBytes(bytes) {
+  if (bytes === 1) return '1 byte';
+  if (bytes < 1000) return `${bytes} bytes`;
+  const [value, unit] = bytes >= 999_500_000 ? [bytes / 1e9, 'GB'] : bytes >= 999_500 ? [bytes / 1e6, 'MB'] : [bytes / 1e3, 'KB'];
+  return `${value >= 99.95 ? value.toFixed(0) : value.toFixed(1)} ${unit}`;
+}

@@ -26,7 +26,7 @@ test('options: defaults reach the popup, the device report, the gallery limit, d
     // published float16 pack's (the Hub, the form's default; more in setup.test.mjs), then, with the
     // installed pack's source typed in, that pack's (the float32 fixture: nothing to convert). The
     // details say how Linux + NVIDIA gets the feature.
-    assert.match(await options.textContent('#device-verdict'), /adapts it once while downloading \(about \+0\.9\u00a0GB on disk\)/);
+    assert.match(await options.textContent('#device-verdict'), /adapts it once while downloading \(about \+892\u00a0MB on disk\)/);
     await options.click('#source-advanced summary');
     await options.fill('#hub-endpoint', b.hub.url);
     await options.fill('#hub-repo', b.repo);

@@ -14,7 +14,7 @@ import * as h from '../lib/harness.mjs';
 
 const DIR = process.env.IMAGINE_SCREENSHOTS ? path.resolve(process.env.IMAGINE_SCREENSHOTS) : path.join(h.OUT, 'screenshots');
 const VIEWPORT = { width: 800, height: 900 };
-export const SHOTS = ['first-run', 'download', 'result', 'gallery', 'options'];
+export const SHOTS = ['first-run', 'download', 'result', 'result-page', 'gallery', 'gallery-undo', 'options', 'options-checked'];
 
 async function shoot(page, name) {
   fs.mkdirSync(DIR, { recursive: true });
@@ -70,6 +70,25 @@ test('the screenshots of README.md and docs/ are made, light and dark', { timeou
   await h.sleep(500); // the studio scrolls the result into view once decoded
   await shoot(studio, 'result');
 
+  // The page "Imagine from selected text" opens where the side panel cannot: its progress and Cancel.
+  await b.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 256, steps: 50, schedule: 'empirical' } }));
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  const [resultPage] = await Promise.all([
+    b.context.waitForEvent('page', { timeout: 30_000 }),
+    sw.evaluate(() =>
+      chrome.contextMenus.onClicked.dispatch(
+        { menuItemId: 'imagine-selection', selectionText: 'a lighthouse on a cliff at dusk, oil painting', editable: false, pageUrl: 'https://example.com/' },
+        { id: -1 },
+      ),
+    ),
+  ]);
+  await resultPage.setViewportSize(VIEWPORT);
+  await resultPage.waitForFunction(() => document.querySelector('#stage-steps').className === 'now' && /\d/.test(document.querySelector('#timing').textContent), null, { timeout: 60_000 });
+  await shoot(resultPage, 'result-page');
+  await resultPage.click('#cancel');
+  await resultPage.waitForSelector('#run', { state: 'hidden', timeout: 30_000 });
+  await resultPage.close();
+
   for (const [prompt, seed] of [['a red boat in a harbour', '11'], ['a forest path in autumn', '12']]) {
     await h.generateOk(b.page, { prompt, width: 256, height: 256, steps: 1, seed });
   }
@@ -77,12 +96,24 @@ test('the screenshots of README.md and docs/ are made, light and dark', { timeou
   await gallery.waitForFunction(() => document.querySelectorAll('#grid img').length >= 3, null, { timeout: 30_000 });
   await gallery.waitForFunction(() => [...document.querySelectorAll('#grid img')].every((i) => i.complete && i.naturalWidth > 0));
   await shoot(gallery, 'gallery');
+  await gallery.click('#grid button.thumb');
+  await gallery.waitForSelector('#viewer[open]');
+  await gallery.click('#delete');
+  await gallery.waitForSelector('#undo-bar', { state: 'visible' });
+  await shoot(gallery, 'gallery-undo');
+  await gallery.click('#undo');
 
   const options = await open(b, 'options.html');
   await options.waitForSelector('#delete-pack', { state: 'visible', timeout: 15_000 });
   await options.waitForFunction(() => document.querySelector('#device-verdict').textContent.length > 0);
   await options.evaluate(() => document.querySelector('#model-heading').scrollIntoView());
   await shoot(options, 'options');
+  await options.fill('#default-width', '300');
+  await options.fill('#default-steps', '99');
+  await options.click('#save-defaults');
+  await options.waitForSelector('#default-steps-error', { state: 'visible' });
+  await options.evaluate(() => document.querySelector('#defaults-heading').scrollIntoView());
+  await shoot(options, 'options-checked');
 
   for (const name of SHOTS) {
     for (const scheme of ['light', 'dark']) {

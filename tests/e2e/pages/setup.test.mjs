@@ -33,8 +33,8 @@ const TEXT = {
   },
 };
 
-/** Bytes as the verdict says them: GB to the nearest tenth, at least 0.1, held to its unit by a no-break space. */
-const gb = (bytes) => `${(Math.max(1, Math.round(bytes / 1e8)) / 10).toFixed(1)}\u00a0GB`;
+/** Bytes as the verdict says them. */
+const size = (bytes) => h.formatBytes(bytes);
 
 async function open(b, file, viewport = PANEL) {
   const page = await b.context.newPage();
@@ -92,7 +92,7 @@ for (const lang of ['en', 'de']) {
     const pages = { options: await open(b, 'options.html', { width: 900, height: 900 }), popup: b.page, studio: await open(b, 'studio.html') };
     await b.page.reload();
     // Before any plan: the published pack's figures, said as "about"; SwiftShader has no shader-f16.
-    const expected = { verdict: say.converted(say.about(say.number('+0.9 GB'))), warning: say.software };
+    const expected = { verdict: say.converted(say.about(say.number('+892 MB'))), warning: say.software };
     for (const [name, page] of Object.entries(pages)) assert.deepEqual(await verdict(page), expected, name);
     // The raw limits behind a closed "Details", in readable units.
     const options = pages.options;
@@ -106,14 +106,14 @@ for (const lang of ['en', 'de']) {
     const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: b.repo, revision: 'main' });
     assert.ok(plan.conversion?.extraDiskBytes > 0, JSON.stringify(plan.conversion));
     await b.page.click('#check-size');
-    const planned = { verdict: say.converted(say.number(`+${gb(plan.conversion.extraDiskBytes)}`)), warning: say.software };
+    const planned = { verdict: say.converted(say.number(`+${size(plan.conversion.extraDiskBytes)}`)), warning: say.software };
     await b.page.waitForFunction((text) => document.querySelector('#device-verdict').textContent === text, planned.verdict, { timeout: 30_000 });
     for (const [name, page] of Object.entries(pages)) {
       if (page !== b.page) await page.reload();
       assert.deepEqual(await verdict(page), planned, name);
       await assertAxeBothThemes(page, name);
     }
-    assert.equal((await pages.studio.textContent('#setup-intro')).trim(), say.intro(say.number(gb(plan.totalBytes))));
+    assert.equal((await pages.studio.textContent('#setup-intro')).trim(), say.intro(say.number(size(plan.totalBytes))));
   });
 
   test(`guided setup (${lang}): the studio downloads in place, every page follows with pause and cancel; Generate held back until installed`, { timeout: 300_000 }, async (t) => {
@@ -123,7 +123,7 @@ for (const lang of ['en', 'de']) {
     const studio = await open(b, 'studio.html');
     await studio.waitForSelector('#setup', { state: 'visible', timeout: 15_000 });
     assert.equal((await studio.textContent('#setup-intro')).trim(), say.intro(say.about(say.number('6.5 GB'))));
-    assert.deepEqual(await verdict(studio), { verdict: say.converted(say.about(say.number('+0.9 GB'))), warning: say.software });
+    assert.deepEqual(await verdict(studio), { verdict: say.converted(say.about(say.number('+892 MB'))), warning: say.software });
     assert.equal(await studio.getAttribute('#install', 'class'), 'primary');
     // "Download it" is no link to the popup opened as a tab any more.
     assert.equal(await studio.$('a[href*="popup.html"]'), null);
@@ -165,6 +165,8 @@ for (const lang of ['en', 'de']) {
     await studio.waitForSelector('#resume', { state: 'visible', timeout: 15_000 });
     b.hub.clearFaults();
     await studio.click('#resume');
+    // Resumed in the studio: the options page no longer offers Resume.
+    await options.waitForSelector('#resume', { state: 'hidden', timeout: 5_000 });
     await h.waitForInstall(b.page);
 
     await studio.waitForSelector('#setup', { state: 'hidden', timeout: 15_000 });

@@ -237,6 +237,41 @@ mod tests {
         assert!(raw_shown.is_empty(), "{raw_shown:#?}");
     }
 
+    /// The words of the pages themselves (every message but the errors', which the test above
+    /// checks as shown): no address to visit but the browser's own settings, no term of the message
+    /// API. What only "Details" shows is exempt.
+    #[test]
+    fn no_page_text_shows_an_address_or_an_api_term() {
+        const API_TERMS: [&str; 12] = [
+            "installPack",
+            "packStatus",
+            "galleryList",
+            "galleryLimit",
+            "keepLoaded",
+            "gpuMemory",
+            "maxItems",
+            "maxBytes",
+            "packProgress",
+            "shader-f16",
+            "keepBuffers",
+            "fuseAttention",
+        ];
+        const BEHIND_DETAILS: [&str; 1] = ["verdictNvidiaHint"];
+        let mut found = Vec::new();
+        for lang in ["en", "de"] {
+            for (key, text) in messages(lang) {
+                if key.starts_with("err") || BEHIND_DETAILS.contains(&key.as_str()) {
+                    continue;
+                }
+                let address = text.replace("chrome://", "").contains("://");
+                if address || API_TERMS.iter().any(|term| text.contains(term)) {
+                    found.push(format!("{lang} {key}: {text}"));
+                }
+            }
+        }
+        assert!(found.is_empty(), "{found:#?}");
+    }
+
     #[test]
     fn an_error_is_shown_as_a_sentence() {
         assert_eq!(

@@ -1,0 +1,734 @@
+//! The offscreen document: runs jobs stage by stage, one dedicated worker per stage, and pack installs.
+//!
+//! It takes [`OffscreenCommand`]s from the service worker and broadcasts public [`Event`]s. Jobs run one
+//! at a time, in order. Every stage a job needs starts loading in its worker at once. A stage's worker
+//! stays loaded after the job (resident) for the `keepLoaded` seconds after the last job, so the next
+//! image skips loading; then it is terminated, which is what frees its GPU memory and wasm heap. With
+//! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
+
+use std::cell::RefCell;
+use std::collections::{HashSet, VecDeque};
+use std::pin::pin;
+use std::rc::Rc;
+
+use futures_channel::mpsc;
+use futures_util::future::Either;
+use futures_util::StreamExt;
+use imagine_core::api::{
+    DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Residency, Sender,
+    Stage, StageTimings, Timings, Trace,
+};
+use imagine_core::embedding_cache::{self, EncoderForm};
+use imagine_core::gpu_memory::{
+    gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted,
+};
+use imagine_core::message::ErrorText;
+use imagine_core::params::SessionOptions;
+use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
+use imagine_core::prompt::MAX_TOKENS;
+use imagine_core::stages::{QuietTimes, EMBED_WIDTH, MIN_TEST_STALL_LIMIT_MS};
+use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
+use js_sys::{Float32Array, Uint8Array};
+use thiserror::Error;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::{spawn_local, JsFuture};
+use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
+
+use crate::offscreen::hasher::WORKER_LIMIT_FILE;
+use crate::offscreen::jobs::JobBook;
+use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
+use crate::platform::messaging::broadcast;
+use crate::platform::opfs::OpfsError;
+use crate::platform::protocol::{
+    self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
+    StageOutput, StageReport, StageTask, StageTiming,
+};
+
+mod embeddings;
+mod install;
+mod memory;
+mod residency;
+mod stage_run;
+
+use embeddings::*;
+use install::*;
+use memory::*;
+use residency::*;
+use stage_run::*;
+
+/// Why a command, a job or an install failed in the offscreen document.
+#[derive(Debug, Error)]
+pub enum OffscreenError {
+    /// A command came from another sender than the service worker (a page); it is refused.
+    #[error("offscreen: commands are taken from the service worker only")]
+    NotFromServiceWorker,
+    /// A message for this document that is not an [`OffscreenCommand`].
+    #[error("offscreen: bad command: {0}")]
+    BadCommand(ProtocolError),
+    /// A worker could not be started or linked.
+    #[error(transparent)]
+    Js(#[from] JsError),
+    /// A message to or from a worker.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// Reading or writing the pack's files or the embedding cache in OPFS.
+    #[error(transparent)]
+    Opfs(#[from] OpfsError),
+    /// What a worker reported (its own typed error, as text: it crossed `postMessage`).
+    #[error("{0}")]
+    Reported(ErrorText),
+    /// A worker threw an error it did not catch (its `error` event).
+    #[error("{script} crashed: {message}")]
+    Crashed {
+        /// The worker's script (`stage-worker.js`, `download-worker.js`, ...).
+        script: String,
+        /// The error event's message.
+        message: String,
+    },
+    /// The stage worker's inbox closed without a report: it is gone.
+    #[error("the stage worker stopped unexpectedly")]
+    StageStopped,
+    /// A stage reported nothing for longer than it may ([`QuietTimes::stall_limit_ms`]); its worker was ended.
+    #[error("the {} made no progress for {seconds} s and was stopped", stage_name(*.stage))]
+    Stalled {
+        /// The stage that went quiet.
+        stage: Stage,
+        /// Its stall limit, in seconds.
+        seconds: u64,
+    },
+    /// A stage worker's `Done` carried another stage's output (a bug); the stage it was asked for.
+    #[error("internal: the {0} worker handed on another stage's output")]
+    WrongOutput(&'static str),
+    /// A stage handed on no buffer where the next one needs it (a bug).
+    #[error("internal: a stage handed on nothing")]
+    NoOutput,
+    /// A file shipped with the extension (the tokenizer) could not be read.
+    #[error("reading {path}: {source}")]
+    Asset {
+        /// Its path in the extension.
+        path: &'static str,
+        /// `fetch`'s or the body's error.
+        source: JsError,
+    },
+    /// A file shipped with the extension answered with an error status (missing from the build).
+    #[error("reading {path}: HTTP {status}")]
+    AssetStatus {
+        /// Its path in the extension.
+        path: &'static str,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The shipped tokenizer files could not be loaded into a [`PromptEncoder`].
+    #[error("loading the tokenizer failed: {0}")]
+    Tokenizer(PromptError),
+    /// The prompt could not be tokenized.
+    #[error("encoding the prompt failed: {0}")]
+    Prompt(PromptError),
+    /// A job the memory plan had no room for failed: it says so, with what would fit.
+    #[error(
+        "This image needs about {} GB of GPU memory and Imagine may use {} GB on this GPU, so it failed \
+         ({cause}). {}",
+        gigabytes(*need), gigabytes(*budget), fits_text(*largest_square)
+    )]
+    NoRoom {
+        /// What the leanest plan needs, in bytes.
+        need: u64,
+        /// The budget, in bytes.
+        budget: u64,
+        /// The largest square size that fits, if any.
+        largest_square: Option<u32>,
+        /// How it failed.
+        cause: Box<OffscreenError>,
+    },
+    /// The GPU ran out of memory where the plan said the job would fit, and once more after it was
+    /// made again smaller: it says so, with what would fit.
+    #[error("{}", out_of_memory_text(*budget, *largest_square, cause))]
+    OutOfMemory {
+        /// The budget it was last tried within, in bytes, where known.
+        budget: Option<u64>,
+        /// The largest square size that fits, if any.
+        largest_square: Option<u32>,
+        /// How it failed.
+        cause: Box<OffscreenError>,
+    },
+}
+
+/// What reaches the offscreen document about a worker: what it posted, or what happened to it.
+enum Incoming {
+    Posted(JsValue),
+    Crashed(OffscreenError),
+    /// Terminated here (a cancel, a pause).
+    Stopped,
+}
+
+/// A live stage worker: of the running job (so that a cancel can terminate it), or resident.
+struct Current {
+    /// The job it works for; empty while it is resident.
+    job: String,
+    /// Which `StageRun` it belongs to.
+    id: u64,
+    stage: Stage,
+    worker: Worker,
+    inbox: mpsc::UnboundedSender<Incoming>,
+}
+
+/// The workers of the running pack download: the download worker and its hash worker.
+struct Install {
+    worker: Worker,
+    hasher: Worker,
+    inbox: mpsc::UnboundedSender<Incoming>,
+    last: Option<DownloadProgress>,
+    /// The worker ended and its outcome is being broadcast. The install stays registered until the
+    /// service worker has recorded the outcome, so it never restarts an install that just failed.
+    ended: bool,
+    /// An install asked for while the previous one was ending; it starts right after.
+    next: Option<InstallRequest>,
+    /// What it installs (to start it again with fresh workers when one died).
+    request: InstallRequest,
+    /// How often it was started again so.
+    restarts: u32,
+}
+
+impl Install {
+    fn terminate(&self) {
+        self.worker.terminate();
+        self.hasher.terminate();
+    }
+}
+
+/// A job waiting its turn.
+struct Queued {
+    job: String,
+    params: GenerateParams,
+    /// The GPU memory it may use (`None`: no known limit).
+    gpu_budget: Option<u64>,
+}
+
+struct State {
+    queue: VecDeque<Queued>,
+    running: Option<String>,
+    /// The running job is private.
+    running_private: bool,
+    /// The latest jobs ended, and the images of private jobs (the service worker fails a running job
+    /// that its offscreen document does not name: that document closed or crashed with it).
+    book: JobBook,
+    /// The running job was cancelled.
+    cancel_running: bool,
+    current: Vec<Current>,
+    /// The id of the next `StageRun`.
+    next_run: u64,
+    /// Idle stage workers whose sessions stay loaded for the next job.
+    resident: Vec<StageRun>,
+    /// The pack (commit) the resident workers loaded.
+    resident_pack: Option<String>,
+    /// The stages the pages were last told are loaded ([`announce_residency`]).
+    announced_loaded: Vec<Stage>,
+    /// How long stages stay loaded after the last job (the service worker's `keepLoaded`).
+    keep_loaded_seconds: u32,
+    /// `keepLoaded` was 0 at some moment of the running job: its stages end with it even if the
+    /// setting rose again before they did (0 means "unload now", not "at the end if still 0").
+    release_running: bool,
+    /// Counts idle periods: a job starting or the setting changing voids the unload timer of the last.
+    idle_epoch: u64,
+    /// The longest each stage went without reporting anything in jobs that finished (what its stall
+    /// limit scales with), read from OPFS when first needed.
+    quiet_times: Option<QuietTimes>,
+    install: Option<Install>,
+    /// A verified pack waits to replace the installed one: no new job starts until it has (or the
+    /// install stopped).
+    swap_pending: bool,
+    /// The download worker that stores, with the installed pack, the forms of graphs a stage
+    /// re-blocked while loading ([`store_block32`]), while it runs. A pack swap or a deletion ends it.
+    store: Option<(Worker, mpsc::UnboundedSender<Incoming>)>,
+    /// Stores that failed in a row, and when the last one did: the next waits ([`store_backoff_ms`]).
+    store_failures: u32,
+    store_failed_at_ms: f64,
+    /// The pack (commit) being deleted: no store starts for it.
+    no_store_for: Option<String>,
+    /// The stored forms (`<commit>:<file>`) whose checksums a stage checked in this document's life.
+    checked_forms: HashSet<String>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            queue: VecDeque::new(),
+            running: None,
+            cancel_running: false,
+            current: Vec::new(),
+            next_run: 0,
+            resident: Vec::new(),
+            resident_pack: None,
+            announced_loaded: Vec::new(),
+            keep_loaded_seconds: DEFAULT_KEEP_LOADED_SECONDS,
+            release_running: false,
+            idle_epoch: 0,
+            install: None,
+            running_private: false,
+            book: JobBook::default(),
+            quiet_times: None,
+            swap_pending: false,
+            store: None,
+            store_failures: 0,
+            store_failed_at_ms: 0.0,
+            no_store_for: None,
+            checked_forms: HashSet::new(),
+        }
+    }
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Entry point of `offscreen.js`; it forwards every message whose `target` is `offscreen` here and
+/// replies with the [`OffscreenReply`] this resolves to.
+#[wasm_bindgen(js_name = offscreenCommand)]
+pub fn offscreen_command(message: JsValue, sender: JsValue) -> js_sys::Promise {
+    wasm_bindgen_futures::future_to_promise(async move {
+        let reply = match command(message, sender).await {
+            Ok(Some(reply)) => reply,
+            Ok(None) => STATE.with_borrow(|state| OffscreenReply::Done {
+                installing: state.install.is_some(),
+                loaded: loaded_stages(state),
+                jobs: known_jobs(state),
+            }),
+            Err(error) => OffscreenReply::Refused(ErrorText::of(&error)),
+        };
+        Ok(to_js(&reply))
+    })
+}
+
+/// The jobs this document names: the latest it ended, the running one and the queued ones, oldest
+/// first. None it has not ended is ever left out.
+fn known_jobs(state: &State) -> Vec<String> {
+    let running = state.running.iter();
+    let queued = state.queue.iter().map(|queued| &queued.job);
+    state.book.ended_jobs().chain(running).chain(queued).cloned().collect()
+}
+
+/// Carries out a command; its own reply, for the commands that have one (else `Done`).
+async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenReply>, OffscreenError> {
+    if crate::platform::messaging::sender(&sender) != Sender::ServiceWorker {
+        return Err(OffscreenError::NotFromServiceWorker);
+    }
+    match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
+        OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
+            let start_now = STATE.with_borrow_mut(|state| {
+                state.keep_loaded_seconds = keep_loaded_seconds;
+                state.queue.push_back(Queued { job, params, gpu_budget });
+                // The first job of an idle queue starts the loop; until the loop has popped it, a job
+                // queued right after must not start a second one.
+                state.running.is_none() && state.queue.len() == 1
+            });
+            if start_now {
+                spawn_local(run_queue());
+            }
+        }
+        OffscreenCommand::CancelJob { job } => cancel(&job),
+        OffscreenCommand::KeepLoaded { seconds: Some(seconds) } => {
+            let running = STATE.with_borrow_mut(|state| {
+                state.keep_loaded_seconds = seconds;
+                state.release_running |= seconds == 0;
+                state.running.is_some()
+            });
+            if !running {
+                unload_later();
+            } else if seconds == 0 {
+                // The stages a running job is done with are idle already: ended now, not at its end.
+                unload();
+            }
+        }
+        OffscreenCommand::KeepLoaded { seconds: None } => {}
+        OffscreenCommand::InstallPack { request } => start_install(request)?,
+        OffscreenCommand::PausePack => {
+            if let Some(progress) = stop_install() {
+                let progress = DownloadProgress {
+                    state: DownloadState::Paused,
+                    bytes_per_second: 0.0,
+                    seconds_left: None,
+                    ..progress
+                };
+                // Not awaited: the service worker answers events only after the request that paused
+                // has its reply.
+                spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
+            }
+        }
+        OffscreenCommand::CancelPack => {
+            stop_install();
+            remove_staging().await?;
+        }
+        OffscreenCommand::StopStore { commit } => {
+            // The stages kept loaded from the pack being deleted would only hold GPU memory.
+            let resident_of_it = STATE.with_borrow_mut(|state| {
+                let of_it = state.resident_pack.as_ref() == Some(&commit);
+                state.no_store_for = Some(commit);
+                of_it
+            });
+            if resident_of_it {
+                unload();
+            }
+            stop_store();
+        }
+        OffscreenCommand::InstallStatus => {}
+        OffscreenCommand::PrivateImage { id } => {
+            let png = STATE.with_borrow(|state| state.book.private_image(&id).cloned());
+            return Ok(Some(OffscreenReply::PrivateImage { png }));
+        }
+        OffscreenCommand::ForgetPrivate => forget_private(),
+    }
+    Ok(None)
+}
+
+/// The last private window closed: the private jobs queued or running are cancelled, and every
+/// private image held is forgotten.
+fn forget_private() {
+    let jobs: Vec<String> = STATE.with_borrow_mut(|state| {
+        state.book.forget_private();
+        let running = state.running.clone().filter(|_| state.running_private);
+        let queued =
+            state.queue.iter().filter(|queued| queued.params.private).map(|queued| queued.job.clone());
+        running.into_iter().chain(queued).collect()
+    });
+    for job in jobs {
+        cancel(&job);
+    }
+}
+
+async fn run_queue() {
+    loop {
+        let next = STATE.with_borrow_mut(|state| {
+            let next = if state.swap_pending { None } else { state.queue.pop_front() };
+            state.running = next.as_ref().map(|queued| queued.job.clone());
+            state.running_private = next.as_ref().is_some_and(|queued| queued.params.private);
+            state.cancel_running = false;
+            next
+        });
+        let Some(Queued { job, params, gpu_budget }) = next else {
+            unload_later();
+            return;
+        };
+        // A finished job has broadcast its results already.
+        let event = match run_job(&job, &params, gpu_budget).await {
+            Ok(()) => None,
+            Err(StageFailure::Cancelled) => Some(Event::Cancelled { job: job.clone() }),
+            Err(StageFailure::Error(error)) => Some(Event::failed(job.clone(), &error)),
+        };
+        if let Some(event) = event {
+            broadcast(&event).await;
+        }
+        STATE.with_borrow_mut(|state| {
+            state.running = None;
+            state.book.ended(&job);
+        });
+    }
+}
+
+fn cancel(job: &str) {
+    let queued = STATE.with_borrow_mut(|state| {
+        let before = state.queue.len();
+        state.queue.retain(|queued| queued.job != job);
+        if state.running.as_deref() == Some(job) {
+            // Between two stages there is no worker to stop: the next stage sees this and does not start.
+            state.cancel_running = true;
+        }
+        for current in state.current.extract_if(.., |current| !current.job.is_empty() && current.job == job) {
+            current.worker.terminate();
+            let _ = current.inbox.unbounded_send(Incoming::Stopped);
+        }
+        state.queue.len() != before
+    });
+    if queued {
+        let job = job.to_owned();
+        spawn_local(async move {
+            broadcast(&Event::Cancelled { job: job.clone() }).await;
+            STATE.with_borrow_mut(|state| state.book.ended(&job));
+        });
+    }
+}
+
+enum StageFailure {
+    Cancelled,
+    Error(OffscreenError),
+}
+
+impl From<OffscreenError> for StageFailure {
+    fn from(error: OffscreenError) -> Self {
+        StageFailure::Error(error)
+    }
+}
+
+impl From<ProtocolError> for StageFailure {
+    fn from(error: ProtocolError) -> Self {
+        StageFailure::Error(error.into())
+    }
+}
+
+impl From<JsError> for StageFailure {
+    fn from(error: JsError) -> Self {
+        StageFailure::Error(error.into())
+    }
+}
+
+async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, steps: u32) {
+    let progress = Progress { stage, step, steps, image, images };
+    broadcast(&Event::Progress { job: job.to_owned(), progress }).await;
+}
+
+/// Runs a job: its `count` images, each graph loaded once for all of them; a `result` event is
+/// broadcast for each image as soon as it is decoded. Every stage the job needs starts loading at once,
+/// in its own worker, or is resident already. A job that fails so before its first image (a GPU without
+/// room for every stage, say) is made again with nothing resident and one stage loaded at a time:
+/// loading ahead and residency never cost an image.
+async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) -> Result<(), StageFailure> {
+    let pack = crate::platform::opfs::installed_pack().await.map(|(record, _)| record.commit);
+    let (keep, other_pack) = STATE.with_borrow_mut(|state| {
+        state.idle_epoch += 1;
+        state.release_running = false;
+        let other_pack = state.resident_pack != pack;
+        state.resident_pack = pack.clone();
+        (state.keep_loaded_seconds > 0, other_pack)
+    });
+    let (memory, facts, gpu_budget) =
+        memory_plan(params, pack.as_deref(), gpu_budget, keep && !params.profile).await;
+    // A profile is of stages loaded afresh, which are not kept; stages kept loaded hold memory a plan
+    // without residency has no room for.
+    if other_pack || params.profile || !memory.keep {
+        unload();
+    }
+    let params = &GenerateParams {
+        keep_buffers: memory.levers.keep_buffers,
+        attention_chunks: memory.levers.attention_chunks,
+        decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
+        ..params.clone()
+    };
+    let plan = Plan { memory, budget: gpu_budget };
+    let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
+    let mut sent = 0;
+    let mut tried = plan;
+    let outcome = match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
+        // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
+        Err(StageFailure::Error(error))
+            if sent == 0
+                && (plan.memory.ahead
+                    || plan.memory.keep
+                    || plan.memory.levers.keep_buffers
+                    || had_resident
+                    || matches!(error, OffscreenError::Stalled { .. })) =>
+        {
+            warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
+            unload();
+            let lean = plan.lean();
+            tried = lean;
+            let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
+            let outcome = run_stages(job, params, pack.as_deref(), lean, &mut sent).await;
+            // Lean worked where the fuller plan failed: later jobs stay below that plan.
+            if let (Ok(()), Some(pack), true) = (&outcome, &pack, lean != plan) {
+                learn(pack, plan.memory.peak).await;
+            }
+            outcome
+        }
+        outcome => outcome,
+    };
+    let outcome = match outcome {
+        // The GPU ran out where the plan said it would fit (other programs took memory meanwhile, or a
+        // stage held more than its count): made once more within what is free now, smaller.
+        Err(StageFailure::Error(error)) if sent == 0 && is_out_of_memory(&error.to_string()) => {
+            unload();
+            if let Some(pack) = &pack {
+                learn(pack, tried.memory.peak).await;
+            }
+            let budget = free_now(tried.budget).await;
+            match facts.after_out_of_memory(budget, params.width, params.height, &tried.memory) {
+                Some(memory) => {
+                    warn(&format!("imagine: {error}; making the image again within {budget:?} bytes"));
+                    tried = Plan { memory, budget };
+                    let params = &GenerateParams {
+                        keep_buffers: false,
+                        attention_chunks: memory.levers.attention_chunks,
+                        decoder_piece_bytes: memory.levers.decoder_piece_bytes,
+                        ..params.clone()
+                    };
+                    run_stages(job, params, pack.as_deref(), tried, &mut sent).await
+                }
+                None => Err(StageFailure::Error(error)),
+            }
+        }
+        outcome => outcome,
+    };
+    match outcome {
+        // A failure for room says so: the likely cause, and what would fit.
+        Err(StageFailure::Error(cause))
+            if sent == 0 && (!tried.memory.fits || is_out_of_memory(&cause.to_string())) =>
+        {
+            let need = tried.memory.peak;
+            let largest_square = tried.budget.and_then(|budget| facts.largest_square(budget));
+            Err(StageFailure::Error(match tried.budget {
+                Some(budget) if need > budget => {
+                    OffscreenError::NoRoom { need, budget, largest_square, cause: Box::new(cause) }
+                }
+                budget => OffscreenError::OutOfMemory { budget, largest_square, cause: Box::new(cause) },
+            }))
+        }
+        outcome => outcome,
+    }
+}
+
+/// [`run_job`]'s work on the pack `pack`; `sent` counts the images broadcast.
+async fn run_stages(
+    job: &str,
+    params: &GenerateParams,
+    pack: Option<&str>,
+    plan: Plan,
+    sent: &mut u32,
+) -> Result<(), StageFailure> {
+    let started = now_ms();
+    let images = params.count;
+
+    progress(job, Stage::TextEncoder, 0, images, 1, 1).await;
+    let prompt = tokenize(&params.prompt).await?;
+    let transformer_task =
+        StageTask::Transformer { params: params.clone(), keep: plan.memory.keep, checked: checked_forms() };
+    let decoder_task =
+        StageTask::Decoder { params: params.clone(), keep: plan.memory.keep, checked: checked_forms() };
+    let early = |task: &StageTask| -> Result<Option<StageRun>, StageFailure> {
+        Ok(if plan.memory.ahead { Some(StageRun::start(job, task, None)?) } else { None })
+    };
+    let transformer = early(&transformer_task)?;
+    let decoder = early(&decoder_task)?;
+    let (embeddings, encoder_timing) =
+        prompt_embeddings(job, params, &prompt, pack, plan.memory.keep).await?;
+
+    // The trace's prompt embeddings: the real tokens' rows of what the transformer is given.
+    let prompt_embeds = if params.trace {
+        let real = prompt.attention_mask.iter().filter(|&&m| m != 0).count() as u32;
+        let values = Float32Array::new(&embeddings).subarray(0, real * EMBED_WIDTH as u32).to_vec();
+        crate::offscreen::stage_worker::base64_f32(&values)
+    } else {
+        String::new()
+    };
+    progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
+    let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
+    let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
+        return Err(unexpected("transformer"));
+    };
+    transformer.end(plan.memory.keep);
+    note_checked(&encoder_timing);
+    note_checked(&denoised.timing);
+
+    progress(job, Stage::Decoder, 0, images, 1, 1).await;
+    let latents = latents.ok_or(OffscreenError::NoOutput)?;
+    let mut decoder = StageRun::given(decoder, job, &decoder_task, latents)?;
+    // Graphs a stage re-blocked while loading: stored with the pack once this job is done.
+    let mut reblocked_at_load: Vec<String> = [&encoder_timing, &denoised.timing]
+        .into_iter()
+        .filter(|t| t.reblocked_at_load)
+        .map(|t| t.graph_file.clone())
+        .collect();
+    loop {
+        match decoder.next(images).await? {
+            Reported::Image { index, timing, png } => {
+                *sent += 1;
+                if index == 0 && timing.reblocked_at_load {
+                    reblocked_at_load.push(timing.graph_file.clone());
+                }
+                if index == 0 {
+                    note_checked(&timing);
+                }
+                let timings = Timings {
+                    session_create_ms: encoder_timing.session_create_ms
+                        + denoised.timing.session_create_ms
+                        + timing.session_create_ms,
+                    run_ms: encoder_timing.run_ms
+                        + denoised.image_run_ms.get(index as usize).copied().unwrap_or_default()
+                        + timing.run_ms,
+                    total_ms: now_ms() - started,
+                    stages: [
+                        (Stage::TextEncoder, encoder_timing.clone()),
+                        (Stage::Transformer, denoised.timing.clone()),
+                        (Stage::Decoder, timing),
+                    ]
+                    .into_iter()
+                    .map(|(stage, t)| StageTimings {
+                        stage,
+                        graph_file: t.graph_file,
+                        fused_attention: t.fused_attention,
+                        chunked_attention: t.chunked_attention,
+                        pieces: t.pieces,
+                        stored_form_check_ms: t.stored_form_check_ms,
+                        worker_created_at_ms: t.worker_created_at_ms,
+                        task_at_ms: t.task_at_ms,
+                        started_at_ms: t.started_at_ms,
+                        finished_at_ms: t.finished_at_ms,
+                        session_create_ms: t.session_create_ms,
+                        resident: t.resident,
+                        run_ms: t.run_ms,
+                        runs_ms: t.runs_ms,
+                        profile: t.profile,
+                    })
+                    .collect(),
+                    memory: Some(plan.memory),
+                    budget: plan.budget,
+                };
+                let trace = params.trace.then(|| Trace {
+                    input_ids: prompt.input_ids.clone(),
+                    attention_mask: prompt.attention_mask.clone(),
+                    sigmas: denoised.sigmas.clone(),
+                    noise: denoised.noise.get(index as usize).cloned().unwrap_or_default(),
+                    first_velocity: denoised.first_velocity.get(index as usize).cloned().unwrap_or_default(),
+                    img_ids: denoised.img_ids.clone(),
+                    txt_ids: denoised.txt_ids.clone(),
+                    prompt_embeds: prompt_embeds.clone(),
+                });
+                use base64::Engine;
+                let result = GenerateResult {
+                    job: job.to_owned(),
+                    png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
+                    prompt: params.prompt.clone(),
+                    seed: params.seed_of(index).to_string(),
+                    width: params.width,
+                    height: params.height,
+                    steps: params.steps,
+                    schedule: params.schedule.name().to_owned(),
+                    token_count: prompt.token_count as u32,
+                    truncated: prompt.truncated,
+                    trace,
+                    timings: Some(timings),
+                    index,
+                    count: images,
+                    private: params.private,
+                };
+                // A private image is held in this document's memory for the pages that ask later;
+                // nothing of it goes to disk.
+                // (Not once cancelled: the last private window may have closed meanwhile.)
+                if result.private {
+                    STATE.with_borrow_mut(|state| {
+                        if !state.cancel_running {
+                            state.book.keep_private(job, index, &result.png);
+                        }
+                    });
+                }
+                broadcast(&Event::Result(result)).await;
+                if index + 1 < images {
+                    progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
+                }
+            }
+            Reported::Done(StageOutput::Decoder { .. }, _) => {
+                decoder.end(plan.memory.keep);
+                if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
+                    store_block32(commit, reblocked_at_load);
+                }
+                return Ok(());
+            }
+            Reported::Done(..) => return Err(unexpected("decoder")),
+        }
+    }
+}
+
+fn warn(text: &str) {
+    web_sys::console::warn_1(&text.into());
+}
+
+fn unexpected(stage: &'static str) -> StageFailure {
+    StageFailure::Error(OffscreenError::WrongOutput(stage))
+}
