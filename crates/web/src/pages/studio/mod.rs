@@ -9,11 +9,15 @@
 //! "Private" box, ticked then, says so; the user may untick it). A private run stores nothing on this
 //! machine: neither the form's settings nor its timings.
 //!
-//! The estimate itself is `imagine_core::estimate`; the results (the image, the batch's grid)
-//! are [`results`]; opening the studio from the service worker, the popup and the gallery is
-//! `platform::side_panel`.
+//! Here: the page, its events and generating. The token count is [`tokens`]; the run's progress
+//! [`progress`] (the estimate itself is `imagine_core::estimate`); the results (the image, the
+//! batch's grid) [`results`]; the form kept between visits [`form_settings`]; opening the studio from
+//! the service worker, the popup and the gallery is `platform::side_panel`.
 
+mod form_settings;
+mod progress;
 mod results;
+mod tokens;
 
 use std::cell::RefCell;
 
@@ -40,7 +44,10 @@ use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::settings::{self, take_reuse, Reuse};
 use crate::platform::side_panel::{apply_toolbar, toolbar_choice};
 use crate::platform::storage;
+use form_settings::*;
+use progress::*;
 use results::Results;
+use tokens::*;
 
 /// Images made by "4 variations".
 const VARIATIONS: i64 = 4;
@@ -49,68 +56,6 @@ const COUNT_DELAY_MS: i32 = 150;
 /// How long a gallery image's settings stay stored once an open studio filled them in, for a studio
 /// that is just opening (the side panel takes a second or two).
 const REUSE_LEFT_MS: u64 = 10_000;
-/// `localStorage` key of the form's settings, kept from one visit to the next.
-const SETTINGS_KEY: &str = "imagine.studio.settings";
-
-/// The form's settings as last used (the prompt is not kept).
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-struct FormSettings {
-    width: String,
-    height: String,
-    steps: String,
-    seed_fixed: bool,
-    seed: String,
-    schedule: String,
-    /// When they were saved (milliseconds since the epoch), against the options page's defaults.
-    saved_at_ms: f64,
-}
-
-fn save_settings() {
-    let settings = FormSettings {
-        saved_at_ms: js_sys::Date::now(),
-        width: input("width").value(),
-        height: input("height").value(),
-        steps: input("steps").value(),
-        seed_fixed: input("seed-fixed").checked(),
-        seed: input("seed").value(),
-        schedule: element::<HtmlSelectElement>("schedule").value(),
-    };
-    if let (Some(storage), Ok(text)) = (local_storage(), serde_json::to_string(&settings)) {
-        storage.set_item(SETTINGS_KEY, &text).warn_on_error("saving the form");
-    }
-}
-
-/// The form's settings kept from the last visit, if any.
-fn kept_settings() -> Option<FormSettings> {
-    let text = local_storage()?.get_item(SETTINGS_KEY).ok().flatten()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn restore_settings() {
-    let Some(settings) = kept_settings() else { return };
-    for (id, value) in [("width", &settings.width), ("height", &settings.height), ("steps", &settings.steps)]
-    {
-        if !value.is_empty() {
-            input(id).set_value(value);
-        }
-    }
-    input("seed-fixed").set_checked(settings.seed_fixed);
-    if settings.seed_fixed {
-        input("seed").set_value(&settings.seed);
-    }
-    if !settings.schedule.is_empty() {
-        element::<HtmlSelectElement>("schedule").set_value(&settings.schedule);
-    }
-    custom_size_edited();
-}
-
-fn local_storage() -> Option<web_sys::Storage> {
-    web_sys::window()?.local_storage().ok().flatten()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Pure parts: sizes, token counts, estimates
 
 /// The size presets: (message key, width, height). Every value is a multiple of 16 in 256..=1536.
 pub const PRESETS: [(&str, u32, u32); 4] = [
@@ -119,99 +64,6 @@ pub const PRESETS: [(&str, u32, u32); 4] = [
     ("studioPortrait", 768, 1024),
     ("studioLandscape", 1024, 768),
 ];
-
-/// What the token counter says: the count, and whether the end of the prompt would be cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenCount {
-    /// Tokens of the templated prompt, before truncation.
-    pub tokens: usize,
-    /// More than [`MAX_TOKENS`]: the end of the prompt will be cut.
-    pub over: bool,
-    /// At 90 % of the cap or more.
-    pub near: bool,
-}
-
-impl TokenCount {
-    /// The counter's state for `tokens` tokens.
-    pub fn new(tokens: usize) -> Self {
-        TokenCount { tokens, over: tokens > MAX_TOKENS, near: tokens * 10 >= MAX_TOKENS * 9 }
-    }
-}
-
-/// "about 12 s left" and the like.
-fn describe_left(ms: f64) -> String {
-    let s = (ms / 1000.0).round() as u64;
-    if s < 90 {
-        i18n::t_args("studioSecondsLeft", &[&s.max(1).to_string()])
-    } else {
-        i18n::t_args("studioMinutesLeft", &[&((s + 30) / 60).to_string()])
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The page
-
-/// The prompt encoder: loaded once, when first needed.
-enum Encoder {
-    NotLoaded,
-    Loading,
-    Ready(Box<PromptEncoder>),
-    Failed,
-}
-
-/// The job on screen.
-struct Run {
-    job: String,
-    count: u32,
-    steps: u32,
-    width: u32,
-    height: u32,
-    /// When the request was sent (`performance.now()`); `None` when the page opened on a running job
-    /// (its timings are then not recorded).
-    started: Option<f64>,
-    /// When the page began following it.
-    followed: f64,
-    /// A private job: its timings are not kept.
-    private: bool,
-    progress: Option<Progress>,
-    /// The image the progress is about (0-based).
-    image: u32,
-    /// When the last progress report came.
-    progress_at: f64,
-    /// Marks for this run's per-stage timings: first transformer report, step 1, decoder report.
-    transformer_at: Option<f64>,
-    step1_at: Option<f64>,
-    decoder_at: Option<f64>,
-    /// The furthest the bar has been: it never goes back, although the estimate behind it can grow
-    /// (a stage that overran its estimate, then the next stage's estimate taken whole).
-    shown: f64,
-    ended: bool,
-}
-
-impl Run {
-    /// A run of `job` followed from now; `started`: when its request was sent, if from this page.
-    fn new(job: String, count: u32, steps: u32, (width, height): (u32, u32), started: Option<f64>) -> Run {
-        let now = now_ms();
-        Run {
-            job,
-            count,
-            steps,
-            width,
-            height,
-            started,
-            followed: now,
-            private: false,
-            progress: None,
-            image: 0,
-            progress_at: now,
-            transformer_at: None,
-            step1_at: None,
-            decoder_at: None,
-            shown: 0.0,
-            ended: false,
-        }
-    }
-}
 
 struct Studio {
     encoder: Encoder,
@@ -318,20 +170,6 @@ pub fn studio_main() {
     }
     timer.forget();
     spawn_local(start());
-}
-
-/// The options page's defaults, where they were saved after this form's own settings: size, steps and
-/// schedule start from them, as the popup's do.
-async fn apply_newer_defaults() {
-    let Some(defaults) = storage::DEFAULTS.get().await else { return };
-    if defaults.saved_at_ms <= kept_settings().map_or(0.0, |s| s.saved_at_ms) {
-        return;
-    }
-    input("width").set_value(&defaults.width.to_string());
-    input("height").set_value(&defaults.height.to_string());
-    input("steps").set_value(&defaults.steps.to_string());
-    element::<HtmlSelectElement>("schedule").set_value(&defaults.schedule);
-    custom_size_edited();
 }
 
 async fn start() {
@@ -548,104 +386,6 @@ fn seed_mode_changed() {
     }
 }
 
-// --- tokens
-
-fn prompt_edited() {
-    let edit = with(|s| {
-        s.edit += 1;
-        s.edit
-    });
-    let closure = Closure::once_into_js(move || spawn_local(count_tokens(edit)));
-    if let Some(window) = web_sys::window() {
-        let _ = window
-            .set_timeout_with_callback_and_timeout_and_arguments_0(closure.unchecked_ref(), COUNT_DELAY_MS);
-    }
-}
-
-/// Loads the tokenizer and the chat template from the extension (once).
-async fn ensure_encoder() {
-    let load = with(|s| {
-        let idle = matches!(s.encoder, Encoder::NotLoaded);
-        if idle {
-            s.encoder = Encoder::Loading;
-        }
-        idle
-    });
-    if !load {
-        return;
-    }
-    set_text("token-count", &i18n::t("studioTokensLoading"));
-    let encoder = async {
-        let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
-        let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-        PromptEncoder::new(&tokenizer, &config).map_err(|e| e.to_string())
-    }
-    .await;
-    match encoder {
-        Ok(encoder) => with(|s| s.encoder = Encoder::Ready(Box::new(encoder))),
-        Err(error) => {
-            web_sys::console::error_1(&error.into());
-            with(|s| s.encoder = Encoder::Failed);
-            set_text("token-count", &i18n::t("studioTokensUnavailable"));
-            return;
-        }
-    }
-    let edit = with(|s| s.edit);
-    count_tokens(edit).await;
-}
-
-async fn fetch_bytes(path: &str) -> Result<Vec<u8>, String> {
-    let window = web_sys::window().ok_or("no window")?;
-    let response = JsFuture::from(window.fetch_with_str(path)).await.map_err(|e| format!("{path}: {e:?}"))?;
-    let response: web_sys::Response = response.unchecked_into();
-    if !response.ok() {
-        return Err(format!("{path}: HTTP {}", response.status()));
-    }
-    let buffer = JsFuture::from(response.array_buffer().map_err(|e| format!("{e:?}"))?)
-        .await
-        .map_err(|e| format!("{path}: {e:?}"))?;
-    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
-}
-
-async fn count_tokens(edit: u64) {
-    if with(|s| s.edit != edit) {
-        return;
-    }
-    if with(|s| matches!(s.encoder, Encoder::NotLoaded)) {
-        // It counts the latest prompt once loaded.
-        spawn_local(ensure_encoder());
-        return;
-    }
-    let prompt = element::<HtmlTextAreaElement>("prompt").value();
-    let count = with(|s| match &s.encoder {
-        Encoder::Ready(encoder) => encoder.count_tokens(&prompt).ok().map(TokenCount::new),
-        _ => None,
-    });
-    let Some(count) = count else { return };
-    set_text(
-        "token-count",
-        &i18n::t_args("studioTokens", &[&count.tokens.to_string(), &MAX_TOKENS.to_string()]),
-    );
-    let counter = element::<HtmlElement>("token-count");
-    counter.set_class_name(if count.over {
-        "count over"
-    } else if count.near {
-        "count near"
-    } else {
-        "count"
-    });
-    set_visible("token-warning", count.over);
-    if count.over {
-        set_text(
-            "token-warning",
-            &i18n::t_args(
-                "studioTokensOver",
-                &[&MAX_TOKENS.to_string(), &(count.tokens - MAX_TOKENS).to_string()],
-            ),
-        );
-    }
-}
-
 // --- generating
 
 enum GenerateForm {
@@ -815,169 +555,6 @@ async fn follow(focus: StudioFocus) {
         JobState::Unknown => show_error(&i18n::t("jobGone")),
         JobState::Cancelled { .. } => set_text("progress", &i18n::t("progressCancelled")),
     }
-}
-
-fn begin_run(run: Run) {
-    let count = run.count as usize;
-    with(|s| {
-        s.run = Some(run);
-        s.results.start(count);
-    });
-    set_running(true);
-    set_visible("run", true);
-    // The last image stays on screen, with its actions, until this run's first one arrives.
-    set_text("progress", &i18n::t("starting"));
-    view::show_stages(None);
-    render_progress();
-}
-
-fn set_running(running: bool) {
-    element::<HtmlButtonElement>("generate").set_disabled(running);
-    set_visible("cancel", running);
-    for id in ["again", "variations"] {
-        element::<HtmlButtonElement>(id).set_disabled(running);
-    }
-}
-
-async fn cancel() {
-    let job = with(|s| s.run.as_ref().filter(|r| !r.ended).map(|r| r.job.clone()));
-    if let Some(job) = job {
-        request(&Request::Cancel { job }).await;
-    }
-}
-
-fn on_progress(progress: Progress) {
-    let now = now_ms();
-    with(|s| {
-        let Some(run) = s.run.as_mut() else { return };
-        if progress.images > run.count {
-            run.count = progress.images;
-            s.results.grow(progress.images as usize);
-        }
-        run.image = progress.image;
-        run.steps = progress.steps.max(run.steps);
-        if run.image == 0 {
-            if progress.stage == Stage::Transformer && run.transformer_at.is_none() {
-                run.transformer_at = Some(now);
-            }
-            if progress.stage == Stage::Transformer && progress.step == 1 && run.step1_at.is_none() {
-                run.step1_at = Some(now);
-            }
-            if progress.stage == Stage::Decoder && run.decoder_at.is_none() {
-                run.decoder_at = Some(now);
-            }
-        }
-        run.progress = Some(progress.clone());
-        run.progress_at = now;
-    });
-    view::show_stages(Some(&progress));
-    let (image, count) = with(|s| s.run.as_ref().map_or((0, 1), |r| (r.image, r.count)));
-    let mut text = describe(&progress);
-    if count > 1 {
-        text = i18n::t_args("studioImageOf", &[&(image + 1).to_string(), &count.to_string(), &text]);
-    }
-    set_text("progress", &text);
-    render_progress();
-}
-
-fn on_result(result: GenerateResult) {
-    let ended = with(|s| s.run.is_none() || s.results.arrive(result));
-    show_results();
-    if ended {
-        record_timings();
-        end_run(true);
-        spawn_local(scroll_to_result());
-    }
-}
-
-/// Brings the finished result into view: a side panel is short, the form alone can fill it, and the
-/// image would come below it unseen. The whole result when it fits (its actions at the bottom), else
-/// its top, the image first; measured once the image is decoded, which is what gives it its height.
-async fn scroll_to_result() {
-    let image = element::<web_sys::HtmlImageElement>("image");
-    // A selected grid image that cannot be decoded still leaves the rest worth showing.
-    let _ = JsFuture::from(image.decode()).await;
-    let result = element::<HtmlElement>("result");
-    let room = web_sys::window().and_then(|w| w.inner_height().ok()?.as_f64()).unwrap_or(0.0);
-    result.scroll_into_view_with_bool(result.get_bounding_client_rect().height() > room);
-}
-
-fn end_run(done: bool) {
-    with(|s| {
-        if let Some(run) = s.run.as_mut() {
-            run.ended = true;
-        }
-    });
-    set_running(false);
-    // Whatever ended it, there is no time left to count down.
-    set_text("timing", "");
-    if done {
-        set_text("progress", &i18n::t("progressDone"));
-        element::<HtmlElement>("progress-bar").set_attribute("value", "1").ok();
-        set_visible("run", false);
-    }
-}
-
-fn record_timings() {
-    let sample = with(|s| {
-        let run = s.run.as_ref()?;
-        let started = run.started?;
-        // A private run leaves nothing on this machine, not even how long it took.
-        if run.count != 1 || run.private {
-            return None;
-        }
-        let (transformer, step1, decoder) = (run.transformer_at?, run.step1_at?, run.decoder_at?);
-        let steps = f64::from(run.steps.max(1));
-        let times = StageTimes {
-            encode_ms: transformer - started,
-            load_ms: 0.0_f64.max(step1 - transformer - (decoder - step1) / steps),
-            step_ms: (decoder - step1) / (steps - 1.0).max(1.0),
-            decode_ms: now_ms() - decoder,
-        };
-        remember(&mut s.timings, size_key(run.width, run.height), times);
-        Some(s.timings.clone())
-    });
-    if let Some(timings) = sample {
-        spawn_local(async move { storage::STUDIO_TIMINGS.set_or_log(&timings).await });
-    }
-}
-
-/// Every second while a job runs: the bar, the elapsed time and the estimate.
-fn tick() {
-    if with(|s| s.run.as_ref().is_some_and(|r| !r.ended)) {
-        render_progress();
-    }
-}
-
-fn render_progress() {
-    let now = now_ms();
-    let view = with(|s| {
-        let run = s.run.as_mut().filter(|r| !r.ended)?;
-        let history = StageTimes::mean(s.timings.get(&size_key(run.width, run.height)).map_or(&[], |v| v));
-        let elapsed = now - run.started.unwrap_or(run.followed);
-        let in_stage = now - if run.progress.is_some() { run.progress_at } else { run.followed };
-        let images_left = run.count.saturating_sub(run.image + 1);
-        let left = history.map(|h| {
-            h.left_ms(run.progress.as_ref(), in_stage, run.steps)
-                + f64::from(images_left) * (h.image_ms(run.steps) - h.encode_ms)
-        });
-        let own = match left {
-            Some(left) if elapsed + left > 0.0 => elapsed / (elapsed + left),
-            _ => stage_fraction(run.progress.as_ref()),
-        };
-        let fraction = (f64::from(run.image) + own.min(1.0)) / f64::from(run.count.max(1));
-        run.shown = run.shown.max(fraction.min(1.0));
-        Some((run.shown, elapsed, left))
-    });
-    let Some((fraction, elapsed, left)) = view else { return };
-    let bar = element::<HtmlElement>("progress-bar");
-    let _ = bar.set_attribute("value", &format!("{fraction:.3}"));
-    let mut timing = view::describe_elapsed(elapsed);
-    if let Some(left) = left {
-        timing.push_str(" \u{00b7} ");
-        timing.push_str(&describe_left(left));
-    }
-    set_text("timing", &timing);
 }
 
 // --- results
