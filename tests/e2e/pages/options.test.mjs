@@ -217,7 +217,7 @@ test('options in German: deleting the model asks first, with the size to downloa
   await options.waitForFunction(() => /^Installiert: fixtures\/f32/.test(document.querySelector('#model-status').textContent));
   const size = /\(([^)]+)\), funktioniert offline\.$/.exec(await options.textContent('#model-status'))[1];
   // In German's number format: a decimal comma.
-  assert.match(size, /^\d+,\d (MB|GB)$/);
+  assert.match(size, /^\d+,\d\u00a0(MB|GB)$/);
   assert.equal(await options.textContent('#delete-pack'), 'Modell löschen');
   await options.click('#delete-pack');
   await options.waitForSelector('#delete-confirm[open]');

@@ -93,7 +93,7 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   const stages = await page.evaluate(() => [...window.__stages]);
   assert.ok(texts.some((s) => /Step \d of 2/.test(s)), JSON.stringify(texts));
   assert.ok(stages.includes('stage-steps'), JSON.stringify(stages));
-  assert.match(await page.textContent('#meta'), /256×256, 2 steps, empirical, seed 42/);
+  assert.match(await page.textContent('#meta'), /256×256, 2 steps, standard, seed 42/);
   assert.equal((await page.textContent('#error')).trim(), '');
   await screenshots(page, 'studio-result');
 
@@ -173,7 +173,7 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   const reopened = await openStudio(b);
   await imageShown(reopened);
   assert.equal(await reopened.getAttribute('#image', 'src'), last);
-  assert.match(await reopened.textContent('#meta'), new RegExp(`256×256, 2 steps, empirical, seed ${seed}\\b`));
+  assert.match(await reopened.textContent('#meta'), new RegExp(`256×256, 2 steps, standard, seed ${seed}\\b`));
   assert.equal(await reopened.inputValue('#prompt'), 'a small red boat on a calm lake');
   assert.deepEqual(await h.axeViolations(reopened), []);
 });

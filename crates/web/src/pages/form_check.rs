@@ -18,8 +18,10 @@ use imagine_core::params::{
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
+use crate::pages::view::dom;
 use crate::pages::view::{child, document, element, on, on_item_click};
 use crate::platform::i18n;
+use crate::platform::js::LogError;
 
 /// The controls checked, by id: the same in the studio and the popup.
 pub const FIELDS: [&str; 5] = ["prompt", "width", "height", "steps", "seed"];
@@ -79,9 +81,9 @@ pub fn wire_fixes(prefix: &'static str) {
             control.set_value(&value);
             // The page hears it as typed (the studio's presets follow the size).
             if let Ok(event) = web_sys::Event::new("input") {
-                let _ = control.dispatch_event(&event);
+                control.dispatch_event(&event).log_error("applying a fix");
             }
-            let _ = control.focus();
+            dom::focus(&control);
         });
     }
 }
@@ -99,7 +101,7 @@ pub fn clear() {
 }
 
 fn clear_field(field: &str) {
-    let _ = element::<HtmlElement>(field).remove_attribute("aria-invalid");
+    dom::remove_attr(&element::<HtmlElement>(field), "aria-invalid");
     element::<HtmlElement>(&format!("{field}-error")).set_hidden(true);
 }
 
@@ -177,12 +179,12 @@ pub fn mark(field: &str, text: &str) {
 fn reveal(field: &str, message: &HtmlElement) {
     message.set_hidden(false);
     let control = element::<HtmlElement>(field);
-    let _ = control.set_attribute("aria-invalid", "true");
+    dom::set_attr(&control, "aria-invalid", "true");
     // The popup keeps its options folded: the control must be visible to take the focus.
     if let Some(details) = control.closest("details").ok().flatten() {
-        let _ = details.set_attribute("open", "");
+        dom::set_attr(&details, "open", "");
     }
-    let _ = control.focus();
+    dom::focus(&control);
 }
 
 /// Appends a `tag` with `text` to `parent`; a button carries `value` as `data-value`.
@@ -190,11 +192,11 @@ fn append(parent: &HtmlElement, tag: &str, text: &str, value: Option<&str>) {
     let Ok(node) = document().create_element(tag) else { return };
     node.set_text_content(Some(text));
     if let Some(value) = value {
-        let _ = node.set_attribute("type", "button");
-        let _ = node.set_attribute("data-value", value);
+        dom::set_attr(&node, "type", "button");
+        dom::set_attr(&node, "data-value", value);
     }
     if let Some(node) = node.dyn_ref::<HtmlElement>() {
-        let _ = parent.append_child(node);
+        dom::append(parent, node);
     }
 }
 

@@ -16,6 +16,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
+use crate::pages::view::dom;
 use crate::pages::view::{
     self, child, document, element, fill_definitions, from_template, on, on_item_click, set_text,
     set_visible, show_png,
@@ -166,7 +167,7 @@ async fn reload() {
     let generation = STATE.with_borrow_mut(|s| {
         s.generation += 1;
         for url in s.urls.drain(..) {
-            let _ = web_sys::Url::revoke_object_url(&url);
+            web_sys::Url::revoke_object_url(&url).log_error("releasing a thumbnail");
         }
         s.items.clear();
         s.generation
@@ -225,13 +226,13 @@ async fn fetch_page(generation: u32, offset: i64) {
 
 fn add_thumbnail(item: &GalleryItem) {
     let card = from_template("card-template");
-    let _ = child::<HtmlElement>(&card, ".thumb").set_attribute("data-id", &item.id);
+    dom::set_attr(&child::<HtmlElement>(&card, ".thumb"), "data-id", &item.id);
     let img: HtmlImageElement = child(&card, "img");
     // The prompt is set as an attribute's text, never parsed as HTML.
     img.set_alt(&item.prompt);
     img.set_width(item.width);
     img.set_height(item.height);
-    let _ = element::<HtmlElement>("grid").append_child(&card);
+    dom::append(&element::<HtmlElement>("grid"), &card);
     let id = item.id.clone();
     spawn_local(async move {
         let Ok(dir) = opfs::dir(GALLERY_DIR, false).await else { return };
@@ -260,7 +261,7 @@ async fn open(id: String) {
     STATE.with_borrow_mut(|s| s.viewing = Some(item));
     let viewer = dialog("viewer");
     if !viewer.open() {
-        let _ = viewer.show_modal();
+        viewer.show_modal().log_error("opening the large view");
     }
 }
 
@@ -301,7 +302,7 @@ fn set_view_url(id: Option<&str>) {
         None => "gallery.html".to_owned(),
     };
     if let Ok(history) = window.history() {
-        let _ = history.replace_state_with_url(&JsValue::NULL, "", Some(&url));
+        history.replace_state_with_url(&JsValue::NULL, "", Some(&url)).log_error("marking the viewed image");
     }
 }
 
@@ -311,7 +312,7 @@ fn viewer_closed() {
     // Focus goes back to the thumbnail the view was opened from.
     if let Some(id) = id {
         if let Ok(Some(button)) = document().query_selector(&format!("button.thumb[data-id=\"{id}\"]")) {
-            let _ = button.unchecked_into::<HtmlElement>().focus();
+            dom::focus(&button.unchecked_into::<HtmlElement>());
         }
     }
 }
@@ -418,7 +419,7 @@ async fn reload_keeping_focus() {
 }
 
 fn focus(element: HtmlElement) {
-    let _ = element.focus();
+    dom::focus(&element);
 }
 
 fn ask_clear() {
@@ -428,9 +429,9 @@ fn ask_clear() {
     }
     set_text("confirm-text", &t("galleryClearQuestion"));
     let confirm = dialog("confirm");
-    let _ = confirm.show_modal();
+    confirm.show_modal().log_error("asking before deleting all");
     // The safe choice has the focus.
-    let _ = element::<HtmlButtonElement>("confirm-no").focus();
+    dom::focus(&element::<HtmlButtonElement>("confirm-no"));
 }
 
 async fn clear() {
@@ -440,7 +441,7 @@ async fn clear() {
         }
         _ => reload().await,
     }
-    let _ = element::<HtmlButtonElement>("export").focus();
+    dom::focus(&element::<HtmlButtonElement>("export"));
 }
 
 /// Asks for the zip, then hands it to the browser's download and removes the OPFS copy.

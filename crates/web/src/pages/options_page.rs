@@ -16,6 +16,7 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
 use crate::pages::form_check::{self, Problem};
+use crate::pages::view::dom;
 use crate::pages::view::{self, element, on, set_text, set_visible};
 use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n::{self, t, t_args};
@@ -86,7 +87,7 @@ pub fn options_page_main() {
             input("hub-revision").set_value(&source.revision);
             // A source of one's own is no secret to the one who set it: shown, not folded away.
             if source != PackSource::default() {
-                let _ = element::<HtmlElement>("source-advanced").set_attribute("open", "");
+                dom::set_attr(&element::<HtmlElement>("source-advanced"), "open", "");
             }
         }
         let list = GalleryListRequest { limit: Some(1), ..Default::default() };
@@ -161,7 +162,7 @@ async fn gpu_memory(request_: GpuMemoryRequest) {
         let key = if plan.fits { "gpuMemorySizeFits" } else { "gpuMemorySizeTooBig" };
         let Ok(item) = view::document().create_element("li") else { return };
         item.set_text_content(Some(&t_args(key, &[&size, &gb(plan.peak)])));
-        let _ = list.append_child(&item);
+        dom::append(&list, &item);
     }
 }
 
@@ -193,7 +194,7 @@ fn show_keep_loaded(seconds: u32) {
     if select.value() != value {
         let text = t_args("keepLoadedSeconds", &[&value]);
         if let Ok(option) = web_sys::HtmlOptionElement::new_with_text_and_value(&text, &value) {
-            let _ = select.append_child(&option);
+            dom::append(&select, &option);
             select.set_value(&value);
         }
     }

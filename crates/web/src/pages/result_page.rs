@@ -13,7 +13,7 @@ use web_sys::HtmlAnchorElement;
 
 use crate::pages::view::{self, copy_png, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
-use crate::platform::js::{from_js, now_ms};
+use crate::platform::js::{from_js, now_ms, LogError};
 use crate::platform::messaging::request;
 
 thread_local! {
@@ -27,8 +27,8 @@ thread_local! {
 /// The job's progress: its stage marked in the list, the bar, the time so far.
 fn show_progress(progress: Option<&Progress>) {
     view::show_stages(progress);
-    let _ = element::<web_sys::HtmlElement>("progress-bar")
-        .set_attribute("value", &format!("{:.3}", stage_fraction(progress)));
+    let bar = element::<web_sys::HtmlElement>("progress-bar");
+    view::dom::set_attr(&bar, "value", &format!("{:.3}", stage_fraction(progress)));
     if SINCE.get().is_none() {
         SINCE.set(Some(now_ms()));
     }
@@ -91,8 +91,9 @@ pub fn result_page_main() {
     });
     let timer = Closure::<dyn Fn()>::new(tick);
     if let Some(window) = web_sys::window() {
-        let _ = window
-            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000);
+        window
+            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000)
+            .log_error("starting the progress timer");
     }
     timer.forget();
     spawn_local(async move {

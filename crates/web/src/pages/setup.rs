@@ -14,6 +14,7 @@ use imagine_core::device_verdict::{PackFigures, Verdict};
 use wasm_bindgen::JsCast;
 use web_sys::HtmlElement;
 
+use crate::pages::view::dom;
 use crate::pages::view::{self, document, fill_definitions, set_text, set_visible};
 use crate::platform::gpu::{self, DeviceReport};
 use crate::platform::i18n::{self, t, t_args};
@@ -170,12 +171,12 @@ pub fn hold_generate(reason: Option<&str>) {
     match reason {
         Some(reason) => {
             set_text("generate-reason", reason);
-            let _ = button.set_attribute("aria-disabled", "true");
-            let _ = button.set_attribute("aria-describedby", "generate-reason");
+            dom::set_attr(&button, "aria-disabled", "true");
+            dom::set_attr(&button, "aria-describedby", "generate-reason");
         }
         None => {
-            let _ = button.remove_attribute("aria-disabled");
-            let _ = button.remove_attribute("aria-describedby");
+            dom::remove_attr(&button, "aria-disabled");
+            dom::remove_attr(&button, "aria-describedby");
         }
     }
     set_visible("generate-reason", reason.is_some());
@@ -189,7 +190,7 @@ pub fn generate_held() -> bool {
         if let Some(install) = document().get_element_by_id("install") {
             let install: HtmlElement = install.unchecked_into();
             if !install.hidden() && install.offset_parent().is_some() {
-                let _ = install.focus();
+                dom::focus(&install);
             }
         }
     }
@@ -244,10 +245,10 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
     let done = describe_download(p);
     set_text("download-done", &done);
     let bar = view::element::<HtmlElement>("download-bar");
-    let _ = bar.set_attribute("aria-valuenow", &percent.to_string());
-    let _ = bar.set_attribute("aria-valuetext", &done);
+    dom::set_attr(&bar, "aria-valuenow", &percent.to_string());
+    dom::set_attr(&bar, "aria-valuetext", &done);
     if let Ok(Some(fill)) = bar.query_selector(".fill") {
-        let _ = fill.set_attribute("style", &format!("width: {percent}%"));
+        dom::set_attr(&fill, "style", &format!("width: {percent}%"));
     }
     let rate = if running && p.bytes_per_second > 0.0 {
         format!("{}/s", i18n::bytes(p.bytes_per_second as u64))
@@ -267,7 +268,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
             &[&file.path, &i18n::bytes(file.done_bytes), &i18n::bytes(file.size)],
         );
         item.set_text_content(Some(&format!("{text}{mark}")));
-        let _ = list.append_child(&item);
+        dom::append(&list, &item);
     }
 }
 

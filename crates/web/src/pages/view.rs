@@ -11,6 +11,34 @@ use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
 use crate::platform::i18n;
 use crate::platform::js::{LogError, Obj};
 
+/// DOM writes whose failure would leave the page quietly wrong: each is logged with what it did
+/// rather than dropped.
+pub mod dom {
+    use web_sys::{Element, HtmlElement, Node};
+
+    use crate::platform::js::LogError;
+
+    /// Sets the attribute `name` of `element`.
+    pub fn set_attr(element: &Element, name: &str, value: &str) {
+        element.set_attribute(name, value).log_error(&format!("setting {name}"));
+    }
+
+    /// Removes the attribute `name` of `element`.
+    pub fn remove_attr(element: &Element, name: &str) {
+        element.remove_attribute(name).log_error(&format!("removing {name}"));
+    }
+
+    /// Appends `child` to `parent`.
+    pub fn append(parent: &Node, child: &Node) {
+        parent.append_child(child).log_error("adding an element");
+    }
+
+    /// Moves the focus to `element`.
+    pub fn focus(element: &HtmlElement) {
+        element.focus().log_error("moving the focus");
+    }
+}
+
 /// The page's document (`globalThis.document`, which every page has; workers never come here).
 pub fn document() -> Document {
     crate::platform::js::get(&js_sys::global(), "document").unchecked_into()
@@ -103,8 +131,8 @@ pub fn show_png(image_id: &str, save_id: &str, png: &str, alt: &str, seed: &str)
 pub fn confirm_delete_model(delete: impl Fn() + 'static) {
     let dialog = || element::<web_sys::HtmlDialogElement>("delete-confirm");
     on("delete-pack", "click", move |_| {
-        let _ = dialog().show_modal();
-        let _ = element::<HtmlElement>("delete-confirm-no").focus();
+        dialog().show_modal().log_error("opening the Delete model question");
+        dom::focus(&element::<HtmlElement>("delete-confirm-no"));
     });
     on("delete-confirm-no", "click", move |_| dialog().close());
     on("delete-confirm-yes", "click", move |_| {
@@ -131,8 +159,8 @@ pub fn fill_definitions(list: &web_sys::Element, rows: Vec<(String, String)>) {
         };
         dt.set_text_content(Some(&name));
         dd.set_text_content(Some(&value));
-        let _ = list.append_child(&dt);
-        let _ = list.append_child(&dd);
+        dom::append(list, &dt);
+        dom::append(list, &dd);
     }
 }
 
@@ -180,9 +208,9 @@ pub fn show_stages(progress: Option<&Progress>) {
         };
         item.set_class_name(state);
         if state == "now" {
-            let _ = item.set_attribute("aria-current", "step");
+            dom::set_attr(&item, "aria-current", "step");
         } else {
-            let _ = item.remove_attribute("aria-current");
+            dom::remove_attr(&item, "aria-current");
         }
     }
 }
@@ -199,7 +227,7 @@ pub fn show_error_in(id: &str, error: Option<(&str, Option<&Message>)>) {
         return target.set_text_content(Some(&full));
     };
     let document = document();
-    let _ = target.append_with_str_1(&i18n::t(plain));
+    target.append_with_str_1(&i18n::t(plain)).log_error("showing an error");
     let (Ok(details), Ok(summary), Ok(text)) = (
         document.create_element("details"),
         document.create_element("summary"),
@@ -209,9 +237,9 @@ pub fn show_error_in(id: &str, error: Option<(&str, Option<&Message>)>) {
     };
     summary.set_text_content(Some(&i18n::t("detailsLabel")));
     text.set_text_content(Some(&full));
-    let _ = details.append_child(&summary);
-    let _ = details.append_child(&text);
-    let _ = target.append_child(&details);
+    dom::append(&details, &summary);
+    dom::append(&details, &text);
+    dom::append(&target, &details);
 }
 
 /// Renders one job into the shared element ids: `#progress`, `#error`, `#image`, `#meta`, `#save-png`.

@@ -11,6 +11,8 @@ use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
+use crate::platform::js::LogError;
+
 #[wasm_bindgen]
 extern "C" {
     #[wasm_bindgen(js_namespace = ["chrome", "i18n"], js_name = getMessage)]
@@ -179,7 +181,7 @@ const ATTRIBUTES: [(&str, &str); 3] = [
 pub fn localize_page() {
     let Some(document) = web_sys::window().and_then(|w| w.document()) else { return };
     if let Some(html) = document.document_element() {
-        let _ = html.set_attribute("lang", &t("pageLanguage"));
+        html.set_attribute("lang", &t("pageLanguage")).log_error("setting the page's language");
     }
     for_each(&document, "[data-i18n]", |element| {
         if let Some(key) = element.get_attribute("data-i18n") {
@@ -189,7 +191,7 @@ pub fn localize_page() {
     for (marker, attribute) in ATTRIBUTES {
         for_each(&document, &format!("[{marker}]"), |element| {
             if let Some(key) = element.get_attribute(marker) {
-                let _ = element.set_attribute(attribute, &t(&key));
+                element.set_attribute(attribute, &t(&key)).log_error("translating an attribute");
             }
         });
     }

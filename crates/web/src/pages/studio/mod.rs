@@ -32,6 +32,7 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
+use crate::pages::view::dom;
 use crate::pages::view::{
     self, child, copy_png, describe, document, element, from_template, on, on_item_click, set_text,
     set_visible,
@@ -165,8 +166,9 @@ pub fn studio_main() {
     seed_mode_changed();
     let timer = Closure::<dyn Fn()>::new(tick);
     if let Some(window) = web_sys::window() {
-        let _ = window
-            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000);
+        window
+            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000)
+            .log_error("starting the progress timer");
     }
     timer.forget();
     spawn_local(start());
@@ -340,7 +342,7 @@ fn fill_presets() {
             Some(size) => px.set_text_content(Some(&size)),
             None => px.remove(),
         }
-        let _ = list.append_child(&chip);
+        dom::append(&list, &chip);
     };
     for (i, (key, w, h)) in PRESETS.iter().enumerate() {
         add(format!("{w}x{h}"), i18n::t(key), Some(format!("{w}\u{00d7}{h}")), i == 0);

@@ -227,7 +227,7 @@ pub(super) fn render_progress() {
     });
     let Some((fraction, elapsed, left)) = view else { return };
     let bar = element::<HtmlElement>("progress-bar");
-    let _ = bar.set_attribute("value", &format!("{fraction:.3}"));
+    dom::set_attr(&bar, "value", &format!("{fraction:.3}"));
     let mut timing = view::describe_elapsed(elapsed);
     if let Some(left) = left {
         timing.push_str(" \u{00b7} ");

@@ -7,6 +7,7 @@ use imagine_core::gallery;
 use wasm_bindgen::prelude::*;
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement};
 
+use crate::pages::view::dom;
 use crate::pages::view::{child, document, element, from_template, set_text, set_visible, show_png};
 use crate::platform::i18n;
 
@@ -117,7 +118,7 @@ impl Results {
         set_visible("grid", self.slots.len() > 1);
         if self.slots.len() > 1 {
             for (i, slot) in self.slots.iter().enumerate() {
-                let _ = grid.append_child(&self.thumbnail(i, slot.as_ref()));
+                dom::append(&grid, &self.thumbnail(i, slot.as_ref()));
             }
         }
     }
@@ -130,18 +131,18 @@ impl Results {
         if selected {
             button.set_class_name("thumb selected");
         }
-        let _ = button.set_attribute("data-index", &index.to_string());
-        let _ = button.set_attribute("aria-pressed", if selected { "true" } else { "false" });
+        dom::set_attr(&button, "data-index", &index.to_string());
+        dom::set_attr(&button, "aria-pressed", if selected { "true" } else { "false" });
         let img: HtmlImageElement = child(&button, "img");
         match result {
             Some(r) => {
-                let _ = button.set_attribute("aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
+                dom::set_attr(&button, "aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
                 img.set_src(&format!("data:image/png;base64,{}", r.png));
             }
             None => {
                 img.remove();
                 button.set_disabled(true);
-                let _ = button.set_attribute("aria-label", &i18n::t("studioPending"));
+                dom::set_attr(&button, "aria-label", &i18n::t("studioPending"));
             }
         }
         button
@@ -157,7 +158,7 @@ pub fn thumbnail_index(thumb: &web_sys::Element) -> Option<usize> {
 pub fn focus_thumbnail(index: usize) {
     let chosen = document().query_selector(&format!("#grid .thumb[data-index=\"{index}\"]"));
     if let Ok(Some(button)) = chosen {
-        let _ = button.unchecked_into::<HtmlElement>().focus();
+        dom::focus(&button.unchecked_into::<HtmlElement>());
     }
 }
 

@@ -36,8 +36,9 @@ pub(super) fn prompt_edited() {
     });
     let closure = Closure::once_into_js(move || spawn_local(count_tokens(edit)));
     if let Some(window) = web_sys::window() {
-        let _ = window
-            .set_timeout_with_callback_and_timeout_and_arguments_0(closure.unchecked_ref(), COUNT_DELAY_MS);
+        window
+            .set_timeout_with_callback_and_timeout_and_arguments_0(closure.unchecked_ref(), COUNT_DELAY_MS)
+            .log_error("counting the tokens");
     }
 }
 
