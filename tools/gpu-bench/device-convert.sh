@@ -1,5 +1,5 @@
 #!/bin/bash
-# The conversion check (issue 10 point 4), ON the device machine, from the repository root, everything
+# The conversion check, ON the device machine, from the repository root, everything
 # it needs under .gpu/ (prepare.sh; README.md, "Conversion mode"). Phases, each skipped when an
 # earlier call on the same (still warm) machine finished it (markers in /tmp):
 #   1. setup: as device.sh (loader debs, Node, dawn.node, ORT Web files, diffusers), plus the core's

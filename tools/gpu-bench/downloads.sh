@@ -26,7 +26,7 @@ loader_debs() { # DIR
   for p in $LOADERS; do cp ${p}_*.deb "$1/"; done
 }
 
-# Another onnxruntime-web for tests/e2e/bench/gpu.mjs --ort-alt (issue: measure it beside the shipped one): its
+# Another onnxruntime-web for tests/e2e/bench/gpu.mjs --ort-alt (to measure it beside the shipped one): its
 # package.json and the two files the stage workers load, as tar.xz. ORT_ALT=none leaves it out.
 ORT_ALT=${ORT_ALT:-1.31.1}
 ort_alt_xz() { # OUT

@@ -1,5 +1,5 @@
-//! Attention fused into ONNX Runtime's `MultiHeadAttention` for its WebGPU flash attention (issue 21,
-//! point 3), or computed in chunks of query rows so that its scores fit ONNX Runtime Web's buffer cache.
+//! Attention fused into ONNX Runtime's `MultiHeadAttention` for its WebGPU flash attention, or
+//! computed in chunks of query rows so that its scores fit ONNX Runtime Web's buffer cache.
 //!
 //! # Why
 //!

@@ -1,4 +1,4 @@
-//! `MatMulNBits` re-blocked to 32 for ONNX Runtime Web's WebGPU kernels (issue 19).
+//! `MatMulNBits` re-blocked to 32 for ONNX Runtime Web's WebGPU kernels.
 //!
 //! # Why
 //!

@@ -1,4 +1,4 @@
-//! Embedding tables looked up outside the graph, on every adapter and backend (issue 8, point 4).
+//! Embedding tables looked up outside the graph, on every adapter and backend.
 //!
 //! # Why
 //!

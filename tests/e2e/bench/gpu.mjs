@@ -402,7 +402,7 @@ async function install(b, sampler) {
 }
 
 /**
- * Runs `fn` with the installed pack's record as a version before issue 21's install-time re-blocking
+ * Runs `fn` with the installed pack's record as a version before the install-time re-blocking
  * wrote it (no `block32`), so that the stage workers re-block the graphs while they load. The
  * extension then stores those forms with the pack by itself, in the background: on WebGPU (`webgpu`;
  * the wasm backend re-blocks nothing) waited for, so that it does not weigh on the next image, and

@@ -1,4 +1,4 @@
-// Faster repeats and batches (issue 9, points 3 and 4): a prompt seen before on this pack reuses its cached
+// Faster repeats and batches: a prompt seen before on this pack reuses its cached
 // embeddings and starts no text-encoder worker, across a browser restart, with the same image a cold run
 // gives; a damaged cache entry falls back to the encoder; a batch of 4 loads each graph once and gives the
 // images of 4 single generations with seeds in a row.

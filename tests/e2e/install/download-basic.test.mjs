@@ -191,7 +191,7 @@ test('deleting the pack while an image is being made is refused; once the job en
 });
 
 test('the float16 pack with the default (webgpu) backend, without shader-f16: planned with its float32 cost, installed converted', { timeout: 300_000 }, async (t) => {
-  // Before issue 10 this was refused before downloading. Now the plan states the cost, and the
+  // Before the float32 conversion this was refused before downloading. Now the plan states the cost, and the
   // install converts after the download (f32-conversion.test.mjs checks the image and resuming).
   const b = await h.setup(t, { install: false });
   const plan = await h.api(b.page, { type: 'planPack', endpoint: b.hub.url, repo: 'fixtures/f16', revision: 'main' });

@@ -1,6 +1,6 @@
 // The float16 pack on a WebGPU adapter without shader-f16 (SwiftShader): the popup states what running
 // in float32 costs, the install converts the float16 graphs to float32 in the staging slot (progress
-// `converting`, resumable, verified), and generation on WebGPU matches the float32 reference (issue 10).
+// `converting`, resumable, verified), and generation on WebGPU matches the float32 reference.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';

@@ -1,4 +1,4 @@
-// The model's setup (issue 23): one verdict on this device in plain language, the same on the options
+// The model's setup: one verdict on this device in plain language, the same on the options
 // page, the popup and the studio (the plan's sizes once asked for, the published pack's "about" before;
 // a software renderer warned about; the raw limits behind "Details"); the guided setup of the studio and
 // the popup until the model is installed (what it is, its size, Download, then the progress in place with

@@ -1,6 +1,6 @@
 """The core's pack conversion, natively (`cargo run -p imagine-core --example convert_pack`), on the tiny
 float16 pack: the converted graphs compute what the float32-activation export of the same weights
-computes (issue 10 point 4; tools/gpu-bench/device-convert.sh does the same at full size on a GPU)."""
+computes (tools/gpu-bench/device-convert.sh does the same at full size on a GPU)."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 //! Float16 activations to float32: rewrites an ONNX graph so that it runs on WebGPU adapters without
-//! `shader-f16` (issue 10, points 1 and 2).
+//! `shader-f16`.
 //!
 //! # Why
 //!
@@ -54,7 +54,7 @@
 //! Constant and ConstantOfShape; the attention contrib operators are listed by their type
 //! constraints but not run there (their CPU kernels' float16 support varies).
 //!
-//! # Limits (issue 10, point 2)
+//! # Limits
 //!
 //! ONNX Runtime puts each initializer in one GPU buffer, which must fit the adapter's
 //! `maxStorageBufferBindingSize` and `maxBufferSize` ([`Limits`]). Converting doubles a tensor:

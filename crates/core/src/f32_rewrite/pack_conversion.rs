@@ -1,5 +1,5 @@
 //! A whole pack converted for one adapter without `shader-f16`: which graphs, which files, what it
-//! costs, and the record kept with the installed pack (issue 10, points 1 to 3).
+//! costs, and the record kept with the installed pack.
 //!
 //! The web side (the download worker) runs [`plan_pack`] on the pack's graphs before it downloads
 //! anything, so a graph the rewrite refuses stops the install before a weight is fetched, and the

@@ -1,5 +1,5 @@
 //! The pack's graphs re-blocked to 32 for WebGPU once, in the download worker, in the staging slot,
-//! after the download (and the float32 conversion) and before the pack is installed (issue 21; the edit
+//! after the download (and the float32 conversion) and before the pack is installed (the edit
 //! itself and why: `imagine_core::matmul_blocks`); and, for graphs a stage had to re-block while
 //! loading, later, into the installed pack (`download::store_block32`).
 //!

@@ -1,5 +1,5 @@
 //! Converting a verified float16 pack to float32 for an adapter without `shader-f16`, in the download
-//! worker, in the staging slot, before the pack is installed (issue 10; the rewrite itself is
+//! worker, in the staging slot, before the pack is installed (the rewrite itself is
 //! `imagine_core::f32_rewrite`).
 //!
 //! * Resumable: each new file is written in increasing order, flushed, and its length saved in
