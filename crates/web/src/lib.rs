@@ -5,14 +5,14 @@
 //!
 //! | context | shim | module | entries |
 //! |---|---|---|---|
-//! | service worker | `sw.js` | [`background::service_worker`], [`background::notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerNotificationClick` |
+//! | service worker | `sw.js` | [`background::service_worker`], [`background::notify`] | `serviceWorkerMessage`, `serviceWorkerInstalled`, `serviceWorkerStartup`, `serviceWorkerWake`, `serviceWorkerMenuClick`, `serviceWorkerCommand`, `serviceWorkerWindowRemoved`, `serviceWorkerNotificationClick` |
 //! | offscreen document | `offscreen.js` | [`offscreen::document`] | `offscreenCommand` |
 //! | stage worker | `stage-worker.js` | [`offscreen::stage_worker`] | `stageWorkerMain` |
 //! | download worker | `download-worker.js` | [`offscreen::download`] | `downloadWorkerMain` |
 //! | hash worker (beside the download worker) | `hash-worker.js` | [`offscreen::hasher`] | `hashWorkerMain` |
 //! | popup | `popup.js` | [`pages::popup`] | `popupMain`, `popupEvent` |
 //! | result page | `result.js` | [`pages::result_page`] | `resultPageMain`, `resultPageEvent` |
-//! | gallery page | `gallery.js` | [`pages::gallery_page`] | `galleryPageMain`, `galleryPageEvent` |
+//! | gallery page | `gallery.js` | [`pages::gallery_page`] | `galleryPageMain`, `galleryPageEvent`, `galleryStorageChanged` |
 //! | options page | `options.js` | [`pages::options_page`] | `optionsPageMain`, `optionsPageEvent` |
 //! | studio (side panel, or a tab) | `studio.js` | [`pages::studio`] | `studioMain`, `studioEvent`, `studioStorageChanged` |
 //!
