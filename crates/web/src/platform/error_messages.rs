@@ -19,6 +19,7 @@ use crate::platform::gpu::GpuError;
 use crate::platform::hub_client::FetchError;
 use crate::platform::js::JsError;
 use crate::platform::opfs::{Op, OpfsError};
+use crate::platform::prompt_encoder::EncoderLoadError;
 use crate::platform::protocol::ProtocolError;
 
 /// `"<what>: <detail>"`, the shape of many messages.
@@ -260,6 +261,20 @@ impl Localize for StageWorkerError {
     }
 }
 
+impl Localize for EncoderLoadError {
+    fn message(&self) -> Message {
+        match self {
+            EncoderLoadError::Fetch { path, source } => {
+                detail(Arg::Message(Op::Read.message(path)), arg(source))
+            }
+            EncoderLoadError::Status { path, status } => {
+                detail(Arg::Message(Op::Read.message(path)), arg(format!("HTTP {status}")))
+            }
+            EncoderLoadError::Tokenizer(e) => Message::new("errOffscreenTokenizer", [cause(e)]),
+        }
+    }
+}
+
 impl Localize for OffscreenError {
     fn message(&self) -> Message {
         match self {
@@ -275,13 +290,7 @@ impl Localize for OffscreenError {
                 "errOffscreenStageStalled",
                 [Arg::Message(Message::new(crate::pages::options_page::stage_key(*stage), [])), arg(seconds)],
             ),
-            OffscreenError::Asset { path, source } => {
-                detail(Arg::Message(Op::Read.message(path)), arg(source))
-            }
-            OffscreenError::AssetStatus { path, status } => {
-                detail(Arg::Message(Op::Read.message(path)), arg(format!("HTTP {status}")))
-            }
-            OffscreenError::Tokenizer(e) => Message::new("errOffscreenTokenizer", [cause(e)]),
+            OffscreenError::Encoder(e) => e.message(),
             OffscreenError::Prompt(e) => Message::new("errOffscreenPrompt", [cause(e)]),
             OffscreenError::OutOfMemory { budget: None, cause: inner, .. } => {
                 Message::new("errOffscreenOutOfMemoryUnknown", [cause(inner.as_ref())])

@@ -433,6 +433,7 @@ mod tests {
         use crate::platform::hub_client::FetchError;
         use crate::platform::js::JsError;
         use crate::platform::opfs::{Op, OpfsError};
+        use crate::platform::prompt_encoder::EncoderLoadError;
 
         let js = || JsError { name: Some("TypeError".into()), message: "Failed to fetch".into() };
         let json_error = || serde_json::from_str::<u8>("x").unwrap_err();
@@ -585,9 +586,15 @@ mod tests {
             Box::new(OffscreenError::Crashed { script: "stage-worker.js".into(), message: "oom".into() }),
             Box::new(OffscreenError::StageStopped),
             Box::new(OffscreenError::Stalled { stage: Stage::TextEncoder, seconds: 600 }),
-            Box::new(OffscreenError::Asset { path: "tokenizer/tokenizer.json", source: js() }),
-            Box::new(OffscreenError::AssetStatus { path: "tokenizer/tokenizer.json", status: 404 }),
-            Box::new(OffscreenError::Tokenizer(PromptError::Tokenizer("bad".into()))),
+            Box::new(OffscreenError::from(EncoderLoadError::Fetch {
+                path: "tokenizer/tokenizer.json",
+                source: js(),
+            })),
+            Box::new(OffscreenError::from(EncoderLoadError::Status {
+                path: "tokenizer/tokenizer.json",
+                status: 404,
+            })),
+            Box::new(OffscreenError::from(EncoderLoadError::Tokenizer(PromptError::Tokenizer("bad".into())))),
             Box::new(OffscreenError::Prompt(PromptError::Tokenize("bad".into()))),
             Box::new(OffscreenError::NoOutput),
             Box::new(OffscreenError::NoRoom {

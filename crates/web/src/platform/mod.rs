@@ -10,6 +10,7 @@ pub mod i18n;
 pub mod js;
 pub mod messaging;
 pub mod opfs;
+pub mod prompt_encoder;
 pub mod protocol;
 pub mod settings;
 pub mod side_panel;

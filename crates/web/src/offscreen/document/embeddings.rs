@@ -14,28 +14,12 @@ pub(super) async fn tokenize(prompt: &str) -> Result<EncodedPrompt, OffscreenErr
     let encoder = match PROMPT_ENCODER.with_borrow(Clone::clone) {
         Some(encoder) => encoder,
         None => {
-            let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
-            let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-            let encoder =
-                Rc::new(PromptEncoder::new(&tokenizer, &config).map_err(OffscreenError::Tokenizer)?);
+            let encoder = Rc::new(crate::platform::prompt_encoder::load().await?);
             PROMPT_ENCODER.set(Some(encoder.clone()));
             encoder
         }
     };
     encoder.encode(prompt).map_err(OffscreenError::Prompt)
-}
-
-/// A file shipped with the extension.
-pub(super) async fn fetch_bytes(path: &'static str) -> Result<Vec<u8>, OffscreenError> {
-    let failed = |e: JsValue| OffscreenError::Asset { path, source: e.into() };
-    let window = web_sys::window().ok_or_else(|| failed(JsValue::from_str("no window")))?;
-    let response = JsFuture::from(window.fetch_with_str(path)).await.map_err(failed)?;
-    let response: web_sys::Response = response.unchecked_into();
-    if !response.ok() {
-        return Err(OffscreenError::AssetStatus { path, status: response.status() });
-    }
-    let buffer = JsFuture::from(response.array_buffer().map_err(failed)?).await.map_err(failed)?;
-    Ok(Uint8Array::new(&buffer).to_vec())
 }
 
 /// The prompt's embeddings (an `ArrayBuffer` of float32) and the text encoder's timing: from the cache

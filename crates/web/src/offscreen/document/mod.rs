@@ -31,7 +31,7 @@ use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, Prompt
 use js_sys::{Float32Array, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{spawn_local, JsFuture};
+use wasm_bindgen_futures::spawn_local;
 use web_sys::{MessageChannel, MessageEvent, Worker, WorkerOptions, WorkerType};
 
 use crate::offscreen::hasher::WORKER_LIMIT_FILE;
@@ -39,6 +39,7 @@ use crate::offscreen::jobs::JobBook;
 use crate::platform::js::{from_js, now_ms, to_js, JsError, LogError};
 use crate::platform::messaging::broadcast;
 use crate::platform::opfs::OpfsError;
+use crate::platform::prompt_encoder::EncoderLoadError;
 use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
     StageOutput, StageReport, StageTask, StageTiming,
@@ -102,25 +103,9 @@ pub enum OffscreenError {
     /// A stage handed on no buffer where the next one needs it (a bug).
     #[error("internal: a stage handed on nothing")]
     NoOutput,
-    /// A file shipped with the extension (the tokenizer) could not be read.
-    #[error("reading {path}: {source}")]
-    Asset {
-        /// Its path in the extension.
-        path: &'static str,
-        /// `fetch`'s or the body's error.
-        source: JsError,
-    },
-    /// A file shipped with the extension answered with an error status (missing from the build).
-    #[error("reading {path}: HTTP {status}")]
-    AssetStatus {
-        /// Its path in the extension.
-        path: &'static str,
-        /// The HTTP status.
-        status: u16,
-    },
-    /// The shipped tokenizer files could not be loaded into a [`PromptEncoder`].
-    #[error("loading the tokenizer failed: {0}")]
-    Tokenizer(PromptError),
+    /// The prompt encoder could not be made from the files shipped with the extension.
+    #[error(transparent)]
+    Encoder(#[from] EncoderLoadError),
     /// The prompt could not be tokenized.
     #[error("encoding the prompt failed: {0}")]
     Prompt(PromptError),

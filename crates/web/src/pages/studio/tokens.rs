@@ -55,16 +55,10 @@ pub(super) async fn ensure_encoder() {
         return;
     }
     set_text("token-count", &i18n::t("studioTokensLoading"));
-    let encoder = async {
-        let tokenizer = fetch_bytes("tokenizer/tokenizer.json").await?;
-        let config = fetch_bytes("tokenizer/tokenizer_config.json").await?;
-        PromptEncoder::new(&tokenizer, &config).map_err(|e| e.to_string())
-    }
-    .await;
-    match encoder {
+    match crate::platform::prompt_encoder::load().await {
         Ok(encoder) => with(|s| s.encoder = Encoder::Ready(Box::new(encoder))),
         Err(error) => {
-            web_sys::console::error_1(&error.into());
+            web_sys::console::error_1(&error.to_string().into());
             with(|s| s.encoder = Encoder::Failed);
             set_text("token-count", &i18n::t("studioTokensUnavailable"));
             return;
@@ -72,19 +66,6 @@ pub(super) async fn ensure_encoder() {
     }
     let edit = with(|s| s.edit);
     count_tokens(edit).await;
-}
-
-pub(super) async fn fetch_bytes(path: &str) -> Result<Vec<u8>, String> {
-    let window = web_sys::window().ok_or("no window")?;
-    let response = JsFuture::from(window.fetch_with_str(path)).await.map_err(|e| format!("{path}: {e:?}"))?;
-    let response: web_sys::Response = response.unchecked_into();
-    if !response.ok() {
-        return Err(format!("{path}: HTTP {}", response.status()));
-    }
-    let buffer = JsFuture::from(response.array_buffer().map_err(|e| format!("{e:?}"))?)
-        .await
-        .map_err(|e| format!("{path}: {e:?}"))?;
-    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
 }
 
 pub(super) async fn count_tokens(edit: u64) {
