@@ -200,6 +200,26 @@ pub enum Stage {
     Decoder,
 }
 
+impl Stage {
+    /// The stage as English messages name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::TextEncoder => "text encoder",
+            Stage::Transformer => "transformer",
+            Stage::Decoder => "decoder",
+        }
+    }
+
+    /// The `_locales` key of its name, which says the same in the page's language.
+    pub fn message_key(self) -> &'static str {
+        match self {
+            Stage::TextEncoder => "stageTextEncoder",
+            Stage::Transformer => "stageTransformer",
+            Stage::Decoder => "stageDecoder",
+        }
+    }
+}
+
 /// The reply to a [`Request`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]

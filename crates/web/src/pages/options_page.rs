@@ -5,7 +5,7 @@
 
 use imagine_core::api::{
     DownloadState, Event, GalleryLimitRequest, GalleryListRequest, GenerateRequest, GpuMemoryRequest,
-    InstallRequest, KeepLoadedRequest, PackSource, Reply, Request, Residency, Stage,
+    InstallRequest, KeepLoadedRequest, PackSource, Reply, Request, Residency,
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
 use imagine_core::gpu_memory::{
@@ -180,7 +180,7 @@ async fn keep_loaded(seconds: Option<i64>) {
 /// The keep-loaded setting and the stages loaded now.
 fn show_residency(residency: &Residency) {
     show_keep_loaded(residency.seconds);
-    let names: Vec<String> = residency.loaded.iter().map(|stage| t(stage_key(*stage))).collect();
+    let names: Vec<String> = residency.loaded.iter().map(|stage| t(stage.message_key())).collect();
     let text =
         if names.is_empty() { t("keepLoadedNothing") } else { t_args("keepLoadedNow", &[&names.join(", ")]) };
     set_text("keep-loaded-status", &text);
@@ -197,15 +197,6 @@ fn show_keep_loaded(seconds: u32) {
             dom::append(&select, &option);
             select.set_value(&value);
         }
-    }
-}
-
-/// The `_locales` key of the stage's name.
-pub fn stage_key(stage: Stage) -> &'static str {
-    match stage {
-        Stage::TextEncoder => "stageTextEncoder",
-        Stage::Transformer => "stageTransformer",
-        Stage::Decoder => "stageDecoder",
     }
 }
 

@@ -288,7 +288,7 @@ impl Localize for OffscreenError {
             OffscreenError::StageStopped => Message::new("errOffscreenStageStopped", []),
             OffscreenError::Stalled { stage, seconds } => Message::new(
                 "errOffscreenStageStalled",
-                [Arg::Message(Message::new(crate::pages::options_page::stage_key(*stage), [])), arg(seconds)],
+                [Arg::Message(Message::new(stage.message_key(), [])), arg(seconds)],
             ),
             OffscreenError::Encoder(e) => e.message(),
             OffscreenError::Prompt(e) => Message::new("errOffscreenPrompt", [cause(e)]),

@@ -90,7 +90,7 @@ pub enum OffscreenError {
     #[error("the stage worker stopped unexpectedly")]
     StageStopped,
     /// A stage reported nothing for longer than it may ([`QuietTimes::stall_limit_ms`]); its worker was ended.
-    #[error("the {} made no progress for {seconds} s and was stopped", stage_name(*.stage))]
+    #[error("the {} made no progress for {seconds} s and was stopped", .stage.name())]
     Stalled {
         /// The stage that went quiet.
         stage: Stage,

@@ -200,15 +200,6 @@ pub(super) async fn quiet_times() -> QuietTimes {
 /// The OPFS file with which a test shortens every stage's stall limit, in milliseconds.
 pub(super) const STALL_LIMIT_FILE: &str = "stall-limit-ms";
 
-/// The stage as messages name it (the `_locales` keys `stage*` say the same).
-pub fn stage_name(stage: Stage) -> &'static str {
-    match stage {
-        Stage::TextEncoder => "text encoder",
-        Stage::Transformer => "transformer",
-        Stage::Decoder => "decoder",
-    }
-}
-
 impl Drop for StageRun {
     fn drop(&mut self) {
         self.worker.terminate();
