@@ -34,6 +34,9 @@ pub mod offscreen;
 pub mod pages;
 pub mod platform;
 
+#[cfg(test)]
+mod locale_tests;
+
 use wasm_bindgen::prelude::*;
 
 /// Runs once per context when the module is instantiated.

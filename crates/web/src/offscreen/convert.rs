@@ -15,6 +15,7 @@
 //!   `state.json` write that installs the pack, so a half-converted pack is never installed; the
 //!   files live in the slot and go with it.
 
+use imagine_core::message::{arg, Localize, Message};
 use std::collections::HashMap;
 
 use imagine_core::api::FileProgress;
@@ -326,5 +327,18 @@ impl<R: FnMut(&ConvertProgress)> Job<'_, R> {
             }
         }
         Err(ConvertError::Corrupt(name.to_owned()))
+    }
+}
+
+impl Localize for ConvertError {
+    fn message(&self) -> Message {
+        match self {
+            ConvertError::Opfs(e) => e.message(),
+            ConvertError::Rewrite(_) | ConvertError::Graph { .. } => Message::text(self),
+            ConvertError::Corrupt(file) => Message::new("errConvertCorrupt", [arg(file)]),
+            ConvertError::ShortSource { file, end, tensor } => {
+                Message::new("errConvertShortSource", [arg(file), arg(end), arg(tensor)])
+            }
+        }
     }
 }

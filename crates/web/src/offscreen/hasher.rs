@@ -9,6 +9,7 @@
 //!
 //! Messages: [`HashSetup`], [`HashCommand`] and [`HashReport`] (`crate::platform::protocol`).
 
+use imagine_core::message::{arg, ErrorText, Localize, Message};
 use std::cell::RefCell;
 
 use std::pin::pin;
@@ -17,7 +18,6 @@ use futures_channel::mpsc;
 use futures_util::future::{select, Either};
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
-use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
@@ -355,5 +355,22 @@ impl HashWorker {
 impl Drop for HashWorker {
     fn drop(&mut self) {
         self.port.close();
+    }
+}
+
+impl Localize for HashError {
+    fn message(&self) -> Message {
+        match self {
+            HashError::Checkpoint(e) => e.message(),
+            HashError::Protocol(e) => e.message(),
+            HashError::Reported(e) => e.message(),
+            HashError::Stopped => Message::new("errHashStopped", []),
+            HashError::Silent { seconds } => Message::new("errHashSilent", [arg(seconds)]),
+            // Between our own workers: a bug, said as it is.
+            HashError::NoData
+            | HashError::NoBuffer
+            | HashError::Unasked { .. }
+            | HashError::Unexpected { .. } => Message::text(self),
+        }
     }
 }

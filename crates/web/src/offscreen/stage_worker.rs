@@ -9,6 +9,7 @@
 //! `keep` leaves the session loaded for the next task of the same stage (a resident stage), until the
 //! offscreen document terminates the worker.
 
+use crate::platform::error_messages::detail;
 use futures_channel::mpsc;
 use futures_util::StreamExt;
 use half::slice::HalfFloatSliceExt;
@@ -17,7 +18,7 @@ use imagine_core::attention;
 use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
 use imagine_core::matmul_blocks::{self, Block32Form, Block32Record};
-use imagine_core::message::ErrorText;
+use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
 use imagine_core::table_lookup::{self, TableLookup};
@@ -924,4 +925,26 @@ async fn decoder(
     }
     let timing = stage.end(keep).await;
     Ok((StageOutput::Decoder { timing }, None))
+}
+
+impl Localize for StageWorkerError {
+    fn message(&self) -> Message {
+        // Not exhaustive on purpose, like `GpuError`'s.
+        #[allow(unreachable_patterns)]
+        match self {
+            StageWorkerError::NoPack => Message::new("errStageNoPack", []),
+            StageWorkerError::Opfs(e) => e.message(),
+            StageWorkerError::Graph { graph, source } => detail(arg(graph), cause(source)),
+            StageWorkerError::GraphEdit { graph, source } => detail(arg(graph), arg(source)),
+            StageWorkerError::ExternalData { graph, file, source } => {
+                Message::new("errStageExternalData", [arg(graph), arg(file), cause(source.as_ref())])
+            }
+            StageWorkerError::Gpu(e) => e.message(),
+            StageWorkerError::Load { graph, source } => {
+                Message::new("errStageLoad", [arg(graph), arg(source)])
+            }
+            StageWorkerError::Stage(e) => e.message(),
+            other => Message::text(other),
+        }
+    }
 }

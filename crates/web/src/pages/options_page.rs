@@ -297,7 +297,7 @@ async fn save_limit() {
 /// Save source / Download: the host permission is asked for within the click, then the source is
 /// checked, saved, and (`install`) downloaded.
 fn source_clicked(install: bool) {
-    let source = match settings::source_from_form().validate() {
+    let source = match setup::source_from_form().validate() {
         Ok(source) => source,
         Err(e) => return show_model_error(Some(&i18n::error(&e))),
     };
@@ -350,12 +350,12 @@ async fn refresh_model() {
     set_visible("delete-pack", status.installed);
     // "Download" next to "Delete" only for another source than the installed pack's, and not while
     // a download runs (its progress is shown instead).
-    let installed_here = status.installed && status.source.as_ref() == Some(&settings::source_from_form());
+    let installed_here = status.installed && status.source.as_ref() == Some(&setup::source_from_form());
     set_visible("install", !installed_here && status.download.is_none());
     setup::show_download(status.download.as_ref());
     view::set_delete_model_question(&status);
     // The verdict is about the source in the form, with that source's plan if one was asked for.
-    setup::show_verdict(&settings::source_from_form()).await;
+    setup::show_verdict(&setup::source_from_form()).await;
 }
 
 /// Behind "Details" under the verdict ([`refresh_model`]): the adapter, `shader-f16`, the buffer

@@ -123,13 +123,13 @@ async fn refresh_pack() {
     );
     set_visible("delete-pack", status.installed);
     view::set_delete_model_question(&status);
-    setup::show_status(&status, &settings::source_from_form()).await;
+    setup::show_status(&status, &setup::source_from_form()).await;
 }
 
 /// Shows the size of the download before anything is written; the verdict then says this plan's sizes.
 async fn show_plan() {
     set_text("pack-size", &i18n::t("popupCheckingSize"));
-    let source = settings::source_from_form();
+    let source = setup::source_from_form();
     let text = match request(&Request::PlanPack(source.clone())).await {
         Reply::PackPlan(plan) => {
             setup::remember_plan(&plan).await;
@@ -147,7 +147,7 @@ async fn show_plan() {
 /// The Install button. Hosts other than the Hub need a permission, which must be asked for
 /// synchronously within the click.
 fn install_clicked() {
-    let source = settings::source_from_form();
+    let source = setup::source_from_form();
     let permission = settings::request_host_permission(&source);
     spawn_local(async move {
         settings::host_permission_answered(permission).await;

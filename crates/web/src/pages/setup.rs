@@ -300,3 +300,16 @@ pub fn describe_time_left(seconds: f64) -> String {
         s => t_args("popupHoursLeft", &[&i18n::number(&format!("{:.1}", s as f64 / 3600.0))]),
     }
 }
+
+/// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);
+/// an empty field means the published pack's value.
+pub fn source_from_form() -> PackSource {
+    let value = |id: &str| view::element::<web_sys::HtmlInputElement>(id).value().trim().to_owned();
+    let defaults = PackSource::default();
+    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
+    PackSource {
+        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
+        repo: or_default(value("hub-repo"), defaults.repo),
+        revision: or_default(value("hub-revision"), defaults.revision),
+    }
+}

@@ -5,8 +5,6 @@ use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 
-use crate::background::service_worker::ServiceWorkerError;
-use crate::offscreen::download::DownloadError;
 use crate::platform::opfs::OpfsError;
 use crate::platform::protocol::ProtocolError;
 
@@ -161,24 +159,23 @@ impl Loggable for JsValue {
     }
 }
 
-/// `Loggable` by their `Display` text. Listed one by one: a blanket impl over `Display` would
-/// overlap the one for `JsValue`.
+/// `Loggable` by their `Display` text; each context names its own errors beside them. Listed one by
+/// one: a blanket impl over `Display` would overlap the one for `JsValue`.
 macro_rules! loggable_by_display {
     ($($error:ty),* $(,)?) => {
-        $(impl Loggable for $error {
-            fn console_value(&self) -> JsValue {
-                JsValue::from_str(&self.to_string())
+        $(impl $crate::platform::js::Loggable for $error {
+            fn console_value(&self) -> wasm_bindgen::JsValue {
+                wasm_bindgen::JsValue::from_str(&self.to_string())
             }
         })*
     };
 }
+pub(crate) use loggable_by_display;
 
 loggable_by_display!(
     JsError,
     ProtocolError,
     OpfsError,
-    ServiceWorkerError,
-    DownloadError,
     crate::platform::gpu::GpuError,
     imagine_ort::OrtError
 );

@@ -3,7 +3,6 @@
 
 pub mod chrome;
 pub mod error_messages;
-pub mod gallery_store;
 pub mod gpu;
 pub mod hub_client;
 pub mod i18n;

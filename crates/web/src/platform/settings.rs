@@ -128,20 +128,6 @@ pub async fn take_reuse() -> Option<Reuse> {
     reuse
 }
 
-/// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);
-/// an empty field means the published pack's value.
-pub fn source_from_form() -> PackSource {
-    let value =
-        |id: &str| crate::pages::view::element::<web_sys::HtmlInputElement>(id).value().trim().to_owned();
-    let defaults = PackSource::default();
-    let or_default = |v: String, d: String| if v.is_empty() { d } else { v };
-    PackSource {
-        endpoint: or_default(value("hub-endpoint"), defaults.endpoint),
-        repo: or_default(value("hub-repo"), defaults.repo),
-        revision: or_default(value("hub-revision"), defaults.revision),
-    }
-}
-
 /// Asks for access to a pack source's host, its checked origin only ([`PackSource::host_permission`]),
 /// when it is not the Hub (whose hosts the manifest grants). Must be called synchronously within the
 /// click that asks for the download (Chrome's rule for permission requests); the promise resolves once

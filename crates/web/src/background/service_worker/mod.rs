@@ -7,6 +7,7 @@
 //! not (the offscreen document was closed, the browser restarted) is resumed on the next request, on
 //! browser start-up, or by a 30-second alarm while a download is active.
 
+use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -17,17 +18,16 @@ use imagine_core::api::{
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
-use imagine_core::message::{ErrorText, Localize};
 use imagine_core::{Backend, ParamError};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
 
+use crate::background::gallery_store::{self, GalleryStoreError};
 use crate::background::gpu_memory;
 use crate::background::notify;
 use crate::background::records::{self, set_job, Download};
 use crate::platform::chrome;
-use crate::platform::gallery_store::{self, GalleryStoreError};
 use crate::platform::gpu;
 use crate::platform::hub_client::{self, FetchError};
 use crate::platform::i18n;
@@ -160,6 +160,8 @@ pub enum ServiceWorkerError {
     #[error(transparent)]
     Gpu(#[from] gpu::GpuError),
 }
+
+crate::platform::js::loggable_by_display!(ServiceWorkerError);
 
 /// The context-menu item on selected text.
 pub const MENU_ID: &str = "imagine-selection";
@@ -445,4 +447,44 @@ thread_local! {
     static OFFSCREEN_LOCK: Rc<Mutex<()>> = Rc::new(Mutex::new(()));
     /// Serialises the updates of job states from events.
     static JOB_LOCK: Arc<Mutex<()>> = Arc::new(Mutex::new(()));
+}
+
+impl Localize for ServiceWorkerError {
+    fn message(&self) -> Message {
+        match self {
+            ServiceWorkerError::Foreign => Message::new("errSwForeign", []),
+            ServiceWorkerError::EventSent => Message::new("errSwEventSent", []),
+            ServiceWorkerError::NotARequest(e) => Message::new("errSwNotARequest", [arg(e)]),
+            ServiceWorkerError::Source(e) => e.message(),
+            ServiceWorkerError::Backend(name) => Message::new("errSwBackend", [arg(format!("{name:?}"))]),
+            ServiceWorkerError::Params(e) => e.message(),
+            ServiceWorkerError::NoDownload("pause") => Message::new("errSwNoDownloadToPause", []),
+            ServiceWorkerError::NoDownload("resume") => Message::new("errSwNoDownloadToResume", []),
+            ServiceWorkerError::NoDownload(_) => Message::text(self),
+            ServiceWorkerError::Installing => Message::new("errSwInstalling", []),
+            ServiceWorkerError::NoPack => Message::new("errSwNoPack", []),
+            ServiceWorkerError::Fetch(e) => e.message(),
+            ServiceWorkerError::Opfs(e) => e.message(),
+            ServiceWorkerError::OffscreenNotOpened(e) => Message::new("errSwOffscreenNotOpened", [arg(e)]),
+            ServiceWorkerError::Refused(e) => e.message(),
+            ServiceWorkerError::NoAnswer => Message::new("errSwNoAnswer", []),
+            ServiceWorkerError::Js(e) => e.message(),
+            ServiceWorkerError::Image(_) => Message::text(self),
+            ServiceWorkerError::Gallery(e) => e.message(),
+            ServiceWorkerError::NotKept(e) => Message::new("errSwNotKept", [cause(e)]),
+            ServiceWorkerError::PrivateGone => Message::new("errSwPrivateGone", []),
+            ServiceWorkerError::Unkept { error, seed } => {
+                Message::new("errSwUnkept", [cause(error), arg(seed)])
+            }
+            ServiceWorkerError::NotRecorded(e) => Message::new("errSwNotRecorded", [arg(e)]),
+            ServiceWorkerError::JobLost => Message::new("errSwJobLost", []),
+            ServiceWorkerError::Offline(e) => Message::new("errSwOffline", [cause(e)]),
+            ServiceWorkerError::OtherDownload { running } => {
+                Message::new("errSwOtherDownload", [arg(running)])
+            }
+            ServiceWorkerError::JobRunning => Message::new("errSwJobRunning", []),
+            ServiceWorkerError::GpuMemory(e) => e.message(),
+            ServiceWorkerError::Gpu(e) => e.message(),
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! image skips loading; then it is terminated, which is what frees its GPU memory and wasm heap. With
 //! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
+use imagine_core::message::{arg, cause, number, Arg, ErrorText, Localize, Message};
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::pin::pin;
@@ -22,7 +23,6 @@ use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::gpu_memory::{
     gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted,
 };
-use imagine_core::message::ErrorText;
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
@@ -716,4 +716,63 @@ fn warn(text: &str) {
 
 fn unexpected(stage: &'static str) -> StageFailure {
     StageFailure::Error(OffscreenError::WrongOutput(stage))
+}
+
+impl Localize for OffscreenError {
+    fn message(&self) -> Message {
+        match self {
+            OffscreenError::Js(e) => e.message(),
+            OffscreenError::Protocol(e) => e.message(),
+            OffscreenError::Opfs(e) => e.message(),
+            OffscreenError::Reported(e) => e.message(),
+            OffscreenError::Crashed { script, message } => {
+                Message::new("errOffscreenCrashed", [arg(script), arg(message)])
+            }
+            OffscreenError::StageStopped => Message::new("errOffscreenStageStopped", []),
+            OffscreenError::Stalled { stage, seconds } => Message::new(
+                "errOffscreenStageStalled",
+                [Arg::Message(Message::new(stage.message_key(), [])), arg(seconds)],
+            ),
+            OffscreenError::Encoder(e) => e.message(),
+            OffscreenError::Prompt(e) => Message::new("errOffscreenPrompt", [cause(e)]),
+            OffscreenError::OutOfMemory { budget: None, cause: inner, .. } => {
+                Message::new("errOffscreenOutOfMemoryUnknown", [cause(inner.as_ref())])
+            }
+            OffscreenError::OutOfMemory { budget: Some(budget), largest_square, cause: inner } => {
+                Message::new(
+                    "errOffscreenOutOfMemory",
+                    [
+                        number(gigabytes(*budget)),
+                        cause(inner.as_ref()),
+                        Arg::Message(fits_message(*largest_square)),
+                    ],
+                )
+            }
+            OffscreenError::NoRoom { need, budget, largest_square, cause: inner } => {
+                let fits = fits_message(*largest_square);
+                Message::new(
+                    "errOffscreenNoRoom",
+                    [
+                        number(gigabytes(*need)),
+                        number(gigabytes(*budget)),
+                        cause(inner.as_ref()),
+                        Arg::Message(fits),
+                    ],
+                )
+            }
+            // Between the service worker, the offscreen document and the workers: a bug, as it is.
+            OffscreenError::NotFromServiceWorker
+            | OffscreenError::BadCommand(_)
+            | OffscreenError::WrongOutput(_)
+            | OffscreenError::NoOutput => Message::text(self),
+        }
+    }
+}
+
+/// What sizes fit, as the memory messages end.
+fn fits_message(largest_square: Option<u32>) -> Message {
+    match largest_square {
+        Some(side) => Message::new("gpuFitsUpTo", [arg(side)]),
+        None => Message::new("gpuFitsNone", []),
+    }
 }

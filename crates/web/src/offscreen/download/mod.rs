@@ -16,6 +16,7 @@
 //! termination leaves the previous record intact. The pack replaces the installed one only when every
 //! file is verified, in one write of `packs/state.json` ([`swap`]).
 
+use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -27,7 +28,6 @@ use imagine_core::f32_rewrite::pack_conversion::{
 };
 use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
 use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record};
-use imagine_core::message::ErrorText;
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -183,6 +183,8 @@ pub enum DownloadError {
     #[error("internal: {0}")]
     Internal(&'static str),
 }
+
+crate::platform::js::loggable_by_display!(DownloadError);
 
 impl From<OpfsError> for DownloadError {
     /// Running out of storage says what to do about it.
@@ -433,6 +435,43 @@ async fn install(
     send(&DownloadReport::SwapReady);
     allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
     swap(staging, &download.record, converted, block32).await
+}
+
+impl Localize for DownloadError {
+    fn message(&self) -> Message {
+        match self {
+            DownloadError::Hub(e) => e.message(),
+            DownloadError::Fetch(e) => e.message(),
+            DownloadError::Opfs(e) => e.message(),
+            DownloadError::NoSpace(e) => Message::new("errDownloadNoSpace", [cause(e)]),
+            DownloadError::Hash(e) => e.message(),
+            DownloadError::Gpu(e) => e.message(),
+            DownloadError::Convert(e) => e.message(),
+            DownloadError::Protocol(e) => e.message(),
+            DownloadError::RangeMismatch { url, start } => {
+                Message::new("errDownloadRangeMismatch", [arg(url), arg(start)])
+            }
+            DownloadError::NoBody { url } => Message::new("errDownloadNoBody", [arg(url)]),
+            DownloadError::Interrupted { path, source } => {
+                Message::new("errInterrupted", [arg(path), arg(source)])
+            }
+            DownloadError::TooLong { url, path, size } => {
+                Message::new("errDownloadTooLong", [arg(url), arg(size), arg(path)])
+            }
+            DownloadError::TooShort { url, path, offset, size } => {
+                Message::new("errDownloadTooShort", [arg(url), arg(path), arg(offset), arg(size)])
+            }
+            DownloadError::OtherLength { url, path, total, size } => {
+                Message::new("errDownloadOtherLength", [arg(url), arg(path), arg(total), arg(size)])
+            }
+            DownloadError::GaveUp { last, attempts } => {
+                Message::new("errDownloadGaveUp", [cause(last.as_ref()), arg(attempts)])
+            }
+            DownloadError::Corrupt(e) => Message::new("errDownloadCorrupt", [cause(e)]),
+            DownloadError::StorageChanged => Message::new("errDownloadStorageChanged", []),
+            DownloadError::Internal(_) => Message::text(self),
+        }
+    }
 }
 
 #[cfg(test)]

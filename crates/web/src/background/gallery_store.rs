@@ -14,6 +14,7 @@ use imagine_core::gallery::{
     self, ExportZip, FoundImage, GalleryError, GalleryIndex, GalleryItem, GalleryLimit, ListQuery,
     EXPORT_DIR, EXPORT_FILE, GALLERY_DIR, INDEX_FILE, PNG_HEAD_BYTES,
 };
+use imagine_core::message::{Localize, Message};
 use thiserror::Error;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::FileSystemDirectoryHandle;
@@ -251,4 +252,13 @@ pub async fn set_limit(request: GalleryLimitRequest) -> Result<GalleryLimit> {
     index.limit = index.limit.with(request.max_items, request.max_bytes)?;
     evict_and_save(&dir, &mut index).await?;
     Ok(index.limit)
+}
+
+impl Localize for GalleryStoreError {
+    fn message(&self) -> Message {
+        match self {
+            GalleryStoreError::Gallery(e) => e.message(),
+            GalleryStoreError::Opfs(e) => e.message(),
+        }
+    }
 }
