@@ -323,11 +323,14 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     await gallery.click('#delete');
     assert.deepEqual(await gridIds(gallery, 2), [barn, fox]);
     await gallery.waitForSelector('#undo-bar:not([hidden])');
-    // Not deleted yet: Undo brings it back, with the focus on it.
+    // Counted as gone (the line says what the gallery will hold), not deleted yet: Undo brings it
+    // back, with the focus on it.
+    assert.match(await gallery.textContent('#usage'), /^2 images, /);
     assert.notEqual((await h.opfsTree(b.page))[`gallery/${owl}.png`], undefined);
     await gallery.click('#undo');
     assert.deepEqual(await gridIds(gallery, 3), [owl, barn, fox]);
     await gallery.waitForFunction((id) => document.activeElement?.dataset?.id === id, owl, { timeout: 5_000 });
+    assert.match(await gallery.textContent('#usage'), /^3 images, /);
 
     // Deleted again and left alone: deleted once Undo is no longer offered.
     await gallery.click(`#grid button.thumb[data-id="${owl}"]`);

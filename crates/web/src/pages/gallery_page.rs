@@ -36,7 +36,9 @@ const UNDO_MS: u64 = 6_000;
 #[derive(Default)]
 struct State {
     /// The image deleted on this page, still offered back ("Undo"): hidden here, not yet deleted.
-    pending_delete: Option<String>,
+    pending_delete: Option<GalleryItem>,
+    /// The gallery's use as last listed (before a pending deletion): count, bytes, its limit.
+    usage: Option<(u32, u64, imagine_core::gallery::GalleryLimit)>,
     /// What the grid shows, newest first.
     items: Vec<GalleryItem>,
     /// Object URLs of the thumbnails, revoked when the grid is redrawn.
@@ -73,8 +75,8 @@ pub fn gallery_page_main() {
     // Closed within the undo time: the deletion is sent as the page goes (not awaited: it is on its way
     // before the page is gone).
     let flush = Closure::<dyn Fn()>::new(|| {
-        if let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) {
-            crate::platform::chrome::runtime_send_message(&to_js(&Request::GalleryDelete { id }))
+        if let Some(item) = STATE.with_borrow_mut(|s| s.pending_delete.take()) {
+            crate::platform::chrome::runtime_send_message(&to_js(&Request::GalleryDelete { id: item.id }))
                 .log_error("deleting the image as the page closes");
         }
     });
@@ -194,20 +196,9 @@ async fn fetch_page(generation: u32, offset: i64) {
         return;
     }
     show_error(None);
-    let limit = page.limit;
-    set_text(
-        "usage",
-        &t_args(
-            "galleryUsage",
-            &[
-                &i18n::count_images(page.count),
-                &i18n::bytes(page.bytes_used),
-                &i18n::count_images(limit.max_items),
-                &i18n::bytes(limit.max_bytes),
-            ],
-        ),
-    );
-    let pending = STATE.with_borrow(|s| s.pending_delete.clone());
+    STATE.with_borrow_mut(|s| s.usage = Some((page.count, page.bytes_used, page.limit)));
+    show_usage();
+    let pending = STATE.with_borrow(|s| s.pending_delete.as_ref().map(|item| item.id.clone()));
     let items: Vec<GalleryItem> =
         page.items.into_iter().filter(|item| Some(&item.id) != pending.as_ref()).collect();
     for item in &items {
@@ -222,6 +213,29 @@ async fn fetch_page(generation: u32, offset: i64) {
     if page.count > 0 && page.total == 0 {
         set_text("usage", &t_args("galleryNoMatch", &[&page.count.to_string()]));
     }
+}
+
+/// "3 images, 421 KB used...", as the gallery will be once a deletion still offered back is done.
+fn show_usage() {
+    let Some((count, bytes, limit)) = STATE.with_borrow(|s| {
+        let (count, bytes, limit) = s.usage?;
+        let pending = s.pending_delete.as_ref().map_or((0, 0), |item| (1, item.bytes));
+        Some((count.saturating_sub(pending.0), bytes.saturating_sub(pending.1), limit))
+    }) else {
+        return;
+    };
+    set_text(
+        "usage",
+        &t_args(
+            "galleryUsage",
+            &[
+                &i18n::count_images(count),
+                &i18n::bytes(bytes),
+                &i18n::count_images(limit.max_items),
+                &i18n::bytes(limit.max_bytes),
+            ],
+        ),
+    );
 }
 
 fn add_thumbnail(item: &GalleryItem) {
@@ -355,14 +369,16 @@ fn reuse() {
 /// "Delete" in the large view: the image leaves the grid at once, "Undo" is offered for [`UNDO_MS`],
 /// then it is deleted. An earlier deletion still offered back is carried out first.
 async fn delete_viewed() {
-    let Some(id) = STATE.with_borrow(|s| s.viewing.as_ref().map(|i| i.id.clone())) else { return };
+    let Some(item) = STATE.with_borrow(|s| s.viewing.clone()) else { return };
+    let id = item.id.clone();
     commit_delete().await;
     let index = STATE.with_borrow_mut(|s| {
-        s.pending_delete = Some(id.clone());
+        s.pending_delete = Some(item);
         let index = s.items.iter().position(|i| i.id == id);
         s.items.retain(|i| i.id != id);
         index.unwrap_or(0)
     });
+    show_usage();
     dialog("viewer").close();
     if let Ok(Some(thumb)) = document().query_selector(&format!("#grid button.thumb[data-id=\"{id}\"]")) {
         if let Some(card) = thumb.parent_element() {
@@ -379,16 +395,16 @@ async fn delete_viewed() {
         None => focus(element("undo")),
     }
     sleep_ms(UNDO_MS).await;
-    if STATE.with_borrow(|s| s.pending_delete.as_ref() == Some(&id)) {
+    if STATE.with_borrow(|s| s.pending_delete.as_ref().is_some_and(|item| item.id == id)) {
         commit_delete().await;
     }
 }
 
 /// Deletes the image still offered back, if any.
 async fn commit_delete() {
-    let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
+    let Some(item) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
     set_visible("undo-bar", false);
-    match request(&Request::GalleryDelete { id }).await {
+    match request(&Request::GalleryDelete { id: item.id }).await {
         Reply::Error { error, message } => {
             view::show_error_in("gallery-error", Some((&error, message.as_ref())))
         }
@@ -398,7 +414,8 @@ async fn commit_delete() {
 
 /// "Undo": the image deleted last comes back, with the focus on it.
 async fn undo() {
-    let Some(id) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
+    let Some(item) = STATE.with_borrow_mut(|s| s.pending_delete.take()) else { return };
+    let id = item.id;
     set_visible("undo-bar", false);
     reload().await;
     match document().query_selector(&format!("#grid button.thumb[data-id=\"{id}\"]")) {
