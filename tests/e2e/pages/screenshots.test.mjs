@@ -3,8 +3,10 @@
 // gallery and the options page, each in the light and the dark theme, 800 pixels wide.
 //
 //   IMAGINE_SCREENSHOTS=docs/screenshots node --test tests/e2e/pages/screenshots.test.mjs
+//   IMAGINE_SCREENSHOTS=docs/screenshots IMAGINE_SCREENSHOTS_LANG=de node --test tests/e2e/pages/screenshots.test.mjs
 //
-// makes the committed ones again; without it they go to tests/e2e/out/screenshots/. The test checks that
+// makes the committed ones again (the second, the German ones: `<name>-de-<scheme>.png`); without
+// IMAGINE_SCREENSHOTS they go to tests/e2e/out/screenshots/. The test checks that
 // every one was made, at its size, not what is in it: pixels differ with the Chromium version.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -14,14 +16,17 @@ import * as h from '../lib/harness.mjs';
 
 const DIR = process.env.IMAGINE_SCREENSHOTS ? path.resolve(process.env.IMAGINE_SCREENSHOTS) : path.join(h.OUT, 'screenshots');
 const VIEWPORT = { width: 800, height: 900 };
-export const SHOTS = ['first-run', 'download', 'result', 'result-page', 'gallery', 'gallery-undo', 'options', 'options-checked'];
+const LANG = process.env.IMAGINE_SCREENSHOTS_LANG || 'en';
+const SHOTS = ['first-run', 'download', 'result', 'result-page', 'gallery', 'gallery-undo', 'options', 'options-checked'];
+/** The file of screenshot `name` in `scheme`, in this run's language. */
+const file = (name, scheme) => path.join(DIR, `${name}${LANG === 'en' ? '' : `-${LANG}`}-${scheme}.png`);
 
 async function shoot(page, name) {
   fs.mkdirSync(DIR, { recursive: true });
   for (const scheme of ['light', 'dark']) {
     await page.emulateMedia({ colorScheme: scheme });
     await h.sleep(200);
-    await page.screenshot({ path: path.join(DIR, `${name}-${scheme}.png`) });
+    await page.screenshot({ path: file(name, scheme) });
   }
   await page.emulateMedia({ colorScheme: null });
 }
@@ -41,8 +46,8 @@ function pngSize(file) {
 }
 
 test('the screenshots of README.md and docs/ are made, light and dark', { timeout: 600_000 }, async (t) => {
-  for (const name of SHOTS) for (const scheme of ['light', 'dark']) fs.rmSync(path.join(DIR, `${name}-${scheme}.png`), { force: true });
-  const b = await h.setupPadded(t, { args: ['--lang=en'] });
+  for (const name of SHOTS) for (const scheme of ['light', 'dark']) fs.rmSync(file(name, scheme), { force: true });
+  const b = await h.setupPadded(t, { args: [`--lang=${LANG}`] });
   b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 1 << 20 });
   await b.page.evaluate(([endpoint, repo]) => chrome.storage.local.set({ 'imagine.source': { endpoint, repo, revision: 'main' } }), [b.hub.url, b.repo]);
 
@@ -117,7 +122,7 @@ test('the screenshots of README.md and docs/ are made, light and dark', { timeou
 
   for (const name of SHOTS) {
     for (const scheme of ['light', 'dark']) {
-      assert.deepEqual(pngSize(path.join(DIR, `${name}-${scheme}.png`)), VIEWPORT, `${name}-${scheme}`);
+      assert.deepEqual(pngSize(file(name, scheme)), VIEWPORT, `${name}-${scheme}`);
     }
   }
 });

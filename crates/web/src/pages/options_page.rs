@@ -17,7 +17,7 @@ use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
 use crate::pages::form_check::{self, Problem};
 use crate::pages::view::dom;
-use crate::pages::view::{self, element, on, set_text, set_visible};
+use crate::pages::view::{self, element, input, on, set_text, set_visible};
 use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;
@@ -221,10 +221,6 @@ pub fn options_page_event(message: JsValue) {
         Ok(Event::Residency(residency)) => show_residency(&residency),
         _ => {}
     }
-}
-
-fn input(id: &str) -> HtmlInputElement {
-    element(id)
 }
 
 fn number(id: &str) -> Option<i64> {

@@ -14,10 +14,10 @@ use crate::platform::i18n;
 use crate::platform::js::{from_js, LogError};
 use crate::platform::messaging::request;
 use crate::platform::settings;
-use crate::platform::storage;
+use crate::platform::storage::{self, PageKey};
 
 /// The job shown by the popup survives closing and reopening it.
-const JOB_KEY: &str = "imagine.popup.job";
+const JOB: PageKey<String> = PageKey::new("imagine.popup.job");
 
 thread_local! {
     static VIEW: RefCell<Option<JobView>> = const { RefCell::new(None) };
@@ -59,7 +59,7 @@ pub fn popup_main() {
         gpu_fit::load().await;
         gpu_fit::show();
         refresh_pack().await;
-        if let Some(job) = storage().and_then(|s| s.get_item(JOB_KEY).ok().flatten()) {
+        if let Some(job) = JOB.get() {
             show_job(job.clone());
             if let Reply::Job(state) = request(&Request::Job { job }).await {
                 let ended = VIEW.with_borrow(|view| view.as_ref().is_some_and(|v| v.show_state(&state)));
@@ -85,10 +85,6 @@ pub fn popup_event(message: JsValue) {
             }
         }
     }
-}
-
-fn storage() -> Option<web_sys::Storage> {
-    web_sys::window()?.local_storage().ok().flatten()
 }
 
 fn show_job(job: String) {
@@ -208,9 +204,7 @@ async fn generate() {
     }
     match request(&Request::Generate(generate)).await {
         Reply::JobStarted { job, .. } => {
-            if let Some(storage) = storage() {
-                storage.set_item(JOB_KEY, &job).warn_on_error("remembering the job");
-            }
+            JOB.set(&job);
             show_job(job);
             set_text("progress", &i18n::t("starting"));
             set_running(true);

@@ -49,6 +49,11 @@ pub fn element<T: JsCast>(id: &str) -> T {
     document().get_element_by_id(id).unwrap_or_else(|| panic!("the page has no #{id}")).unchecked_into()
 }
 
+/// The `<input>` with `id`.
+pub fn input(id: &str) -> web_sys::HtmlInputElement {
+    element(id)
+}
+
 /// Sets an element's text (as text).
 pub fn set_text(id: &str, text: &str) {
     element::<HtmlElement>(id).set_text_content(Some(text));

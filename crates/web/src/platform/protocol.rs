@@ -506,12 +506,10 @@ pub fn to_offscreen(command: &OffscreenCommand) -> JsValue {
     object
 }
 
-/// `chrome.storage.session` key of the [`StudioFocus`]: service worker → studio. The studio reads it
-/// when it opens and follows its changes, so a side panel that is just opening and one already open
-/// both show what the context menu or a notification asked for.
-pub const STUDIO_FOCUS_KEY: &str = "studioFocus";
-
-/// What the studio should show: a job (with its prompt, as text), or why the job could not start.
+/// What the studio should show: a job (with its prompt, as text), or why the job could not start. Kept
+/// in `storage::STUDIO_FOCUS`, which the studio reads when it opens and follows as it changes: a side
+/// panel that is just opening and one already open both show what the context menu or a notification
+/// asked for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StudioFocus {
@@ -533,9 +531,6 @@ pub struct StudioFocus {
     #[serde(default)]
     pub nonce: u64,
 }
-
-/// `chrome.storage.local` key of the toolbar button's choice ([`ToolbarOpens`]).
-pub const TOOLBAR_KEY: &str = "toolbarOpens";
 
 /// What the toolbar button opens: the studio in the side panel (default) or the quick-prompt popup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

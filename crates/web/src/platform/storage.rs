@@ -22,6 +22,37 @@ use crate::platform::js::{from_js, get, settled, to_js, JsError, LogError, Obj};
 use crate::platform::protocol::{StudioFocus, ToolbarOpens};
 use crate::platform::settings::{Defaults, Reuse};
 
+/// A page's own `localStorage` entry whose value is a `T`, as JSON: read and written synchronously
+/// (a page restores its form before it draws), by this extension's pages only. Declared where the
+/// page that owns it is.
+pub struct PageKey<T> {
+    name: &'static str,
+    value: PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> PageKey<T> {
+    /// The entry `name`.
+    pub const fn new(name: &'static str) -> Self {
+        PageKey { name, value: PhantomData }
+    }
+
+    fn storage() -> Option<web_sys::Storage> {
+        web_sys::window()?.local_storage().ok().flatten()
+    }
+
+    /// The stored value; `None` when there is none or it is not a `T`.
+    pub fn get(&self) -> Option<T> {
+        let text = Self::storage()?.get_item(self.name).ok().flatten()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Stores `value`; a failure (storage full or refused) is logged.
+    pub fn set(&self, value: &T) {
+        let (Some(storage), Ok(text)) = (Self::storage(), serde_json::to_string(value)) else { return };
+        storage.set_item(self.name, &text).warn_on_error(&format!("saving {}", self.name));
+    }
+}
+
 /// Where a key lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Area {

@@ -2,9 +2,10 @@
 //! defaults when they were saved later.
 
 use super::*;
+use crate::platform::storage::PageKey;
 
-/// `localStorage` key of the form's settings, kept from one visit to the next.
-pub(super) const SETTINGS_KEY: &str = "imagine.studio.settings";
+/// The form's settings, kept from one visit to the next.
+const FORM: PageKey<FormSettings> = PageKey::new("imagine.studio.settings");
 
 /// The form's settings as last used (the prompt is not kept).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -30,15 +31,12 @@ pub(super) fn save_settings() {
         seed: input("seed").value(),
         schedule: element::<HtmlSelectElement>("schedule").value(),
     };
-    if let (Some(storage), Ok(text)) = (local_storage(), serde_json::to_string(&settings)) {
-        storage.set_item(SETTINGS_KEY, &text).warn_on_error("saving the form");
-    }
+    FORM.set(&settings);
 }
 
 /// The form's settings kept from the last visit, if any.
 pub(super) fn kept_settings() -> Option<FormSettings> {
-    let text = local_storage()?.get_item(SETTINGS_KEY).ok().flatten()?;
-    serde_json::from_str(&text).ok()
+    FORM.get()
 }
 
 pub(super) fn restore_settings() {
@@ -57,10 +55,6 @@ pub(super) fn restore_settings() {
         element::<HtmlSelectElement>("schedule").set_value(&settings.schedule);
     }
     custom_size_edited();
-}
-
-pub(super) fn local_storage() -> Option<web_sys::Storage> {
-    web_sys::window()?.local_storage().ok().flatten()
 }
 
 /// The options page's defaults, where they were saved after this form's own settings: size, steps and

@@ -34,7 +34,7 @@ use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElemen
 use crate::pages::form_check::{self, Problem};
 use crate::pages::view::dom;
 use crate::pages::view::{
-    self, child, copy_png, describe, document, element, from_template, on, on_item_click, set_text,
+    self, child, copy_png, describe, document, element, from_template, input, on, on_item_click, set_text,
     set_visible,
 };
 use crate::pages::{gpu_fit, setup};
@@ -321,10 +321,6 @@ fn fill_from(reuse: &Reuse) {
     seed_mode_changed();
     custom_size_edited();
     prompt_edited();
-}
-
-fn input(id: &str) -> HtmlInputElement {
-    element(id)
 }
 
 /// Builds the preset radio buttons (label and pixel size, as text) from `#preset-template`; one
