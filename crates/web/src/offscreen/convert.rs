@@ -15,7 +15,6 @@
 //!   `state.json` write that installs the pack, so a half-converted pack is never installed; the
 //!   files live in the slot and go with it.
 
-use imagine_core::message::{arg, Localize, Message};
 use std::collections::HashMap;
 
 use imagine_core::api::FileProgress;
@@ -24,6 +23,7 @@ use imagine_core::f32_rewrite::pack_conversion::{
     PIECE_SOURCE_BYTES,
 };
 use imagine_core::f32_rewrite::{f16_to_f32, Limits, NewFile, Piece, RewriteError};
+use imagine_core::message::{arg, Localize, Message};
 use thiserror::Error;
 use web_sys::FileSystemDirectoryHandle;
 

@@ -9,7 +9,6 @@
 //!
 //! Messages: [`HashSetup`], [`HashCommand`] and [`HashReport`] (`crate::platform::protocol`).
 
-use imagine_core::message::{arg, ErrorText, Localize, Message};
 use std::cell::RefCell;
 
 use std::pin::pin;
@@ -18,6 +17,7 @@ use futures_channel::mpsc;
 use futures_util::future::{select, Either};
 use futures_util::StreamExt;
 use imagine_core::hub::{HashCheckpoint, HubError, ResumableSha256};
+use imagine_core::message::{arg, ErrorText, Localize, Message};
 use js_sys::{ArrayBuffer, Uint8Array};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;

@@ -7,7 +7,6 @@
 //! not (the offscreen document was closed, the browser restarted) is resumed on the next request, on
 //! browser start-up, or by a 30-second alarm while a download is active.
 
-use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -18,6 +17,7 @@ use imagine_core::api::{
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
+use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::{Backend, ParamError};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;

@@ -6,7 +6,6 @@
 //! image skips loading; then it is terminated, which is what frees its GPU memory and wasm heap. With
 //! `keepLoaded` 0 each worker is terminated as soon as its stage ends (or the job is cancelled).
 
-use imagine_core::message::{arg, cause, number, Arg, ErrorText, Localize, Message};
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::pin::pin;
@@ -23,6 +22,7 @@ use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::gpu_memory::{
     gigabytes, is_out_of_memory, Learned, Levers, MemoryFacts, MemoryPlan, Wanted,
 };
+use imagine_core::message::{arg, cause, number, Arg, ErrorText, Localize, Message};
 use imagine_core::params::SessionOptions;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;

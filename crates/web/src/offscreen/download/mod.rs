@@ -16,7 +16,6 @@
 //! termination leaves the previous record intact. The pack replaces the installed one only when every
 //! file is verified, in one write of `packs/state.json` ([`swap`]).
 
-use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -28,6 +27,7 @@ use imagine_core::f32_rewrite::pack_conversion::{
 };
 use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
 use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record};
+use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

@@ -1,0 +1,345 @@
+//! A stage's session (`Stage`): made on the chosen backend from its loaded graph, run through
+//! `imagine_core::Session`, and the tensors it passes to and from ONNX Runtime.
+
+use super::*;
+
+/// A session on the chosen backend; the pipeline runs it through
+/// [`imagine_core::Session`].
+pub(super) struct Stage {
+    pub(super) graph: Graph,
+    pub(super) backend: Backend,
+    /// The `MatMulNBits` accuracy level set on the graph, if any.
+    pub(super) accuracy_level: Option<u8>,
+    /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keeps_buffers`).
+    pub(super) keep_buffers: bool,
+    /// Its attention was fused into `MultiHeadAttention` where it could be (`GenerateParams::fuses_attention`).
+    pub(super) fuse_attention: bool,
+    /// Its attention is computed in this many chunks of queries (`GenerateParams::attention_chunks`).
+    pub(super) attention_chunks: u32,
+    /// It runs as a chain of pieces of at most this many bytes (`GenerateParams::decoder_piece_bytes`).
+    pub(super) piece_bytes: Option<u64>,
+    pub(super) session: Loaded,
+    pub(super) inputs: Vec<TensorInfo>,
+    pub(super) outputs: Vec<TensorInfo>,
+    pub(super) timing: StageTiming,
+    /// Tables of the float32 conversion looked up here and fed as float32 inputs.
+    pub(super) lookups: Vec<(EmbeddingLookup, web_sys::File)>,
+    /// Tables taken out of the graph (`imagine_core::table_lookup`), fed as they are stored.
+    pub(super) tables: Vec<(TableLookup, web_sys::File)>,
+    /// ORT profiles the session (until [`Stage::take_profile`]).
+    pub(super) profiling: bool,
+}
+
+impl Stage {
+    /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
+    /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
+    /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
+    pub(super) async fn open(
+        graph: Graph,
+        params: &GenerateParams,
+        checked: &[String],
+        arrived: Arrival,
+    ) -> Result<Stage, StageWorkerError> {
+        let (backend, profile) = (params.backend, params.profile);
+        let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
+        let adapter = match backend {
+            Backend::WebGpu => Some(gpu::adapter_info().await?),
+            Backend::Wasm => None,
+        };
+        let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
+        // The wasm backend's kernels need no re-blocking.
+        let block32 = match backend {
+            Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
+            Backend::Wasm => Block32Form::Unchanged,
+        };
+        // A stored form is loaded only as it was stored: its lengths checked at every load, its checksums
+        // at its first load in this document's life. A damaged one is left alone (the job stores it again
+        // after it) and the graph re-blocked while it loads, as if the form had never been stored.
+        let (mut checked_form, mut stored_form_check_ms) = (None, 0.0);
+        let (block32, stored_onnx) = match block32 {
+            Block32Form::Stored(stored) => {
+                let key = format!("{}:{}", record.commit, stored.onnx);
+                let full = !checked.contains(&key);
+                let started = now_ms();
+                let read = stored_form(&dir, stored, full).await;
+                stored_form_check_ms = now_ms() - started;
+                match read {
+                    Ok(onnx) => {
+                        checked_form = full.then_some(key);
+                        (block32, Some(onnx))
+                    }
+                    Err(why) => {
+                        web_sys::console::warn_1(
+                            &format!(
+                                "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
+                                 stored again after the job",
+                                stored.graph
+                            )
+                            .into(),
+                        );
+                        (Block32Form::AtLoad, None)
+                    }
+                }
+            }
+            other => (other, None),
+        };
+        let (name, bytes) = match (&block32, stored_onnx) {
+            (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
+            _ => (name, bytes),
+        };
+        let (bytes, taken_out) = table_lookup::take_out(&bytes)
+            .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
+        let mut tables = Vec::new();
+        for table in taken_out {
+            let file = open_external(&dir, &name, &table.source.file).await?;
+            tables.push((table, file));
+        }
+        let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
+        let mut external = Vec::new();
+        let mut files = HashMap::new();
+        for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
+            // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
+            let pack::ExternalFile { location, file } = external_file;
+            let handle = opfs::file_handle(&dir, &file, false).await;
+            let data = handle.map_err(|e| external_data_error(&name, &file, e))?;
+            external.push(ExternalData { path: location.clone(), data: data.into() });
+            files.insert(location, file);
+        }
+        let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
+        let mut channels_first_used = false;
+        let (bytes, provider) = match backend {
+            Backend::Wasm => (bytes, Provider::Wasm),
+            // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
+            Backend::WebGpu => {
+                let (mut bytes, computed) = match block32 {
+                    Block32Form::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
+                    Block32Form::Stored(_) | Block32Form::Unchanged => (bytes, None),
+                };
+                reblocked_at_load = computed.is_some();
+                external.extend(computed);
+                let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.clone(), source };
+                if let Some(level) = params.accuracy_level {
+                    bytes = matmul_blocks::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
+                }
+                if params.fuses_attention(graph) {
+                    (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
+                }
+                let chunks = params.attention_chunks(graph);
+                if chunks > 1 {
+                    (bytes, chunked_attention) =
+                        attention::chunk_attention(&bytes, chunks).map_err(edit_failed)?;
+                }
+                let channels_first = adapter.is_some_and(|a| a.cpu_backed);
+                channels_first_used = channels_first;
+                let keep_buffers = params.keeps_buffers(graph);
+                (bytes, Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false })
+            }
+        };
+        // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
+        if opfs::failpoint_reached(&format!("stage:create-fails:{graph:?}")).await {
+            return Err(StageWorkerError::Injected(format!("{graph:?} session creation")));
+        }
+        // ... or run out of GPU memory, in the words WebGPU uses.
+        if opfs::failpoint_reached(&format!("stage:out-of-memory:{graph:?}")).await {
+            return Err(StageWorkerError::Injected(format!(
+                "{graph:?} session (GPUOutOfMemoryError: Out of memory)"
+            )));
+        }
+        let started_at_ms = js_sys::Date::now();
+        let started = now_ms();
+        let pieces = match params.decoder_piece_bytes(graph) {
+            Some(max) => pieces(&name, &bytes, params, max),
+            None => Vec::new(),
+        };
+        let loaded = if pieces.len() > 1 {
+            ort::Chain::create(pieces, &external, channels_first_used).await.map(Loaded::Chain)
+        } else {
+            Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile)
+                .await
+                .map(Loaded::Whole)
+        };
+        let session = loaded.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
+        let timing = StageTiming {
+            graph_file: name,
+            reblocked_at_load,
+            checked_form,
+            stored_form_check_ms,
+            fused_attention: fused_attention as u32,
+            chunked_attention: chunked_attention as u32,
+            pieces: session.pieces(),
+            worker_created_at_ms: arrived.worker_created_at_ms,
+            task_at_ms: arrived.task_at_ms,
+            started_at_ms,
+            session_create_ms: now_ms() - started,
+            ..StageTiming::default()
+        };
+        report(&StageReport::SessionCreated { timing: timing.clone() }, None);
+        // Lets a test hold a stage for ever, as a kernel that never returns would.
+        opfs::failpoint(&format!("stage:session-created:{graph:?}")).await;
+        let inputs = session.inputs();
+        let outputs = session.outputs();
+        Ok(Stage {
+            graph,
+            backend,
+            accuracy_level: params.accuracy_level,
+            keep_buffers: params.keeps_buffers(graph),
+            fuse_attention: params.fuses_attention(graph),
+            attention_chunks: params.attention_chunks(graph),
+            piece_bytes: params.decoder_piece_bytes(graph),
+            session,
+            inputs,
+            outputs,
+            timing,
+            lookups,
+            tables,
+            profiling: profile,
+        })
+    }
+
+    /// The session `kept` from this worker's last task, when it is of `graph` as `params` ask for it
+    /// (backend, accuracy level, buffer cache, attention) and they ask for no profile; else a new one
+    /// ([`Stage::open`]).
+    pub(super) async fn take(
+        kept: &mut Option<Stage>,
+        graph: Graph,
+        params: &GenerateParams,
+        checked: &[String],
+        arrived: Arrival,
+    ) -> Result<Stage, StageWorkerError> {
+        let same = |stage: &Stage| {
+            stage.graph == graph
+                && stage.backend == params.backend
+                && stage.accuracy_level == params.accuracy_level
+                && stage.keep_buffers == params.keeps_buffers(graph)
+                && stage.fuse_attention == params.fuses_attention(graph)
+                && stage.attention_chunks == params.attention_chunks(graph)
+                && stage.piece_bytes == params.decoder_piece_bytes(graph)
+        };
+        match kept.take() {
+            Some(mut stage) if same(&stage) && !params.profile => {
+                stage.timing = StageTiming {
+                    graph_file: std::mem::take(&mut stage.timing.graph_file),
+                    fused_attention: stage.timing.fused_attention,
+                    chunked_attention: stage.timing.chunked_attention,
+                    pieces: stage.timing.pieces,
+                    worker_created_at_ms: arrived.worker_created_at_ms,
+                    task_at_ms: arrived.task_at_ms,
+                    started_at_ms: js_sys::Date::now(),
+                    resident: true,
+                    ..StageTiming::default()
+                };
+                Ok(stage)
+            }
+            other => {
+                if let Some(stage) = other {
+                    stage.close().await;
+                }
+                Stage::open(graph, params, checked, arrived).await
+            }
+        }
+    }
+
+    /// Ends ORT's profile of the session, once: its summary (`None` when not profiling, or when ORT
+    /// wrote nothing it could read, which is logged).
+    pub(super) async fn take_profile(&mut self) -> Option<imagine_core::ort_profile::StageProfile> {
+        if !std::mem::take(&mut self.profiling) {
+            return None;
+        }
+        let summary = match self.session.end_profiling().await {
+            Ok(trace) => imagine_core::ort_profile::summarize(&trace).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        summary.map_err(|e| web_sys::console::warn_1(&format!("imagine: no profile: {e}").into())).ok()
+    }
+
+    /// Ends a task: the session is kept in `kept` for the next task, or released (the worker is
+    /// terminated next, which frees ORT's device). Returns the task's timing, with the profile.
+    pub(super) async fn end(mut self, kept: Option<&mut Option<Stage>>) -> StageTiming {
+        let profile = self.take_profile().await;
+        let timing = StageTiming { finished_at_ms: js_sys::Date::now(), profile, ..self.timing.clone() };
+        match kept {
+            Some(kept) => *kept = Some(self),
+            None => {
+                self.session.release().await.log_error("releasing the session");
+            }
+        }
+        timing
+    }
+
+    /// Releases the session.
+    pub(super) async fn close(self) {
+        self.session.release().await.log_error("releasing the session");
+    }
+}
+
+impl imagine_core::Session for Stage {
+    fn inputs(&self) -> &[TensorInfo] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[TensorInfo] {
+        &self.outputs
+    }
+
+    async fn run(
+        &mut self,
+        feeds: &[(&str, &Tensor)],
+        fetches: &[&str],
+    ) -> Result<Vec<Tensor>, SessionError> {
+        let mut names: Vec<String> = feeds.iter().map(|(name, _)| (*name).to_owned()).collect();
+        let mut tensors = feeds.iter().map(|(_, tensor)| to_ort(tensor)).collect::<Result<Vec<_>, _>>()?;
+        for (name, tensor) in look_up(&self.lookups, &self.tables, feeds).await? {
+            names.push(name);
+            tensors.push(tensor);
+        }
+        let named: Vec<(&str, &ort::Tensor)> = names.iter().map(String::as_str).zip(&tensors).collect();
+        let started = now_ms();
+        let outputs = self.session.run(&named, fetches).await;
+        let ran = now_ms() - started;
+        self.timing.run_ms += ran;
+        self.timing.runs_ms.push(ran);
+        // Free the inputs' copies now rather than at garbage collection: one per step adds up.
+        tensors.into_iter().for_each(ort::Tensor::dispose);
+        outputs.map_err(session_error)?.iter().map(from_ort).collect()
+    }
+}
+
+pub(super) fn session_error(e: ort::OrtError) -> SessionError {
+    SessionError(e.to_string())
+}
+
+pub(super) fn to_ort(tensor: &Tensor) -> Result<ort::Tensor, SessionError> {
+    match &tensor.data {
+        TensorData::Float32(values) => ort::Tensor::from_f32(values, &tensor.dims),
+        TensorData::Float16(values) => ort::Tensor::from_f16_bits(values.reinterpret_cast(), &tensor.dims),
+        TensorData::Int64(values) => ort::Tensor::from_i64(values, &tensor.dims),
+    }
+    .map_err(session_error)
+}
+
+pub(super) fn from_ort(tensor: &ort::Tensor) -> Result<Tensor, SessionError> {
+    let data = match tensor.dtype() {
+        DType::Float32 => TensorData::Float32(tensor.to_f32().map_err(session_error)?),
+        DType::Float16 => TensorData::Float16(tensor.f16_bits().map_err(session_error)?.reinterpret_into()),
+        other => {
+            return Err(SessionError(format!("an output is {}, which Imagine does not read", other.name())))
+        }
+    };
+    Ok(Tensor { dims: tensor.dims(), data })
+}
+
+pub(super) fn f32_buffer(values: &[f32]) -> JsValue {
+    Float32Array::from(values).buffer().into()
+}
+
+pub(super) fn f32_from_buffer(
+    data: Option<JsValue>,
+    what: &'static str,
+) -> Result<Vec<f32>, StageWorkerError> {
+    match data {
+        Some(buffer) if buffer.is_instance_of::<js_sys::ArrayBuffer>() => {
+            Ok(Float32Array::new(&buffer).to_vec())
+        }
+        _ => Err(StageWorkerError::MissingInput(what)),
+    }
+}
