@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Numeric check of imagine-core's float16 -> float32 graph rewrite (crates/core/src/f32_rewrite).
+"""Numeric check of imagine-core's float16 -> float32 graph rewrite (crates/core/src/graph).
 
 One command: python3 tests/reference/check_converted.py   (from the repository root; needs cargo and
 tests/reference/requirements.txt). It

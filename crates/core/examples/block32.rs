@@ -1,5 +1,5 @@
 //! Re-blocks a graph's `MatMulNBits` to 32 on disk, as the stage worker does in memory before it creates
-//! a WebGPU session (`imagine_core::matmul_blocks`):
+//! a WebGPU session (`imagine_core::graph::reblock`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example block32 -- [--computed] IN.onnx OUT.onnx
@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use imagine_core::matmul_blocks::{sources_to_read, to_block_32, to_block_32_computed, COMPUTED_DATA};
+use imagine_core::graph::reblock::{sources_to_read, to_block_32, to_block_32_computed, COMPUTED_DATA};
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();

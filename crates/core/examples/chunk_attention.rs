@@ -1,5 +1,5 @@
 //! Computes a graph's attention in chunks of query rows on disk, as the memory plan asks of the stage
-//! worker (`imagine_core::attention::chunk_attention`):
+//! worker (`imagine_core::graph::attention::chunk_attention`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example chunk_attention -- IN.onnx OUT.onnx CHUNKS
@@ -20,7 +20,9 @@ fn main() {
     };
     let chunked = std::fs::read(input)
         .map_err(|e| e.to_string())
-        .and_then(|model| imagine_core::attention::chunk_attention(&model, chunks).map_err(|e| e.to_string()))
+        .and_then(|model| {
+            imagine_core::graph::attention::chunk_attention(&model, chunks).map_err(|e| e.to_string())
+        })
         .and_then(|(graph, n)| std::fs::write(output, graph).map(|()| n).map_err(|e| e.to_string()));
     match chunked {
         Ok(n) => println!("{n}"),

@@ -11,7 +11,7 @@ use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use imagine_core::f32_rewrite::{f16_to_f32, rewrite, Limits, LookupPolicy, Options, Plan};
+use imagine_core::graph::{f16_to_f32, rewrite, Limits, LookupPolicy, Options, Plan};
 
 fn main() {
     if let Err(e) = run() {

@@ -23,10 +23,10 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use imagine_core::f32_rewrite::pack_conversion::{
+use imagine_core::graph::pack_conversion::{
     converted_graph_name, cost, plan_pack, ConversionRecord, PIECE_SOURCE_BYTES,
 };
-use imagine_core::f32_rewrite::{f16_to_f32, Limits};
+use imagine_core::graph::{f16_to_f32, Limits};
 use imagine_core::pack::Graph;
 
 const USAGE: &str = "usage: convert_pack PACK_DIR --max-buffer-size BYTES \

@@ -1,5 +1,5 @@
 //! Fuses a graph's attention into `MultiHeadAttention` on disk, as the stage worker does in memory before
-//! it creates a WebGPU session (`imagine_core::attention`):
+//! it creates a WebGPU session (`imagine_core::graph::attention`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example fuse_attention -- IN.onnx OUT.onnx
@@ -17,7 +17,7 @@ fn main() {
     };
     let fused = std::fs::read(input)
         .map_err(|e| e.to_string())
-        .and_then(|model| imagine_core::attention::fuse_attention(&model).map_err(|e| e.to_string()))
+        .and_then(|model| imagine_core::graph::attention::fuse_attention(&model).map_err(|e| e.to_string()))
         .and_then(|(graph, fused)| std::fs::write(output, graph).map(|()| fused).map_err(|e| e.to_string()));
     match fused {
         Ok(fused) => println!("{fused}"),

@@ -1,5 +1,5 @@
 //! Cuts a graph into a chain of pieces on disk, as the stage worker will for the VAE decoder
-//! (`imagine_core::f32_rewrite::split`):
+//! (`imagine_core::graph::split`):
 //!
 //! ```text
 //! cargo run -q -p imagine-core --example split_graph -- MODEL.onnx OUT_DIR LATENT_H LATENT_W MAX_PIECE_BYTES
@@ -10,7 +10,7 @@
 //! inputs, outputs, original nodes and bytes, for `tools/export/tests/test_split_graph.py` to run the
 //! chain against the whole graph.
 
-use imagine_core::f32_rewrite::split;
+use imagine_core::graph::split;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,5 +1,5 @@
 //! Takes the embedding tables out of a graph on disk, as the stage worker does in memory before it
-//! creates a session (`imagine_core::table_lookup::take_out`):
+//! creates a session (`imagine_core::graph::tables::take_out`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example take_tables_out -- IN.onnx OUT.onnx [--json FILE]
@@ -9,7 +9,7 @@
 //! prints the lookups, also as JSON to FILE with `--json`, for `tools/export/tests` to check that the
 //! new graph fed the gathered rows computes exactly what the original computes.
 
-use imagine_core::table_lookup::take_out;
+use imagine_core::graph::tables::take_out;
 
 const USAGE: &str = "usage: take_tables_out IN.onnx OUT.onnx [--json FILE]";
 

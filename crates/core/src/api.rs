@@ -170,11 +170,11 @@ pub struct GenerateRequest {
     /// to compare.
     pub keep_buffers: Option<bool>,
     /// For benchmarks: `true` fuses the transformer's attention into ONNX Runtime's `MultiHeadAttention`
-    /// (its flash attention) on WebGPU (`crate::attention`); by default it runs as exported, node by
+    /// (its flash attention) on WebGPU (`crate::graph::attention`); by default it runs as exported, node by
     /// node, which measured faster (BENCHMARKS.md).
     pub fuse_attention: Option<bool>,
     /// For benchmarks and tests: the decoder runs on WebGPU as a chain of pieces of at most this many
-    /// bytes each (`crate::f32_rewrite::split`), the GPU awaited between them; by default as the GPU
+    /// bytes each (`crate::graph::split`), the GPU awaited between them; by default as the GPU
     /// memory plan says (whole, unless the budget needs it).
     pub decoder_piece_bytes: Option<u64>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
@@ -608,14 +608,14 @@ pub struct StageTimings {
     /// at install); empty when the stage did not run.
     #[serde(default)]
     pub graph_file: String,
-    /// Attentions of the graph fused into `MultiHeadAttention` (`crate::attention`).
+    /// Attentions of the graph fused into `MultiHeadAttention` (`crate::graph::attention`).
     #[serde(default)]
     pub fused_attention: u32,
-    /// Attentions computed in chunks of queries to hold less GPU memory (`crate::attention::chunk_attention`).
+    /// Attentions computed in chunks of queries to hold less GPU memory (`crate::graph::attention::chunk_attention`).
     #[serde(default)]
     pub chunked_attention: u32,
     /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
-    /// GPU memory (`crate::f32_rewrite::split`); 0 when the stage did not run.
+    /// GPU memory (`crate::graph::split`); 0 when the stage did not run.
     #[serde(default)]
     pub pieces: u32,
     /// How long checking the stored form re-blocked to 32 took before it was loaded, in milliseconds:

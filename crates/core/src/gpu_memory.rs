@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::Stage;
-use crate::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER};
+use crate::graph::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER};
 use crate::message::{number, Localize, Message};
 use crate::pack::Graph;
 
@@ -276,7 +276,7 @@ pub struct Levers {
     /// The transformer's attention is computed in this many chunks of queries (1: whole).
     pub attention_chunks: u32,
     /// The decoder runs as a chain of pieces of at most this many bytes each
-    /// (`f32_rewrite::split`; `None`: whole).
+    /// (`graph::split`; `None`: whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder_piece_bytes: Option<u64>,
 }
@@ -291,7 +291,7 @@ impl Levers {
 /// Its last up-block's single nodes hold full-size tensors of 128 and 256 channels, float32.
 const DECODER_SPLIT_FLOOR_PER_PIXEL: f64 = 8_600.0;
 
-/// What a piece of the decoder holds beyond its count (`f32_rewrite::split`'s bytes): the inputs ORT
+/// What a piece of the decoder holds beyond its count (`graph::split`'s bytes): the inputs ORT
 /// copies in, the outputs handed on between pieces, what its cache keeps. On the H200 held to 7.8 GB
 /// free, at 768x1024, pieces counted at up to 3.4 GB ran out of memory and pieces of 1.7 GB ran:
 /// pieces are cut to a quarter of the room.

@@ -26,12 +26,12 @@
 //! message API types, [`gallery`] the images kept on this machine (index, search, limits,
 //! export), [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
 //! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
-//! repeated prompt skip the text encoder. [`f32_rewrite`] turns a float16-activation graph into a float32 one for
+//! repeated prompt skip the text encoder. [`graph::rewrite`] turns a float16-activation graph into a float32 one for
 //! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece;
-//! [`f32_rewrite::split`] cuts the VAE decoder into a chain of smaller graphs whose activations fit GPU
+//! [`graph::split`] cuts the VAE decoder into a chain of smaller graphs whose activations fit GPU
 //! memory. Two edits of a graph's protobuf in memory, made by the stage worker before it creates a
 //! session:
-//! [`table_lookup`] takes embedding tables out of the graph, and [`matmul_blocks`] re-blocks
+//! [`graph::tables`] takes embedding tables out of the graph, and [`graph::reblock`] re-blocks
 //! `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
 //!
 //! Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics";
@@ -48,19 +48,17 @@
 // serialized one at a time, so the size of their largest variant does not matter.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod api;
-pub mod attention;
 pub mod device_verdict;
 pub mod embedding_cache;
 pub mod estimate;
-pub mod f32_rewrite;
 pub mod gpu_memory;
+pub mod graph;
 // Its item fields are the message API's (README documents them).
 #[allow(missing_docs)]
 pub mod gallery;
 pub mod hub;
 pub mod image;
 pub mod latents;
-pub mod matmul_blocks;
 pub mod message;
 mod onnx;
 pub mod ort_profile;
@@ -71,7 +69,6 @@ pub mod schedule;
 pub mod session;
 pub mod stages;
 pub mod storage;
-pub mod table_lookup;
 
 pub use image::{encode_png, read_png_meta, to_rgba8, ImageError, PngMeta};
 pub use latents::{

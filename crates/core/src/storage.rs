@@ -20,8 +20,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
-use crate::f32_rewrite::pack_conversion::{converted_graph_name, ConversionRecord, CONVERSION_STATE_FILE};
-use crate::matmul_blocks::{Block32Graph, Block32Record, COMPUTED_DATA};
+use crate::graph::pack_conversion::{converted_graph_name, ConversionRecord, CONVERSION_STATE_FILE};
+use crate::graph::reblock::{Block32Graph, Block32Record, COMPUTED_DATA};
 use crate::pack::Graph;
 
 /// The directory of both slots and the state file.

@@ -24,7 +24,7 @@
 // Tests may unwrap: a failing unwrap is a failing test, with the value in its message.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub use imagine_core::table_lookup::ElemType;
+pub use imagine_core::graph::tables::ElemType;
 pub use imagine_core::{DType, Dim, TensorInfo};
 use js_sys::{
     Array, BigInt64Array, Float32Array, Int32Array, Int8Array, Object, Promise, Reflect, Uint16Array,
@@ -277,7 +277,7 @@ impl Session {
     }
 }
 
-/// A graph run as a chain of smaller graphs ("pieces", `imagine_core::f32_rewrite::split`), one session
+/// A graph run as a chain of smaller graphs ("pieces", `imagine_core::graph::split`), one session
 /// each, in order: what a piece passes on stays on the GPU, what no later piece reads is freed after
 /// each piece, and the GPU is waited for before the next, so that the chain's peak is its largest
 /// piece's rather than the whole graph's.

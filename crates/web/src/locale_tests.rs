@@ -201,8 +201,8 @@ fn messages(lang: &str) -> BTreeMap<String, String> {
 /// sample values.
 fn sample_errors() -> Vec<Box<dyn Localize>> {
     use imagine_core::api::Stage;
-    use imagine_core::f32_rewrite::pack_conversion::PackConversionError;
     use imagine_core::gallery::GalleryError;
+    use imagine_core::graph::pack_conversion::PackConversionError;
     use imagine_core::hub::{HubError, SourceRule};
     use imagine_core::message::ErrorText;
     use imagine_core::{Graph, PackError, ParamError, PromptError, SessionError, StageError};

@@ -1,7 +1,7 @@
 // `cargo xtask bench blocks`: on ONNX Runtime Web's WebGPU backend (the shipped JSPI build, in a
 // dedicated worker) in this machine's Chromium,
 //   1. one MatMulNBits as the exporter writes it (block 128) against the same node re-blocked to 32 by
-//      the stage worker's graph edit (`imagine_core::matmul_blocks`): session creation and each run per
+//      the stage worker's graph edit (`imagine_core::graph::reblock`): session creation and each run per
 //      block size, the ratio of the warm runs, and how far the outputs are apart (the two kernels sum in
 //      another order);
 //   2. session creation of the text encoder's MatMulNBits at full size (--layers of them,

@@ -1,4 +1,4 @@
-"""Attention computed in chunks of query rows (`imagine_core::attention::chunk_attention`), natively
+"""Attention computed in chunks of query rows (`imagine_core::graph::attention::chunk_attention`), natively
 (`cargo run -p imagine-core --example chunk_attention`): the memory plan's graph edit, which keeps each
 layer's attention scores within ONNX Runtime Web's largest cached GPU buffer. The chunked graph must
 compute what the original computes: the tiny packs' transformers in 2 and 3 chunks of their 40 tokens

@@ -1,4 +1,4 @@
-"""Attention fused into `com.microsoft` MultiHeadAttention (`imagine_core::attention`), natively
+"""Attention fused into `com.microsoft` MultiHeadAttention (`imagine_core::graph::attention`), natively
 (`cargo run -p imagine-core --example fuse_attention`): the stage worker's graph edit before a WebGPU
 session. On ONNX Runtime's CPU the fused graph must compute what the original computes: the tiny packs'
 transformers (the exporter's pattern: query and key each scaled, the key transposed by Reshape, swap,

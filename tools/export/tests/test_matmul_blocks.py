@@ -1,4 +1,4 @@
-"""MatMulNBits re-blocked to 32 (`imagine_core::matmul_blocks`), natively
+"""MatMulNBits re-blocked to 32 (`imagine_core::graph::reblock`), natively
 (`cargo run -p imagine-core --example block32`): the stage worker's graph edit before a WebGPU session,
 in both forms: the repeated scales and zero points computed beforehand into a data file of their own
 (`to_block_32_computed`, what the stage worker runs) and as nodes ONNX Runtime folds (`to_block_32`).

@@ -1,4 +1,4 @@
-"""The VAE decoder cut into a chain of smaller graphs (`imagine_core::f32_rewrite::split`), natively
+"""The VAE decoder cut into a chain of smaller graphs (`imagine_core::graph::split`), natively
 (`cargo run -p imagine-core --example split_graph`): the stage worker will run the pieces one session
 each so that a run's activations fit GPU memory. On ONNX Runtime's CPU the chain must compute exactly
 what the whole decoder computes (the tiny packs' decoders, the real architecture); the bytes it counts

@@ -1,4 +1,4 @@
-"""The stage worker's embedding lookup outside the graph (`imagine_core::table_lookup`),
+"""The stage worker's embedding lookup outside the graph (`imagine_core::graph::tables`),
 natively (`cargo run -p imagine-core --example take_tables_out`), on the tiny packs' text encoders: the
 graph without its table, fed the rows gathered here from the table's file, computes exactly what the
 original graph computes, for the float32-activation pack (a uint8 table) and the float16 one.

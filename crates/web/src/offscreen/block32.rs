@@ -1,6 +1,6 @@
 //! The pack's graphs re-blocked to 32 for WebGPU once, in the download worker, in the staging slot,
 //! after the download (and the float32 conversion) and before the pack is installed (the edit
-//! itself and why: `imagine_core::matmul_blocks`); and, for graphs a stage had to re-block while
+//! itself and why: `imagine_core::graph::reblock`); and, for graphs a stage had to re-block while
 //! loading, later, into the installed pack (`download::store_block32`).
 //!
 //! * Verified: the stored form is a pure function of the verified files it is made from, so after it is
@@ -13,7 +13,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record, DataRange, PieceDigest};
+use imagine_core::graph::reblock::{self, Block32Graph, Block32Record, DataRange, PieceDigest};
 use imagine_core::pack;
 use js_sys::Uint8Array;
 use wasm_bindgen::JsValue;
@@ -75,7 +75,7 @@ async fn read_sources(
         .collect();
     let mut opened: HashMap<&str, web_sys::File> = HashMap::new();
     let mut read = HashMap::new();
-    for range in matmul_blocks::sources_to_read(model)? {
+    for range in reblock::sources_to_read(model)? {
         // A location the graph does not list as external data is left to the edit's nodes.
         let Some(file) = files.get(&range.location) else { continue };
         if !opened.contains_key(file.as_str()) {
@@ -112,7 +112,7 @@ async fn store_graph(
         let mut written = 0;
         // Its checksum goes into the record, so that a stage can check the file before it loads it.
         let mut digest = PieceDigest::new();
-        let reblocked = matmul_blocks::to_block_32_computed(model, read, &data, &mut |chunk| {
+        let reblocked = reblock::to_block_32_computed(model, read, &data, &mut |chunk| {
             // After a failed write (the disk full, say) nothing more is written.
             if failed.is_none() {
                 if let Err(e) = data_file.write_at(chunk, written) {
@@ -161,7 +161,7 @@ fn data_reads_back(
     let mut same = true;
     let mut offset = 0;
     let mut back = Vec::new();
-    let again = matmul_blocks::to_block_32_computed(model, read, location, &mut |chunk| {
+    let again = reblock::to_block_32_computed(model, read, location, &mut |chunk| {
         back.resize(chunk.len(), 0);
         match file.read_at(&mut back, offset) {
             Ok(n) => same &= n == chunk.len() && back == chunk,

@@ -1,6 +1,6 @@
 //! Converting a verified float16 pack to float32 for an adapter without `shader-f16`, in the download
 //! worker, in the staging slot, before the pack is installed (the rewrite itself is
-//! `imagine_core::f32_rewrite`).
+//! `imagine_core::graph`).
 //!
 //! * Resumable: each new file is written in increasing order, flushed, and its length saved in
 //!   `conversion.json` (`ConversionState`) every [`CHECKPOINT_BYTES`]; a resumed conversion cuts the
@@ -18,11 +18,11 @@
 use std::collections::HashMap;
 
 use imagine_core::api::FileProgress;
-use imagine_core::f32_rewrite::pack_conversion::{
+use imagine_core::graph::pack_conversion::{
     converted_graph_name, ConversionRecord, ConversionState, GraphPlan, CONVERSION_STATE_FILE,
     PIECE_SOURCE_BYTES,
 };
-use imagine_core::f32_rewrite::{f16_to_f32, Limits, NewFile, Piece, RewriteError};
+use imagine_core::graph::{f16_to_f32, Limits, NewFile, Piece, RewriteError};
 use imagine_core::message::{arg, Localize, Message};
 use thiserror::Error;
 use web_sys::FileSystemDirectoryHandle;

@@ -10,8 +10,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 
 use imagine_core::device_verdict::{software_renderer, AdapterFacts};
-use imagine_core::f32_rewrite::Limits;
 use imagine_core::gpu_memory::{MemoryFacts, Precision, Probe, ProbeFound, StageWeights, PROBE_CAP_BYTES};
+use imagine_core::graph::Limits;
 
 use crate::platform::js::{get, JsError};
 

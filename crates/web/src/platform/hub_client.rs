@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use imagine_core::api::{ConversionCost, PackFile, PackPlan, PackSource};
-use imagine_core::f32_rewrite::pack_conversion::{self, GraphPlan, PackConversionError};
-use imagine_core::f32_rewrite::Limits;
+use imagine_core::graph::pack_conversion::{self, GraphPlan, PackConversionError};
+use imagine_core::graph::Limits;
 use imagine_core::hub::{self, GraphFiles, HubError};
 use imagine_core::pack::{Graph, PackError};
 use js_sys::{Function, Promise, Uint8Array};

@@ -310,7 +310,7 @@ pub struct StageTiming {
     /// not checked before), in milliseconds.
     #[serde(default)]
     pub stored_form_check_ms: f64,
-    /// Attentions of `graph_file` fused into `MultiHeadAttention` (`imagine_core::attention`).
+    /// Attentions of `graph_file` fused into `MultiHeadAttention` (`imagine_core::graph::attention`).
     pub fused_attention: u32,
     /// Attentions computed in chunks of queries (`GenerateParams::attention_chunks`).
     #[serde(default)]

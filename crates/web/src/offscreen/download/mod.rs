@@ -22,11 +22,11 @@ use std::collections::HashMap;
 use futures_channel::oneshot;
 
 use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
-use imagine_core::f32_rewrite::pack_conversion::{
+use imagine_core::graph::pack_conversion::{
     converted_graph_name, ConversionRecord, GraphPlan, CONVERSION_STATE_FILE,
 };
+use imagine_core::graph::reblock::{self, Block32Graph, Block32Record};
 use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
-use imagine_core::matmul_blocks::{self, Block32Graph, Block32Record};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use js_sys::{ArrayBuffer, Uint8Array};
 use serde::{Deserialize, Serialize};
@@ -359,7 +359,7 @@ async fn install(
     };
     let mut block32_bytes = 0;
     for (name, model) in &block32_graphs {
-        block32_bytes += matmul_blocks::stored_bytes(name, model).map_err(ConvertError::from)?;
+        block32_bytes += reblock::stored_bytes(name, model).map_err(ConvertError::from)?;
     }
     if let Ok(dir) = opfs::slot_dir(staging, false).await {
         // What an interrupted attempt stored is made again: removed before the space check counts it.

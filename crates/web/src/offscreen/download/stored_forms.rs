@@ -29,7 +29,7 @@ pub(super) async fn store_block32(commit: &str, graphs: &[String]) -> Result<(),
     let mut needed = 0;
     for graph in &todo {
         let model = opfs::read(&dir, graph).await?;
-        needed += matmul_blocks::stored_bytes(graph, &model).map_err(ConvertError::from)?;
+        needed += reblock::stored_bytes(graph, &model).map_err(ConvertError::from)?;
         // What a damaged form or an interrupted store left is not counted as used.
         block32::remove_form(&dir, graph).await;
     }

@@ -61,7 +61,7 @@ impl Loaded {
 }
 
 /// `bytes` (the graph `name`) cut into pieces of at most `max` bytes for `params`' image
-/// (`imagine_core::f32_rewrite::split`), as `(graph, inputs, outputs)`; none where it cannot be cut,
+/// (`imagine_core::graph::split`), as `(graph, inputs, outputs)`; none where it cannot be cut,
 /// which is logged: the graph then runs whole.
 pub(super) fn pieces(
     name: &str,
@@ -69,7 +69,7 @@ pub(super) fn pieces(
     params: &GenerateParams,
     max: u64,
 ) -> Vec<(Vec<u8>, Vec<String>, Vec<String>)> {
-    use imagine_core::f32_rewrite::split;
+    use imagine_core::graph::split;
     let cut = split::latent_channels(bytes).and_then(|channels| {
         // The decoder reads packed tokens at 1/16 of the image, or the unpatchified latent at 1/8.
         let factor = if channels == Some(imagine_core::latents::TOKEN_CHANNELS as u64) { 16 } else { 8 };
@@ -123,7 +123,7 @@ pub(super) async fn choose_graph(
 /// they differ (or cannot be read).
 pub(super) async fn stored_form(
     dir: &web_sys::FileSystemDirectoryHandle,
-    stored: &matmul_blocks::Block32Graph,
+    stored: &reblock::Block32Graph,
     checksums: bool,
 ) -> Result<Vec<u8>, String> {
     let onnx = opfs::read(dir, &stored.onnx).await.map_err(|e| e.to_string())?;
@@ -138,10 +138,10 @@ pub(super) async fn stored_form(
     // A piece at a time, each hashed by the browser (`crypto.subtle`), far faster than SHA-256 in wasm.
     let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
     let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
-    let mut data_digest = matmul_blocks::PieceDigest::new();
+    let mut data_digest = reblock::PieceDigest::new();
     let mut offset = 0u64;
     while offset < data_len {
-        let end = (offset + matmul_blocks::DIGEST_PIECE_BYTES).min(data_len);
+        let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
         let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
         let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
         let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
@@ -187,7 +187,7 @@ pub(super) async fn look_up(
         Some((_, Tensor { dims, data: TensorData::Int64(ids) })) => Ok((dims, ids)),
         _ => Err(SessionError(format!("no int64 `{ids_input}` fed to look `{table}` up"))),
     };
-    let failed = |e: imagine_core::f32_rewrite::LookupError| SessionError(e.to_string());
+    let failed = |e: imagine_core::graph::LookupError| SessionError(e.to_string());
     let mut inputs = Vec::new();
     for (lookup, file) in lookups {
         let (dims, ids) = ids_of(&lookup.ids_input, &lookup.table)?;
@@ -220,7 +220,7 @@ pub(super) async fn reblock(
     let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.to_owned(), source };
     let mut opened: HashMap<&str, web_sys::File> = HashMap::new();
     let mut reads = Vec::new();
-    for range in matmul_blocks::sources_to_read(bytes).map_err(edit_failed)? {
+    for range in reblock::sources_to_read(bytes).map_err(edit_failed)? {
         // A location the graph names but the pack does not list is left to the nodes' fallback.
         let Some(file) = files.get(&range.location) else { continue };
         if !opened.contains_key(file.as_str()) {
@@ -239,24 +239,20 @@ pub(super) async fn reblock(
     }
     let read: HashMap<_, _> = futures_util::future::try_join_all(reads).await?.into_iter().collect();
     let parts = js_sys::Array::new();
-    let reblocked =
-        matmul_blocks::to_block_32_computed(bytes, &read, matmul_blocks::COMPUTED_DATA, &mut |chunk| {
-            parts.push(&Uint8Array::from(chunk));
-        })
-        .map_err(edit_failed)?;
+    let reblocked = reblock::to_block_32_computed(bytes, &read, reblock::COMPUTED_DATA, &mut |chunk| {
+        parts.push(&Uint8Array::from(chunk));
+    })
+    .map_err(edit_failed)?;
     if reblocked.data_length == 0 {
         return Ok((reblocked.graph, None));
     }
-    Ok((
-        reblocked.graph,
-        Some(ExternalData { path: matmul_blocks::COMPUTED_DATA.to_owned(), data: parts.into() }),
-    ))
+    Ok((reblocked.graph, Some(ExternalData { path: reblock::COMPUTED_DATA.to_owned(), data: parts.into() })))
 }
 
 /// Each distinct row of `ranges` read from `file`, by its offset.
 pub(super) async fn read_rows(
     file: &web_sys::File,
-    ranges: impl Iterator<Item = Result<Range, imagine_core::f32_rewrite::LookupError>>,
+    ranges: impl Iterator<Item = Result<Range, imagine_core::graph::LookupError>>,
 ) -> Result<std::collections::HashMap<u64, Vec<u8>>, SessionError> {
     let mut rows = std::collections::HashMap::new();
     for range in ranges {

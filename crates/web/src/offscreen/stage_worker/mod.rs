@@ -13,14 +13,14 @@ use futures_channel::mpsc;
 use futures_util::StreamExt;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
-use imagine_core::attention;
-use imagine_core::f32_rewrite::{EmbeddingLookup, Range};
+use imagine_core::graph::attention;
+use imagine_core::graph::reblock::{self, Block32Form, Block32Record};
+use imagine_core::graph::tables::{self, TableLookup};
+use imagine_core::graph::{EmbeddingLookup, Range};
 use imagine_core::image::PngMeta;
-use imagine_core::matmul_blocks::{self, Block32Form, Block32Record};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
-use imagine_core::table_lookup::{self, TableLookup};
 use imagine_core::{
     Backend, DType, EncodedPrompt, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,
 };
@@ -74,7 +74,7 @@ pub enum StageWorkerError {
         /// The graph's file name.
         graph: String,
         /// Why the edit failed.
-        source: imagine_core::f32_rewrite::RewriteError,
+        source: imagine_core::graph::RewriteError,
     },
     /// A file a graph's external data is in.
     #[error("{graph} needs {file}: {source}")]

@@ -24,7 +24,7 @@ pub(super) struct Stage {
     pub(super) timing: StageTiming,
     /// Tables of the float32 conversion looked up here and fed as float32 inputs.
     pub(super) lookups: Vec<(EmbeddingLookup, web_sys::File)>,
-    /// Tables taken out of the graph (`imagine_core::table_lookup`), fed as they are stored.
+    /// Tables taken out of the graph (`imagine_core::graph::tables`), fed as they are stored.
     pub(super) tables: Vec<(TableLookup, web_sys::File)>,
     /// ORT profiles the session (until [`Stage::take_profile`]).
     pub(super) profiling: bool,
@@ -33,7 +33,7 @@ pub(super) struct Stage {
 impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
     /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
-    /// files and only the prompt's rows are read (see `imagine_core::table_lookup`).
+    /// files and only the prompt's rows are read (see `imagine_core::graph::tables`).
     pub(super) async fn open(
         graph: Graph,
         params: &GenerateParams,
@@ -87,7 +87,7 @@ impl Stage {
             (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
             _ => (name, bytes),
         };
-        let (bytes, taken_out) = table_lookup::take_out(&bytes)
+        let (bytes, taken_out) = tables::take_out(&bytes)
             .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
         let mut tables = Vec::new();
         for table in taken_out {
@@ -109,7 +109,7 @@ impl Stage {
         let mut channels_first_used = false;
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
-            // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::matmul_blocks`).
+            // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::graph::reblock`).
             Backend::WebGpu => {
                 let (mut bytes, computed) = match block32 {
                     Block32Form::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
@@ -119,7 +119,7 @@ impl Stage {
                 external.extend(computed);
                 let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.clone(), source };
                 if let Some(level) = params.accuracy_level {
-                    bytes = matmul_blocks::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
+                    bytes = reblock::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
                 }
                 if params.fuses_attention(graph) {
                     (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;

@@ -1,13 +1,75 @@
-//! Scaled dot-product attention, as the exporter writes it node by node, fused into one
-//! `com.microsoft` `MultiHeadAttention` (see `crate::attention`).
+//! Attention fused into ONNX Runtime's `MultiHeadAttention` for its WebGPU flash attention, or
+//! computed in chunks of query rows so that its scores fit ONNX Runtime Web's buffer cache.
+//!
+//! # Why
+//!
+//! The exporter writes the transformer's attention node by node, as PyTorch decomposes scaled
+//! dot-product attention: the query and the key each scaled by `head_size^-1/4`, the key transposed
+//! (as a `Reshape` to 3-D, a swap and a `Reshape` back), `MatMul`, `Softmax`, `MatMul` with the value.
+//! ONNX Runtime Web runs that as it is: at 1024x1024 each layer writes and reads back 24 heads x 4608 x
+//! 4608 scores, 1.02 GB in float16, and the attention's `MatMul` and `Softmax` took about 0.3 s of GPU
+//! time of each step (BENCHMARKS.md). `com.microsoft` `MultiHeadAttention` computes the same function,
+//! and ONNX Runtime's WebGPU kernel runs it as flash attention on adapters with subgroups: the scores
+//! never leave the GPU's workgroup memory.
+//!
+//! # What
+//!
+//! [`fuse_attention`] finds each softmax attention whose parts it can prove and replaces it with
+//! `Reshape`s of query, key and value from `[batch, sequence, heads, head_size]` to
+//! `[batch, sequence, heads * head_size]` (the same bytes), one `MultiHeadAttention` (`num_heads` and
+//! `scale` from the graph: the product of the scalar factors on the query, the key and the scores) and
+//! a `Reshape` of its output back, under the name the rest of the graph reads. The nodes that fed only
+//! the fused ones (the scaling, the transposes, the key's shape arithmetic) go with them. What it
+//! proves: `Softmax` over the last axis of `MatMul(Transpose(q), Kᵀ)`, optionally scaled, with a key
+//! transposed in one of the ways above and a value `Transpose(v)` (both from the same layout), read
+//! only by `MatMul` with the value whose result is only transposed back; the heads and the head size
+//! declared statically and the same for all three. Anything else (a mask added to the scores, a
+//! causal attention, another layout) stays as it is.
+//!
+//! # When, and why it is off
+//!
+//! Only when a job asks for it (`fuseAttention`, a benchmark's switch), while the transformer loads on
+//! WebGPU: it changes the graph's nodes only, not its weights, and takes milliseconds, so nothing is
+//! stored. Measured on an NVIDIA H200 in Chromium 148 with ONNX Runtime Web 1.30 (BENCHMARKS.md): the
+//! image is as exact (the first transformer output at cosine 0.999997 of the graph's; the image within
+//! 1 level of the reference), but ONNX Runtime's flash attention takes 708 ms of GPU time a step at
+//! 1024x1024 where the exported `MatMul`s and `Softmax` take about 300, so steps are 1.17x (512x512)
+//! and 1.29x (1024x1024) slower. The decoder's one attention (a single head over every latent pixel)
+//! is never fused: ONNX Runtime's `MultiHeadAttention` overflows a tensor size on it at 1024x1024 (and
+//! on SwiftShader, fused, it moved the tiny pack's image up to 43 levels from the reference). So it
+//! stays a switch, to measure again with each ONNX Runtime release.
+//!
+//! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers
+//! fused compute what they computed, each way of writing the key and the scale fuses, a mask or
+//! undeclared heads leave the graph as it was), the unit tests in `graph/tests.rs`, and in the browser
+//! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the
+//! graph's).
+//!
+//! # Chunks along the query axis, for the memory plan
+//!
+//! Unfused, each layer's scores are `heads x tokens x tokens` (1.02 GB in float16 at 1024x1024), and
+//! ONNX Runtime Web allocates them afresh every layer: its WebGPU buffer cache keeps buffers only up to
+//! [`ORT_LARGEST_CACHED_BUFFER`]. [`chunk_attention`] takes the attentions the same finder proves and
+//! computes each in `C` parts of the query's rows: the query `[batch, heads, sequence, head_size]` as the
+//! first `MatMul` reads it is cut along the sequence (`Split` with `num_outputs` from opset 18, which
+//! ONNX Runtime's kernels cut into parts of `ceil(n / C)`, the last smaller, as ONNX defines it whenever
+//! `n > (C - 1)^2`; `Slice`s of the same rows from `Shape` for opsets 13 to 17), each part goes through
+//! copies of the original `MatMul`, scaling, `Softmax` and `MatMul` with the value (the key's and value's
+//! side, transposes and scalings, stay as they are), and `Concat` puts the parts back along the sequence
+//! under the name the rest of the graph reads. Softmax is per query row, so it is the same function,
+//! with scores `C` times smaller; [`chunks_for`] picks `C` so that they fit the cache's largest bucket.
+//!
+//! Tests: `tools/export/tests/test_attention_chunks.py` (the tiny transformers chunked, on ONNX
+//! Runtime's CPU and ONNX Runtime Web's wasm, against the graph as exported) and the unit tests in
+//! `graph/tests.rs`.
 
 use std::collections::{HashMap, HashSet};
 
-use super::reblock::{default_opset, int_attribute};
-use super::rewrite::{
+use super::float32::{
     bytes_field, edit_message, model_graph, read_node, read_tensor, value_info_name, varint_field,
     with_graph, Edit, Node,
 };
+use super::reblock::{default_opset, int_attribute};
 use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
@@ -87,7 +149,7 @@ fn find_attentions<'a>(graph: &Graph<'a>) -> Vec<Attention<'a>> {
 }
 
 /// `model` with every attention it can prove fused into `MultiHeadAttention`, and how many.
-pub(crate) fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
+pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
     let graph_bytes = model_graph(&fields)?;
@@ -191,7 +253,7 @@ const SEQUENCE_AXIS: u64 = 2;
 /// `model` with every attention [`fuse_attention`]'s finder proves computed in `chunks` parts along
 /// the query's sequence axis, and how many; the model as it was and 0 when `chunks <= 1`, there is none,
 /// or the default opset is older than 13.
-pub(crate) fn chunk_attention(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), RewriteError> {
+pub fn chunk_attention(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), RewriteError> {
     const WHAT: &str = "GraphProto";
     if chunks <= 1 {
         return Ok((model.to_vec(), 0));
@@ -832,4 +894,21 @@ fn imports(fields: &[Field], domain: &str) -> Result<bool, RewriteError> {
         }
     }
     Ok(false)
+}
+
+/// The largest bucket of ONNX Runtime Web's WebGPU buffer cache (160 MiB): larger buffers are created
+/// and destroyed at every use instead of reused.
+pub const ORT_LARGEST_CACHED_BUFFER: u64 = 167_772_160;
+
+/// The fewest chunks `C` that keep one chunk's scores, `heads x ceil(tokens / C) x tokens` elements of
+/// `bytes_per_element`, at or under `max_scores_bytes`; `tokens` (a row a chunk) when even one row is
+/// over, 1 when there is nothing to cut.
+pub fn chunks_for(heads: u64, tokens: u64, bytes_per_element: u64, max_scores_bytes: u64) -> u32 {
+    let row = u128::from(heads) * u128::from(tokens) * u128::from(bytes_per_element);
+    if row == 0 {
+        return 1;
+    }
+    // ceil(tokens / C) <= rows exactly when C >= ceil(tokens / rows).
+    let rows = (u128::from(max_scores_bytes) / row).max(1);
+    u32::try_from(u128::from(tokens).div_ceil(rows)).unwrap_or(u32::MAX)
 }

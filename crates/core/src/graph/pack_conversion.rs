@@ -207,7 +207,7 @@ impl ConversionRecord {
 
 /// The progress of a conversion, saved in [`CONVERSION_STATE_FILE`] in the staging slot: for each new
 /// file, how many of its bytes are written and flushed. Everything is checked again before the pack is
-/// installed ([`crate::f32_rewrite`] conversion is a pure function of the verified source bytes), so a
+/// installed ([`crate::graph`] conversion is a pure function of the verified source bytes), so a
 /// state that is lost or torn only costs redoing the work.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,90 +1,10 @@
-//! `MatMulNBits` re-blocked to 32 for ONNX Runtime Web's WebGPU kernels.
-//!
-//! # Why
-//!
-//! ONNX Runtime Web 1.30 has a tiled WebGPU kernel for `MatMulNBits` on inputs of 4 rows or more (a
-//! prompt's 512 tokens, an image's latents) only for block size 32. Any other block size falls back to
-//! a kernel made for one row at a time, which dispatches one workgroup of 128 threads for every row
-//! and 8 output columns. The published pack and the exporter quantize with block 128. Measured with
-//! one int4 `MatMulNBits` (K 128, N 2560, 512 rows, float32): 97 s at block 128 and 0.57 s at block 32
-//! on SwiftShader in Chromium 156, which left the tiny text encoder of the browser tests running for
-//! over ten minutes; on an NVIDIA H200 the full-size transformer's step takes 2.96 s at block 128 and
-//! 0.60 s at block 32.
-//!
-//! # What
-//!
-//! [`to_block_32`] rewrites every `MatMulNBits` whose block size is a power of two above 32 to block
-//! 32, exactly: each block of 32 takes the scale and zero point of the block it was part of, so the
-//! node computes the same function. The pack's own files never change.
-//!
-//! * B keeps its bytes. A block of 32 is the old block cut in pieces, so when K is a multiple of the
-//!   old block only B's dims change (`[N, K / 32, 4 * bits]`) and its external data is read as
-//!   before. Otherwise (only the tiny test graphs, whose K can be 64) a Reshape and a Slice drop the
-//!   padding at the end of each column.
-//! * Scales and zero points are repeated, each value once per block of 32 of its old block (4-bit zero
-//!   points unpacked first). [`to_block_32_computed`] computes them here from the stored values
-//!   ([`sources_to_read`] says which ranges of the external data to read) into tensors of an
-//!   external-data file of their own: about 6 % of the transformer's int8 weights and 12 % of the
-//!   text encoder's int4 ones for the published pack (float16 scales), 4 times those of block 128. [`to_block_32`] adds nodes in
-//!   front of the graph instead (Reshape, Expand, Reshape, Slice) that ONNX Runtime's constant folding
-//!   computes while it creates the session; it does the same for any input the computed form cannot
-//!   read (typed fields, segments). Folding is slow: for 27 layers of the text encoder's shapes, ONNX
-//!   Runtime Web's single-threaded wasm took about 4 s longer to create the session with those nodes
-//!   than without (2 shared cores, BENCHMARKS.md), seconds of the stage that sets the pace of a cold
-//!   image.
-//!
-//! # When
-//!
-//! Once, when a pack is installed for WebGPU: the download worker writes each re-blocked graph and its
-//! computed data beside the pack ([`Block32Graph::names`]), reads both back against a second
-//! computation, and records them with the pack ([`Block32Record`]); [`stored_bytes`] tells the space
-//! check what they will take before anything is downloaded. A stage then loads the stored form as it
-//! loads any graph. Computing them while a stage loads cost the transformer 2-4 s of CPU on the
-//! critical path of every cold image (BENCHMARKS.md). A graph the record does not name
-//! ([`Block32Record::form`]: a pack installed by an older version, or the float16 graph where the
-//! float32 conversion was stored) is still re-blocked that way, in memory, under [`COMPUTED_DATA`], and
-//! its form stored with the installed pack after that job.
-//!
-//! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
-//! initializer of the documented shape or that another node reads too, scales or zero points that are
-//! not initializers of one value per block. The wasm backend is left alone: its kernels have no such cliff.
-//! Tests: `f32_rewrite/tests.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
-//! graphs against the originals on ONNX Runtime).
-
-use std::collections::HashMap;
+//! The re-blocked forms stored with the installed pack: their record, file names and checksums, and
+//! what they take on disk.
 
 use serde::{Deserialize, Serialize};
 
-use crate::f32_rewrite::RewriteError;
-
-pub use crate::f32_rewrite::reblock::{DataRange, Reblocked, COMPUTED_DATA, TARGET_BLOCK};
-
-/// Rewrites every `MatMulNBits` of `model` (a ModelProto, weights outside or inline) whose block size
-/// is a power of two above 32 to block 32; the new model and how many nodes changed. The model comes
-/// back as it was, and 0, when none qualifies.
-pub fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
-    crate::f32_rewrite::reblock::to_block_32(model)
-}
-
-/// The external-data ranges [`to_block_32_computed`] needs: the stored scales and zero points of every
-/// node it re-blocks that are outside the graph (locations as the graph names them).
-pub fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteError> {
-    crate::f32_rewrite::reblock::sources_to_read(model)
-}
-
-/// As [`to_block_32`], with the repeated scales and zero points computed here from `read` (the bytes of
-/// each range [`sources_to_read`] listed) into the external-data file `location` the new graph reads
-/// ([`COMPUTED_DATA`] when it is handed to ONNX Runtime from memory, [`Block32Graph::data`] when it is
-/// stored), whose bytes go to `write` in order, a tensor at a time. Inputs it cannot compute are
-/// repeated by nodes.
-pub fn to_block_32_computed(
-    model: &[u8],
-    read: &HashMap<DataRange, Vec<u8>>,
-    location: &str,
-    write: &mut dyn FnMut(&[u8]),
-) -> Result<Reblocked, RewriteError> {
-    crate::f32_rewrite::reblock::to_block_32_computed(model, read, location, write)
-}
+use super::{sources_to_read, to_block_32_computed};
+use crate::graph::RewriteError;
 
 /// The re-blocked form of one graph, made when the pack is installed and stored with it, so that a
 /// WebGPU session reads it as it reads the pack's own files: nothing is computed while it loads.
@@ -307,12 +227,6 @@ pub fn stored_bytes(graph: &str, model: &[u8]) -> Result<u64, RewriteError> {
     let (_, data) = Block32Graph::names(graph);
     let reblocked = to_block_32_computed(model, &read, &data, &mut |_| {})?;
     Ok(if reblocked.changed == 0 { 0 } else { reblocked.graph.len() as u64 + reblocked.data_length })
-}
-
-/// `model` with `accuracy_level` `level` on every `MatMulNBits` (ONNX Runtime's compute type for it: 4
-/// quantizes the activations to int8, faster on WebGPU and less exact), and how many nodes changed.
-pub fn with_accuracy_level(model: &[u8], level: u8) -> Result<(Vec<u8>, usize), RewriteError> {
-    crate::f32_rewrite::reblock::with_accuracy_level(model, level.into())
 }
 
 #[cfg(test)]

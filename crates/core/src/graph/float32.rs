@@ -8,10 +8,10 @@ use super::{
     f16_to_f32_vec, EmbeddingLookup, LookupPolicy, NewFile, Options, Plan, Range, Rewrite, RewriteError,
     TensorCopy,
 };
+use crate::graph::tables::{ElemType, TableLookup};
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
 use crate::pack::validate_relative_path;
-use crate::table_lookup::{ElemType, TableLookup};
 
 /// Attribute names that hold a dtype in some operator: one of them naming float16 on an operator
 /// whose table entry does not list it is refused rather than left.

@@ -17,13 +17,13 @@
 //! from the table's file ([`TableLookup::gather`], each distinct row once) and feeds them, so the
 //! graph computes exactly what it did. Only the graph protobuf is edited, in memory, before the
 //! session is created: nothing on disk changes, and packs installed before this work as they are.
-//! The float32 conversion (`f32_rewrite`) has its own lookup for tables too large for one GPU buffer
-//! ([`crate::f32_rewrite::EmbeddingLookup`], converted to float32 as it is read); this one feeds the
-//! stored bytes as they are. Tests: `f32_rewrite/tests.rs` (they share its ONNX writer).
+//! The float32 conversion (`graph::rewrite`) has its own lookup for tables too large for one GPU buffer
+//! ([`crate::graph::EmbeddingLookup`], converted to float32 as it is read); this one feeds the
+//! stored bytes as they are. Tests: `graph/tests.rs` (they share its ONNX writer).
 
 use serde::Serialize;
 
-use crate::f32_rewrite::{LookupError, Range, RewriteError};
+use crate::graph::{LookupError, Range, RewriteError};
 
 /// The element types a looked-up table may have: those ONNX Runtime Web takes as input tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -103,7 +103,7 @@ pub struct TableLookup {
 /// Takes the tables that can leave `model` (a ModelProto, weights outside) out of it: the new model and
 /// what to look up. The model comes back as it was, with no lookups, when no table can leave.
 pub fn take_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
-    crate::f32_rewrite::rewrite::tables_out(model)
+    crate::graph::float32::tables_out(model)
 }
 
 impl TableLookup {

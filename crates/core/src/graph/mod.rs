@@ -110,18 +110,19 @@
 //! reader [`crate::pack`] uses too), changes the few fields it understands, and copies every other
 //! field as it was: a few hundred lines, no dependency.
 
-pub(crate) mod attention;
+pub mod attention;
+mod float32;
 mod ops;
 pub mod pack_conversion;
-pub(crate) mod reblock;
-pub(crate) mod rewrite;
+pub mod reblock;
 pub mod split;
+pub mod tables;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use float32::{remaining_float16, rewrite};
 pub use ops::supported_operators;
-pub use rewrite::{remaining_float16, rewrite};
 
 /// The adapter limits a tensor must fit (`GPUAdapter.limits`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,7 +287,7 @@ impl EmbeddingLookup {
 
     /// Where row `id` lies in `source.file`, with Gather's rule for negative ids.
     pub fn row_range(&self, id: i64) -> Result<Range, LookupError> {
-        crate::table_lookup::row_range(&self.table, &self.source, self.rows, self.row_bytes(), id)
+        crate::graph::tables::row_range(&self.table, &self.source, self.rows, self.row_bytes(), id)
     }
 
     /// The graph input's values for `ids` (row-major, `ids.len() * row_elements` floats). `read`
@@ -298,7 +299,7 @@ impl EmbeddingLookup {
     ) -> Result<Vec<f32>, LookupError> {
         let row_bytes = self.row_bytes() as usize;
         let raw =
-            crate::table_lookup::gather_rows(ids, row_bytes, |id| self.row_range(id), &self.table, read)?;
+            crate::graph::tables::gather_rows(ids, row_bytes, |id| self.row_range(id), &self.table, read)?;
         Ok(raw
             .chunks_exact(2)
             .map(|h| half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32())

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::f32_rewrite::tests::{
+use crate::graph::tests::{
     attr_int, entries, external_tensor, graph_fields, io_types, model, msg, node, raw_tensor, value_info, Dim,
 };
 use crate::onnx::wire::put_varint_field;

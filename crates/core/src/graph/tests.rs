@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use half::f16;
 
-use super::rewrite::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
+use super::float32::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
 use super::*;
 use crate::onnx::fields::{
     FLOAT, FLOAT16, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_NODE, GRAPH_OUTPUT, GRAPH_VALUE_INFO, INT64, UINT8,
@@ -394,7 +394,7 @@ fn rewrites_types_casts_constants_and_initializers() {
     assert_eq!(rewrite(&graph, &options(u64::MAX)).unwrap().graph, graph);
 }
 
-impl super::rewrite::Node<'_> {
+impl super::float32::Node<'_> {
     fn int_attribute_for_tests(&self, name: &str) -> Option<u64> {
         let a = self.attributes.iter().find(|a| a.name == name)?;
         a.fields.iter().find(|f| f.number == 3).map(|f| f.varint("a").unwrap())
@@ -641,11 +641,11 @@ fn a_table_too_large_for_one_buffer_is_looked_up_outside() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Tables taken out on every adapter (`crate::table_lookup`).
+// Tables taken out on every adapter (`crate::graph::tables`).
 
 #[test]
 fn a_table_leaves_the_graph_in_its_own_type() {
-    use crate::table_lookup::{take_out, ElemType, TableLookup};
+    use crate::graph::tables::{take_out, ElemType, TableLookup};
     let original = table_model(&[]);
     let (graph, lookups) = take_out(&original).unwrap();
     assert!(graph_fields(&graph, GRAPH_INITIALIZER).is_empty(), "the table left the graph");
@@ -700,7 +700,7 @@ fn a_table_leaves_the_graph_in_its_own_type() {
 
 #[test]
 fn tables_that_cannot_leave_stay() {
-    use crate::table_lookup::take_out;
+    use crate::graph::tables::take_out;
     let stays = |fields: &[(u64, Vec<u8>)]| {
         let m = model(fields);
         let (graph, lookups) = take_out(&m).unwrap();
@@ -1148,7 +1148,7 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
 
 #[test]
 fn the_stored_form_names_its_own_data_file_and_its_size_is_known_before_the_weights() {
-    use crate::matmul_blocks::{stored_bytes, Block32Graph};
+    use crate::graph::reblock::{stored_bytes, Block32Graph};
     let m = external_scales_model();
     let (onnx, data_name) = Block32Graph::names("transformer.f32.onnx");
     assert_eq!((onnx.as_str(), data_name.as_str()), ("transformer.f32.b32.onnx", "transformer.f32.b32.data"));
@@ -1186,7 +1186,7 @@ fn accuracy_level_is_set_on_every_matmul_nbits_once() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Attention fused into MultiHeadAttention (`crate::attention`).
+// Attention fused into MultiHeadAttention (`crate::graph::attention`).
 
 fn attr_ints(name: &str, values: &[i64]) -> Vec<u8> {
     let mut a = msg(&[(1, name.as_bytes())]);
@@ -1317,7 +1317,7 @@ fn attention_that_cannot_be_proven_stays_byte_for_byte() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Attention in chunks of query rows (`crate::attention::chunk_attention`). What the chunked graphs
+// Attention in chunks of query rows (`crate::graph::attention::chunk_attention`). What the chunked graphs
 // compute, against the originals on ONNX Runtime, is checked in tools/export/tests/test_attention_chunks.py.
 
 /// (op_type, inputs, outputs) of each node of `model`'s graph.
@@ -1502,7 +1502,7 @@ fn attention_that_is_not_chunked_stays_byte_for_byte() {
 
 #[test]
 fn chunks_keep_the_scores_within_the_largest_cached_buffer() {
-    use crate::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER as MAX};
+    use crate::graph::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER as MAX};
     let scores = |heads: u64, tokens: u64, bytes: u64, c: u64| heads * tokens.div_ceil(c) * tokens * bytes;
     // 1024x1024: 4096 image and 512 text tokens, 24 heads. float16: 6 chunks of 768 rows are 170 MB,
     // 7 of 659 (the last 654) are 146 MB.
