@@ -18,8 +18,7 @@ use imagine_core::params::{
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
-use crate::pages::view::dom;
-use crate::pages::view::{child, document, element, on, on_item_click};
+use crate::pages::view::{child, document, dom, element, on, on_item_click};
 use crate::platform::i18n;
 use crate::platform::js::LogError;
 

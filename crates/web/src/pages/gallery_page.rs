@@ -16,9 +16,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlAnchorElement, HtmlButtonElement, HtmlElement, HtmlImageElement, HtmlInputElement};
 
-use crate::pages::view::dom;
 use crate::pages::view::{
-    self, child, document, element, fill_definitions, from_template, on, on_item_click, set_text,
+    self, child, document, dom, element, fill_definitions, from_template, on, on_item_click, set_text,
     set_visible, show_png,
 };
 use crate::platform::i18n::{self, t, t_args};

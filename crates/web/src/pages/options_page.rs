@@ -16,8 +16,7 @@ use wasm_bindgen_futures::spawn_local;
 use web_sys::{HtmlElement, HtmlInputElement, HtmlSelectElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::view::dom;
-use crate::pages::view::{self, element, input, on, set_text, set_visible};
+use crate::pages::view::{self, dom, element, input, on, set_text, set_visible};
 use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::js::from_js;

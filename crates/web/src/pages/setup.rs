@@ -14,8 +14,7 @@ use imagine_core::device_verdict::{PackFigures, Verdict};
 use wasm_bindgen::JsCast;
 use web_sys::HtmlElement;
 
-use crate::pages::view::dom;
-use crate::pages::view::{self, document, fill_definitions, set_text, set_visible};
+use crate::pages::view::{self, document, dom, fill_definitions, set_text, set_visible};
 use crate::platform::gpu::{self, DeviceReport};
 use crate::platform::i18n::{self, t, t_args};
 use crate::platform::messaging::request;

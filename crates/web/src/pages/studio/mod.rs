@@ -32,10 +32,9 @@ use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 
 use crate::pages::form_check::{self, Problem};
-use crate::pages::view::dom;
 use crate::pages::view::{
-    self, child, copy_png, describe, document, element, from_template, input, on, on_item_click, set_text,
-    set_visible,
+    self, child, copy_png, describe, document, dom, element, from_template, input, on, on_item_click,
+    set_text, set_visible,
 };
 use crate::pages::{gpu_fit, setup};
 use crate::platform::i18n;

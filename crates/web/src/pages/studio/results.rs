@@ -7,8 +7,7 @@ use imagine_core::gallery;
 use wasm_bindgen::prelude::*;
 use web_sys::{HtmlButtonElement, HtmlElement, HtmlImageElement};
 
-use crate::pages::view::dom;
-use crate::pages::view::{child, document, element, from_template, set_text, set_visible, show_png};
+use crate::pages::view::{child, document, dom, element, from_template, set_text, set_visible, show_png};
 use crate::platform::i18n;
 
 /// The batch on screen. A new run's batch replaces it only when its first image arrives: until then,
