@@ -195,7 +195,8 @@ pub fn describe_elapsed(ms: f64) -> String {
     i18n::t_args("studioElapsed", &[&format!("{:.0}", (ms / 1000.0).floor())])
 }
 
-/// Marks the stage list (`#stage-encode`, `#stage-steps`, `#stage-decode`; the studio, the result page): done, current (`aria-current="step"`), to come.
+/// Marks the stage list (`#stage-encode`, `#stage-steps`, `#stage-decode`, in the studio and the result
+/// page): done, current (`aria-current="step"`), to come.
 pub fn show_stages(progress: Option<&Progress>) {
     let current = progress.map_or(0, |p| match p.stage {
         Stage::TextEncoder => 0,
