@@ -2,8 +2,8 @@
 //! prompt too long, a size, a number of steps or a seed that is not allowed is shown at its control
 //! (`aria-invalid`, a message tied to it by `aria-describedby`, focus moved to it), in the page's
 //! language, and no job is started. A size or a number of steps that is not allowed comes with
-//! buttons that put the nearest allowed values in its place. Any other problem (a page's own setting such as the schedule) is the
-//! page's general error, as the service worker would say it.
+//! buttons that put the nearest allowed values in its place. Any other problem (a page's own setting
+//! such as the schedule) is the page's general error, as the service worker would say it.
 //!
 //! Each checked control `#id` has a message element `#id-error` (hidden while the control is valid)
 //! holding a `.message` and a `.fixes` element, and names `id-error` in its `aria-describedby`. The

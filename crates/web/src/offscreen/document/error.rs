@@ -34,7 +34,8 @@ pub enum OffscreenError {
     /// The stage worker's inbox closed without a report: it is gone.
     #[error("the stage worker stopped unexpectedly")]
     StageStopped,
-    /// A stage reported nothing for longer than it may ([`QuietTimes::stall_limit_ms`]); its worker was ended.
+    /// A stage reported nothing for longer than it may ([`QuietTimes::stall_limit_ms`]); its worker
+    /// was ended.
     #[error("the {} made no progress for {seconds} s and was stopped", .stage.name())]
     Stalled {
         /// The stage that went quiet.
