@@ -41,7 +41,7 @@
 //!
 //! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers
 //! fused compute what they computed, each way of writing the key and the scale fuses, a mask or
-//! undeclared heads leave the graph as it was), the unit tests in `graph/tests.rs`, and in the browser
+//! undeclared heads leave the graph as it was), the unit tests in `graph/tests/attention.rs`, and in the browser
 //! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the
 //! graph's).
 //!
@@ -61,7 +61,7 @@
 //!
 //! Tests: `tools/export/tests/test_attention_chunks.py` (the tiny transformers chunked, on ONNX
 //! Runtime's CPU and ONNX Runtime Web's wasm, against the graph as exported) and the unit tests in
-//! `graph/tests.rs`.
+//! `graph/tests/attention.rs`.
 
 use std::collections::{HashMap, HashSet};
 

@@ -19,7 +19,7 @@
 //! session is created: nothing on disk changes, and packs installed before this work as they are.
 //! The float32 conversion (`graph::rewrite`) has its own lookup for tables too large for one GPU buffer
 //! ([`crate::graph::EmbeddingLookup`], converted to float32 as it is read); this one feeds the
-//! stored bytes as they are. Tests: `graph/tests.rs` (they share its ONNX writer).
+//! stored bytes as they are. Tests: `graph/tests/tables.rs` (on the tests' ONNX writer).
 
 use serde::Serialize;
 

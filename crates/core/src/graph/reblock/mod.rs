@@ -48,7 +48,7 @@
 //! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
 //! initializer of the documented shape or that another node reads too, scales or zero points that are
 //! not initializers of one value per block. The wasm backend is left alone: its kernels have no such cliff.
-//! Tests: `graph/tests.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
+//! Tests: `graph/tests/reblock.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
 //! graphs against the originals on ONNX Runtime).
 
 use std::collections::{HashMap, HashSet};
