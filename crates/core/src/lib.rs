@@ -23,16 +23,15 @@
 //! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
 //! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
 //! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
-//! message API types, [`gallery`] the images kept on this machine (index, search, limits,
-//! export), [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in OPFS and how a new pack replaces the
-//! installed one. [`embedding_cache`] keys, bounds and checks the cached prompt embeddings that let a
-//! repeated prompt skip the text encoder. [`graph::rewrite`] turns a float16-activation graph into a float32 one for
-//! WebGPU adapters without `shader-f16`, with a plan to convert its weights piece by piece;
-//! [`graph::split`] cuts the VAE decoder into a chain of smaller graphs whose activations fit GPU
-//! memory. Two edits of a graph's protobuf in memory, made by the stage worker before it creates a
-//! session:
-//! [`graph::tables`] takes embedding tables out of the graph, and [`graph::reblock`] re-blocks
-//! `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
+//! message API types, [`gallery`] the images kept on this machine (index, search, limits, export),
+//! [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in
+//! OPFS and how a new pack replaces the installed one. [`embedding_cache`] keys, bounds and checks the cached
+//! prompt embeddings that let a repeated prompt skip the text encoder. [`graph::rewrite`] turns a
+//! float16-activation graph into a float32 one for WebGPU adapters without `shader-f16`, with a plan to
+//! convert its weights piece by piece; [`graph::split`] cuts the VAE decoder into a chain of smaller graphs
+//! whose activations fit GPU memory. Two edits of a graph's protobuf in memory, made by the stage worker
+//! before it creates a session: [`graph::tables`] takes embedding tables out of the graph, and
+//! [`graph::reblock`] re-blocks `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
 //!
 //! Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics";
 //! `tests/reference/reference.py` recomputes it independently); each module says where and why it

@@ -39,11 +39,10 @@
 //! on SwiftShader, fused, it moved the tiny pack's image up to 43 levels from the reference). So it
 //! stays a switch, to measure again with each ONNX Runtime release.
 //!
-//! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers
-//! fused compute what they computed, each way of writing the key and the scale fuses, a mask or
-//! undeclared heads leave the graph as it was), the unit tests in `graph/tests/attention.rs`, and in the browser
-//! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the
-//! graph's).
+//! Tests: `tools/export/tests/test_attention_fusion.py` (on ONNX Runtime's CPU: the tiny transformers fused
+//! compute what they computed, each way of writing the key and the scale fuses, a mask or undeclared heads
+//! leave the graph as it was), the unit tests in `graph/tests/attention.rs`, and in the browser
+//! `real-arch-bench.test.mjs` (the tiny transformer fused on WebGPU: its first output against the graph's).
 //!
 //! # Chunks along the query axis, for the memory plan
 //!

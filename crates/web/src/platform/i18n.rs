@@ -2,10 +2,10 @@
 //!
 //! Static page text is marked in the HTML (`data-i18n` for text, `data-i18n-placeholder`,
 //! `data-i18n-title`, `data-i18n-aria-label` for attributes) and filled by [`localize_page`] at
-//! startup; text made at run time goes through [`t`] / [`t_args`]. Every key used must exist in the
-//! English file, and every locale must have the same keys (tested in `locale_tests`), so a missing
-//! string is a test failure, not a blank control. Errors made elsewhere (service worker, workers, the core) come
-//! with an `imagine_core::message::Message` beside their English text; [`error_text`] shows it.
+//! startup; text made at run time goes through [`t`] / [`t_args`]. Every key used must exist in the English
+//! file, and every locale must have the same keys (tested in `locale_tests`), so a missing string is a test
+//! failure, not a blank control. Errors made elsewhere (service worker, workers, the core) come with an
+//! `imagine_core::message::Message` beside their English text; [`error_text`] shows it.
 
 use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;

@@ -137,7 +137,7 @@ fn attention_that_cannot_be_proven_stays_byte_for_byte() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Attention in chunks of query rows (`crate::graph::crate::graph::attention::chunk_attention`). What the chunked graphs
+// Attention in chunks of query rows (`crate::graph::attention::chunk_attention`). What the chunked graphs
 // compute, against the originals on ONNX Runtime, is checked in tools/export/tests/test_attention_chunks.py.
 
 /// (op_type, inputs, outputs) of each node of `model`'s graph.
