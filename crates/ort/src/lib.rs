@@ -294,15 +294,18 @@ struct ChainPiece {
 impl Chain {
     /// Creates a session for each piece (`(graph bytes, input names, output names)`), all reading the
     /// same `external` data; every piece but the last keeps its outputs on the GPU.
+    ///
+    /// The pieces compute in the graph's own layout (NCHW): a chain is what runs where memory is
+    /// short, and NHWC would transpose each piece's activations in and out around its convolutions,
+    /// holding every full-size tensor of a piece twice.
     pub async fn create(
         pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
         external: &[ExternalData],
-        channels_first: bool,
     ) -> Result<Chain, OrtError> {
         let last = pieces.len().saturating_sub(1);
         let mut created = Vec::with_capacity(pieces.len());
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
-            let provider = Provider::WebGpu { channels_first, keep_buffers: false, gpu_outputs: i < last };
+            let provider = Provider::WebGpu { channels_first: true, keep_buffers: false, gpu_outputs: i < last };
             let session =
                 Session::create(&Uint8Array::from(graph.as_slice()), external, &provider, false).await?;
             created.push(ChainPiece { session, inputs, outputs });

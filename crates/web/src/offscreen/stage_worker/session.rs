@@ -106,7 +106,6 @@ impl Stage {
             files.insert(location, file);
         }
         let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
-        let mut channels_first_used = false;
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::graph::reblock`).
@@ -130,7 +129,6 @@ impl Stage {
                         attention::chunk_attention(&bytes, chunks).map_err(edit_failed)?;
                 }
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
-                channels_first_used = channels_first;
                 let keep_buffers = params.keeps_buffers(graph);
                 (bytes, Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false })
             }
@@ -152,7 +150,7 @@ impl Stage {
             None => Vec::new(),
         };
         let loaded = if pieces.len() > 1 {
-            ort::Chain::create(pieces, &external, channels_first_used).await.map(Loaded::Chain)
+            ort::Chain::create(pieces, &external).await.map(Loaded::Chain)
         } else {
             Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile)
                 .await
