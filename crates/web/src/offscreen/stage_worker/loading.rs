@@ -3,6 +3,7 @@
 //! up outside it; the decoder cut into a chain of pieces when the plan asks.
 
 use super::*;
+use futures_util::StreamExt;
 
 /// A stage's loaded graph: one session, or a chain of pieces.
 pub(super) enum Loaded {
@@ -118,6 +119,10 @@ pub(super) async fn choose_graph(
     Ok((converted.onnx.clone(), opfs::read(dir, &converted.onnx).await?, lookups))
 }
 
+/// Pieces of a stored form hashed at once: the browser hashes on other threads, and reads the next
+/// pieces meanwhile.
+const HASHED_AT_ONCE: usize = 8;
+
 /// The stored re-blocked graph of `stored` (its bytes), once its files are checked against the record:
 /// their lengths, and with `checksums` their checksums too (the data a piece at a time); why not, if
 /// they differ (or cannot be read).
@@ -135,22 +140,28 @@ pub(super) async fn stored_form(
     }
     let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
     onnx_digest.update(&onnx);
-    // A piece at a time, each hashed by the browser (`crypto.subtle`), far faster than SHA-256 in wasm.
+    // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off this
+    // thread), several at once: one at a time, reading and hashing a transformer's 1 GB took 4 s.
     let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
     let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
+    let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
+    let hash_piece = |offset: u64| {
+        let (data, subtle, digest) = (&data, &subtle, &digest);
+        async move {
+            let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
+            let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
+            let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+            let hashed = digest.call2(subtle, &"SHA-256".into(), &piece).map_err(read)?;
+            let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
+            <[u8; 32]>::try_from(Uint8Array::new(&hashed).to_vec())
+                .map_err(|_| "a digest of another length".to_owned())
+        }
+    };
+    let offsets = (0..data_len).step_by(reblock::DIGEST_PIECE_BYTES as usize);
+    let mut hashes = futures_util::stream::iter(offsets.map(hash_piece)).buffered(HASHED_AT_ONCE);
     let mut data_digest = reblock::PieceDigest::new();
-    let mut offset = 0u64;
-    while offset < data_len {
-        let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
-        let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
-        let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
-        let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
-        let hashed = digest.call2(&subtle, &"SHA-256".into(), &piece).map_err(read)?;
-        let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
-        let hashed: [u8; 32] =
-            Uint8Array::new(&hashed).to_vec().try_into().map_err(|_| "a digest of another length")?;
-        data_digest.piece(&hashed);
-        offset = end;
+    while let Some(hashed) = hashes.next().await {
+        data_digest.piece(&hashed?);
     }
     let (onnx_digest, data_digest) = (onnx_digest.finalize(), data_digest.finalize());
     stored
