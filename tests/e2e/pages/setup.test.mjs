@@ -20,6 +20,8 @@ const TEXT = {
     intro: (size) => `Imagine makes images with FLUX.2 [klein] 4B on this device. The model is downloaded once (${size}); after that Imagine works offline.`,
     reason: 'Generate works once the model is downloaded.',
     details: 'Details',
+    installed: 'Installed: ',
+    popupInstalled: 'Model installed ',
   },
   de: {
     converted: (extra) => `Diese GPU kann das Modell nicht so ausführen, wie es veröffentlicht ist; Imagine passt es daher beim Download einmal an (${extra} auf der Festplatte), danach läuft es wie jedes andere.`,
@@ -30,6 +32,8 @@ const TEXT = {
     intro: (size) => `Imagine erzeugt Bilder mit FLUX.2 [klein] 4B auf diesem Gerät. Das Modell wird einmalig heruntergeladen (${size}); danach funktioniert Imagine offline.`,
     reason: 'Erzeugen ist möglich, sobald das Modell heruntergeladen ist.',
     details: 'Details',
+    installed: 'Installiert: ',
+    popupInstalled: 'Modell installiert ',
   },
 };
 
@@ -174,11 +178,15 @@ for (const lang of ['en', 'de']) {
     assert.equal(await studio.isVisible('#generate-reason'), false);
     // No page was opened by any of it (no popup as a tab).
     assert.equal(b.context.pages().length, pagesBefore + 1, b.context.pages().map((p) => p.url()).join(' '));
-    // Installed from the saved source: Delete, and no Download beside it.
-    await options.reload();
+    // Finished after a resume in the studio: the options page and the popup, open all along and not
+    // reloaded, say so. Installed from the saved source: Delete, and no Download beside it.
     await options.waitForSelector('#delete-pack', { state: 'visible', timeout: 15_000 });
+    assert.match(await options.textContent('#model-status'), new RegExp(`^${say.installed}`));
     assert.equal(await options.isVisible('#install'), false);
     assert.equal(await options.isVisible('#download'), false);
+    await b.page.waitForSelector('#delete-pack', { state: 'visible', timeout: 15_000 });
+    assert.match(await b.page.textContent('#pack-status'), new RegExp(`^${say.popupInstalled}`));
+    assert.equal(await b.page.isVisible('#download'), false);
     // Another source may be downloaded.
     await options.fill('#hub-repo', 'someone/another-pack');
     await options.waitForSelector('#install', { state: 'visible', timeout: 15_000 });
