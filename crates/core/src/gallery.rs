@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::Timings;
-use crate::message::{arg, Localize, Message};
+use crate::message::{arg, quoted, Localize, Message};
 
 /// The gallery's directory at the OPFS root.
 pub const GALLERY_DIR: &str = "gallery";
@@ -468,8 +468,8 @@ fn zip_time(ms: f64) -> zip::DateTime {
 impl Localize for GalleryError {
     fn message(&self) -> Message {
         match self {
-            GalleryError::BadId(id) => Message::new("errGalleryBadId", [arg(format!("{id:?}"))]),
-            GalleryError::NotFound(id) => Message::new("errGalleryNotFound", [arg(format!("{id:?}"))]),
+            GalleryError::BadId(id) => Message::new("errGalleryBadId", [quoted(id)]),
+            GalleryError::NotFound(id) => Message::new("errGalleryNotFound", [quoted(id)]),
             GalleryError::OutOfRange { field, value, min, max } => {
                 Message::new("errGalleryOutOfRange", [arg(field), arg(value), arg(min), arg(max)])
             }

@@ -38,6 +38,9 @@ pub enum Arg {
 /// The key of [`Message::text`]: its one argument is the whole text, not translated.
 pub const TEXT_KEY: &str = "errText";
 
+/// The key of [`quoted`]: its one argument between the language's quote marks.
+pub const QUOTED_KEY: &str = "quotedValue";
+
 impl Message {
     /// The message `key` with `args`.
     pub fn new(key: &str, args: impl IntoIterator<Item = Arg>) -> Message {
@@ -101,6 +104,15 @@ pub fn arg(value: impl fmt::Display) -> Arg {
 /// page.
 pub fn number(value: impl fmt::Display) -> Arg {
     Arg::Number { number: value.to_string() }
+}
+
+/// A value quoted in the text (a repo, a name someone typed): a nested [`QUOTED_KEY`] message, so that
+/// each language puts its own quote marks around it ("a b" in English, „a b“ in German). Escaped as
+/// `{value:?}` escapes it, which the English `Display` of such errors writes.
+pub fn quoted(value: &str) -> Arg {
+    let escaped = format!("{value:?}");
+    let inner = &escaped[1..escaped.len() - 1];
+    Arg::Message(Message::new(QUOTED_KEY, [Arg::Text(inner.to_owned())]))
 }
 
 /// A nested message argument: the cause's own message.
@@ -172,6 +184,27 @@ mod tests {
         assert_eq!(json, r#"{"key":"outer","args":[{"key":"inner","args":["https://x"]},"6"]}"#);
         assert_eq!(serde_json::from_str::<Message>(&json).unwrap(), outer);
         assert_eq!(Message::new("missing", []).render(&lookup), None);
+    }
+
+    #[test]
+    fn a_quoted_value_takes_the_languages_quote_marks_escaped_as_debug_escapes_it() {
+        let english = |key: &str| match key {
+            "k" => Some("repo $1 is refused".to_owned()),
+            QUOTED_KEY => Some("\"$1\"".to_owned()),
+            _ => None,
+        };
+        let german = |key: &str| match key {
+            "k" => Some("Repo $1 ist abgelehnt".to_owned()),
+            QUOTED_KEY => Some("\u{201e}$1\u{201c}".to_owned()),
+            _ => None,
+        };
+        let m = Message::new("k", [quoted("a b")]);
+        assert_eq!(m.render(&english).unwrap(), format!("repo {:?} is refused", "a b"));
+        assert_eq!(m.render(&german).unwrap(), "Repo \u{201e}a b\u{201c} ist abgelehnt");
+        assert_eq!(m.keys(), ["k", QUOTED_KEY]);
+        let odd = "say \"hi\"\n";
+        let m = Message::new("k", [quoted(odd)]);
+        assert_eq!(m.render(&english).unwrap(), format!("repo {odd:?} is refused"));
     }
 
     #[test]

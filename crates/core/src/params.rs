@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::{GenerateRequest, Seed};
-use crate::message::{arg, Arg, Localize, Message};
+use crate::message::{arg, quoted, Arg, Localize, Message};
 use crate::pack::Graph;
 use crate::schedule::Schedule;
 
@@ -257,12 +257,15 @@ pub enum ParamError {
     },
     /// A seed that is not a u64 in an allowed form.
     #[error(
-        "seed {value} is not allowed: seed must be a whole number from 0 to 2^53 (9007199254740992) as a JSON number, or a decimal string from 0 to {max}",
+        "seed {} is not allowed: seed must be a whole number from 0 to 2^53 (9007199254740992) as a JSON number, or a decimal string from 0 to {max}",
+        written_seed(.value, .text),
         max = u64::MAX
     )]
     Seed {
-        /// The value asked for, as it was written (strings quoted).
+        /// The value asked for: a number as written, or the string.
         value: String,
+        /// Whether it came as a string (then quoted when shown).
+        text: bool,
     },
     /// An unknown schedule name.
     #[error("schedule {value:?} is not known: schedule must be one of \"empirical\" (the default) or \"linear-shift\"")]
@@ -306,6 +309,15 @@ pub enum ParamError {
     },
 }
 
+/// A seed as the error about it writes it: a string quoted, a number as it is.
+fn written_seed(value: &str, text: &bool) -> String {
+    if *text {
+        format!("{value:?}")
+    } else {
+        value.to_owned()
+    }
+}
+
 /// Checks `keepLoaded` seconds.
 pub fn keep_loaded_seconds(value: i64) -> Result<u32, ParamError> {
     u32::try_from(value)
@@ -330,10 +342,13 @@ impl Localize for ParamError {
                 )
             }
             ParamError::Steps { value } => Message::new("errParamSteps", [arg(value), arg(MAX_STEPS)]),
-            ParamError::Seed { value } => Message::new("errParamSeed", [arg(value), arg(u64::MAX)]),
-            ParamError::Schedule { value } => Message::new("errParamSchedule", [arg(format!("{value:?}"))]),
+            ParamError::Seed { value, text } => {
+                let value = if *text { quoted(value) } else { arg(value) };
+                Message::new("errParamSeed", [value, arg(u64::MAX)])
+            }
+            ParamError::Schedule { value } => Message::new("errParamSchedule", [quoted(value)]),
             ParamError::Count { value } => Message::new("errParamCount", [arg(value), arg(MAX_COUNT)]),
-            ParamError::Backend { value } => Message::new("errParamBackend", [arg(format!("{value:?}"))]),
+            ParamError::Backend { value } => Message::new("errParamBackend", [quoted(value)]),
             ParamError::Prompt { length } => {
                 Message::new("errParamPrompt", [arg(length), arg(MAX_PROMPT_CHARS)])
             }
@@ -453,7 +468,7 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
             if ok {
                 Ok(*n as u64)
             } else {
-                Err(ParamError::Seed { value: n.to_string() })
+                Err(ParamError::Seed { value: n.to_string(), text: false })
             }
         }
         Seed::Text(s) => {
@@ -461,7 +476,7 @@ fn parse_seed(seed: &Seed) -> Result<u64, ParamError> {
             digits
                 .then(|| s.parse::<u64>().ok())
                 .flatten()
-                .ok_or_else(|| ParamError::Seed { value: format!("{s:?}") })
+                .ok_or_else(|| ParamError::Seed { value: s.clone(), text: true })
         }
     }
 }

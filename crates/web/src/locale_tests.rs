@@ -68,6 +68,30 @@ fn no_page_text_shows_an_address_or_an_api_term() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+/// A value the core quotes is quoted as the page's language quotes: „a b“ in German. No German error
+/// text has a straight quote left, in its own words or around a value.
+#[test]
+fn german_quotes_a_quoted_value_with_german_quote_marks() {
+    use imagine_core::hub::{HubError, SourceRule};
+    let german = messages("de");
+    let lookup = |key: &str| german.get(key).cloned();
+    let repo = HubError::Source { field: "repo", value: "a b".into(), reason: SourceRule::NotOwnerName };
+    assert_eq!(
+        sentence(&repo.message().render(&lookup).unwrap()),
+        "Repo \u{201e}a b\u{201c} ist nicht erlaubt: es muss die Form Besitzer/Name haben."
+    );
+    let english = messages("en");
+    let straight: Vec<String> = sample_errors()
+        .iter()
+        .map(|error| error.message())
+        .filter(|message| !message.keys().contains(&imagine_core::message::TEXT_KEY))
+        .filter_map(|message| message.render(&lookup))
+        .filter(|text| text.contains(['"', '\'']))
+        .collect();
+    assert!(straight.is_empty(), "{straight:#?}");
+    assert_eq!(english["quotedValue"], "\"$1\"", "English quotes as `Display` does");
+}
+
 #[test]
 fn an_error_is_shown_as_a_sentence() {
     assert_eq!(
@@ -232,7 +256,8 @@ fn sample_errors() -> Vec<Box<dyn Localize>> {
         Box::new(ParamError::Size { field: "width", value: 100 }),
         Box::new(ParamError::Size { field: "height", value: 2000 }),
         Box::new(ParamError::Steps { value: 99 }),
-        Box::new(ParamError::Seed { value: "-1".into() }),
+        Box::new(ParamError::Seed { value: "-1".into(), text: false }),
+        Box::new(ParamError::Seed { value: "abc".into(), text: true }),
         Box::new(ParamError::Schedule { value: "cosine".into() }),
         Box::new(ParamError::Count { value: 9 }),
         Box::new(ParamError::Backend { value: "cuda".into() }),

@@ -182,7 +182,7 @@ test('errors made outside the page (core, service worker, download) are shown in
   await options.fill('#hub-repo', 'a b');
   await options.click('#save-source');
   await options.waitForSelector('#model-error:not([hidden])', { timeout: 30_000 });
-  assert.equal((await options.textContent('#model-error')).trim(), 'Repo "a b" ist nicht erlaubt: es muss die Form Besitzer/Name haben.');
+  assert.equal((await options.textContent('#model-error')).trim(), 'Repo „a b“ ist nicht erlaubt: es muss die Form Besitzer/Name haben.');
   await options.close();
 
   // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL behind Details.

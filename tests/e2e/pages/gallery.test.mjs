@@ -354,7 +354,8 @@ test('the gallery keeps every result and lets the user find, open, reuse, limit,
     assert.deepEqual(again, {
       type: 'error',
       error: `there is no image "${owl}" in the gallery`,
-      message: { key: 'errGalleryNotFound', args: [`"${owl}"`] },
+      // The id quoted by a message of its own: each language has its quote marks.
+      message: { key: 'errGalleryNotFound', args: [{ key: 'quotedValue', args: [owl] }] },
     });
     const bad = await h.api(b.page, { type: 'galleryImage', id: '../packs' });
     assert.equal(bad.type, 'error');

@@ -4,7 +4,7 @@ use thiserror::Error;
 
 use super::format_bytes;
 use super::SourceRule;
-use crate::message::{arg, cause, number, Localize, Message};
+use crate::message::{arg, cause, number, quoted, Localize, Message};
 use crate::pack::PackError;
 
 /// Why a pack cannot be planned, downloaded or verified. Each message names what was wrong (field,
@@ -184,12 +184,10 @@ impl Localize for HubError {
     fn message(&self) -> Message {
         match self {
             HubError::Source { field, value, reason } => {
-                Message::new("errHubSource", [arg(field), arg(format!("{value:?}")), cause(reason)])
+                Message::new("errHubSource", [arg(field), quoted(value), cause(reason)])
             }
             HubError::Response { what, reason } => Message::new("errHubResponse", [arg(what), arg(reason)]),
-            HubError::Entry { path, reason } => {
-                Message::new("errHubEntry", [arg(format!("{path:?}")), arg(reason)])
-            }
+            HubError::Entry { path, reason } => Message::new("errHubEntry", [quoted(path), arg(reason)]),
             HubError::MissingGraph { repo, file, commit } => {
                 Message::new("errHubMissingGraph", [arg(repo), arg(file), arg(commit)])
             }
@@ -220,7 +218,7 @@ impl Localize for HubError {
                 Message::new("errHubCheckpoint", [arg(offset), arg(reason)])
             }
             HubError::ContentRange { header, reason } => {
-                Message::new("errHubContentRange", [arg(format!("{header:?}")), arg(reason)])
+                Message::new("errHubContentRange", [quoted(header), arg(reason)])
             }
             HubError::Space { needed, free, quota } => Message::new(
                 "errHubSpace",

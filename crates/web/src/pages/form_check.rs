@@ -124,8 +124,7 @@ pub fn show_at(problem: &Problem, prefix: &str) -> Option<String> {
             "fieldSizeInvalid",
             &[&value.to_string(), &SIZE_MULTIPLE.to_string(), &MIN_SIZE.to_string(), &MAX_SIZE.to_string()],
         ),
-        // The value comes quoted in English; each language quotes it its own way.
-        Some(ParamError::Seed { value }) => i18n::t_args("fieldSeedInvalid", &[value.trim_matches('"')]),
+        Some(ParamError::Seed { value, .. }) => i18n::t_args("fieldSeedInvalid", &[value]),
         Some(ParamError::Steps { value }) => {
             i18n::t_args("fieldStepsInvalid", &[&value.to_string(), &MAX_STEPS.to_string()])
         }

@@ -17,7 +17,7 @@ use imagine_core::api::{
 };
 use imagine_core::gallery;
 use imagine_core::hub::HubError;
-use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
+use imagine_core::message::{arg, cause, quoted, ErrorText, Localize, Message};
 use imagine_core::{Backend, ParamError};
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
@@ -456,7 +456,7 @@ impl Localize for ServiceWorkerError {
             ServiceWorkerError::EventSent => Message::new("errSwEventSent", []),
             ServiceWorkerError::NotARequest(e) => Message::new("errSwNotARequest", [arg(e)]),
             ServiceWorkerError::Source(e) => e.message(),
-            ServiceWorkerError::Backend(name) => Message::new("errSwBackend", [arg(format!("{name:?}"))]),
+            ServiceWorkerError::Backend(name) => Message::new("errSwBackend", [quoted(name)]),
             ServiceWorkerError::Params(e) => e.message(),
             ServiceWorkerError::NoDownload("pause") => Message::new("errSwNoDownloadToPause", []),
             ServiceWorkerError::NoDownload("resume") => Message::new("errSwNoDownloadToResume", []),
