@@ -305,7 +305,8 @@ impl Chain {
         let last = pieces.len().saturating_sub(1);
         let mut created = Vec::with_capacity(pieces.len());
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
-            let provider = Provider::WebGpu { channels_first: true, keep_buffers: false, gpu_outputs: i < last };
+            let provider =
+                Provider::WebGpu { channels_first: true, keep_buffers: false, gpu_outputs: i < last };
             let session =
                 Session::create(&Uint8Array::from(graph.as_slice()), external, &provider, false).await?;
             created.push(ChainPiece { session, inputs, outputs });
