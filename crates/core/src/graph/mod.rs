@@ -115,6 +115,7 @@ mod float32;
 mod ops;
 pub mod pack_conversion;
 pub mod reblock;
+mod shapes;
 pub mod split;
 pub mod tables;
 
