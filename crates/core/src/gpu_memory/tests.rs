@@ -102,10 +102,8 @@ fn a_budget_steps_down_to_one_stage_at_a_time() {
 #[test]
 fn keep_buffers_goes_before_loading_ahead() {
     let big = job(1024, Precision::Float16);
-    let all_kept: u64 = STAGES
-        .iter()
-        .map(|&s| stage_need(s, &W, &big, Levers { keep_buffers: true, ..Levers::NONE }))
-        .sum();
+    let all_kept: u64 =
+        STAGES.iter().map(|&s| stage_need(s, &W, &big, Levers { keep_buffers: true, ..Levers::NONE })).sum();
     let all_default: u64 = STAGES.iter().map(|&s| stage_need(s, &W, &big, Levers::NONE)).sum();
     let p = plan(Some((all_kept + all_default) / 2), &W, &big, WANTED);
     assert!(p.ahead && p.keep && !p.levers.keep_buffers && p.fits, "{p:?}");
