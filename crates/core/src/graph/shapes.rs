@@ -52,7 +52,6 @@ pub(super) fn is_float(elem: u64) -> bool {
     matches!(elem, FLOAT | FLOAT16 | BFLOAT16 | DOUBLE)
 }
 
-
 /// Operators whose output has their first input's type and shape (unary elementwise, softmax,
 /// normalizations; only the first output of those that have more).
 #[rustfmt::skip]

@@ -47,10 +47,10 @@ use std::ops::Range;
 use thiserror::Error;
 
 use super::attention::small_values;
-use super::shapes::{elem_size, is_float, output_infos, Info};
 use super::float32::{bytes_field, model_graph, read_tensor, value_info_name, varint_field, with_graph};
 use super::float32::{read_node, Node};
 use super::ops::domain_name;
+use super::shapes::{elem_size, is_float, output_infos, Info};
 use super::RewriteError;
 use crate::message::{Localize, Message};
 use crate::onnx::fields::*;
@@ -288,7 +288,7 @@ impl<'a> Graph<'a> {
                     }
                 }
                 GRAPH_SPARSE_INITIALIZER => {
-                    return Err(SplitError::Model("it has sparse initializers, which are not split".into()))
+                    return Err(SplitError::Model("it has sparse initializers, which are not split".into()));
                 }
                 _ => {}
             }
