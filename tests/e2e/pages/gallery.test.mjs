@@ -452,6 +452,10 @@ test('reuse in German: the studio or the popup gets the prompt and settings, and
   const params = await viewerParams(gallery);
   assert.match(params.Erstellt, /^\d{2}\.\d{2}\.\d{4}, \d{2}:\d{2}$/, params.Erstellt);
   assert.match(params.Dauer, /^\d+,\d\u00a0s$/, params.Dauer);
+  // The number as Intl writes the image's time in German, the unit after a no-break space.
+  const [item] = (await list(b.page)).items;
+  const seconds = await gallery.evaluate((ms) => new Intl.NumberFormat('de', { minimumFractionDigits: 1, maximumFractionDigits: 1 }).format(ms / 1000), item.timings.totalMs);
+  assert.equal(params.Dauer, `${seconds}\u00a0s`);
   await gallery.evaluate(() => {
     window.__popupOpened = 0;
     chrome.action.openPopup = async () => { window.__popupOpened += 1; };

@@ -142,7 +142,7 @@ test('studio: tokens, presets, a generation with the stage bar, copy, save, new 
   assert.equal(await page.getAttribute('#image', 'src'), first);
   await imageShown(page, first);
   const timing = await page.evaluate(() => window.__timing);
-  assert.ok(timing.some((s) => /about \d+ s left/.test(s)), JSON.stringify(timing));
+  assert.ok(timing.some((s) => /about \d+\u00a0s left/.test(s)), JSON.stringify(timing));
   const meta = await page.textContent('#meta');
   assert.match(meta, /256×256, 2 steps/);
   const seed = /seed (\d+)/.exec(meta)[1];

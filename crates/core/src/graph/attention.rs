@@ -64,7 +64,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::float32::{
+use super::proto::{
     bytes_field, edit_message, model_graph, read_node, read_tensor, value_info_name, varint_field,
     with_graph, Edit, Node,
 };

@@ -114,6 +114,7 @@ pub mod attention;
 mod float32;
 mod ops;
 pub mod pack_conversion;
+mod proto;
 pub mod reblock;
 mod shapes;
 pub mod split;

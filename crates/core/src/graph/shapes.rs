@@ -2,7 +2,7 @@
 //! values of the small integer tensors that compute shapes: what [`super::split`] sizes a piece by.
 
 use super::attention::small_values;
-use super::float32::{read_tensor, Node};
+use super::proto::{read_tensor, Node};
 use crate::onnx::fields::*;
 
 /// Integer tensors of at most this many elements have their values followed (shape arithmetic).

@@ -47,9 +47,9 @@ use std::ops::Range;
 use thiserror::Error;
 
 use super::attention::small_values;
-use super::float32::{bytes_field, model_graph, read_tensor, value_info_name, varint_field, with_graph};
-use super::float32::{read_node, Node};
 use super::ops::domain_name;
+use super::proto::{bytes_field, model_graph, read_tensor, value_info_name, varint_field, with_graph};
+use super::proto::{read_node, Node};
 use super::shapes::{elem_size, is_float, output_infos, Info};
 use super::RewriteError;
 use crate::message::{Localize, Message};

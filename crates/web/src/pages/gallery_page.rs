@@ -20,7 +20,7 @@ use crate::pages::view::{
     self, child, document, dom, element, fill_definitions, from_template, on, on_item_click, set_text,
     set_visible, show_png,
 };
-use crate::platform::i18n::{self, t, t_args};
+use crate::platform::i18n::{self, t, t_args, TimeUnit};
 use crate::platform::js::{from_js, get, settled, sleep_ms, to_js, LogError};
 use crate::platform::messaging::request;
 use crate::platform::opfs;
@@ -295,7 +295,7 @@ fn show_params(item: &GalleryItem) {
         (t("galleryFileSize"), i18n::bytes(item.bytes)),
     ];
     if let Some(timings) = &item.timings {
-        rows.push((t("galleryTime"), i18n::number(&format!("{:.1} s", timings.total_ms / 1000.0))));
+        rows.push((t("galleryTime"), i18n::duration(timings.total_ms / 1000.0, TimeUnit::Seconds, 1)));
     }
     fill_definitions(&list, rows);
     // Which model version made it: for a bug report, not for the eye (behind "Details").

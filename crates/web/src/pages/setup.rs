@@ -255,7 +255,7 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         String::new()
     };
     set_text("download-rate", &rate);
-    set_text("download-eta", &p.seconds_left.filter(|_| running).map(describe_time_left).unwrap_or_default());
+    set_text("download-eta", &p.seconds_left.filter(|_| running).map(view::describe_time_left).unwrap_or_default());
     view::show_error_in("download-error", p.error.as_deref().map(|error| (error, p.message.as_ref())));
     let list = view::element::<HtmlElement>("download-files");
     list.set_text_content(None);
@@ -289,15 +289,6 @@ pub fn describe_download(p: &DownloadProgress) -> String {
         "downloadDone",
         &[&state, &i18n::bytes(p.done_bytes), &i18n::bytes(p.total_bytes), &percent.to_string()],
     )
-}
-
-/// "about 3 min left" and the like.
-pub fn describe_time_left(seconds: f64) -> String {
-    match seconds.round() as u64 {
-        s if s < 90 => t_args("popupSecondsLeft", &[&s.to_string()]),
-        s if s < 90 * 60 => t_args("popupMinutesLeft", &[&((s + 30) / 60).to_string()]),
-        s => t_args("popupHoursLeft", &[&i18n::number(&format!("{:.1}", s as f64 / 3600.0))]),
-    }
 }
 
 /// The source in a page's `hub-endpoint`, `hub-repo` and `hub-revision` fields (popup, options page);

@@ -8,7 +8,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 use web_sys::{Document, HtmlAnchorElement, HtmlElement, HtmlImageElement};
 
-use crate::platform::i18n;
+use crate::platform::i18n::{self, TimeUnit};
 use crate::platform::js::{LogError, Obj};
 
 /// DOM writes whose failure would leave the page quietly wrong: each is logged with what it did
@@ -192,7 +192,17 @@ pub fn describe(progress: &Progress) -> String {
 
 /// "12 s" of a job's time so far.
 pub fn describe_elapsed(ms: f64) -> String {
-    i18n::t_args("studioElapsed", &[&format!("{:.0}", (ms / 1000.0).floor())])
+    i18n::duration((ms / 1000.0).floor(), TimeUnit::Seconds, 0)
+}
+
+/// "about 12 s left", "about 3 min left", "about 1.5 h left": a job's or a download's estimate.
+pub fn describe_time_left(seconds: f64) -> String {
+    let left = match seconds.round().max(1.0) as u64 {
+        s if s < 90 => i18n::duration(s as f64, TimeUnit::Seconds, 0),
+        s if s < 90 * 60 => i18n::duration(((s + 30) / 60) as f64, TimeUnit::Minutes, 0),
+        s => i18n::duration(s as f64 / 3600.0, TimeUnit::Hours, 1),
+    };
+    i18n::t_args("timeLeft", &[&left])
 }
 
 /// Marks the stage list (`#stage-encode`, `#stage-steps`, `#stage-decode`, in the studio and the result

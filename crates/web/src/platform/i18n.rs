@@ -11,12 +11,19 @@ use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
-use crate::platform::js::LogError;
+use crate::platform::js::{LogError, Obj};
 
 #[wasm_bindgen]
 extern "C" {
     #[wasm_bindgen(js_namespace = ["chrome", "i18n"], js_name = getMessage)]
     fn get_message(name: &str, substitutions: &JsValue) -> String;
+
+    #[wasm_bindgen(js_namespace = Intl, js_name = NumberFormat)]
+    type NumberFormat;
+    #[wasm_bindgen(constructor, js_namespace = Intl, js_class = "NumberFormat", catch)]
+    fn new(locale: &str, options: &JsValue) -> Result<NumberFormat, JsValue>;
+    #[wasm_bindgen(method)]
+    fn format(this: &NumberFormat, value: f64) -> String;
 }
 
 /// The message `key` in the browser's language (English where that language has no file).
@@ -51,6 +58,36 @@ pub fn number(text: &str) -> String {
         "." | "numberDecimalPoint" => text,
         point => text.replacen('.', point, 1),
     }
+}
+
+/// The unit of a [`duration`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeUnit {
+    /// "s".
+    Seconds,
+    /// "min".
+    Minutes,
+    /// "h".
+    Hours,
+}
+
+/// A duration as the pages write it: `value` through `Intl.NumberFormat` in the page's language
+/// (its decimal mark, exactly `fraction_digits` after it), then the unit's symbol after a no-break
+/// space ("12,9 s" in German): a line never ends between the number and its unit.
+pub fn duration(value: f64, unit: TimeUnit, fraction_digits: u8) -> String {
+    let symbol = t(match unit {
+        TimeUnit::Seconds => "unitSeconds",
+        TimeUnit::Minutes => "unitMinutes",
+        TimeUnit::Hours => "unitHours",
+    });
+    let digits = u32::from(fraction_digits);
+    let options =
+        Obj::new().set("minimumFractionDigits", digits).set("maximumFractionDigits", digits).build();
+    // The messages' language, as for `number`; Intl knows every language Chrome has messages in.
+    let number = NumberFormat::new(&t("pageLanguage"), &options)
+        .map(|format| format.format(value))
+        .unwrap_or_else(|_| format!("{value:.prec$}", prec = fraction_digits as usize));
+    format!("{number}\u{a0}{symbol}")
 }
 
 /// A size in bytes as the pages show them ([`imagine_core::hub::format_bytes`], in the page's

@@ -53,7 +53,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::float32::{
+use super::proto::{
     bytes_field, edit_message, entry, model_graph, read_node, read_tensor, value_info_name, varint_field,
     with_graph, Edit, Node, Tensor,
 };

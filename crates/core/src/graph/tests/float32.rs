@@ -140,7 +140,7 @@ fn rewrites_types_casts_constants_and_initializers() {
     assert_eq!(rewrite(&graph, &options(u64::MAX)).unwrap().graph, graph);
 }
 
-impl crate::graph::float32::Node<'_> {
+impl crate::graph::proto::Node<'_> {
     fn int_attribute_for_tests(&self, name: &str) -> Option<u64> {
         let a = self.attributes.iter().find(|a| a.name == name)?;
         a.fields.iter().find(|f| f.number == 3).map(|f| f.varint("a").unwrap())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use half::f16;
 
-use super::float32::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
+use super::proto::{read_node, read_tensor, shape_dims, value_info_name, Tensor};
 use super::*;
 use crate::onnx::fields::{
     FLOAT, FLOAT16, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_NODE, GRAPH_OUTPUT, GRAPH_VALUE_INFO, INT64, UINT8,

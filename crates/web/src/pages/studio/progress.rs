@@ -3,16 +3,6 @@
 
 use super::*;
 
-/// "about 12 s left" and the like.
-pub(super) fn describe_left(ms: f64) -> String {
-    let s = (ms / 1000.0).round() as u64;
-    if s < 90 {
-        i18n::t_args("studioSecondsLeft", &[&s.max(1).to_string()])
-    } else {
-        i18n::t_args("studioMinutesLeft", &[&((s + 30) / 60).to_string()])
-    }
-}
-
 /// The job on screen.
 pub(super) struct Run {
     pub(super) job: String,
@@ -231,7 +221,7 @@ pub(super) fn render_progress() {
     let mut timing = view::describe_elapsed(elapsed);
     if let Some(left) = left {
         timing.push_str(" \u{00b7} ");
-        timing.push_str(&describe_left(left));
+        timing.push_str(&view::describe_time_left(left / 1000.0));
     }
     set_text("timing", &timing);
 }
