@@ -73,6 +73,9 @@ use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
 
+mod chunks;
+pub use chunks::{chunk_attention, chunks_for, ORT_LARGEST_CACHED_BUFFER};
+
 /// The domain of ONNX Runtime's contrib operators.
 const MS_DOMAIN: &str = "com.microsoft";
 
@@ -239,198 +242,6 @@ pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
         wire::put_bytes_field(&mut model_out, MODEL_OPSET_IMPORT, &opset);
     }
     Ok((model_out, found.len()))
-}
-
-/// The first default-domain opset with `Split`'s `num_outputs` (parts of `ceil(n / C)`, the last
-/// smaller): one node, no shape arithmetic.
-const SPLIT_NUM_OUTPUTS_OPSET: u64 = 18;
-/// The first with `Slice`, `Split` and the rest of the fallback's operators taking their inputs as now.
-const SLICE_OPSET: u64 = 13;
-/// The axis of the query's rows in `[batch, heads, sequence, head_size]`.
-const SEQUENCE_AXIS: u64 = 2;
-
-/// `model` with every attention [`fuse_attention`]'s finder proves computed in `chunks` parts along
-/// the query's sequence axis, and how many; the model as it was and 0 when `chunks <= 1`, there is none,
-/// or the default opset is older than 13.
-pub fn chunk_attention(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), RewriteError> {
-    const WHAT: &str = "GraphProto";
-    if chunks <= 1 {
-        return Ok((model.to_vec(), 0));
-    }
-    let fields = wire::parse(model, "ModelProto")?;
-    let opset = default_opset(&fields)?;
-    let graph_bytes = model_graph(&fields)?;
-    let graph_fields = wire::parse(graph_bytes, WHAT)?;
-    let graph = Graph::read(&graph_fields)?;
-    let found = find_attentions(&graph);
-    if found.is_empty() || opset < SLICE_OPSET {
-        return Ok((model.to_vec(), 0));
-    }
-
-    // Every new name starts with a prefix no existing name starts with.
-    let mut names: Vec<&str> = graph.nodes.iter().map(|n| n.name).collect();
-    names.extend(graph.producer.keys().chain(graph.consumers.keys()));
-    for f in &graph_fields {
-        match f.number {
-            GRAPH_INITIALIZER => names.push(initializer_name(f.bytes(WHAT)?)?),
-            GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => names.push(value_info_name(f.bytes(WHAT)?)?),
-            _ => {}
-        }
-    }
-    let base = (0..)
-        .map(|n| if n == 0 { "imagine_chunks".to_owned() } else { format!("imagine_chunks_{n}") })
-        .find(|base| !names.iter().any(|name| name.starts_with(base.as_str())))
-        .expect("some prefix is free");
-
-    let split = opset >= SPLIT_NUM_OUTPUTS_OPSET;
-    let mut tensors = Vec::new();
-    if !split {
-        // The fallback's constants, shared by every attention: ends are the next part's start.
-        let c = i64::from(chunks);
-        tensors.push(int64s_tensor(&format!("{base}/axis"), &[SEQUENCE_AXIS as i64]));
-        tensors.push(int64s_tensor(&format!("{base}/round_up"), &[c - 1]));
-        tensors.push(int64s_tensor(&format!("{base}/chunks"), &[c]));
-        tensors.push(int64s_tensor(&format!("{base}/zero"), &[0]));
-        tensors.push(int64s_tensor(&format!("{base}/end"), &[i64::MAX]));
-        for i in 1..c {
-            tensors.push(int64s_tensor(&format!("{base}/times_{i}"), &[i]));
-        }
-    }
-
-    let mut at: HashMap<usize, (usize, &Attention)> = HashMap::new();
-    let mut removed: HashSet<usize> = HashSet::new();
-    for (k, a) in found.iter().enumerate() {
-        let [product, softmax, weighted] = a.removed;
-        at.insert(weighted, (k, a));
-        removed.extend([product, softmax].into_iter().chain(a.post_scale));
-    }
-    let mut nodes: Vec<Vec<u8>> =
-        Vec::with_capacity(graph.nodes.len() + found.len() * (4 * chunks as usize + 8));
-    for (index, node) in graph.nodes.iter().enumerate() {
-        if let Some(&(k, a)) = at.get(&index) {
-            let prefix = format!("{base}/{k}");
-            let query = graph.nodes[a.removed[0]].inputs[0];
-            let parts: Vec<String> = (0..chunks).map(|i| format!("{prefix}/part_{i}/{query}")).collect();
-            let part_names: Vec<&str> = parts.iter().map(String::as_str).collect();
-            if split {
-                let attributes = vec![
-                    int_attribute("axis", SEQUENCE_AXIS),
-                    int_attribute("num_outputs", u64::from(chunks)),
-                ];
-                nodes.push(
-                    NewNode::new(
-                        &format!("{prefix}/split"),
-                        ("", "Split"),
-                        &[query],
-                        &part_names,
-                        attributes,
-                    )
-                    .bytes,
-                );
-            } else {
-                nodes.extend(slices(&base, &prefix, query, &part_names));
-            }
-            // Each part through copies of the original nodes, only their values renamed.
-            let chain: Vec<&Node> = [a.removed[0]]
-                .into_iter()
-                .chain(a.post_scale)
-                .chain([a.removed[1], a.removed[2]])
-                .map(|i| &graph.nodes[i])
-                .collect();
-            let output = graph.nodes[a.removed[2]].outputs[0];
-            let mut results = Vec::with_capacity(parts.len());
-            for (i, part) in parts.iter().enumerate() {
-                // The query is renamed where the first product reads it only: the value may be the same
-                // tensor.
-                let mut renamed: HashMap<&str, String> = HashMap::from([(query, part.clone())]);
-                for n in &chain {
-                    for o in &n.outputs {
-                        renamed.insert(o, format!("{prefix}/part_{i}/{o}"));
-                    }
-                    nodes.push(with_values(n, &renamed[n.outputs[0]], &renamed)?);
-                    renamed.remove(query);
-                }
-                results.push(renamed[output].clone());
-            }
-            let results: Vec<&str> = results.iter().map(String::as_str).collect();
-            let axis = vec![int_attribute("axis", SEQUENCE_AXIS)];
-            nodes.push(
-                NewNode::new(&format!("{prefix}/concat"), ("", "Concat"), &results, &[output], axis).bytes,
-            );
-        } else if !removed.contains(&index) {
-            nodes.push(node.bytes.to_vec());
-        }
-    }
-    // The scores and their weights no longer exist under their names.
-    let gone: HashSet<&str> = removed.iter().flat_map(|&i| graph.nodes[i].outputs.iter().copied()).collect();
-
-    let mut out = Vec::with_capacity(graph_bytes.len() + nodes.iter().map(Vec::len).sum::<usize>());
-    let mut nodes_written = false;
-    for f in &graph_fields {
-        match f.number {
-            GRAPH_NODE if !nodes_written => {
-                for n in &nodes {
-                    wire::put_bytes_field(&mut out, GRAPH_NODE, n);
-                }
-                nodes_written = true;
-            }
-            GRAPH_NODE => {}
-            GRAPH_VALUE_INFO if gone.contains(value_info_name(f.bytes(WHAT)?)?) => {}
-            _ => out.extend_from_slice(f.raw),
-        }
-    }
-    for t in &tensors {
-        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
-    }
-    Ok((with_graph(&fields, &out), found.len()))
-}
-
-/// `Slice`s of `query` into `parts` along the sequence axis, as `Split` with `num_outputs` cuts it:
-/// parts of `ceil(n / C)` rows from `Shape(query)`, the last to the end.
-fn slices(base: &str, prefix: &str, query: &str, parts: &[&str]) -> Vec<Vec<u8>> {
-    let value = |v: &str| format!("{prefix}/{v}");
-    let constant = |v: &str| format!("{base}/{v}");
-    let node = |op: &str, inputs: &[&str], output: &str, attributes| {
-        NewNode::new(output, ("", op), inputs, &[output], attributes).bytes
-    };
-    let (shape, length, rounded, size) = (value("shape"), value("length"), value("rounded"), value("size"));
-    let mut nodes = vec![
-        node("Shape", &[query], &shape, vec![]),
-        node("Gather", &[&shape, &constant("axis")], &length, vec![]),
-        node("Add", &[&length, &constant("round_up")], &rounded, vec![]),
-        node("Div", &[&rounded, &constant("chunks")], &size, vec![]),
-    ];
-    let mut starts = vec![constant("zero")];
-    for i in 1..parts.len() {
-        let start = value(&format!("start_{i}"));
-        nodes.push(node("Mul", &[&size, &constant(&format!("times_{i}"))], &start, vec![]));
-        starts.push(start);
-    }
-    let end = constant("end");
-    for (i, part) in parts.iter().enumerate() {
-        let stop = starts.get(i + 1).unwrap_or(&end);
-        nodes.push(node("Slice", &[query, &starts[i], stop, &constant("axis")], part, vec![]));
-    }
-    nodes
-}
-
-/// `node` reading and writing the values of `renamed` under their new names, named `name`; every other
-/// field as it was.
-fn with_values(node: &Node, name: &str, renamed: &HashMap<&str, String>) -> Result<Vec<u8>, RewriteError> {
-    const WHAT: &str = "NodeProto";
-    let mut out = edit_message(node.bytes, WHAT, |f| {
-        Ok(match f.number {
-            NODE_INPUT | NODE_OUTPUT => match renamed.get(f.string(WHAT)?) {
-                Some(new) => Edit::Replace(bytes_field(f.number, new.as_bytes())),
-                None => Edit::Keep,
-            },
-            NODE_NAME => Edit::Drop,
-            _ => Edit::Keep,
-        })
-    })?
-    .unwrap_or_else(|| node.bytes.to_vec());
-    wire::put_bytes_field(&mut out, NODE_NAME, name.as_bytes());
-    Ok(out)
 }
 
 /// The name of an initializer (a TensorProto), borrowed from its bytes.
@@ -873,16 +684,6 @@ fn declared_dims(bytes: &[u8]) -> Option<Vec<Option<u64>>> {
     Some(dims)
 }
 
-fn int64s_tensor(name: &str, values: &[i64]) -> Vec<u8> {
-    let mut t = Vec::new();
-    wire::put_varint_field(&mut t, TENSOR_DIMS, values.len() as u64);
-    wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, INT64);
-    wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
-    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
-    t
-}
-
 /// Whether the model imports the operator set `domain`.
 fn imports(fields: &[Field], domain: &str) -> Result<bool, RewriteError> {
     for f in fields.iter().filter(|f| f.number == MODEL_OPSET_IMPORT) {
@@ -895,19 +696,12 @@ fn imports(fields: &[Field], domain: &str) -> Result<bool, RewriteError> {
     Ok(false)
 }
 
-/// The largest bucket of ONNX Runtime Web's WebGPU buffer cache (160 MiB): larger buffers are created
-/// and destroyed at every use instead of reused.
-pub const ORT_LARGEST_CACHED_BUFFER: u64 = 167_772_160;
-
-/// The fewest chunks `C` that keep one chunk's scores, `heads x ceil(tokens / C) x tokens` elements of
-/// `bytes_per_element`, at or under `max_scores_bytes`; `tokens` (a row a chunk) when even one row is
-/// over, 1 when there is nothing to cut.
-pub fn chunks_for(heads: u64, tokens: u64, bytes_per_element: u64, max_scores_bytes: u64) -> u32 {
-    let row = u128::from(heads) * u128::from(tokens) * u128::from(bytes_per_element);
-    if row == 0 {
-        return 1;
-    }
-    // ceil(tokens / C) <= rows exactly when C >= ceil(tokens / rows).
-    let rows = (u128::from(max_scores_bytes) / row).max(1);
-    u32::try_from(u128::from(tokens).div_ceil(rows)).unwrap_or(u32::MAX)
+fn int64s_tensor(name: &str, values: &[i64]) -> Vec<u8> {
+    let mut t = Vec::new();
+    wire::put_varint_field(&mut t, TENSOR_DIMS, values.len() as u64);
+    wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, INT64);
+    wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
+    t
 }
