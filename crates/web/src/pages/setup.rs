@@ -255,7 +255,10 @@ pub fn show_download(progress: Option<&DownloadProgress>) {
         String::new()
     };
     set_text("download-rate", &rate);
-    set_text("download-eta", &p.seconds_left.filter(|_| running).map(view::describe_time_left).unwrap_or_default());
+    set_text(
+        "download-eta",
+        &p.seconds_left.filter(|_| running).map(view::describe_time_left).unwrap_or_default(),
+    );
     view::show_error_in("download-error", p.error.as_deref().map(|error| (error, p.message.as_ref())));
     let list = view::element::<HtmlElement>("download-files");
     list.set_text_content(None);
