@@ -16,7 +16,7 @@ use futures_util::future::Either;
 use futures_util::StreamExt;
 use imagine_core::api::{
     DownloadProgress, DownloadState, Event, GenerateResult, InstallRequest, Progress, Residency, Sender,
-    Stage, StageTimings, Timings, Trace,
+    Stage,
 };
 use imagine_core::embedding_cache::{self, EncoderForm};
 use imagine_core::gpu_memory::{
@@ -28,7 +28,7 @@ use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::prompt::MAX_TOKENS;
 use imagine_core::stages::{QuietTimes, EMBED_WIDTH, MIN_TEST_STALL_LIMIT_MS};
 use imagine_core::{Backend, EncodedPrompt, GenerateParams, PromptEncoder, PromptError};
-use js_sys::{Float32Array, Uint8Array};
+use js_sys::Float32Array;
 use thiserror::Error;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
@@ -48,6 +48,7 @@ use crate::platform::protocol::{
 mod embeddings;
 mod error;
 mod install;
+mod made;
 mod memory;
 mod residency;
 mod stage_run;
@@ -55,6 +56,7 @@ mod stage_run;
 use embeddings::*;
 pub use error::OffscreenError;
 use install::*;
+use made::Made;
 use memory::*;
 use residency::*;
 use stage_run::*;
@@ -505,14 +507,7 @@ async fn run_stages(
     let (embeddings, encoder_timing) =
         prompt_embeddings(job, params, &prompt, pack, plan.memory.keep).await?;
 
-    // The trace's prompt embeddings: the real tokens' rows of what the transformer is given.
-    let prompt_embeds = if params.trace {
-        let real = prompt.attention_mask.iter().filter(|&&m| m != 0).count() as u32;
-        let values = Float32Array::new(&embeddings).subarray(0, real * EMBED_WIDTH as u32).to_vec();
-        crate::offscreen::stage_worker::base64_f32(&values)
-    } else {
-        String::new()
-    };
+    let prompt_embeds = if params.trace { traced_embeddings(&prompt, &embeddings) } else { String::new() };
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
     let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
@@ -531,6 +526,7 @@ async fn run_stages(
         .filter(|t| t.reblocked_at_load)
         .map(|t| t.graph_file.clone())
         .collect();
+    let made = Made { job, params, prompt: &prompt, prompt_embeds: &prompt_embeds, started, plan };
     loop {
         match decoder.next(images).await? {
             Reported::Image { index, timing, png } => {
@@ -541,80 +537,7 @@ async fn run_stages(
                 if index == 0 {
                     note_checked(&timing);
                 }
-                let timings = Timings {
-                    session_create_ms: encoder_timing.session_create_ms
-                        + denoised.timing.session_create_ms
-                        + timing.session_create_ms,
-                    run_ms: encoder_timing.run_ms
-                        + denoised.image_run_ms.get(index as usize).copied().unwrap_or_default()
-                        + timing.run_ms,
-                    total_ms: now_ms() - started,
-                    stages: [
-                        (Stage::TextEncoder, encoder_timing.clone()),
-                        (Stage::Transformer, denoised.timing.clone()),
-                        (Stage::Decoder, timing),
-                    ]
-                    .into_iter()
-                    .map(|(stage, t)| StageTimings {
-                        stage,
-                        graph_file: t.graph_file,
-                        fused_attention: t.fused_attention,
-                        chunked_attention: t.chunked_attention,
-                        pieces: t.pieces,
-                        stored_form_check_ms: t.stored_form_check_ms,
-                        worker_created_at_ms: t.worker_created_at_ms,
-                        task_at_ms: t.task_at_ms,
-                        started_at_ms: t.started_at_ms,
-                        finished_at_ms: t.finished_at_ms,
-                        session_create_ms: t.session_create_ms,
-                        resident: t.resident,
-                        run_ms: t.run_ms,
-                        runs_ms: t.runs_ms,
-                        profile: t.profile,
-                    })
-                    .collect(),
-                    memory: Some(plan.memory),
-                    budget: plan.budget,
-                };
-                let trace = params.trace.then(|| Trace {
-                    input_ids: prompt.input_ids.clone(),
-                    attention_mask: prompt.attention_mask.clone(),
-                    sigmas: denoised.sigmas.clone(),
-                    noise: denoised.noise.get(index as usize).cloned().unwrap_or_default(),
-                    first_velocity: denoised.first_velocity.get(index as usize).cloned().unwrap_or_default(),
-                    img_ids: denoised.img_ids.clone(),
-                    txt_ids: denoised.txt_ids.clone(),
-                    prompt_embeds: prompt_embeds.clone(),
-                });
-                use base64::Engine;
-                let result = GenerateResult {
-                    job: job.to_owned(),
-                    png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(&png).to_vec()),
-                    prompt: params.prompt.clone(),
-                    seed: params.seed_of(index).to_string(),
-                    width: params.width,
-                    height: params.height,
-                    steps: params.steps,
-                    schedule: params.schedule.name().to_owned(),
-                    token_count: prompt.token_count as u32,
-                    truncated: prompt.truncated,
-                    trace,
-                    timings: Some(timings),
-                    index,
-                    count: images,
-                    private: params.private,
-                };
-                // A private image is held in this document's memory for the pages that ask later;
-                // nothing of it goes to disk.
-                // (Not once cancelled: the last private window may have closed meanwhile.)
-                if result.private {
-                    STATE.with_borrow_mut(|state| {
-                        if !state.cancel_running {
-                            state.book.keep_private(job, index, &result.png);
-                        }
-                    });
-                }
-                broadcast(&Event::Result(result)).await;
+                send_result(made.result(index, &encoder_timing, &denoised, timing, &png)).await;
                 if index + 1 < images {
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
                 }
@@ -629,6 +552,27 @@ async fn run_stages(
             Reported::Done(..) => return Err(unexpected("decoder")),
         }
     }
+}
+
+/// The trace's prompt embeddings (base64): the real tokens' rows of what the transformer is given.
+fn traced_embeddings(prompt: &EncodedPrompt, embeddings: &JsValue) -> String {
+    let real = prompt.attention_mask.iter().filter(|&&m| m != 0).count() as u32;
+    let values = Float32Array::new(embeddings).subarray(0, real * EMBED_WIDTH as u32).to_vec();
+    crate::offscreen::stage_worker::base64_f32(&values)
+}
+
+/// Tells every page of an image. A private one is also held in this document's memory for the pages
+/// that ask later (nothing of it goes to disk), unless its job was cancelled meanwhile: the last
+/// private window may have closed.
+async fn send_result(result: GenerateResult) {
+    if result.private {
+        STATE.with_borrow_mut(|state| {
+            if !state.cancel_running {
+                state.book.keep_private(&result.job, result.index, &result.png);
+            }
+        });
+    }
+    broadcast(&Event::Result(result)).await;
 }
 
 fn warn(text: &str) {
