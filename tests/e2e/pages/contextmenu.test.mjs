@@ -66,7 +66,8 @@ test('context menu on a selection opens result.html with the image, made with th
       ),
     ),
   ]);
-  await slow.waitForFunction(() => document.querySelector('#stage-steps').className === 'now' && Number(document.querySelector('#progress-bar').value) > 0.1, null, { timeout: 60_000 });
+  // The stage list is built by the page's script, which may not have run yet.
+  await slow.waitForFunction(() => document.querySelector('#stage-steps')?.className === 'now' && Number(document.querySelector('#progress-bar').value) > 0.1, null, { timeout: 60_000 });
   assert.match(await slow.textContent('#timing'), /^\d+\u00a0s$/);
   assert.equal(await slow.isVisible('#cancel'), true);
   await slow.click('#cancel');

@@ -88,7 +88,7 @@ test('the screenshots of README.md and docs/ are made, light and dark', { timeou
     ),
   ]);
   await resultPage.setViewportSize(VIEWPORT);
-  await resultPage.waitForFunction(() => document.querySelector('#stage-steps').className === 'now' && /\d/.test(document.querySelector('#timing').textContent), null, { timeout: 60_000 });
+  await resultPage.waitForFunction(() => document.querySelector('#stage-steps')?.className === 'now' && /\d/.test(document.querySelector('#timing').textContent), null, { timeout: 60_000 });
   await shoot(resultPage, 'result-page');
   await resultPage.click('#cancel');
   await resultPage.waitForSelector('#run', { state: 'hidden', timeout: 30_000 });

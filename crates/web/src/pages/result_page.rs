@@ -13,7 +13,7 @@ use web_sys::HtmlAnchorElement;
 
 use crate::pages::view::{self, copy_png, element, on, set_text, set_visible, JobView};
 use crate::platform::i18n;
-use crate::platform::js::{from_js, now_ms, LogError};
+use crate::platform::js::{from_js, now_ms};
 use crate::platform::messaging::request;
 
 thread_local! {
@@ -27,8 +27,7 @@ thread_local! {
 /// The job's progress: its stage marked in the list, the bar, the time so far.
 fn show_progress(progress: Option<&Progress>) {
     view::show_stages(progress);
-    let bar = element::<web_sys::HtmlElement>("progress-bar");
-    view::dom::set_attr(&bar, "value", &format!("{:.3}", stage_fraction(progress)));
+    view::show_fraction(stage_fraction(progress));
     if SINCE.get().is_none() {
         SINCE.set(Some(now_ms()));
     }
@@ -62,6 +61,7 @@ fn show_actions(result: &GenerateResult) {
 #[wasm_bindgen(js_name = resultPageMain)]
 pub fn result_page_main() {
     i18n::localize_page();
+    view::build_stages();
     let search = web_sys::window().and_then(|w| w.location().search().ok()).unwrap_or_default();
     let params = web_sys::UrlSearchParams::new_with_str(&search).ok();
     let param = |name: &str| params.as_ref().and_then(|p| p.get(name));
@@ -89,13 +89,7 @@ pub fn result_page_main() {
             }
         });
     });
-    let timer = Closure::<dyn Fn()>::new(tick);
-    if let Some(window) = web_sys::window() {
-        window
-            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000)
-            .log_error("starting the progress timer");
-    }
-    timer.forget();
+    view::every_second(tick);
     spawn_local(async move {
         if let Reply::Job(state) = request(&Request::Job { job }).await {
             match &state {

@@ -205,15 +205,48 @@ pub fn describe_time_left(seconds: f64) -> String {
     i18n::t_args("timeLeft", &[&left])
 }
 
-/// Marks the stage list (`#stage-encode`, `#stage-steps`, `#stage-decode`, in the studio and the result
-/// page): done, current (`aria-current="step"`), to come.
+/// The ids of the stage list's items, in the order a job goes through them.
+const STAGE_IDS: [&str; 3] = ["stage-encode", "stage-steps", "stage-decode"];
+
+/// Fills the stage list `#stages` of a job's progress (the studio's, the result page's): one item per
+/// stage, its name in the page's language, marked by [`show_stages`].
+pub fn build_stages() {
+    let list = element::<HtmlElement>("stages");
+    list.set_text_content(None);
+    let names = [i18n::t("studioStageEncode"), i18n::t("studioStageSteps"), i18n::t("studioStageDecode")];
+    let document = document();
+    for (id, name) in STAGE_IDS.iter().zip(names) {
+        let Ok(item) = document.create_element("li") else { continue };
+        item.set_id(id);
+        item.set_text_content(Some(&name));
+        dom::append(&list, &item);
+    }
+}
+
+/// Calls `tick` every second for the page's life: a running job's time so far.
+pub fn every_second(tick: impl Fn() + 'static) {
+    let timer = Closure::<dyn Fn()>::new(tick);
+    if let Some(window) = web_sys::window() {
+        window
+            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000)
+            .log_error("starting the progress timer");
+    }
+    timer.forget();
+}
+
+/// Fills `#progress-bar` to `fraction` (0 to 1) of the job.
+pub fn show_fraction(fraction: f64) {
+    dom::set_attr(&element::<HtmlElement>("progress-bar"), "value", &format!("{fraction:.3}"));
+}
+
+/// Marks the stage list ([`build_stages`]): done, current (`aria-current="step"`), to come.
 pub fn show_stages(progress: Option<&Progress>) {
     let current = progress.map_or(0, |p| match p.stage {
         Stage::TextEncoder => 0,
         Stage::Transformer => 1,
         Stage::Decoder => 2,
     });
-    for (i, id) in ["stage-encode", "stage-steps", "stage-decode"].iter().enumerate() {
+    for (i, id) in STAGE_IDS.iter().enumerate() {
         let item = element::<HtmlElement>(id);
         let state = if progress.is_none() || i > current {
             "todo"

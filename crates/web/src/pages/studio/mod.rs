@@ -102,6 +102,7 @@ fn with<R>(f: impl FnOnce(&mut Studio) -> R) -> R {
 #[wasm_bindgen(js_name = studioMain)]
 pub fn studio_main() {
     i18n::localize_page();
+    view::build_stages();
     fill_presets();
     restore_settings();
     on("form", "submit", |event| {
@@ -163,13 +164,7 @@ pub fn studio_main() {
         });
     });
     seed_mode_changed();
-    let timer = Closure::<dyn Fn()>::new(tick);
-    if let Some(window) = web_sys::window() {
-        window
-            .set_interval_with_callback_and_timeout_and_arguments_0(timer.as_ref().unchecked_ref(), 1000)
-            .log_error("starting the progress timer");
-    }
-    timer.forget();
+    view::every_second(tick);
     spawn_local(start());
 }
 

@@ -159,7 +159,7 @@ pub(super) fn end_run(done: bool) {
     set_text("timing", "");
     if done {
         set_text("progress", &i18n::t("progressDone"));
-        element::<HtmlElement>("progress-bar").set_attribute("value", "1").ok();
+        view::show_fraction(1.0);
         set_visible("run", false);
     }
 }
@@ -216,8 +216,7 @@ pub(super) fn render_progress() {
         Some((run.shown, elapsed, left))
     });
     let Some((fraction, elapsed, left)) = view else { return };
-    let bar = element::<HtmlElement>("progress-bar");
-    dom::set_attr(&bar, "value", &format!("{fraction:.3}"));
+    view::show_fraction(fraction);
     let mut timing = view::describe_elapsed(elapsed);
     if let Some(left) = left {
         timing.push_str(" \u{00b7} ");
