@@ -1,6 +1,8 @@
 //! The pages' view layer: elements by id, text and visibility, the "Delete model" confirmation, lists
-//! of definitions, and what the popup and the result page both show for a job (progress, the image,
-//! errors). Text from the prompt or a page is only ever set as text, never parsed as HTML.
+//! of definitions, a job's progress as the studio and the result page show it (the stage list, the
+//! bar, the time so far and left, a one-second timer), and what the popup and the result page both
+//! show for a job (progress, the image, errors). Text from the prompt or a page is only ever set as
+//! text, never parsed as HTML.
 
 use imagine_core::api::{Event, GenerateResult, JobState, Progress, Stage};
 use imagine_core::message::Message;
