@@ -482,7 +482,8 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     }
 }
 
-/// [`run_job`]'s work on the pack `pack`; `sent` counts the images broadcast.
+/// [`run_job`]'s work on the pack `pack`; `sent` counts the images broadcast. The three stages in
+/// order, each started early where the plan loads them ahead; what an image's result holds is `made`.
 async fn run_stages(
     job: &str,
     params: &GenerateParams,

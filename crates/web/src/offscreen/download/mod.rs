@@ -21,11 +21,12 @@ use std::collections::HashMap;
 
 use futures_channel::oneshot;
 
-use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackSource};
+use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackPlan, PackSource};
 use imagine_core::graph::pack_conversion::{
     converted_graph_name, ConversionRecord, GraphPlan, CONVERSION_STATE_FILE,
 };
 use imagine_core::graph::reblock::{self, Block32Graph, Block32Record};
+use imagine_core::graph::Limits;
 use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use js_sys::{ArrayBuffer, Uint8Array};
@@ -283,6 +284,7 @@ fn fail(error: DownloadError) {
 }
 
 /// Runs (or resumes) an install; the installed pack's record. `hash_port` links to the hash worker.
+/// Its steps in the order they must happen; each of more than a few lines is a function of its own.
 async fn install(
     request: InstallRequest,
     hash_port: web_sys::MessagePort,
@@ -298,20 +300,8 @@ async fn install(
     let pinned =
         store.record.as_ref().filter(|r| r.source == source && r.done_bytes() > 0).map(|r| r.commit.clone());
     let (plan, graphs) = hub_client::plan(&source, pinned.as_deref(), &verified_small_files).await?;
-    // Everything about the device is checked before the first byte is written: an adapter without
-    // shader-f16 gets the float16 graphs rewritten to float32 (refused here, naming the node, when the
-    // rewrite cannot do it).
-    let mut conversion = None;
     let webgpu = request.backend.as_deref() != Some("wasm");
-    if webgpu {
-        let adapter = gpu::adapter_info().await?;
-        let (needs_f16, largest) = hub_client::device_needs(&graphs)?;
-        gpu::check_limits(adapter.limits, largest)?;
-        if needs_f16 && !adapter.has_f16 {
-            conversion =
-                Some((hub_client::conversion_plans(&graphs, &plan, adapter.limits)?, adapter.limits));
-        }
-    }
+    let conversion = if webgpu { conversion_for_this_gpu(&graphs, &plan).await? } else { None };
     // The graphs WebGPU stages will load, re-blocked and stored once the files they read are there.
     let block32_graphs = if webgpu {
         webgpu_graphs(&graphs, conversion.as_ref().map(|(plans, _)| plans.as_slice()))
@@ -345,56 +335,12 @@ async fn install(
         opfs::clear_slot(staging).await?;
         store.sequence = 0;
     }
-    let converted_bytes = match &conversion {
-        Some((plans, limits)) => {
-            let cost = hub_client::conversion_cost(&graphs, &plan, plans).extra_disk_bytes;
-            // What an earlier attempt converted is on disk, so in the usage, already.
-            let written = match opfs::slot_dir(staging, false).await {
-                Ok(dir) => convert::written_bytes(&dir, &record.commit, plans, *limits).await,
-                Err(_) => 0,
-            };
-            cost.saturating_sub(written)
-        }
-        None => 0,
-    };
-    let mut block32_bytes = 0;
-    for (name, model) in &block32_graphs {
-        block32_bytes += reblock::stored_bytes(name, model).map_err(ConvertError::from)?;
-    }
-    if let Ok(dir) = opfs::slot_dir(staging, false).await {
-        // What an interrupted attempt stored is made again: removed before the space check counts it.
-        for (name, _) in &block32_graphs {
-            let (onnx, data) = Block32Graph::names(name);
-            for file in [onnx, data] {
-                opfs::remove(&dir, &file).await?;
-            }
-        }
-    }
+    let made_here =
+        bytes_made_after_download(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
     let usage = opfs::storage_use().await?;
-    hub::check_space(
-        record.remaining_bytes() + converted_bytes + block32_bytes,
-        usage.usage_bytes,
-        usage.quota_bytes,
-    )?;
+    hub::check_space(record.remaining_bytes() + made_here, usage.usage_bytes, usage.quota_bytes)?;
     let dir = opfs::slot_dir(staging, true).await?;
-    // The graphs and manifests were fetched and verified while planning; store them now.
-    let small: HashMap<String, &[u8]> = graphs
-        .iter()
-        .flat_map(|g| {
-            let onnx = (g.graph.file_name(), g.onnx.as_slice());
-            let manifest = g.manifest.as_deref().map(|m| (g.graph.manifest_name(), m));
-            std::iter::once(onnx).chain(manifest)
-        })
-        .collect();
-    for file in record.files.iter_mut().filter(|f| !f.verified) {
-        if let Some(bytes) = small.get(&file.file.path) {
-            let sync = SyncFile::create(&dir, &file.file.path).await?;
-            sync.write_at(bytes, 0)?;
-            sync.close()?;
-            file.done = file.file.size;
-            file.verified = true;
-        }
-    }
+    store_fetched_graphs(&dir, &mut record, &graphs).await?;
     report.state = DownloadState::Downloading;
     let silence_ms = opfs::test_setting_u64(WORKER_LIMIT_FILE).await.unwrap_or(HASH_SILENCE_MS);
     let hasher = HashWorker::connect(hash_port, WRITE_BYTES as u32, silence_ms);
@@ -408,33 +354,125 @@ async fn install(
     }
     // Closes the record files, which the swap removes.
     download.store.slots = None;
-    let converted = match &conversion {
-        Some((plans, limits)) => {
-            let (source, commit) = (download.record.source.clone(), download.record.commit.clone());
-            let reporter = &mut download.report;
-            let record = convert::convert(&download.dir, &commit, plans, *limits, |p| {
-                reporter.converting(&source, &commit, p)
-            })
-            .await?;
-            Some(record)
-        }
-        None => None,
-    };
-    download.report.state = DownloadState::Installing;
-    download.report.record(&download.record);
-    let block32 = if webgpu {
-        let names: Vec<String> = block32_graphs.into_iter().map(|(name, _)| name).collect();
-        Some(block32::store(&download.dir, &names).await?)
+    let block32_graphs = webgpu.then(|| block32_graphs.into_iter().map(|(name, _)| name).collect());
+    download.finish(staging, conversion, block32_graphs).await
+}
+
+impl Download {
+    /// After the last file is verified: the float32 conversion where `conversion` asks for it, the
+    /// re-blocked forms of `block32_graphs` (WebGPU only) stored, then the swap, once no job runs.
+    async fn finish(
+        mut self,
+        staging: Slot,
+        conversion: Option<(Vec<GraphPlan>, Limits)>,
+        block32_graphs: Option<Vec<String>>,
+    ) -> Result<PackRecord, DownloadError> {
+        let converted = match &conversion {
+            Some((plans, limits)) => {
+                let (source, commit) = (self.record.source.clone(), self.record.commit.clone());
+                let reporter = &mut self.report;
+                let record = convert::convert(&self.dir, &commit, plans, *limits, |p| {
+                    reporter.converting(&source, &commit, p)
+                })
+                .await?;
+                Some(record)
+            }
+            None => None,
+        };
+        self.report.state = DownloadState::Installing;
+        self.report.record(&self.record);
+        let block32 = match block32_graphs {
+            Some(names) => Some(block32::store(&self.dir, &names).await?),
+            None => None,
+        };
+        // A generation may be reading the installed pack: the offscreen document lets the new one
+        // replace it only once no job runs, and holds the next jobs until it has.
+        let (allow, allowed) = oneshot::channel();
+        SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
+        send(&DownloadReport::SwapReady);
+        allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
+        swap(staging, &self.record, converted, block32).await
+    }
+}
+
+/// What the float16 graphs become on this GPU, checked before the first byte is written: for an
+/// adapter without shader-f16, the plans of their rewrite to float32 and the limits they are for
+/// (refused here, naming the node, when the rewrite cannot do it); `None` where they run as they are.
+async fn conversion_for_this_gpu(
+    graphs: &[GraphFiles],
+    plan: &PackPlan,
+) -> Result<Option<(Vec<GraphPlan>, Limits)>, DownloadError> {
+    let adapter = gpu::adapter_info().await?;
+    let (needs_f16, largest) = hub_client::device_needs(graphs)?;
+    gpu::check_limits(adapter.limits, largest)?;
+    Ok(if needs_f16 && !adapter.has_f16 {
+        Some((hub_client::conversion_plans(graphs, plan, adapter.limits)?, adapter.limits))
     } else {
         None
+    })
+}
+
+/// The bytes the install writes beyond the downloaded files: what the float32 conversion adds (less
+/// what an earlier attempt converted, which the usage counts already) and the stored re-blocked forms
+/// (what an interrupted attempt stored is removed, to be made again, before the space check counts it).
+async fn bytes_made_after_download(
+    staging: Slot,
+    record: &DownloadRecord,
+    graphs: &[GraphFiles],
+    plan: &PackPlan,
+    conversion: &Option<(Vec<GraphPlan>, Limits)>,
+    block32_graphs: &[(String, Vec<u8>)],
+) -> Result<u64, DownloadError> {
+    let converted_bytes = match conversion {
+        Some((plans, limits)) => {
+            let cost = hub_client::conversion_cost(graphs, plan, plans).extra_disk_bytes;
+            let written = match opfs::slot_dir(staging, false).await {
+                Ok(dir) => convert::written_bytes(&dir, &record.commit, plans, *limits).await,
+                Err(_) => 0,
+            };
+            cost.saturating_sub(written)
+        }
+        None => 0,
     };
-    // A generation may be reading the installed pack: the offscreen document lets the new one replace
-    // it only once no job runs, and holds the next jobs until it has.
-    let (allow, allowed) = oneshot::channel();
-    SWAP_ALLOWED.with_borrow_mut(|slot| *slot = Some(allow));
-    send(&DownloadReport::SwapReady);
-    allowed.await.map_err(|_| DownloadError::Internal("the pack swap was never allowed"))?;
-    swap(staging, &download.record, converted, block32).await
+    let mut block32_bytes = 0;
+    for (name, model) in block32_graphs {
+        block32_bytes += reblock::stored_bytes(name, model).map_err(ConvertError::from)?;
+    }
+    if let Ok(dir) = opfs::slot_dir(staging, false).await {
+        for (name, _) in block32_graphs {
+            let (onnx, data) = Block32Graph::names(name);
+            for file in [onnx, data] {
+                opfs::remove(&dir, &file).await?;
+            }
+        }
+    }
+    Ok(converted_bytes + block32_bytes)
+}
+
+/// Stores the graphs and manifests, fetched and verified while planning, that `record` still lacks.
+async fn store_fetched_graphs(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    record: &mut DownloadRecord,
+    graphs: &[GraphFiles],
+) -> Result<(), DownloadError> {
+    let small: HashMap<String, &[u8]> = graphs
+        .iter()
+        .flat_map(|g| {
+            let onnx = (g.graph.file_name(), g.onnx.as_slice());
+            let manifest = g.manifest.as_deref().map(|m| (g.graph.manifest_name(), m));
+            std::iter::once(onnx).chain(manifest)
+        })
+        .collect();
+    for file in record.files.iter_mut().filter(|f| !f.verified) {
+        if let Some(bytes) = small.get(&file.file.path) {
+            let sync = SyncFile::create(dir, &file.file.path).await?;
+            sync.write_at(bytes, 0)?;
+            sync.close()?;
+            file.done = file.file.size;
+            file.verified = true;
+        }
+    }
+    Ok(())
 }
 
 impl Localize for DownloadError {
