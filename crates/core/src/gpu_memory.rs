@@ -408,8 +408,8 @@ pub struct Wanted {
 
 /// The fastest plan for `job` within `budget` (`None`: no known limit), from what it would like down
 /// to one stage at a time with nothing kept, no buffers kept, the attention chunked and the decoder
-/// split. Where even that
-/// does not fit, that plan with `fits: false`: the pages warn before, and the job tries anyway.
+/// split, the buffers kept where that needs less. Where even that does not fit, the one of those that
+/// needs least, with `fits: false`: the pages warn before, and the job tries anyway.
 pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Wanted) -> MemoryPlan {
     let all = |levers| -> u64 { STAGES.iter().map(|&s| stage_need(s, weights, job, levers)).sum() };
     let largest =
@@ -445,7 +445,8 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(candidates[7]))
+    let leanest = if candidates[7].2 < candidates[6].2 { candidates[7] } else { candidates[6] };
+    candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(leanest))
 }
 
 /// What a job taught about this GPU: a plan needing `failed_peak` bytes failed on `adapter` with the pack

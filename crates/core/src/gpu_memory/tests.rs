@@ -97,6 +97,11 @@ fn a_budget_steps_down_to_one_stage_at_a_time() {
     assert!(six.fits && six.peak <= 6 * GB, "{six:?}");
     let four = plan(Some(4 * GB), &W, &small, wanted);
     assert!(!four.fits && !four.ahead && !four.keep, "{four:?}");
+    // With no room, the leanest plan: buffers kept only where that needs less (the attention in
+    // chunks, its widest tensor then reused rather than piled up).
+    assert!(!four.levers.keep_buffers, "{four:?}");
+    let big32 = plan(Some(4 * GB), &W, &job(1024, Precision::Float32), wanted);
+    assert!(!big32.fits && big32.levers.keep_buffers && big32.levers.attention_chunks > 1, "{big32:?}");
 }
 
 #[test]

@@ -101,49 +101,7 @@ pub(super) async fn record(event: Event) {
             };
             set_job(&job, &JobState::Running { progress: Some(progress), prompt, results, private }).await
         }
-        Event::Result(mut result) => {
-            // The trace is for the caller that asked for it, not worth keeping; the image is kept in
-            // OPFS, since a large PNG does not fit `storage.session`.
-            result.trace = None;
-            let job = result.job.clone();
-            let png = std::mem::take(&mut result.png);
-            let previous = records::job(&job).get().await;
-            // A private job forgotten as the last private window closed: nothing of it is recorded.
-            if result.private && previous.is_none() {
-                return;
-            }
-            let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
-            // The PNG first, then the job's state (which reads it), then the gallery's index: a page
-            // asking for the job is answered as soon as the image is on disk.
-            let kept = keep_image(&result, &png).await;
-            let state = match &kept {
-                Err(e) => {
-                    let error =
-                        ServiceWorkerError::Unkept { error: ErrorText::of(e), seed: result.seed.clone() };
-                    JobState::Failed { error: error.to_string(), message: Some(error.message()), results }
-                }
-                // The last image of the batch ends the job.
-                Ok(_) if result.index + 1 >= result.count => {
-                    results.push(result.clone());
-                    JobState::Done { result: result.clone(), results }
-                }
-                Ok(_) => {
-                    let (progress, prompt) = match previous {
-                        Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
-                        _ => (None, result.prompt.clone()),
-                    };
-                    results.push(result.clone());
-                    JobState::Running { progress, prompt, results, private: result.private }
-                }
-            };
-            set_job(&job, &state).await;
-            if let (Ok(bytes), false) = (kept, result.private) {
-                let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
-                if let Err(e) = gallery_store::add(&result, bytes, commit).await {
-                    web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
-                }
-            }
-        }
+        Event::Result(result) => record_result(result).await,
         // A job whose last image is recorded is done, even if a cancel reached it before its worker ended.
         Event::Failed { job, error, message } => {
             if let Some(results) = finished_images(&job).await {
@@ -172,28 +130,76 @@ pub(super) async fn record(event: Event) {
             clear_alarm(DOWNLOAD_ALARM).await;
             forget_unused_host_permissions().await;
         }
-        Event::PackFailed { error, message, offline } => {
-            update_download(|d| {
-                d.state = DownloadState::Failed;
-                d.retry_offline = offline;
-                let mut shown = ErrorText { error, message };
-                if offline {
-                    shown = ErrorText::of(&ServiceWorkerError::Offline(shown));
-                }
-                d.error = Some(shown.error);
-                d.message = shown.message;
-            })
-            .await;
-            // Offline, the alarm tries the download again (set here too: a download resumed at start-up
-            // did not go through `install`, and alarms need not outlive the browser).
-            if offline {
-                set_alarm(DOWNLOAD_ALARM).await;
-            } else {
-                clear_alarm(DOWNLOAD_ALARM).await;
-            }
-        }
+        Event::PackFailed { error, message, offline } => record_pack_failure(error, message, offline).await,
         // For the pages: nothing the service worker keeps.
         Event::PackChanged {} | Event::Residency(_) | Event::GalleryDeleted { .. } => {}
+    }
+}
+
+/// An image of a job: its PNG kept, the job's state brought up to it, the image added to the gallery
+/// (unless private).
+async fn record_result(mut result: GenerateResult) {
+    // The trace is for the caller that asked for it, not worth keeping; the image is kept in
+    // OPFS, since a large PNG does not fit `storage.session`.
+    result.trace = None;
+    let job = result.job.clone();
+    let png = std::mem::take(&mut result.png);
+    let previous = records::job(&job).get().await;
+    // A private job forgotten as the last private window closed: nothing of it is recorded.
+    if result.private && previous.is_none() {
+        return;
+    }
+    let mut results = previous.as_ref().map(|state| state.results().to_vec()).unwrap_or_default();
+    // The PNG first, then the job's state (which reads it), then the gallery's index: a page
+    // asking for the job is answered as soon as the image is on disk.
+    let kept = keep_image(&result, &png).await;
+    let state = match &kept {
+        Err(e) => {
+            let error = ServiceWorkerError::Unkept { error: ErrorText::of(e), seed: result.seed.clone() };
+            JobState::Failed { error: error.to_string(), message: Some(error.message()), results }
+        }
+        // The last image of the batch ends the job.
+        Ok(_) if result.index + 1 >= result.count => {
+            results.push(result.clone());
+            JobState::Done { result: result.clone(), results }
+        }
+        Ok(_) => {
+            let (progress, prompt) = match previous {
+                Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
+                _ => (None, result.prompt.clone()),
+            };
+            results.push(result.clone());
+            JobState::Running { progress, prompt, results, private: result.private }
+        }
+    };
+    set_job(&job, &state).await;
+    if let (Ok(bytes), false) = (kept, result.private) {
+        let commit = opfs::installed_pack().await.map(|(record, _)| record.commit);
+        if let Err(e) = gallery_store::add(&result, bytes, commit).await {
+            web_sys::console::error_1(&format!("imagine: the gallery index: {e}").into());
+        }
+    }
+}
+
+/// A download that stopped with an error; offline, the alarm tries it again.
+async fn record_pack_failure(error: String, message: Option<Message>, offline: bool) {
+    update_download(|d| {
+        d.state = DownloadState::Failed;
+        d.retry_offline = offline;
+        let mut shown = ErrorText { error, message };
+        if offline {
+            shown = ErrorText::of(&ServiceWorkerError::Offline(shown));
+        }
+        d.error = Some(shown.error);
+        d.message = shown.message;
+    })
+    .await;
+    // Offline, the alarm tries the download again (set here too: a download resumed at start-up
+    // did not go through `install`, and alarms need not outlive the browser).
+    if offline {
+        set_alarm(DOWNLOAD_ALARM).await;
+    } else {
+        clear_alarm(DOWNLOAD_ALARM).await;
     }
 }
 

@@ -106,7 +106,8 @@ impl Download {
     }
 
     /// One request: appends the response to `file` from `start`, saving the record every checkpoint.
-    /// A 200 where a range was asked for restarts the file.
+    /// A 200 where a range was asked for restarts the file. Long because it is one loop over the body
+    /// whose every way out but the hash worker's failure must end the same way (below it).
     pub(super) async fn stream(
         &mut self,
         file: &SyncFile,
@@ -122,22 +123,7 @@ impl Download {
         let (response, mut watch) = hub_client::fetch(url, (start > 0).then_some(start)).await?;
         check_status(&response, url)?;
         check_length(&response, url, &path, size)?;
-        let mut offset = start;
-        if start > 0 {
-            let range = response.headers().get("content-range").ok().flatten();
-            if response.status() == 206 && !range.as_deref().is_some_and(|r| hub::range_matches(r, start)) {
-                return Err(DownloadError::RangeMismatch { url: url.to_owned(), start });
-            }
-            if response.status() != 206 {
-                // The whole file again: the record says so before the file is cut, so it never describes
-                // bytes the file does not hold.
-                offset = 0;
-                self.record.files[index].restart();
-                self.save().await?;
-                self.hasher.reset(None).await?;
-                file.truncate(0)?;
-            }
-        }
+        let mut offset = self.resumed_at(&response, file, url, start, index).await?;
         let mut ends_early = range_ends_early(&response, size);
         let body = response.body().ok_or_else(|| DownloadError::NoBody { url: url.to_owned() })?;
         let mut reader = BodyReader::new(body);
@@ -213,6 +199,34 @@ impl Download {
             }
         }
         result
+    }
+
+    /// Where the response to a request from `start` writes file `index`: `start`, or 0 where a server
+    /// answered a range with the whole file (the record says so before the file is cut, so it never
+    /// describes bytes the file does not hold); a 206 of another range is refused.
+    async fn resumed_at(
+        &mut self,
+        response: &web_sys::Response,
+        file: &SyncFile,
+        url: &str,
+        start: u64,
+        index: usize,
+    ) -> Result<u64, DownloadError> {
+        if start == 0 {
+            return Ok(0);
+        }
+        let range = response.headers().get("content-range").ok().flatten();
+        if response.status() == 206 && !range.as_deref().is_some_and(|r| hub::range_matches(r, start)) {
+            return Err(DownloadError::RangeMismatch { url: url.to_owned(), start });
+        }
+        if response.status() == 206 {
+            return Ok(start);
+        }
+        self.record.files[index].restart();
+        self.save().await?;
+        self.hasher.reset(None).await?;
+        file.truncate(0)?;
+        Ok(0)
     }
 
     /// Saves the record with file `index` done up to `checkpoint`.

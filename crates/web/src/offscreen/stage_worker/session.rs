@@ -34,6 +34,10 @@ impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
     /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
     /// files and only the prompt's rows are read (see `imagine_core::graph::tables`).
+    ///
+    /// Long because loading is one sequence (the pack, the adapter, the graph and its stored form, its
+    /// tables, its external data, the WebGPU edits, the session) whose steps read what the ones
+    /// before found; each step of more than a few lines is a function of its own.
     pub(super) async fn open(
         graph: Graph,
         params: &GenerateParams,
@@ -52,37 +56,8 @@ impl Stage {
             Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
             Backend::Wasm => Block32Form::Unchanged,
         };
-        // A stored form is loaded only as it was stored: its lengths checked at every load, its checksums
-        // at its first load in this document's life. A damaged one is left alone (the job stores it again
-        // after it) and the graph re-blocked while it loads, as if the form had never been stored.
-        let (mut checked_form, mut stored_form_check_ms) = (None, 0.0);
-        let (block32, stored_onnx) = match block32 {
-            Block32Form::Stored(stored) => {
-                let key = format!("{}:{}", record.commit, stored.onnx);
-                let full = !checked.contains(&key);
-                let started = now_ms();
-                let read = stored_form(&dir, stored, full).await;
-                stored_form_check_ms = now_ms() - started;
-                match read {
-                    Ok(onnx) => {
-                        checked_form = full.then_some(key);
-                        (block32, Some(onnx))
-                    }
-                    Err(why) => {
-                        web_sys::console::warn_1(
-                            &format!(
-                                "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
-                                 stored again after the job",
-                                stored.graph
-                            )
-                            .into(),
-                        );
-                        (Block32Form::AtLoad, None)
-                    }
-                }
-            }
-            other => (other, None),
-        };
+        let StoredForm { form: block32, onnx: stored_onnx, checked_form, check_ms: stored_form_check_ms } =
+            StoredForm::if_sound(&record.commit, &dir, block32, checked).await;
         let (name, bytes) = match (&block32, stored_onnx) {
             (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
             _ => (name, bytes),
@@ -116,33 +91,14 @@ impl Stage {
                 };
                 reblocked_at_load = computed.is_some();
                 external.extend(computed);
-                let edit_failed = |source| StageWorkerError::GraphEdit { graph: name.clone(), source };
-                if let Some(level) = params.accuracy_level {
-                    bytes = reblock::with_accuracy_level(&bytes, level).map_err(edit_failed)?.0;
-                }
-                if params.fuses_attention(graph) {
-                    (bytes, fused_attention) = attention::fuse_attention(&bytes).map_err(edit_failed)?;
-                }
-                let chunks = params.attention_chunks(graph);
-                if chunks > 1 {
-                    (bytes, chunked_attention) =
-                        attention::chunk_attention(&bytes, chunks).map_err(edit_failed)?;
-                }
+                (bytes, fused_attention, chunked_attention) = edited_for_webgpu(bytes, graph, params)
+                    .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
                 let keep_buffers = params.keeps_buffers(graph);
                 (bytes, Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false })
             }
         };
-        // Lets a test make this stage's session fail to be created once, as a GPU out of memory would.
-        if opfs::failpoint_reached(&format!("stage:create-fails:{graph:?}")).await {
-            return Err(StageWorkerError::Injected(format!("{graph:?} session creation")));
-        }
-        // ... or run out of GPU memory, in the words WebGPU uses.
-        if opfs::failpoint_reached(&format!("stage:out-of-memory:{graph:?}")).await {
-            return Err(StageWorkerError::Injected(format!(
-                "{graph:?} session (GPUOutOfMemoryError: Out of memory)"
-            )));
-        }
+        injected_failure(graph).await?;
         let started_at_ms = js_sys::Date::now();
         let started = now_ms();
         let pieces = match params.decoder_piece_bytes(graph) {
@@ -340,4 +296,86 @@ pub(super) fn f32_from_buffer(
         }
         _ => Err(StageWorkerError::MissingInput(what)),
     }
+}
+
+/// The stored re-blocked form a stage loads, if it is sound. A stored form is loaded only as it was
+/// stored: its lengths checked at every load, its checksums at its first load in this document's life.
+/// A damaged one is left alone (the job stores it again after it) and the graph re-blocked while it
+/// loads, as if the form had never been stored.
+struct StoredForm<'r> {
+    /// `AtLoad` in place of a stored form that is not sound.
+    form: Block32Form<'r>,
+    /// The stored form's graph, where it is sound.
+    onnx: Option<Vec<u8>>,
+    /// The form (`<commit>:<file>`) whose checksums were checked now.
+    checked_form: Option<String>,
+    /// How long the check took.
+    check_ms: f64,
+}
+
+impl<'r> StoredForm<'r> {
+    async fn if_sound(
+        commit: &str,
+        dir: &web_sys::FileSystemDirectoryHandle,
+        form: Block32Form<'r>,
+        checked: &[String],
+    ) -> StoredForm<'r> {
+        let Block32Form::Stored(stored) = form else {
+            return StoredForm { form, onnx: None, checked_form: None, check_ms: 0.0 };
+        };
+        let key = format!("{commit}:{}", stored.onnx);
+        let full = !checked.contains(&key);
+        let started = now_ms();
+        let read = stored_form(dir, stored, full).await;
+        let check_ms = now_ms() - started;
+        match read {
+            Ok(onnx) => StoredForm { form, onnx: Some(onnx), checked_form: full.then_some(key), check_ms },
+            Err(why) => {
+                web_sys::console::warn_1(
+                    &format!(
+                        "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
+                         stored again after the job",
+                        stored.graph
+                    )
+                    .into(),
+                );
+                StoredForm { form: Block32Form::AtLoad, onnx: None, checked_form: None, check_ms }
+            }
+        }
+    }
+}
+
+/// `bytes` as `params` ask for them on WebGPU: every `MatMulNBits` at their accuracy level, the
+/// attention fused or in chunks; with how many attentions were fused and chunked.
+fn edited_for_webgpu(
+    mut bytes: Vec<u8>,
+    graph: Graph,
+    params: &GenerateParams,
+) -> Result<(Vec<u8>, usize, usize), imagine_core::graph::RewriteError> {
+    let (mut fused, mut chunked) = (0, 0);
+    if let Some(level) = params.accuracy_level {
+        bytes = reblock::with_accuracy_level(&bytes, level)?.0;
+    }
+    if params.fuses_attention(graph) {
+        (bytes, fused) = attention::fuse_attention(&bytes)?;
+    }
+    let chunks = params.attention_chunks(graph);
+    if chunks > 1 {
+        (bytes, chunked) = attention::chunk_attention(&bytes, chunks)?;
+    }
+    Ok((bytes, fused, chunked))
+}
+
+/// Lets a test make a stage's session fail to be created once, as a GPU out of memory would, or run
+/// out of GPU memory in the words WebGPU uses.
+async fn injected_failure(graph: Graph) -> Result<(), StageWorkerError> {
+    if opfs::failpoint_reached(&format!("stage:create-fails:{graph:?}")).await {
+        return Err(StageWorkerError::Injected(format!("{graph:?} session creation")));
+    }
+    if opfs::failpoint_reached(&format!("stage:out-of-memory:{graph:?}")).await {
+        return Err(StageWorkerError::Injected(format!(
+            "{graph:?} session (GPUOutOfMemoryError: Out of memory)"
+        )));
+    }
+    Ok(())
 }
