@@ -663,8 +663,7 @@ const E2E_JOBS: usize = 2;
 
 /// The longest test files (on this 2-core machine, Chromium 148-156), longest first: started before
 /// the others.
-const E2E_LONGEST: &[&str] =
-    &["stored-forms", "real-arch-bench", "repeat", "real-arch", "download-integrity", "errors"];
+const E2E_LONGEST: &[&str] = &["real-arch-bench", "repeat", "real-arch", "download-integrity", "errors"];
 
 /// At most this many files that failed are run again alone; more failures are not load.
 const MAX_E2E_RERUNS: usize = 2;
