@@ -25,7 +25,7 @@ test('popup shows the download and its controls, after a reopen too', { timeout:
   await page.waitForFunction(() => /\d/.test(document.querySelector('#download-rate')?.textContent ?? ''), null, { timeout: 10_000 });
   // Done and total bytes.
   assert.match(await text('#download-done'), /\d[\s\S]*\d/);
-  assert.match(await text('#download-eta'), /^about \d+(\.\d)? (s|min|h) left$/);
+  assert.match(await text('#download-eta'), /^about \d+(\.\d)?\u00a0(s|min|h) left$/);
   assert.ok((await text('#download-files')).includes(SHARD), `#download-files: ${await text('#download-files')}`);
   for (const id of ['#pause', '#cancel-download']) assert.ok(await page.isVisible(id), `${id} not visible`);
 
