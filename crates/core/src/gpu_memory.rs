@@ -361,13 +361,13 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
         + c.per_score * scores as f64
         + pile as f64
         + per_wide * wide as f64;
-    let split = stage == Stage::Decoder && levers.decoder_piece_bytes.is_some();
-    if let (true, Some(piece)) = (split, levers.decoder_piece_bytes) {
+    let piece = if stage == Stage::Decoder { levers.decoder_piece_bytes } else { None };
+    if let Some(piece) = piece {
         let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
         working = working.min((DECODER_PIECE_OVERRUN * piece as f64).max(floor));
     }
     // A chain of pieces keeps no buffers (`imagine_ort::Chain`).
-    if levers.keep_buffers && stage != Stage::TextEncoder && !split && !chunked_and_kept {
+    if levers.keep_buffers && stage != Stage::TextEncoder && piece.is_none() && !chunked_and_kept {
         working *= KEEP_BUFFERS_FACTOR;
     }
     weights.of(stage) + working.max(0.0) as u64
@@ -428,6 +428,8 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     let split = Levers { decoder_piece_bytes: Some(piece), ..chunked };
     let split_kept = Levers { keep_buffers: true, ..split };
     let together = wanted.ahead || wanted.keep;
+    let (leanest_split, leanest_kept) =
+        ((false, split, largest(split)), (false, split_kept, largest(split_kept)));
     let candidates = [
         (together, levers, all(levers)),
         (together, lean_levers, all(lean_levers)),
@@ -435,8 +437,8 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         (false, lean_levers, largest(lean_levers)),
         (false, chunked, largest(chunked)),
         (false, chunked_kept, largest(chunked_kept)),
-        (false, split, largest(split)),
-        (false, split_kept, largest(split_kept)),
+        leanest_split,
+        leanest_kept,
     ];
     let plan_of = |(together, levers, peak): (bool, Levers, u64)| MemoryPlan {
         ahead: together && wanted.ahead,
@@ -445,7 +447,7 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    let leanest = if candidates[7].2 < candidates[6].2 { candidates[7] } else { candidates[6] };
+    let leanest = if leanest_kept.2 < leanest_split.2 { leanest_kept } else { leanest_split };
     candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(leanest))
 }
 
@@ -508,8 +510,8 @@ impl MemoryFacts {
 
     /// The plan to make a `width` x `height` image again after the GPU ran out of memory under `failed`,
     /// within `budget` (what is free now, where a probe could tell): one stage at a time, nothing kept
-    /// (buffers only where the new plan keeps them), the attention in at least as many chunks, the decoder in pieces of at most half the failed
-    /// plan's (or of its whole need). `None` where that changes nothing: no retry then.
+    /// (buffers only where the new plan keeps them), the attention in at least as many chunks, the
+    /// decoder in pieces of at most half the failed plan's (or of its whole need). `None` where that changes nothing: no retry then.
     pub fn after_out_of_memory(
         &self,
         budget: Option<u64>,
