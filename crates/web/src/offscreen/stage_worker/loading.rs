@@ -141,7 +141,8 @@ pub(super) async fn stored_form(
     let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
     onnx_digest.update(&onnx);
     // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off this
-    // thread), several at once: one at a time, reading and hashing a transformer's 1 GB took 4 s.
+    // thread), several at once, so that reading the next pieces overlaps hashing: a transformer's form
+    // is about 1 GB, read before its session is made.
     let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
     let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
     let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
