@@ -123,52 +123,71 @@ pub(super) async fn choose_graph(
 /// pieces meanwhile.
 const HASHED_AT_ONCE: usize = 8;
 
-/// The stored re-blocked graph of `stored` (its bytes), once its files are checked against the record:
-/// their lengths, and with `checksums` their checksums too (the data a piece at a time); why not, if
-/// they differ (or cannot be read).
+/// A stored re-blocked form whose lengths are right, its checksums still to check.
+pub(super) struct UncheckedForm {
+    /// `<commit>:<file>`, as [`StageTiming::checked_form`] records it.
+    pub(super) key: String,
+    onnx_len: u64,
+    onnx_digest: [u8; 32],
+    data: web_sys::File,
+}
+
+/// The stored re-blocked graph of `stored` (its bytes), once the lengths of its files are checked
+/// against the record; with the checksums still to check where `checksums`. Why not, if they differ
+/// (or cannot be read).
 pub(super) async fn stored_form(
     dir: &web_sys::FileSystemDirectoryHandle,
     stored: &reblock::Block32Graph,
+    key: String,
     checksums: bool,
-) -> Result<Vec<u8>, String> {
+) -> Result<(Vec<u8>, Option<UncheckedForm>), String> {
     let onnx = opfs::read(dir, &stored.onnx).await.map_err(|e| e.to_string())?;
     let data = opfs::file(dir, &stored.data).await.map_err(|e| e.to_string())?;
-    let data_len = data.size() as u64;
-    stored.check(onnx.len() as u64, data_len, None).map_err(|e| e.to_string())?;
+    stored.check(onnx.len() as u64, data.size() as u64, None).map_err(|e| e.to_string())?;
     if !checksums {
-        return Ok(onnx);
+        return Ok((onnx, None));
     }
     let mut onnx_digest = imagine_core::hub::ResumableSha256::new();
     onnx_digest.update(&onnx);
-    // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off this
-    // thread), several at once, so that reading the next pieces overlaps hashing: a transformer's form
-    // is about 1 GB, read before its session is made.
-    let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
-    let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
-    let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
-    let hash_piece = |offset: u64| {
-        let (data, subtle, digest) = (&data, &subtle, &digest);
-        async move {
-            let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
-            let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
-            let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
-            let hashed = digest.call2(subtle, &"SHA-256".into(), &piece).map_err(read)?;
-            let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
-            <[u8; 32]>::try_from(Uint8Array::new(&hashed).to_vec())
-                .map_err(|_| "a digest of another length".to_owned())
+    let unchecked =
+        UncheckedForm { key, onnx_len: onnx.len() as u64, onnx_digest: onnx_digest.finalize(), data };
+    Ok((onnx, Some(unchecked)))
+}
+
+impl UncheckedForm {
+    /// Checks the form's checksums against `stored`, the data a piece at a time: its key once they
+    /// are right, why not if they differ (or cannot be read).
+    pub(super) async fn check(self, stored: &reblock::Block32Graph) -> Result<String, String> {
+        let UncheckedForm { key, onnx_len, onnx_digest, data } = self;
+        let data_len = data.size() as u64;
+        // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off
+        // this thread), several at once, so that reading the next pieces overlaps hashing.
+        let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
+        let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
+        let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
+        let hash_piece = |offset: u64| {
+            let (data, subtle, digest) = (&data, &subtle, &digest);
+            async move {
+                let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
+                let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
+                let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
+                let hashed = digest.call2(subtle, &"SHA-256".into(), &piece).map_err(read)?;
+                let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
+                <[u8; 32]>::try_from(Uint8Array::new(&hashed).to_vec())
+                    .map_err(|_| "a digest of another length".to_owned())
+            }
+        };
+        let offsets = (0..data_len).step_by(reblock::DIGEST_PIECE_BYTES as usize);
+        let mut hashes = futures_util::stream::iter(offsets.map(hash_piece)).buffered(HASHED_AT_ONCE);
+        let mut data_digest = reblock::PieceDigest::new();
+        while let Some(hashed) = hashes.next().await {
+            data_digest.piece(&hashed?);
         }
-    };
-    let offsets = (0..data_len).step_by(reblock::DIGEST_PIECE_BYTES as usize);
-    let mut hashes = futures_util::stream::iter(offsets.map(hash_piece)).buffered(HASHED_AT_ONCE);
-    let mut data_digest = reblock::PieceDigest::new();
-    while let Some(hashed) = hashes.next().await {
-        data_digest.piece(&hashed?);
+        stored
+            .check(onnx_len, data_len, Some((&onnx_digest, &data_digest.finalize())))
+            .map_err(|e| e.to_string())?;
+        Ok(key)
     }
-    let (onnx_digest, data_digest) = (onnx_digest.finalize(), data_digest.finalize());
-    stored
-        .check(onnx.len() as u64, data_len, Some((&onnx_digest, &data_digest)))
-        .map_err(|e| e.to_string())?;
-    Ok(onnx)
 }
 
 /// Opens `file`, which `graph` needs.

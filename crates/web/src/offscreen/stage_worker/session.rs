@@ -34,15 +34,29 @@ impl Stage {
     /// Loads `graph` from the installed pack. Its external data is passed to ORT as OPFS file handles, which
     /// ORT reads itself, one initializer at a time (see `imagine_ort`); its embedding tables stay in their
     /// files and only the prompt's rows are read (see `imagine_core::graph::tables`).
-    ///
-    /// Long because loading is one sequence (the pack, the adapter, the graph and its stored form, its
-    /// tables, its external data, the WebGPU edits, the session) whose steps read what the ones
-    /// before found; each step of more than a few lines is a function of its own.
     pub(super) async fn open(
         graph: Graph,
         params: &GenerateParams,
         checked: &[String],
         arrived: Arrival,
+    ) -> Result<Stage, StageWorkerError> {
+        Stage::open_with(graph, params, checked, arrived, true).await
+    }
+
+    /// [`Stage::open`], from the stored re-blocked form where `stored_form` and it is sound. A stored
+    /// form's checksums are checked while its session is made (they cost about a second a GB): a
+    /// damaged one's session is released before it runs, and the graph loaded again, re-blocked while
+    /// it loads, as if the form had never been stored.
+    ///
+    /// Long because loading is one sequence (the pack, the adapter, the graph and its stored form, its
+    /// tables, its external data, the WebGPU edits, the session) whose steps read what the ones
+    /// before found; each step of more than a few lines is a function of its own.
+    async fn open_with(
+        graph: Graph,
+        params: &GenerateParams,
+        checked: &[String],
+        arrived: Arrival,
+        stored_form: bool,
     ) -> Result<Stage, StageWorkerError> {
         let (backend, profile) = (params.backend, params.profile);
         let (record, dir) = opfs::installed_pack().await.ok_or(StageWorkerError::NoPack)?;
@@ -53,33 +67,24 @@ impl Stage {
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
         // The wasm backend's kernels need no re-blocking.
         let block32 = match backend {
-            Backend::WebGpu => Block32Record::form(record.block32.as_ref(), &name),
+            Backend::WebGpu if stored_form => Block32Record::form(record.block32.as_ref(), &name),
+            Backend::WebGpu => Block32Form::AtLoad,
             Backend::Wasm => Block32Form::Unchanged,
         };
-        let StoredForm { form: block32, onnx: stored_onnx, checked_form, check_ms: stored_form_check_ms } =
-            StoredForm::if_sound(&record.commit, &dir, block32, checked).await;
-        let (name, bytes) = match (&block32, stored_onnx) {
-            (Block32Form::Stored(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
+        let StoredForm { form: block32, onnx: stored_onnx, unchecked, check_ms } =
+            StoredForm::if_whole(&record.commit, &dir, block32, checked).await;
+        let stored = match &block32 {
+            Block32Form::Stored(stored) => Some(*stored),
+            _ => None,
+        };
+        let (name, bytes) = match (stored, stored_onnx) {
+            (Some(stored), Some(onnx)) => (stored.onnx.clone(), onnx),
             _ => (name, bytes),
         };
         let (bytes, taken_out) = tables::take_out(&bytes)
             .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
-        let mut tables = Vec::new();
-        for table in taken_out {
-            let file = open_external(&dir, &name, &table.source.file).await?;
-            tables.push((table, file));
-        }
-        let broken = |source| StageWorkerError::Graph { graph: name.clone(), source };
-        let mut external = Vec::new();
-        let mut files = HashMap::new();
-        for external_file in pack::external_data_locations(&bytes).map_err(broken)? {
-            // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
-            let pack::ExternalFile { location, file } = external_file;
-            let handle = opfs::file_handle(&dir, &file, false).await;
-            let data = handle.map_err(|e| external_data_error(&name, &file, e))?;
-            external.push(ExternalData { path: location.clone(), data: data.into() });
-            files.insert(location, file);
-        }
+        let tables = open_tables(&dir, &name, taken_out).await?;
+        let (mut external, files) = external_data(&dir, &name, &bytes).await?;
         let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
@@ -100,31 +105,38 @@ impl Stage {
         };
         injected_failure(graph).await?;
         let started_at_ms = js_sys::Date::now();
-        let started = now_ms();
-        let pieces = match params.decoder_piece_bytes(graph) {
-            Some(max) => pieces(&name, &bytes, params, max),
-            None => Vec::new(),
-        };
-        let loaded = if pieces.len() > 1 {
-            ort::Chain::create(pieces, &external).await.map(Loaded::Chain)
-        } else {
-            Session::create(&Uint8Array::from(bytes.as_slice()), &external, &provider, profile)
-                .await
-                .map(Loaded::Whole)
+        let create = timed(create_session(&name, bytes, &external, &provider, params, graph, profile));
+        let check = timed(async move {
+            match (unchecked, stored) {
+                (Some(unchecked), Some(stored)) => Some(unchecked.check(stored).await),
+                _ => None,
+            }
+        });
+        let ((loaded, session_create_ms), (checked_now, hash_ms)) = futures_util::join!(create, check);
+        let checked_form = match checked_now {
+            Some(Err(why)) => {
+                if let Ok(session) = loaded {
+                    session.release().await.log_error("releasing the session");
+                }
+                warn_damaged(stored.map_or(name.as_str(), |s| s.graph.as_str()), &why);
+                return Box::pin(Stage::open_with(graph, params, checked, arrived, false)).await;
+            }
+            Some(Ok(key)) => Some(key),
+            None => None,
         };
         let session = loaded.map_err(|source| StageWorkerError::Load { graph: name.clone(), source })?;
         let timing = StageTiming {
             graph_file: name,
             reblocked_at_load,
             checked_form,
-            stored_form_check_ms,
+            stored_form_check_ms: check_ms + hash_ms,
             fused_attention: fused_attention as u32,
             chunked_attention: chunked_attention as u32,
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
             started_at_ms,
-            session_create_ms: now_ms() - started,
+            session_create_ms,
             ..StageTiming::default()
         };
         report(&StageReport::SessionCreated { timing: timing.clone() }, None);
@@ -298,50 +310,117 @@ pub(super) fn f32_from_buffer(
     }
 }
 
-/// The stored re-blocked form a stage loads, if it is sound. A stored form is loaded only as it was
-/// stored: its lengths checked at every load, its checksums at its first load in this document's life.
-/// A damaged one is left alone (the job stores it again after it) and the graph re-blocked while it
-/// loads, as if the form had never been stored.
+/// The stored re-blocked form a stage loads, if its lengths are right. A stored form is loaded only
+/// as it was stored: its lengths checked at every load, its checksums at its first load in this
+/// document's life ([`Stage::open_with`]). A damaged one is left alone (the job stores it again after
+/// it) and the graph re-blocked while it loads, as if the form had never been stored.
 struct StoredForm<'r> {
-    /// `AtLoad` in place of a stored form that is not sound.
+    /// `AtLoad` in place of a stored form whose lengths are wrong.
     form: Block32Form<'r>,
-    /// The stored form's graph, where it is sound.
+    /// The stored form's graph, where its lengths are right.
     onnx: Option<Vec<u8>>,
-    /// The form (`<commit>:<file>`) whose checksums were checked now.
-    checked_form: Option<String>,
-    /// How long the check took.
+    /// Its checksums, where this document has not checked them yet.
+    unchecked: Option<UncheckedForm>,
+    /// How long reading it and checking its lengths took.
     check_ms: f64,
 }
 
 impl<'r> StoredForm<'r> {
-    async fn if_sound(
+    async fn if_whole(
         commit: &str,
         dir: &web_sys::FileSystemDirectoryHandle,
         form: Block32Form<'r>,
         checked: &[String],
     ) -> StoredForm<'r> {
         let Block32Form::Stored(stored) = form else {
-            return StoredForm { form, onnx: None, checked_form: None, check_ms: 0.0 };
+            return StoredForm { form, onnx: None, unchecked: None, check_ms: 0.0 };
         };
         let key = format!("{commit}:{}", stored.onnx);
-        let full = !checked.contains(&key);
-        let started = now_ms();
-        let read = stored_form(dir, stored, full).await;
-        let check_ms = now_ms() - started;
+        let checksums = !checked.contains(&key);
+        let (read, check_ms) = timed(stored_form(dir, stored, key, checksums)).await;
         match read {
-            Ok(onnx) => StoredForm { form, onnx: Some(onnx), checked_form: full.then_some(key), check_ms },
+            Ok((onnx, unchecked)) => StoredForm { form, onnx: Some(onnx), unchecked, check_ms },
             Err(why) => {
-                web_sys::console::warn_1(
-                    &format!(
-                        "imagine: the stored form of {} is not loaded ({why}): re-blocked while loading, and \
-                         stored again after the job",
-                        stored.graph
-                    )
-                    .into(),
-                );
-                StoredForm { form: Block32Form::AtLoad, onnx: None, checked_form: None, check_ms }
+                warn_damaged(&stored.graph, &why);
+                StoredForm { form: Block32Form::AtLoad, onnx: None, unchecked: None, check_ms }
             }
         }
+    }
+}
+
+fn warn_damaged(graph: &str, why: &str) {
+    web_sys::console::warn_1(
+        &format!(
+            "imagine: the stored form of {graph} is not loaded ({why}): re-blocked while loading, and stored \
+             again after the job"
+        )
+        .into(),
+    );
+}
+
+/// The files of the tables `taken_out` of the graph `name`, opened.
+async fn open_tables(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    name: &str,
+    taken_out: Vec<TableLookup>,
+) -> Result<Vec<(TableLookup, web_sys::File)>, StageWorkerError> {
+    let mut tables = Vec::new();
+    for table in taken_out {
+        let file = open_external(dir, name, &table.source.file).await?;
+        tables.push((table, file));
+    }
+    Ok(tables)
+}
+
+/// The external data of `bytes` (the graph `name`) as ORT reads it, each location's file handle, and
+/// the file each location names.
+async fn external_data(
+    dir: &web_sys::FileSystemDirectoryHandle,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(Vec<ExternalData>, HashMap<String, String>), StageWorkerError> {
+    let broken = |source| StageWorkerError::Graph { graph: name.to_owned(), source };
+    let mut external = Vec::new();
+    let mut files = HashMap::new();
+    for external_file in pack::external_data_locations(bytes).map_err(broken)? {
+        // Opened by the name the planner downloaded it under, handed to ORT under the graph's own.
+        let pack::ExternalFile { location, file } = external_file;
+        let handle = opfs::file_handle(dir, &file, false).await;
+        let data = handle.map_err(|e| external_data_error(name, &file, e))?;
+        external.push(ExternalData { path: location.clone(), data: data.into() });
+        files.insert(location, file);
+    }
+    Ok((external, files))
+}
+
+/// What `future` gives, and how long it took (ms).
+async fn timed<T>(future: impl Future<Output = T>) -> (T, f64) {
+    let started = now_ms();
+    let out = future.await;
+    (out, now_ms() - started)
+}
+
+/// `bytes` (the graph `name`) made into ORT's session, or a chain of sessions where `params` cut the
+/// decoder into pieces.
+async fn create_session(
+    name: &str,
+    bytes: Vec<u8>,
+    external: &[ExternalData],
+    provider: &Provider,
+    params: &GenerateParams,
+    graph: Graph,
+    profile: bool,
+) -> Result<Loaded, OrtError> {
+    let pieces = match params.decoder_piece_bytes(graph) {
+        Some(max) => pieces(name, &bytes, params, max),
+        None => Vec::new(),
+    };
+    if pieces.len() > 1 {
+        ort::Chain::create(pieces, external).await.map(Loaded::Chain)
+    } else {
+        Session::create(&Uint8Array::from(bytes.as_slice()), external, provider, profile)
+            .await
+            .map(Loaded::Whole)
     }
 }
 
