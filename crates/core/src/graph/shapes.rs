@@ -69,242 +69,320 @@ const BROADCAST: &[&str] = &["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "S
 /// (`None` for an omitted optional input), or why not.
 pub(super) fn output_infos(node: &Node, inputs: &[Option<&Info>]) -> Result<Vec<Info>, String> {
     if !matches!(node.domain, "" | "ai.onnx") {
-        return Err("the split has no rule for the operator".into());
+        return Err(NO_RULE.into());
     }
-    let input = |i: usize| -> Result<&Info, String> {
-        inputs.get(i).copied().flatten().ok_or_else(|| format!("its input {i} is missing"))
+    let op = node.op_type;
+    let rule: Rule = match op {
+        _ if SAME_SHAPE.contains(&op) => same_shape,
+        _ if BROADCAST.contains(&op) => broadcast_elementwise,
+        "Cast" => cast,
+        "Conv" | "ConvTranspose" => {
+            |at| Ok(Info::new(at.input(0)?.elem, convolution(at.node, at.input(0)?, at.input(1)?)?))
+        }
+        "MatMul" => |at| Ok(Info::new(at.input(0)?.elem, matmul(&at.input(0)?.dims, &at.input(1)?.dims)?)),
+        "Gemm" => gemm,
+        "Reshape" => reshape,
+        "Transpose" => transpose,
+        "Flatten" => flatten,
+        "Squeeze" => squeeze,
+        "Unsqueeze" => unsqueeze,
+        "Expand" => expand,
+        "Concat" => concat,
+        "Slice" => slice,
+        "Gather" => gather,
+        "Shape" => shape,
+        "Size" => {
+            |at| Ok(Info::new(INT64, Vec::new()).with_known(Some(vec![at.input(0)?.elements() as f64])))
+        }
+        "Constant" => |at| constant(at.node),
+        "ConstantOfShape" => constant_of_shape,
+        "Resize" | "Upsample" => {
+            |at| Ok(Info::new(at.input(0)?.elem, resize(at.node, at.inputs, &at.input(0)?.dims)?))
+        }
+        _ => return Err(NO_RULE.into()),
     };
-    let known = |i: usize, what: &str| -> Result<Vec<f64>, String> {
-        input(i)?
-            .known
-            .clone()
-            .ok_or_else(|| format!("its {what} ({:?}) is not a value the split can evaluate", node.inputs[i]))
-    };
-    let ints = |i: usize, what: &str| -> Result<Vec<i64>, String> {
-        Ok(known(i, what)?.into_iter().map(|v| v as i64).collect())
-    };
-    let optional_ints = |i: usize, what: &str| -> Result<Option<Vec<i64>>, String> {
-        match inputs.get(i).copied().flatten() {
-            Some(_) => ints(i, what).map(Some),
+    Ok(vec![rule(&Operands { node, inputs })?])
+}
+
+const NO_RULE: &str = "the split has no rule for the operator";
+
+/// How one operator's output info follows from its operands.
+type Rule = fn(&Operands) -> Result<Info, String>;
+
+/// A node and its inputs' infos, read with the error messages every rule shares.
+struct Operands<'n, 'a> {
+    node: &'n Node<'a>,
+    inputs: &'n [Option<&'n Info>],
+}
+
+impl Operands<'_, '_> {
+    fn input(&self, i: usize) -> Result<&Info, String> {
+        self.inputs.get(i).copied().flatten().ok_or_else(|| format!("its input {i} is missing"))
+    }
+
+    fn known(&self, i: usize, what: &str) -> Result<Vec<f64>, String> {
+        self.input(i)?.known.clone().ok_or_else(|| {
+            format!("its {what} ({:?}) is not a value the split can evaluate", self.node.inputs[i])
+        })
+    }
+
+    fn ints(&self, i: usize, what: &str) -> Result<Vec<i64>, String> {
+        Ok(self.known(i, what)?.into_iter().map(|v| v as i64).collect())
+    }
+
+    /// `None` for an omitted input.
+    fn optional_ints(&self, i: usize, what: &str) -> Result<Option<Vec<i64>>, String> {
+        match self.inputs.get(i).copied().flatten() {
+            Some(_) => self.ints(i, what).map(Some),
             None => Ok(None),
         }
+    }
+
+    fn attr(&self, name: &str) -> Option<i64> {
+        self.node.int_attribute(name).map(|v| v as i64)
+    }
+
+    /// Integers from the attribute `name` (older opsets) or else from input `i`.
+    fn attribute_or_input(&self, name: &str, i: usize) -> Result<Option<Vec<i64>>, String> {
+        match self.node.ints_attribute(name) {
+            Some(values) => Ok(Some(values)),
+            None => self.optional_ints(i, name),
+        }
+    }
+}
+
+/// Only `Identity` passes its values through.
+fn same_shape(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let known = if at.node.op_type == "Identity" { x.known.clone() } else { None };
+    Ok(Info::new(x.elem, x.dims.clone()).with_known(known))
+}
+
+/// The four arithmetic operators of two inputs are evaluated, for shape arithmetic.
+fn broadcast_elementwise(at: &Operands) -> Result<Info, String> {
+    let mut dims = at.input(0)?.dims.clone();
+    for i in 1..at.inputs.len() {
+        dims = broadcast(&dims, &at.input(i)?.dims)?;
+    }
+    let x = at.input(0)?;
+    let op = at.node.op_type;
+    let known = match (op, at.inputs) {
+        ("Add" | "Sub" | "Mul" | "Div", [Some(a), Some(b)]) => elementwise(op, x.elem, a, b, &dims),
+        _ => None,
     };
-    let attr = |name: &str| node.int_attribute(name).map(|v| v as i64);
-    let op = node.op_type;
-    let info = match op {
-        _ if SAME_SHAPE.contains(&op) => {
-            let x = input(0)?;
-            Info::new(x.elem, x.dims.clone()).with_known(if op == "Identity" {
-                x.known.clone()
-            } else {
-                None
+    Ok(Info::new(x.elem, dims).with_known(known))
+}
+
+/// A cast to an integer type truncates the known values.
+fn cast(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let to = at.attr("to").ok_or("it has no `to`")? as u64;
+    let known =
+        x.known.clone().map(|v| if is_float(to) { v } else { v.into_iter().map(f64::trunc).collect() });
+    Ok(Info::new(to, x.dims.clone()).with_known(known))
+}
+
+fn gemm(at: &Operands) -> Result<Info, String> {
+    let (a, b) = (&at.input(0)?.dims, &at.input(1)?.dims);
+    if a.len() != 2 || b.len() != 2 {
+        return Err("its inputs are not matrices".into());
+    }
+    let m = if at.attr("transA") == Some(1) { a[1] } else { a[0] };
+    let n = if at.attr("transB") == Some(1) { b[0] } else { b[1] };
+    Ok(Info::new(at.input(0)?.elem, vec![m, n]))
+}
+
+fn reshape(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let dims = reshaped_dims(&x.dims, &at.ints(1, "shape")?, at.attr("allowzero") == Some(1))?;
+    Ok(Info::new(x.elem, dims).with_known(x.known.clone()))
+}
+
+/// Values are kept only where the order of elements cannot change (rank 1 or less).
+fn transpose(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let perm = at.node.ints_attribute("perm").unwrap_or_else(|| (0..x.dims.len() as i64).rev().collect());
+    let mut sorted = perm.clone();
+    sorted.sort_unstable();
+    if sorted != (0..x.dims.len() as i64).collect::<Vec<_>>() {
+        return Err(format!("its perm {perm:?} is not a permutation of {} axes", x.dims.len()));
+    }
+    let known = if x.dims.len() <= 1 { x.known.clone() } else { None };
+    Ok(Info::new(x.elem, perm.iter().map(|&p| x.dims[p as usize]).collect()).with_known(known))
+}
+
+fn flatten(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let rank = x.dims.len() as i64;
+    let axis = at.attr("axis").unwrap_or(1);
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..=rank).contains(&axis) {
+        return Err(format!("its axis is outside {rank} dims"));
+    }
+    let axis = axis as usize;
+    let outer = x.dims[..axis].iter().product();
+    Ok(Info::new(x.elem, vec![outer, x.dims[axis..].iter().product()]).with_known(x.known.clone()))
+}
+
+/// Without axes, every dim of 1 goes.
+fn squeeze(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let dims = match at.attribute_or_input("axes", 1)? {
+        None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
+        Some(axes) => {
+            let axes = axes.iter().map(|&a| axis(a, x.dims.len())).collect::<Result<Vec<_>, _>>()?;
+            if axes.iter().any(|&a| x.dims[a] != 1) {
+                return Err(format!("it squeezes axes {axes:?} of {:?}, not all 1", x.dims));
+            }
+            x.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+        }
+    };
+    Ok(Info::new(x.elem, dims).with_known(x.known.clone()))
+}
+
+fn unsqueeze(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let axes = match at.node.ints_attribute("axes") {
+        Some(axes) => axes,
+        None => at.ints(1, "axes")?,
+    };
+    let rank = x.dims.len() + axes.len();
+    let mut axes = axes.iter().map(|&a| axis(a, rank)).collect::<Result<Vec<_>, _>>()?;
+    axes.sort_unstable();
+    let mut dims = x.dims.clone();
+    for a in axes {
+        if a > dims.len() {
+            return Err(format!("it inserts axis {a} into {} dims", dims.len()));
+        }
+        dims.insert(a, 1);
+    }
+    Ok(Info::new(x.elem, dims).with_known(x.known.clone()))
+}
+
+fn expand(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let shape = non_negative(at.ints(1, "shape")?)?;
+    Ok(Info::new(x.elem, broadcast(&x.dims, &shape)?))
+}
+
+/// The values of 1-D inputs are concatenated too (shape arithmetic builds shapes so).
+fn concat(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let rank = x.dims.len();
+    let axis = axis(at.attr("axis").ok_or("it has no `axis`")?, rank)?;
+    let mut dims = x.dims.clone();
+    dims[axis] = 0;
+    let mut known = Some(Vec::new());
+    for i in 0..at.inputs.len() {
+        let y = at.input(i)?;
+        let same_rest = y.dims.len() == rank && (0..rank).all(|k| k == axis || y.dims[k] == x.dims[k]);
+        if !same_rest {
+            return Err(format!("its inputs {:?} and {:?} do not concatenate", x.dims, y.dims));
+        }
+        dims[axis] += y.dims[axis];
+        known = known.zip(y.known.as_ref()).map(|(mut k, v)| {
+            k.extend(v);
+            k
+        });
+    }
+    Ok(Info::new(x.elem, dims).with_known(if rank == 1 { known } else { None }))
+}
+
+/// The values of a 1-D input are sliced too.
+fn slice(at: &Operands) -> Result<Info, String> {
+    let x = at.input(0)?;
+    let SliceArguments { starts, ends, axes, steps } = slice_arguments(at)?;
+    let mut dims = x.dims.clone();
+    let mut taken = None;
+    for k in 0..starts.len() {
+        let a = axis(axes[k], dims.len())?;
+        let (first, step, count) = slice_range(x.dims[a] as i64, starts[k], ends[k], steps[k])?;
+        dims[a] = count;
+        taken = Some((first, step, count));
+    }
+    let known = match (&x.known, taken) {
+        (Some(v), Some((first, step, count))) if x.dims.len() == 1 => {
+            (0..count as i64).map(|j| v.get((first + j * step) as usize).copied()).collect()
+        }
+        _ => None,
+    };
+    Ok(Info::new(x.elem, dims).with_known(known))
+}
+
+/// `Slice`'s arguments, one of each per sliced axis.
+struct SliceArguments {
+    starts: Vec<i64>,
+    ends: Vec<i64>,
+    axes: Vec<i64>,
+    steps: Vec<i64>,
+}
+
+/// From attributes (opset 1) or inputs (opset 10 on), with ONNX's defaults.
+fn slice_arguments(at: &Operands) -> Result<SliceArguments, String> {
+    let node = at.node;
+    let (starts, ends, axes, steps) = match node.ints_attribute("starts") {
+        Some(starts) => {
+            (starts, node.ints_attribute("ends").unwrap_or_default(), node.ints_attribute("axes"), None)
+        }
+        None => (
+            at.ints(1, "starts")?,
+            at.ints(2, "ends")?,
+            at.optional_ints(3, "axes")?,
+            at.optional_ints(4, "steps")?,
+        ),
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("its starts, ends, axes and steps differ in length".into());
+    }
+    Ok(SliceArguments { starts, ends, axes, steps })
+}
+
+/// The values of a 1-D input are gathered too (negative indices count from the end).
+fn gather(at: &Operands) -> Result<Info, String> {
+    let (x, indices) = (at.input(0)?, at.input(1)?);
+    let a = axis(at.attr("axis").unwrap_or(0), x.dims.len())?;
+    let dims = [&x.dims[..a], &indices.dims[..], &x.dims[a + 1..]].concat();
+    let known = match (&x.known, &indices.known) {
+        (Some(values), Some(idx)) if x.dims.len() == 1 => idx
+            .iter()
+            .map(|&i| {
+                let i = if i < 0.0 { i + values.len() as f64 } else { i };
+                values.get(i as usize).copied()
             })
-        }
-        _ if BROADCAST.contains(&op) => {
-            let mut dims = input(0)?.dims.clone();
-            for i in 1..inputs.len() {
-                dims = broadcast(&dims, &input(i)?.dims)?;
-            }
-            let x = input(0)?;
-            let known = match (op, inputs) {
-                ("Add" | "Sub" | "Mul" | "Div", [Some(a), Some(b)]) => elementwise(op, x.elem, a, b, &dims),
-                _ => None,
-            };
-            Info::new(x.elem, dims).with_known(known)
-        }
-        "Cast" => {
-            let x = input(0)?;
-            let to = attr("to").ok_or("it has no `to`")? as u64;
-            let known =
-                x.known
-                    .clone()
-                    .map(|v| if is_float(to) { v } else { v.into_iter().map(f64::trunc).collect() });
-            Info::new(to, x.dims.clone()).with_known(known)
-        }
-        "Conv" | "ConvTranspose" => Info::new(input(0)?.elem, convolution(node, input(0)?, input(1)?)?),
-        "MatMul" => Info::new(input(0)?.elem, matmul(&input(0)?.dims, &input(1)?.dims)?),
-        "Gemm" => {
-            let (a, b) = (&input(0)?.dims, &input(1)?.dims);
-            if a.len() != 2 || b.len() != 2 {
-                return Err("its inputs are not matrices".into());
-            }
-            let m = if attr("transA") == Some(1) { a[1] } else { a[0] };
-            let n = if attr("transB") == Some(1) { b[0] } else { b[1] };
-            Info::new(input(0)?.elem, vec![m, n])
-        }
-        "Reshape" => {
-            let x = input(0)?;
-            Info::new(x.elem, reshape(&x.dims, &ints(1, "shape")?, attr("allowzero") == Some(1))?)
-                .with_known(x.known.clone())
-        }
-        "Transpose" => {
-            let x = input(0)?;
-            let perm =
-                node.ints_attribute("perm").unwrap_or_else(|| (0..x.dims.len() as i64).rev().collect());
-            let mut sorted = perm.clone();
-            sorted.sort_unstable();
-            if sorted != (0..x.dims.len() as i64).collect::<Vec<_>>() {
-                return Err(format!("its perm {perm:?} is not a permutation of {} axes", x.dims.len()));
-            }
-            let known = if x.dims.len() <= 1 { x.known.clone() } else { None };
-            Info::new(x.elem, perm.iter().map(|&p| x.dims[p as usize]).collect()).with_known(known)
-        }
-        "Flatten" => {
-            let x = input(0)?;
-            let rank = x.dims.len() as i64;
-            let axis = attr("axis").unwrap_or(1);
-            let axis = if axis < 0 { axis + rank } else { axis };
-            if !(0..=rank).contains(&axis) {
-                return Err(format!("its axis is outside {rank} dims"));
-            }
-            let axis = axis as usize;
-            let outer = x.dims[..axis].iter().product();
-            Info::new(x.elem, vec![outer, x.dims[axis..].iter().product()]).with_known(x.known.clone())
-        }
-        "Squeeze" => {
-            let x = input(0)?;
-            let axes = match node.ints_attribute("axes") {
-                Some(axes) => Some(axes),
-                None => optional_ints(1, "axes")?,
-            };
-            let dims = match axes {
-                None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
-                Some(axes) => {
-                    let axes = axes.iter().map(|&a| axis(a, x.dims.len())).collect::<Result<Vec<_>, _>>()?;
-                    if axes.iter().any(|&a| x.dims[a] != 1) {
-                        return Err(format!("it squeezes axes {axes:?} of {:?}, not all 1", x.dims));
-                    }
-                    x.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
-                }
-            };
-            Info::new(x.elem, dims).with_known(x.known.clone())
-        }
-        "Unsqueeze" => {
-            let x = input(0)?;
-            let axes = match node.ints_attribute("axes") {
-                Some(axes) => axes,
-                None => ints(1, "axes")?,
-            };
-            let rank = x.dims.len() + axes.len();
-            let mut axes = axes.iter().map(|&a| axis(a, rank)).collect::<Result<Vec<_>, _>>()?;
-            axes.sort_unstable();
-            let mut dims = x.dims.clone();
-            for a in axes {
-                if a > dims.len() {
-                    return Err(format!("it inserts axis {a} into {} dims", dims.len()));
-                }
-                dims.insert(a, 1);
-            }
-            Info::new(x.elem, dims).with_known(x.known.clone())
-        }
-        "Expand" => {
-            let x = input(0)?;
-            let shape = ints(1, "shape")?;
-            if shape.iter().any(|&d| d < 0) {
-                return Err(format!("its shape {shape:?} has a negative dim"));
-            }
-            Info::new(x.elem, broadcast(&x.dims, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>())?)
-        }
-        "Concat" => {
-            let x = input(0)?;
-            let rank = x.dims.len();
-            let axis = axis(attr("axis").ok_or("it has no `axis`")?, rank)?;
-            let mut dims = x.dims.clone();
-            dims[axis] = 0;
-            let mut known = Some(Vec::new());
-            for i in 0..inputs.len() {
-                let y = input(i)?;
-                let same_rest =
-                    y.dims.len() == rank && (0..rank).all(|k| k == axis || y.dims[k] == x.dims[k]);
-                if !same_rest {
-                    return Err(format!("its inputs {:?} and {:?} do not concatenate", x.dims, y.dims));
-                }
-                dims[axis] += y.dims[axis];
-                known = known.zip(y.known.as_ref()).map(|(mut k, v)| {
-                    k.extend(v);
-                    k
-                });
-            }
-            Info::new(x.elem, dims).with_known(if rank == 1 { known } else { None })
-        }
-        "Slice" => {
-            let x = input(0)?;
-            let (starts, ends, axes, steps) = match node.ints_attribute("starts") {
-                Some(starts) => (
-                    starts,
-                    node.ints_attribute("ends").unwrap_or_default(),
-                    node.ints_attribute("axes"),
-                    None,
-                ),
-                None => (
-                    ints(1, "starts")?,
-                    ints(2, "ends")?,
-                    optional_ints(3, "axes")?,
-                    optional_ints(4, "steps")?,
-                ),
-            };
-            let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
-            let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
-            if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-                return Err("its starts, ends, axes and steps differ in length".into());
-            }
-            let mut dims = x.dims.clone();
-            let mut taken = None;
-            for k in 0..starts.len() {
-                let a = axis(axes[k], dims.len())?;
-                let (first, step, count) = slice_range(x.dims[a] as i64, starts[k], ends[k], steps[k])?;
-                dims[a] = count;
-                taken = Some((first, step, count));
-            }
-            let known = match (&x.known, taken) {
-                (Some(v), Some((first, step, count))) if x.dims.len() == 1 => {
-                    (0..count as i64).map(|j| v.get((first + j * step) as usize).copied()).collect()
-                }
-                _ => None,
-            };
-            Info::new(x.elem, dims).with_known(known)
-        }
-        "Gather" => {
-            let (x, indices) = (input(0)?, input(1)?);
-            let a = axis(attr("axis").unwrap_or(0), x.dims.len())?;
-            let dims = [&x.dims[..a], &indices.dims[..], &x.dims[a + 1..]].concat();
-            let known = match (&x.known, &indices.known) {
-                (Some(values), Some(idx)) if x.dims.len() == 1 => idx
-                    .iter()
-                    .map(|&i| {
-                        let i = if i < 0.0 { i + values.len() as f64 } else { i };
-                        values.get(i as usize).copied()
-                    })
-                    .collect(),
-                _ => None,
-            };
-            Info::new(x.elem, dims).with_known(known)
-        }
-        "Shape" => {
-            let dims = &input(0)?.dims;
-            let rank = dims.len() as i64;
-            let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
-            let (start, end) = (clamp(attr("start").unwrap_or(0)), clamp(attr("end").unwrap_or(rank)));
-            let shape: Vec<f64> = dims[start..end.max(start)].iter().map(|&d| d as f64).collect();
-            Info::new(INT64, vec![shape.len() as u64]).with_known(Some(shape))
-        }
-        "Size" => Info::new(INT64, Vec::new()).with_known(Some(vec![input(0)?.elements() as f64])),
-        "Constant" => constant(node)?,
-        "ConstantOfShape" => {
-            let shape = ints(0, "shape")?;
-            if shape.iter().any(|&d| d < 0) {
-                return Err(format!("its shape {shape:?} has a negative dim"));
-            }
-            let elem = match tensor_attribute(node, "value") {
-                Some(t) => read_tensor(t).map_err(|e| e.to_string())?.data_type,
-                None => FLOAT,
-            };
-            Info::new(elem, shape.iter().map(|&d| d as u64).collect())
-        }
-        "Resize" | "Upsample" => Info::new(input(0)?.elem, resize(node, inputs, &input(0)?.dims)?),
-        _ => return Err("the split has no rule for the operator".into()),
+            .collect(),
+        _ => None,
     };
-    Ok(vec![info])
+    Ok(Info::new(x.elem, dims).with_known(known))
+}
+
+/// The known values are the input's dims from `start` to `end`.
+fn shape(at: &Operands) -> Result<Info, String> {
+    let dims = &at.input(0)?.dims;
+    let rank = dims.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+    let (start, end) = (clamp(at.attr("start").unwrap_or(0)), clamp(at.attr("end").unwrap_or(rank)));
+    let shape: Vec<f64> = dims[start..end.max(start)].iter().map(|&d| d as f64).collect();
+    Ok(Info::new(INT64, vec![shape.len() as u64]).with_known(Some(shape)))
+}
+
+/// Of the type of its `value` attribute, float without one.
+fn constant_of_shape(at: &Operands) -> Result<Info, String> {
+    let shape = non_negative(at.ints(0, "shape")?)?;
+    let elem = match tensor_attribute(at.node, "value") {
+        Some(t) => read_tensor(t).map_err(|e| e.to_string())?.data_type,
+        None => FLOAT,
+    };
+    Ok(Info::new(elem, shape))
+}
+
+/// A shape given as values, which must not be negative.
+fn non_negative(shape: Vec<i64>) -> Result<Vec<u64>, String> {
+    if shape.iter().any(|&d| d < 0) {
+        return Err(format!("its shape {shape:?} has a negative dim"));
+    }
+    Ok(shape.iter().map(|&d| d as u64).collect())
 }
 
 /// `axis` (negative from the end) of `rank` axes.
@@ -367,7 +445,7 @@ fn elementwise(op: &str, elem: u64, a: &Info, b: &Info, dims: &[u64]) -> Option<
         .collect()
 }
 
-fn reshape(dims: &[u64], shape: &[i64], allowzero: bool) -> Result<Vec<u64>, String> {
+fn reshaped_dims(dims: &[u64], shape: &[i64], allowzero: bool) -> Result<Vec<u64>, String> {
     let mut out = Vec::with_capacity(shape.len());
     let mut inferred = None;
     for (i, &s) in shape.iter().enumerate() {
