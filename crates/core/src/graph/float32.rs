@@ -9,7 +9,6 @@ use super::{
     f16_to_f32_vec, EmbeddingLookup, LookupPolicy, NewFile, Options, Plan, Range, Rewrite, RewriteError,
     TensorCopy,
 };
-use crate::graph::tables::{ElemType, TableLookup};
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
 
@@ -222,7 +221,12 @@ fn rewrite_value_info(bytes: &[u8]) -> Result<Option<Vec<u8>>, RewriteError> {
 
 /// A graph input `name` of element type `elem_type` (an ONNX `DataType`) shaped like `ids` plus
 /// `trailing` dims.
-fn lookup_input(name: &str, elem_type: u64, ids: &[u8], trailing: &[u64]) -> Result<Vec<u8>, RewriteError> {
+pub(super) fn lookup_input(
+    name: &str,
+    elem_type: u64,
+    ids: &[u8],
+    trailing: &[u64],
+) -> Result<Vec<u8>, RewriteError> {
     let mut tensor = varint_field(TENSOR_TYPE_ELEM_TYPE, elem_type);
     if let Some(dims) = shape_dims(ids)? {
         let mut shape: Vec<u8> = dims.concat();
@@ -237,7 +241,7 @@ fn lookup_input(name: &str, elem_type: u64, ids: &[u8], trailing: &[u64]) -> Res
 }
 
 /// The Gathers that read `table` (none else may), or why the table cannot leave the graph.
-fn lookup_gathers<'n>(
+pub(super) fn lookup_gathers<'n>(
     table: &Tensor,
     nodes: &'n [Node],
     inputs: &HashMap<&str, &[u8]>,
@@ -315,19 +319,22 @@ pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError>
 }
 
 /// What the rewrites read of a GraphProto.
-struct GraphParts<'a> {
-    nodes: Vec<Node<'a>>,
+pub(super) struct GraphParts<'a> {
+    pub(super) nodes: Vec<Node<'a>>,
     /// Each initializer with the index of its field in the graph, in graph order.
-    initializers: Vec<(usize, Tensor)>,
+    pub(super) initializers: Vec<(usize, Tensor)>,
     /// The graph's inputs by name, with their ValueInfoProto's bytes.
-    inputs: HashMap<&'a str, &'a [u8]>,
-    outputs: HashSet<&'a str>,
+    pub(super) inputs: HashMap<&'a str, &'a [u8]>,
+    pub(super) outputs: HashSet<&'a str>,
     /// The first sparse initializer's bytes, if the graph has one.
-    sparse: Option<&'a [u8]>,
+    pub(super) sparse: Option<&'a [u8]>,
 }
 
 /// Reads the nodes, initializers, inputs and outputs of a GraphProto's `fields`.
-fn read_graph<'a>(fields: &[Field<'a>], what: &'static str) -> Result<GraphParts<'a>, RewriteError> {
+pub(super) fn read_graph<'a>(
+    fields: &[Field<'a>],
+    what: &'static str,
+) -> Result<GraphParts<'a>, RewriteError> {
     let mut graph = GraphParts {
         nodes: Vec::new(),
         initializers: Vec::new(),
@@ -355,41 +362,70 @@ fn read_graph<'a>(fields: &[Field<'a>], what: &'static str) -> Result<GraphParts
     Ok(graph)
 }
 
-fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), RewriteError> {
-    const WHAT: &str = "GraphProto";
-    let fields = wire::parse(graph, WHAT)?;
+pub(super) const GRAPH_PROTO: &str = "GraphProto";
 
-    // Read.
-    let GraphParts { nodes, initializers, inputs, outputs, sparse } = read_graph(&fields, WHAT)?;
+/// The GraphProto `graph` rewritten, and the plan that completes it.
+fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), RewriteError> {
+    let read = read_checked(graph)?;
+    let taken = take_lookups(&read, options)?;
+    let placed = place_converted(&read, &taken.removed_tables, options)?;
+    let written = write_graph(&read, &taken, &placed.targets, graph.len())?;
+    Ok(written.finish(taken, placed))
+}
+
+/// A graph read for [`rewrite_graph`], every node checked.
+struct Checked<'a> {
+    fields: Vec<Field<'a>>,
+    nodes: Vec<Node<'a>>,
+    /// Each node's rule, in node order.
+    kinds: Vec<Kind>,
+    /// The initializers' field indices, in graph order.
+    order: Vec<usize>,
+    /// The initializers by field index.
+    tensors: HashMap<usize, Tensor>,
+    inputs: HashMap<&'a str, &'a [u8]>,
+    outputs: HashSet<&'a str>,
+}
+
+/// Refuses a sparse initializer and any node the rewrite has no rule for, before anything is decided.
+fn read_checked(graph: &[u8]) -> Result<Checked<'_>, RewriteError> {
+    let fields = wire::parse(graph, GRAPH_PROTO)?;
+    let GraphParts { nodes, initializers, inputs, outputs, sparse } = read_graph(&fields, GRAPH_PROTO)?;
     if let Some(sparse) = sparse {
         return Err(RewriteError::Tensor {
             name: sparse_values(sparse)?.name,
             reason: "it is a sparse initializer, which the rewrite does not convert".into(),
         });
     }
-    let order: Vec<usize> = initializers.iter().map(|(i, _)| *i).collect(); // field indices, in graph order
-    let tensors: HashMap<usize, Tensor> = initializers.into_iter().collect(); // by field index
+    let order = initializers.iter().map(|(i, _)| *i).collect();
+    let tensors = initializers.into_iter().collect();
     let kinds = nodes.iter().map(check_node).collect::<Result<Vec<_>, _>>()?;
-    let initializer_names: HashSet<&str> = tensors.values().map(|t| t.name.as_str()).collect();
+    Ok(Checked { fields, nodes, kinds, order, tensors, inputs, outputs })
+}
 
-    // Decide: which tables leave the graph, which tensors fit.
+/// The tables that leave the graph, and what that changes.
+#[derive(Default)]
+struct Taken {
+    lookups: Vec<EmbeddingLookup>,
+    removed_tables: HashSet<String>,
+    /// The removed Gathers' node indices.
+    removed_nodes: HashSet<usize>,
+    /// The new graph inputs' ValueInfoProtos.
+    new_inputs: Vec<Vec<u8>>,
+    /// GPU bytes the conversion adds, less those of the tables taken out.
+    extra_gpu: i64,
+}
+
+/// Decides, in graph order, which float16 tables leave the graph (as `options.lookup` says) and
+/// refuses any tensor that would fit no GPU buffer.
+fn take_lookups(read: &Checked, options: &Options) -> Result<Taken, RewriteError> {
+    let initializer_names: HashSet<&str> = read.tensors.values().map(|t| t.name.as_str()).collect();
     let limits = options.limits;
-    let mut lookups = Vec::new();
-    let mut removed_tables: HashSet<String> = HashSet::new();
-    let mut removed_nodes: HashSet<usize> = HashSet::new();
-    let mut new_inputs = Vec::new();
-    let mut extra_gpu: i64 = 0;
-    for i in &order {
-        let t = &tensors[i];
+    let mut taken = Taken::default();
+    for i in &read.order {
+        let t = &read.tensors[i];
         let converted = t.data_type == FLOAT16;
-        let after = if converted {
-            t.f16_bytes()? * 2
-        } else {
-            match &t.external {
-                Some(External { length: Some(l), .. }) => *l,
-                _ => 0,
-            }
-        };
+        let after = gpu_bytes(t)?;
         let fits = limits.fits(after);
         let wanted = match options.lookup {
             LookupPolicy::Always => true,
@@ -397,60 +433,99 @@ fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), Rew
             LookupPolicy::Never => false,
         };
         if converted && wanted {
-            match lookup_gathers(t, &nodes, &inputs, &initializer_names, &outputs) {
+            match lookup_gathers(t, &read.nodes, &read.inputs, &initializer_names, &read.outputs) {
                 Ok(gathers) => {
-                    let ext = t.external.as_ref().expect("lookup tables are external");
-                    let row_elements = t.dims[1..].iter().product::<u64>();
-                    for g in gathers {
-                        let ids = g.inputs[1];
-                        new_inputs.push(lookup_input(g.outputs[0], FLOAT, inputs[ids], &t.dims[1..])?);
-                        lookups.push(EmbeddingLookup {
-                            input: g.outputs[0].to_owned(),
-                            ids_input: ids.to_owned(),
-                            table: t.name.clone(),
-                            source: Range { file: ext.file.clone(), offset: ext.offset, length: t.f16_bytes()? },
-                            rows: t.dims[0],
-                            row_elements,
-                        });
-                        removed_nodes.insert(g.index);
-                    }
-                    removed_tables.insert(t.name.clone());
-                    extra_gpu -= t.f16_bytes()? as i64;
+                    taken.take(t, &gathers, &read.inputs)?;
                     continue;
                 }
-                Err(why) if !fits => {
-                    return Err(t.error(format!(
-                        "its float32 form ({after} bytes) does not fit one GPU buffer ({} bytes), and it cannot be looked up outside the graph: {why}",
-                        limits.max_tensor_bytes()
-                    )))
-                }
+                Err(why) if !fits => return Err(too_large(t, after, limits.max_tensor_bytes(), Some(why))),
                 Err(_) => {}
             }
         }
         if !fits {
-            return Err(t.error(if converted {
-                format!(
-                    "its float32 form ({after} bytes) does not fit one GPU buffer ({} bytes), and lookups outside the graph are off",
-                    limits.max_tensor_bytes()
-                )
-            } else {
-                format!(
-                    "it is not converted and its {after} bytes already do not fit one GPU buffer ({} bytes)",
-                    limits.max_tensor_bytes()
-                )
-            }));
+            return Err(too_large(t, after, limits.max_tensor_bytes(), None));
         }
         if converted {
-            extra_gpu += t.f16_bytes()? as i64;
+            taken.extra_gpu += t.f16_bytes()? as i64;
         }
     }
+    Ok(taken)
+}
 
-    // Place the converted external tensors in new files.
-    let mut copies = Vec::new();
-    let mut new_files: Vec<NewFile> = Vec::new();
-    let mut targets: HashMap<usize, Range> = HashMap::new();
-    for i in &order {
-        let t = &tensors[i];
+/// The bytes `t` takes on the GPU after the rewrite: float16 ones twice theirs, others their
+/// external length (inline ones count as 0).
+fn gpu_bytes(t: &Tensor) -> Result<u64, RewriteError> {
+    Ok(if t.data_type == FLOAT16 {
+        t.f16_bytes()? * 2
+    } else {
+        match &t.external {
+            Some(External { length: Some(l), .. }) => *l,
+            _ => 0,
+        }
+    })
+}
+
+/// The refusal of a tensor of `after` bytes on the GPU, over `max`; `lookup_refused` says why it
+/// could not leave the graph, where that was tried.
+fn too_large(t: &Tensor, after: u64, max: u64, lookup_refused: Option<String>) -> RewriteError {
+    t.error(match lookup_refused {
+        Some(why) => format!(
+            "its float32 form ({after} bytes) does not fit one GPU buffer ({max} bytes), and it cannot be looked up outside the graph: {why}"
+        ),
+        None if t.data_type == FLOAT16 => format!(
+            "its float32 form ({after} bytes) does not fit one GPU buffer ({max} bytes), and lookups outside the graph are off"
+        ),
+        None => format!("it is not converted and its {after} bytes already do not fit one GPU buffer ({max} bytes)"),
+    })
+}
+
+impl Taken {
+    /// Takes the float16 table `t` out: each of its `gathers` becomes a float32 graph input.
+    fn take(
+        &mut self,
+        t: &Tensor,
+        gathers: &[&Node],
+        inputs: &HashMap<&str, &[u8]>,
+    ) -> Result<(), RewriteError> {
+        let ext = t.external.as_ref().expect("lookup tables are external");
+        let row_elements = t.dims[1..].iter().product::<u64>();
+        for g in gathers {
+            let ids = g.inputs[1];
+            self.new_inputs.push(lookup_input(g.outputs[0], FLOAT, inputs[ids], &t.dims[1..])?);
+            self.lookups.push(EmbeddingLookup {
+                input: g.outputs[0].to_owned(),
+                ids_input: ids.to_owned(),
+                table: t.name.clone(),
+                source: Range { file: ext.file.clone(), offset: ext.offset, length: t.f16_bytes()? },
+                rows: t.dims[0],
+                row_elements,
+            });
+            self.removed_nodes.insert(g.index);
+        }
+        self.removed_tables.insert(t.name.clone());
+        self.extra_gpu -= t.f16_bytes()? as i64;
+        Ok(())
+    }
+}
+
+/// Where the converted external tensors go.
+#[derive(Default)]
+struct Placed {
+    copies: Vec<TensorCopy>,
+    new_files: Vec<NewFile>,
+    /// Each converted external initializer's new range, by field index.
+    targets: HashMap<usize, Range>,
+}
+
+/// Places the converted external tensors that stay in the graph, in graph order, in new files.
+fn place_converted(
+    read: &Checked,
+    removed_tables: &HashSet<String>,
+    options: &Options,
+) -> Result<Placed, RewriteError> {
+    let mut placed = Placed::default();
+    for i in &read.order {
+        let t = &read.tensors[i];
         let (Some(ext), FLOAT16) = (&t.external, t.data_type) else { continue };
         if removed_tables.contains(&t.name) {
             continue;
@@ -462,119 +537,179 @@ fn rewrite_graph(graph: &[u8], options: &Options) -> Result<(Vec<u8>, Plan), Rew
                 options.max_shard_bytes
             )));
         }
-        let mut offset = new_files.last().map_or(0, |f| f.size.div_ceil(ALIGN) * ALIGN);
-        if new_files.is_empty() || offset + length > options.max_shard_bytes {
-            new_files.push(NewFile { name: options.shard_name(new_files.len()), size: 0 });
-            offset = 0;
-        }
-        let file = new_files.last_mut().expect("a file was just pushed");
-        file.size = offset + length;
-        let target = Range { file: file.name.clone(), offset, length };
-        copies.push(TensorCopy {
+        let target = placed.allocate(length, options);
+        placed.copies.push(TensorCopy {
             tensor: t.name.clone(),
             source: Range { file: ext.file.clone(), offset: ext.offset, length: length / 2 },
             target: target.clone(),
         });
-        targets.insert(*i, target);
+        placed.targets.insert(*i, target);
     }
+    Ok(placed)
+}
 
-    // Write.
-    let new_input_names: HashSet<&str> = lookups.iter().map(|l| l.input.as_str()).collect();
-    let mut out = Vec::with_capacity(graph.len() + graph.len() / 4);
-    let mut float32_io = Vec::new();
-    let mut inline_converted = 0;
-    let mut graph_files: Vec<String> = Vec::new();
-    let mut original_files: Vec<String> = Vec::new();
+impl Placed {
+    /// `length` bytes after the last file's end, aligned, or at the start of a new file where they
+    /// would make it larger than `options.max_shard_bytes`.
+    fn allocate(&mut self, length: u64, options: &Options) -> Range {
+        let mut offset = self.new_files.last().map_or(0, |f| f.size.div_ceil(ALIGN) * ALIGN);
+        if self.new_files.is_empty() || offset + length > options.max_shard_bytes {
+            self.new_files.push(NewFile { name: options.shard_name(self.new_files.len()), size: 0 });
+            offset = 0;
+        }
+        let file = self.new_files.last_mut().expect("a file was just pushed");
+        file.size = offset + length;
+        Range { file: file.name.clone(), offset, length }
+    }
+}
+
+/// The rewritten graph, and what writing it recorded for the plan.
+#[derive(Default)]
+struct Written {
+    out: Vec<u8>,
+    float32_io: Vec<String>,
+    inline_converted: usize,
+    /// The files the new graph reads, in first-use order.
+    graph_files: Vec<String>,
+    /// The files the original graph read, in first-use order.
+    original_files: Vec<String>,
+}
+
+/// Writes the graph field by field, every field it does not change copied as it was, then the
+/// lookups' new inputs.
+fn write_graph(
+    read: &Checked,
+    taken: &Taken,
+    targets: &HashMap<usize, Range>,
+    graph_len: usize,
+) -> Result<Written, RewriteError> {
+    let new_input_names: HashSet<&str> = taken.lookups.iter().map(|l| l.input.as_str()).collect();
+    let mut written = Written { out: Vec::with_capacity(graph_len + graph_len / 4), ..Written::default() };
     let mut node_index = 0;
-    for (i, f) in fields.iter().enumerate() {
+    for (i, f) in read.fields.iter().enumerate() {
         match f.number {
             GRAPH_NODE => {
-                let (node, kind) = (&nodes[node_index], kinds[node_index]);
+                let (node, kind) = (&read.nodes[node_index], read.kinds[node_index]);
                 node_index += 1;
-                if removed_nodes.contains(&node.index) {
-                    continue;
-                }
-                match rewrite_node(node, kind)? {
-                    Some(new) => wire::put_bytes_field(&mut out, GRAPH_NODE, &new),
-                    None => out.extend_from_slice(f.raw),
+                if !taken.removed_nodes.contains(&node.index) {
+                    written.node(f, node, kind)?;
                 }
             }
             GRAPH_INITIALIZER => {
-                let t = &tensors[&i];
-                if let Some(ext) = &t.external {
-                    if !original_files.contains(&ext.file) {
-                        original_files.push(ext.file.clone());
-                    }
-                }
-                if removed_tables.contains(&t.name) {
-                    continue;
-                }
-                let file = match (&t.external, targets.get(&i)) {
-                    (_, Some(target)) => Some(&target.file),
-                    (Some(ext), None) => Some(&ext.file),
-                    (None, None) => None,
-                };
-                if let Some(file) = file {
-                    if !graph_files.contains(file) {
-                        graph_files.push(file.clone());
-                    }
-                }
-                if t.data_type == FLOAT16 {
-                    if t.external.is_none() {
-                        inline_converted += 1;
-                    }
-                    wire::put_bytes_field(
-                        &mut out,
-                        GRAPH_INITIALIZER,
-                        &convert_tensor(f.bytes(WHAT)?, targets.get(&i))?,
-                    );
-                } else {
-                    out.extend_from_slice(f.raw);
-                }
+                written.initializer(f, &read.tensors[&i], targets.get(&i), &taken.removed_tables)?
             }
             GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => {
-                let bytes = f.bytes(WHAT)?;
-                let name = value_info_name(bytes)?;
-                if (f.number == GRAPH_INPUT && removed_tables.contains(name))
-                    || (f.number == GRAPH_VALUE_INFO && new_input_names.contains(name))
-                {
-                    continue;
-                }
-                match rewrite_value_info(bytes)? {
-                    Some(new) => {
-                        if f.number != GRAPH_VALUE_INFO {
-                            float32_io.push(name.to_owned());
-                        }
-                        wire::put_bytes_field(&mut out, f.number, &new);
-                    }
-                    None => out.extend_from_slice(f.raw),
-                }
+                written.value_info(f, &taken.removed_tables, &new_input_names)?
             }
-            _ => out.extend_from_slice(f.raw),
+            _ => written.out.extend_from_slice(f.raw),
         }
     }
-    for input in &new_inputs {
-        wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
+    for input in &taken.new_inputs {
+        wire::put_bytes_field(&mut written.out, GRAPH_INPUT, input);
+    }
+    Ok(written)
+}
+
+impl Written {
+    fn node(&mut self, f: &Field, node: &Node, kind: Kind) -> Result<(), RewriteError> {
+        match rewrite_node(node, kind)? {
+            Some(new) => wire::put_bytes_field(&mut self.out, GRAPH_NODE, &new),
+            None => self.out.extend_from_slice(f.raw),
+        }
+        Ok(())
     }
 
-    let unused_files = original_files.into_iter().filter(|f| !graph_files.contains(f)).collect();
-    let plan = Plan {
-        extra_disk_bytes: new_files.iter().map(|f| f.size).sum(),
-        stale_bytes: copies
-            .iter()
-            .filter(|c| graph_files.contains(&c.source.file))
-            .map(|c| c.source.length)
-            .sum(),
-        copies,
-        new_files,
-        graph_files,
-        unused_files,
-        lookups,
-        float32_io,
-        inline_converted,
-        extra_gpu_bytes: extra_gpu,
-    };
-    Ok((out, plan))
+    /// Also records the files the initializer is read from, before and after.
+    fn initializer(
+        &mut self,
+        f: &Field,
+        t: &Tensor,
+        target: Option<&Range>,
+        removed_tables: &HashSet<String>,
+    ) -> Result<(), RewriteError> {
+        if let Some(ext) = &t.external {
+            push_new(&mut self.original_files, &ext.file);
+        }
+        if removed_tables.contains(&t.name) {
+            return Ok(());
+        }
+        let file = match (&t.external, target) {
+            (_, Some(target)) => Some(&target.file),
+            (Some(ext), None) => Some(&ext.file),
+            (None, None) => None,
+        };
+        if let Some(file) = file {
+            push_new(&mut self.graph_files, file);
+        }
+        if t.data_type == FLOAT16 {
+            if t.external.is_none() {
+                self.inline_converted += 1;
+            }
+            let converted = convert_tensor(f.bytes(GRAPH_PROTO)?, target)?;
+            wire::put_bytes_field(&mut self.out, GRAPH_INITIALIZER, &converted);
+        } else {
+            self.out.extend_from_slice(f.raw);
+        }
+        Ok(())
+    }
+
+    /// Drops the removed tables' inputs and any value info of a new input; records the graph inputs
+    /// and outputs made float32.
+    fn value_info(
+        &mut self,
+        f: &Field,
+        removed_tables: &HashSet<String>,
+        new_input_names: &HashSet<&str>,
+    ) -> Result<(), RewriteError> {
+        let bytes = f.bytes(GRAPH_PROTO)?;
+        let name = value_info_name(bytes)?;
+        if (f.number == GRAPH_INPUT && removed_tables.contains(name))
+            || (f.number == GRAPH_VALUE_INFO && new_input_names.contains(name))
+        {
+            return Ok(());
+        }
+        match rewrite_value_info(bytes)? {
+            Some(new) => {
+                if f.number != GRAPH_VALUE_INFO {
+                    self.float32_io.push(name.to_owned());
+                }
+                wire::put_bytes_field(&mut self.out, f.number, &new);
+            }
+            None => self.out.extend_from_slice(f.raw),
+        }
+        Ok(())
+    }
+
+    /// The graph and its plan.
+    fn finish(self, taken: Taken, placed: Placed) -> (Vec<u8>, Plan) {
+        let Written { out, float32_io, inline_converted, graph_files, original_files } = self;
+        let unused_files = original_files.into_iter().filter(|f| !graph_files.contains(f)).collect();
+        let Placed { copies, new_files, .. } = placed;
+        let plan = Plan {
+            extra_disk_bytes: new_files.iter().map(|f| f.size).sum(),
+            stale_bytes: copies
+                .iter()
+                .filter(|c| graph_files.contains(&c.source.file))
+                .map(|c| c.source.length)
+                .sum(),
+            copies,
+            new_files,
+            graph_files,
+            unused_files,
+            lookups: taken.lookups,
+            float32_io,
+            inline_converted,
+            extra_gpu_bytes: taken.extra_gpu,
+        };
+        (out, plan)
+    }
+}
+
+/// Adds `file` to `files` unless it is there already.
+fn push_new(files: &mut Vec<String>, file: &str) {
+    if !files.iter().any(|f| f == file) {
+        files.push(file.to_owned());
+    }
 }
 
 /// Every place where a model still says float16: declared types, initializers, dtype attributes and
@@ -628,77 +763,4 @@ pub fn remaining_float16(model: &[u8]) -> Result<Vec<String>, RewriteError> {
         }
     }
     Ok(found)
-}
-
-/// Takes every external table that only `Gather(table, ids, axis=0)`s with graph-input `ids` read out
-/// of `model` (a ModelProto): the Gathers and the table go, and each Gather's output becomes a graph
-/// input of the table's element type. Tables of other element types, and tables anything else reads,
-/// stay. The model comes back unchanged (and no lookups) when there is none.
-pub(crate) fn tables_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
-    const WHAT: &str = "GraphProto";
-    let fields = wire::parse(model, "ModelProto")?;
-    let graph = model_graph(&fields)?;
-    let graph_fields = wire::parse(graph, WHAT)?;
-    let GraphParts { nodes, initializers, inputs, outputs, .. } = read_graph(&graph_fields, WHAT)?;
-    let tensors: Vec<Tensor> = initializers.into_iter().map(|(_, t)| t).collect();
-    let initializer_names: HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-
-    let mut lookups = Vec::new();
-    let mut new_inputs = Vec::new();
-    let mut removed_nodes: HashSet<usize> = HashSet::new();
-    for t in &tensors {
-        let (Some(elem_type), Some(External { file, offset, length: Some(length) })) =
-            (ElemType::from_onnx(t.data_type), &t.external)
-        else {
-            continue;
-        };
-        if t.segmented || t.elements().ok().and_then(|n| n.checked_mul(elem_type.bytes())) != Some(*length) {
-            continue;
-        }
-        let Ok(gathers) = lookup_gathers(t, &nodes, &inputs, &initializer_names, &outputs) else { continue };
-        for g in gathers {
-            let ids = g.inputs[1];
-            new_inputs.push(lookup_input(g.outputs[0], t.data_type, inputs[ids], &t.dims[1..])?);
-            lookups.push(TableLookup {
-                input: g.outputs[0].to_owned(),
-                ids_input: ids.to_owned(),
-                table: t.name.clone(),
-                elem_type,
-                source: Range { file: file.clone(), offset: *offset, length: *length },
-                rows: t.dims[0],
-                row_dims: t.dims[1..].to_vec(),
-            });
-            removed_nodes.insert(g.index);
-        }
-    }
-    if lookups.is_empty() {
-        return Ok((model.to_vec(), lookups));
-    }
-
-    let removed_tables: HashSet<&str> = lookups.iter().map(|l| l.table.as_str()).collect();
-    let new_input_names: HashSet<&str> = lookups.iter().map(|l| l.input.as_str()).collect();
-    let mut out = Vec::with_capacity(graph.len());
-    let (mut node_index, mut tensor_index) = (0, 0);
-    for f in &graph_fields {
-        let keep = match f.number {
-            GRAPH_NODE => {
-                node_index += 1;
-                !removed_nodes.contains(&(node_index - 1))
-            }
-            GRAPH_INITIALIZER => {
-                tensor_index += 1;
-                !removed_tables.contains(tensors[tensor_index - 1].name.as_str())
-            }
-            GRAPH_INPUT => !removed_tables.contains(value_info_name(f.bytes(WHAT)?)?),
-            GRAPH_VALUE_INFO => !new_input_names.contains(value_info_name(f.bytes(WHAT)?)?),
-            _ => true,
-        };
-        if keep {
-            out.extend_from_slice(f.raw);
-        }
-    }
-    for input in &new_inputs {
-        wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
-    }
-    Ok((with_graph(&fields, &out), lookups))
 }

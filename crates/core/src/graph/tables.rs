@@ -21,9 +21,15 @@
 //! ([`crate::graph::EmbeddingLookup`], converted to float32 as it is read); this one feeds the
 //! stored bytes as they are. Tests: `graph/tests/tables.rs` (on the tests' ONNX writer).
 
+use std::collections::{HashMap, HashSet};
+
 use serde::Serialize;
 
+use crate::graph::float32::{lookup_gathers, lookup_input, read_graph, GraphParts, GRAPH_PROTO};
+use crate::graph::proto::{model_graph, value_info_name, with_graph, External, Node, Tensor};
 use crate::graph::{LookupError, Range, RewriteError};
+use crate::onnx::fields::*;
+use crate::onnx::wire::{self, Field};
 
 /// The element types a looked-up table may have: those ONNX Runtime Web takes as input tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -103,7 +109,101 @@ pub struct TableLookup {
 /// Takes the tables that can leave `model` (a ModelProto, weights outside) out of it: the new model and
 /// what to look up. The model comes back as it was, with no lookups, when no table can leave.
 pub fn take_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
-    crate::graph::float32::tables_out(model)
+    let fields = wire::parse(model, "ModelProto")?;
+    let graph = model_graph(&fields)?;
+    let graph_fields = wire::parse(graph, GRAPH_PROTO)?;
+    let GraphParts { nodes, initializers, inputs, outputs, .. } = read_graph(&graph_fields, GRAPH_PROTO)?;
+    let tensors: Vec<Tensor> = initializers.into_iter().map(|(_, t)| t).collect();
+    let found = find_lookups(&tensors, &nodes, &inputs, &outputs)?;
+    if found.lookups.is_empty() {
+        return Ok((model.to_vec(), found.lookups));
+    }
+    let out = without_tables(&graph_fields, &tensors, &found, graph.len())?;
+    Ok((with_graph(&fields, &out), found.lookups))
+}
+
+/// The tables that can leave a graph, and what their leaving changes.
+struct Found {
+    lookups: Vec<TableLookup>,
+    /// The new graph inputs' ValueInfoProtos.
+    new_inputs: Vec<Vec<u8>>,
+    /// The removed Gathers' node indices.
+    removed_nodes: HashSet<usize>,
+}
+
+/// Every external table that only `Gather(table, ids, axis=0)`s with graph-input `ids` read: each
+/// Gather's output becomes a graph input of the table's element type. Tables of other element types,
+/// segmented ones, those whose length is not their elements', and tables anything else reads, stay.
+fn find_lookups(
+    tensors: &[Tensor],
+    nodes: &[Node],
+    inputs: &HashMap<&str, &[u8]>,
+    outputs: &HashSet<&str>,
+) -> Result<Found, RewriteError> {
+    let initializer_names: HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut found = Found { lookups: Vec::new(), new_inputs: Vec::new(), removed_nodes: HashSet::new() };
+    for t in tensors {
+        let (Some(elem_type), Some(External { file, offset, length: Some(length) })) =
+            (ElemType::from_onnx(t.data_type), &t.external)
+        else {
+            continue;
+        };
+        if t.segmented || t.elements().ok().and_then(|n| n.checked_mul(elem_type.bytes())) != Some(*length) {
+            continue;
+        }
+        let Ok(gathers) = lookup_gathers(t, nodes, inputs, &initializer_names, outputs) else { continue };
+        for g in gathers {
+            let ids = g.inputs[1];
+            found.new_inputs.push(lookup_input(g.outputs[0], t.data_type, inputs[ids], &t.dims[1..])?);
+            found.lookups.push(TableLookup {
+                input: g.outputs[0].to_owned(),
+                ids_input: ids.to_owned(),
+                table: t.name.clone(),
+                elem_type,
+                source: Range { file: file.clone(), offset: *offset, length: *length },
+                rows: t.dims[0],
+                row_dims: t.dims[1..].to_vec(),
+            });
+            found.removed_nodes.insert(g.index);
+        }
+    }
+    Ok(found)
+}
+
+/// The GraphProto of `graph_fields` without the found tables, their inputs and Gathers, and any value
+/// info of a new input; the new inputs come last.
+fn without_tables(
+    graph_fields: &[Field],
+    tensors: &[Tensor],
+    found: &Found,
+    graph_len: usize,
+) -> Result<Vec<u8>, RewriteError> {
+    let removed_tables: HashSet<&str> = found.lookups.iter().map(|l| l.table.as_str()).collect();
+    let new_input_names: HashSet<&str> = found.lookups.iter().map(|l| l.input.as_str()).collect();
+    let mut out = Vec::with_capacity(graph_len);
+    let (mut node_index, mut tensor_index) = (0, 0);
+    for f in graph_fields {
+        let keep = match f.number {
+            GRAPH_NODE => {
+                node_index += 1;
+                !found.removed_nodes.contains(&(node_index - 1))
+            }
+            GRAPH_INITIALIZER => {
+                tensor_index += 1;
+                !removed_tables.contains(tensors[tensor_index - 1].name.as_str())
+            }
+            GRAPH_INPUT => !removed_tables.contains(value_info_name(f.bytes(GRAPH_PROTO)?)?),
+            GRAPH_VALUE_INFO => !new_input_names.contains(value_info_name(f.bytes(GRAPH_PROTO)?)?),
+            _ => true,
+        };
+        if keep {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    for input in &found.new_inputs {
+        wire::put_bytes_field(&mut out, GRAPH_INPUT, input);
+    }
+    Ok(out)
 }
 
 impl TableLookup {
