@@ -1,29 +1,15 @@
-//! The core's whole pipeline, natively, with the graphs run by another process over stdin/stdout.
+//! The core's whole pipeline, natively, with the three graphs run by another process over stdin/stdout
+//! (`tools/gpu-bench/bench.mjs`, on ONNX Runtime Web), so the rest is exactly the extension's code.
 //!
 //! ```text
 //! stdio_pipeline --pack DIR --tokenizer-dir DIR --request JSON --plan none,transformer,transformer --out DIR
 //! ```
 //!
-//! Everything of a generation except the three graphs is the core's own code, exactly as the
-//! extension's workers run it: [`GenerateRequest::validate`], [`PromptEncoder`] (Qwen3 chat
-//! template, tokenizer, 512 ids and mask), then [`encode_prompt`], [`denoise`] (the schedule's
-//! sigmas, image and text position ids, the seed's noise, the Euler step after every transformer
-//! call, f16 conversion when a graph declares f16) and [`decode`] (unpacking to the decoder's
-//! layout), and [`encode_image`] (RGBA and PNG). The graphs are reached through a [`Session`] whose
-//! `run` sends the feeds to the process on the other end of stdin/stdout (`tools/gpu-bench/bench.mjs`,
-//! which runs them with ONNX Runtime Web) and reads the outputs back.
-//!
-//! `--plan` has one entry per image: the stages kept loaded after that image (`none`, as the
-//! extension does, `transformer`, or `all`). A stage kept loaded is not opened again by the next
-//! image: the runtime end answers `open` from the session it kept.
-//!
-//! Frames, both ways: a little-endian u32 header length, a JSON header, then the `bytes` payload bytes
-//! the header announces (tensor values, little-endian, concatenated in the order the header lists
-//! them). To the runtime: `open {graph}`, `run {graph, feeds, fetches}`, `close {graph, keep}`,
-//! `mark {what, image, ...}`. From it: `{ok: true, ...}` or `{ok: false, error}`.
-//!
-//! Writes `OUT/image-<i>.png` and `OUT/core-trace.json` (token count, ids, mask, sigmas, the first
-//! noise values, per image the core's own milliseconds outside the graphs).
+//! `--plan`: per image, the stages kept loaded after it (`none`, `transformer` or `all`). Frames, both
+//! ways: a little-endian u32 header length, a JSON header, then the payload bytes it announces. To the
+//! runtime: `open {graph}`, `run {graph, feeds, fetches}`, `close {graph, keep}`, `mark {what, image,
+//! ...}`; from it `{ok: true, ...}` or `{ok: false, error}`. Writes `OUT/image-<i>.png` and
+//! `OUT/core-trace.json`.
 
 use std::collections::HashSet;
 use std::future::Future;

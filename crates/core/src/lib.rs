@@ -1,41 +1,12 @@
-//! The Imagine pipeline without the web.
+//! The Imagine pipeline without the web: plain Rust that builds for `wasm32-unknown-unknown` and is
+//! tested natively; the browser crates call it from their workers.
 //!
-//! Everything here is plain Rust that builds for `wasm32-unknown-unknown` and is tested natively; the
-//! browser crates call it from their workers. One generation goes through these stages, in order:
-//!
-//! 1. **Parameters** ([`params`]): a `generate` request ([`api::GenerateRequest`]) is validated into
-//!    [`GenerateParams`]: size, steps, seed, schedule, backend. The service worker does this before
-//!    it accepts a job.
-//! 2. **Prompt** ([`prompt`]): [`PromptEncoder`] wraps the prompt in the Qwen3 chat template and
-//!    tokenizes it to 512 ids plus an attention mask, the text encoder graph's inputs.
-//! 3. **Schedule** ([`schedule`]): [`Schedule::sigmas`] gives the `steps + 1` noise levels.
-//! 4. **Latents** ([`latents`]): position ids for text and image tokens, the initial noise from the
-//!    seed, and the Euler step `x += (sigma_next - sigma) * v` after each transformer call.
-//! 5. **Decoder input** ([`latents`] again): the final tokens unpacked to `[128, h, w]`, or
-//!    unpatchified to `[32, 2h, 2w]`, whichever the decoder graph asks for.
-//! 6. **Image** ([`image`]): the decoder's sample to RGBA8, then a PNG carrying the parameters.
-//!
-//! [`stages`] runs these in order around the three graphs: [`encode_prompt`] (text encoder),
-//! [`denoise`] (the transformer, one call per step) and [`decode`] (VAE decoder), each checking the
-//! graph's declared inputs and outputs first. They reach a graph only through the [`Session`] trait
-//! ([`session`]), which the web crate implements on ONNX Runtime Web and the tests with a fake.
-//!
-//! Beside the pipeline: [`pack`] is the contract with the model pack (graph file names, shard
-//! manifests, external-data locations), [`hub`] plans, verifies and resumes the pack's download from a
-//! Hugging Face Hub (URLs, Hub JSON, resumable SHA-256, the download record), and [`api`] holds the
-//! message API types, [`gallery`] the images kept on this machine (index, search, limits, export),
-//! [`device_verdict`] what the pages say will happen on this device, and [`storage`] the layout of packs in
-//! OPFS and how a new pack replaces the installed one. [`embedding_cache`] keys, bounds and checks the cached
-//! prompt embeddings that let a repeated prompt skip the text encoder. [`graph::rewrite`] turns a
-//! float16-activation graph into a float32 one for WebGPU adapters without `shader-f16`, with a plan to
-//! convert its weights piece by piece; [`graph::split`] cuts the VAE decoder into a chain of smaller graphs
-//! whose activations fit GPU memory. Two edits of a graph's protobuf in memory, made by the stage worker
-//! before it creates a session: [`graph::tables`] takes embedding tables out of the graph, and
-//! [`graph::reblock`] re-blocks `MatMulNBits` to the block size of ONNX Runtime Web's fast WebGPU kernel.
-//!
-//! Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics";
-//! `tests/reference/reference.py` recomputes it independently); each module says where and why it
-//! departs from it.
+//! One generation: [`params`] validates the request, [`prompt`] encodes it (Qwen3 chat template, 512
+//! ids and a mask), [`schedule`] gives the sigmas, [`latents`] the noise, position ids and Euler step,
+//! and [`image`] the pixels and PNG. [`stages`] runs them around the three graphs ([`encode_prompt`],
+//! [`denoise`], [`decode`]) through the [`Session`] trait. Beside it: [`pack`] and [`hub`] (the model
+//! pack and its download), [`storage`], [`graph`] (the graph edits), [`gpu_memory`], [`api`] (the
+//! message API). Numerics follow the upstream diffusers pipeline (ARCHITECTURE.md, "Numerics").
 
 // The workspace denies `missing_docs` (Cargo.toml). `unwrap_used` is denied here rather than there
 // because xtask's tests unwrap; a panic would kill the wasm worker that runs this code.

@@ -1,7 +1,7 @@
 //! `chrome.storage`, typed: each key is declared once, as a [`Key`] with its area and the type of its
 //! value, and read, written and removed only through it. The keys the pages share are here; the
-//! service worker's own records (jobs, the download) are in `background::records`. README.md's storage
-//! table lists them all.
+//! service worker's own records (jobs, the download) are in `background::records`. ARCHITECTURE.md,
+//! "What is stored where", lists them all.
 //!
 //! Names: the settings the pages share start with `imagine.`; the service worker's records and the
 //! pages' own state keep the short names they were first stored under (renaming one would lose what a
