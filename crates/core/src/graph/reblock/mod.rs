@@ -54,14 +54,16 @@
 use std::collections::{HashMap, HashSet};
 
 use super::proto::{
-    bytes_field, edit_message, entry, model_graph, read_node, read_tensor, value_info_name, varint_field,
+    bytes_field, edit_message, model_graph, read_node, read_tensor, value_info_name, varint_field,
     with_graph, Edit, Node, Tensor,
 };
 use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire;
 
+mod added;
 mod stored;
+use added::Added;
 pub use stored::*;
 
 /// The block size ONNX Runtime Web's tiled WebGPU kernel takes.
@@ -159,166 +161,261 @@ impl ComputedData<'_> {
     }
 }
 
+const GRAPH_PROTO: &str = "GraphProto";
+
+/// What [`to_block_32`], [`sources_to_read`] and [`to_block_32_computed`] share: `sources` says
+/// where repeated scales and zero points come from (`None`: from added nodes).
 fn rewrite(model: &[u8], mut sources: Option<&mut Sources>) -> Result<Reblocked, RewriteError> {
-    const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
     let graph = model_graph(&fields)?;
     let unchanged = || Reblocked { graph: model.to_vec(), data_length: 0, changed: 0 };
     if default_opset(&fields)? < MIN_OPSET {
         return Ok(unchanged());
     }
-    let graph_fields = wire::parse(graph, WHAT)?;
-    let mut nodes = Vec::new();
-    let mut tensors = Vec::new();
-    let mut tensor_bytes = HashMap::new();
-    let mut graph_io: HashSet<&str> = HashSet::new();
-    for f in &graph_fields {
-        match f.number {
-            GRAPH_NODE => nodes.push(read_node(f.bytes(WHAT)?, nodes.len())?),
-            GRAPH_INITIALIZER => {
-                let bytes = f.bytes(WHAT)?;
-                let tensor = read_tensor(bytes)?;
-                tensor_bytes.insert(tensor.name.clone(), bytes);
-                tensors.push(tensor);
-            }
-            GRAPH_INPUT | GRAPH_OUTPUT => {
-                graph_io.insert(value_info_name(f.bytes(WHAT)?)?);
-            }
-            _ => {}
-        }
-    }
-    let initializers: HashMap<&str, &Tensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let mut readers: HashMap<&str, usize> = HashMap::new();
-    for name in nodes.iter().flat_map(|n| n.inputs.iter()) {
-        *readers.entry(name).or_default() += 1;
-    }
-    let exclusive = |name: &str| readers.get(name) == Some(&1) && !graph_io.contains(name);
-
-    let mut added = Added::default();
-    let mut edited_nodes: HashMap<usize, Vec<u8>> = HashMap::new();
-    let mut new_dims: HashMap<&str, [u64; 3]> = HashMap::new();
-    for node in &nodes {
-        let Some(plan) = Plan::of(node, &initializers) else { continue };
-        let prefix = format!("imagine_block32_{}_", node.index);
-        let mut inputs: Vec<String> = node.inputs.iter().map(|i| (*i).to_owned()).collect();
-        let b = node.inputs[1];
-        if plan.blocks * plan.ratio == plan.blocks_32 {
-            // B keeps its bytes: blocks of 32 are the blocks of the old size cut in `ratio`.
-            if !exclusive(b) {
-                continue;
-            }
-            new_dims.insert(b, [plan.n, plan.blocks_32, plan.blob_32()]);
-        } else {
-            // K is not a multiple of the old block: drop each row's padding past K.
-            let rows = added.reshape(&prefix, "b_rows", b, &[plan.n, plan.blocks * plan.blob()]);
-            let kept = added.slice_columns(&prefix, "b_kept", &rows, plan.blocks_32 * plan.blob_32());
-            inputs[1] = added.reshape(&prefix, "b", &kept, &[plan.n, plan.blocks_32, plan.blob_32()]);
-        }
-        let mut source = |input: usize, layout: Layout| {
-            let name = node.inputs[input];
-            let stored = Stored::of(initializers.get(name)?, tensor_bytes.get(name)?)?;
-            match sources.as_deref_mut()? {
-                Sources::Listing(wanted) => {
-                    if let Stored::External(range) = stored {
-                        wanted.push(range);
-                    }
-                    None
-                }
-                Sources::Reading { read, data } => {
-                    let bytes = match &stored {
-                        Stored::Inline(bytes) => bytes,
-                        Stored::External(range) => read.get(range)?.as_slice(),
-                    };
-                    let (data_type, values) =
-                        layout.compute(bytes, &plan, initializers.get(name)?.data_type)?;
-                    Some(added.computed(
-                        &prefix,
-                        layout.name(),
-                        data_type,
-                        &[plan.n, layout.keep(&plan)],
-                        values,
-                        data,
-                    ))
-                }
-            }
-        };
-        let computed_scales = source(2, Layout::Scales);
-        let computed_zero_points = plan.zero_points.and_then(|z| source(3, Layout::ZeroPoints(z)));
-        inputs[2] = match computed_scales {
-            Some(name) => name,
-            None => added.repeat_blocks(&prefix, "scales", node.inputs[2], &plan, plan.ratio, plan.blocks_32),
-        };
-        if let Some(name) = computed_zero_points {
-            inputs[3] = name;
-        } else if let Some(zero_points) = plan.zero_points {
-            inputs[3] = match zero_points {
-                ZeroPoints::Packed4 => {
-                    // Each 32-block's nibble is its old block's, and `ratio` is even: a byte of the new
-                    // zero points holds two nibbles of the same old block, `z | z << 4`.
-                    let z = added.unpack_nibbles(&prefix, node.inputs[3], &plan);
-                    added.repeat_blocks(
-                        &prefix,
-                        "zero_points",
-                        &z,
-                        &plan,
-                        plan.ratio / 2,
-                        plan.blocks_32.div_ceil(2),
-                    )
-                }
-                ZeroPoints::PerBlock => added.repeat_blocks(
-                    &prefix,
-                    "zero_points",
-                    node.inputs[3],
-                    &plan,
-                    plan.ratio,
-                    plan.blocks_32,
-                ),
-            };
-        }
-        edited_nodes.insert(node.index, edit_node(node, &inputs)?);
-    }
-    if edited_nodes.is_empty() {
+    let graph_fields = wire::parse(graph, GRAPH_PROTO)?;
+    let read = Read::of(&graph_fields)?;
+    let edits = reblock_nodes(&read, &mut sources)?;
+    if edits.nodes.is_empty() {
         return Ok(unchanged());
     }
-
-    let mut out = Vec::with_capacity(graph.len() + added.nodes.iter().map(Vec::len).sum::<usize>());
-    let (mut node_index, mut tensor_index, mut added_written) = (0, 0, false);
-    for f in &graph_fields {
-        match f.number {
-            GRAPH_NODE => {
-                // The added nodes read only constants: before every other node keeps the order topological.
-                if !added_written {
-                    for n in &added.nodes {
-                        wire::put_bytes_field(&mut out, GRAPH_NODE, n);
-                    }
-                    added_written = true;
-                }
-                match edited_nodes.get(&node_index) {
-                    Some(n) => wire::put_bytes_field(&mut out, GRAPH_NODE, n),
-                    None => out.extend_from_slice(f.raw),
-                }
-                node_index += 1;
-            }
-            GRAPH_INITIALIZER => {
-                match new_dims.get(tensors[tensor_index].name.as_str()) {
-                    Some(dims) => {
-                        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, &with_dims(f.bytes(WHAT)?, dims)?)
-                    }
-                    None => out.extend_from_slice(f.raw),
-                }
-                tensor_index += 1;
-            }
-            _ => out.extend_from_slice(f.raw),
-        }
-    }
-    for t in &added.tensors {
-        wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
-    }
+    let out = edits.write(&graph_fields, &read.tensors, graph.len())?;
     let data_length = match sources {
         Some(Sources::Reading { data, .. }) => data.length,
         _ => 0,
     };
-    Ok(Reblocked { graph: with_graph(&fields, &out), data_length, changed: edited_nodes.len() })
+    Ok(Reblocked { graph: with_graph(&fields, &out), data_length, changed: edits.nodes.len() })
+}
+
+/// What the rewrite reads of a GraphProto.
+struct Read<'a> {
+    nodes: Vec<Node<'a>>,
+    /// The initializers, in graph order.
+    tensors: Vec<Tensor>,
+    /// Each initializer's TensorProto bytes, by name.
+    tensor_bytes: HashMap<String, &'a [u8]>,
+    /// The names of the graph's inputs and outputs.
+    graph_io: HashSet<&'a str>,
+}
+
+impl<'a> Read<'a> {
+    fn of(graph_fields: &[wire::Field<'a>]) -> Result<Read<'a>, RewriteError> {
+        let mut read = Read {
+            nodes: Vec::new(),
+            tensors: Vec::new(),
+            tensor_bytes: HashMap::new(),
+            graph_io: HashSet::new(),
+        };
+        for f in graph_fields {
+            match f.number {
+                GRAPH_NODE => read.nodes.push(read_node(f.bytes(GRAPH_PROTO)?, read.nodes.len())?),
+                GRAPH_INITIALIZER => {
+                    let bytes = f.bytes(GRAPH_PROTO)?;
+                    let tensor = read_tensor(bytes)?;
+                    read.tensor_bytes.insert(tensor.name.clone(), bytes);
+                    read.tensors.push(tensor);
+                }
+                GRAPH_INPUT | GRAPH_OUTPUT => {
+                    read.graph_io.insert(value_info_name(f.bytes(GRAPH_PROTO)?)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// What re-blocking changes in a graph.
+#[derive(Default)]
+struct Edits<'a> {
+    added: Added,
+    /// The re-blocked nodes' new NodeProtos, by node index.
+    nodes: HashMap<usize, Vec<u8>>,
+    /// The new dims of each B that keeps its bytes, by name.
+    new_dims: HashMap<&'a str, [u64; 3]>,
+}
+
+/// Re-blocks every node [`Plan::of`] accepts, in graph order (the order of the added nodes and
+/// computed data).
+fn reblock_nodes<'a>(read: &Read<'a>, sources: &mut Option<&mut Sources>) -> Result<Edits<'a>, RewriteError> {
+    let initializers: HashMap<&str, &Tensor> = read.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut readers: HashMap<&str, usize> = HashMap::new();
+    for name in read.nodes.iter().flat_map(|n| n.inputs.iter()) {
+        *readers.entry(name).or_default() += 1;
+    }
+    let exclusive = |name: &str| readers.get(name) == Some(&1) && !read.graph_io.contains(name);
+    let mut edits = Edits::default();
+    for node in &read.nodes {
+        let Some(plan) = Plan::of(node, &initializers) else { continue };
+        let at = Reblocking {
+            node,
+            prefix: format!("imagine_block32_{}_", node.index),
+            plan,
+            initializers: &initializers,
+            tensor_bytes: &read.tensor_bytes,
+        };
+        let Some(b) = edits.reblock_b(&at, exclusive(node.inputs[1])) else { continue };
+        let mut inputs: Vec<String> = node.inputs.iter().map(|i| (*i).to_owned()).collect();
+        inputs[1] = b;
+        let computed_scales = at.computed(2, Layout::Scales, sources, &mut edits.added);
+        let computed_zero_points = at
+            .plan
+            .zero_points
+            .and_then(|z| at.computed(3, Layout::ZeroPoints(z), sources, &mut edits.added));
+        inputs[2] = match computed_scales {
+            Some(name) => name,
+            None => at.repeated_scales(&mut edits.added),
+        };
+        if let Some(name) = computed_zero_points {
+            inputs[3] = name;
+        } else if let Some(zero_points) = at.plan.zero_points {
+            inputs[3] = at.repeated_zero_points(zero_points, &mut edits.added);
+        }
+        edits.nodes.insert(node.index, edit_node(node, &inputs)?);
+    }
+    Ok(edits)
+}
+
+/// One node being re-blocked, and what its inputs are read from.
+struct Reblocking<'r, 'a> {
+    node: &'r Node<'a>,
+    /// The start of the names of everything added for the node.
+    prefix: String,
+    plan: Plan,
+    initializers: &'r HashMap<&'r str, &'r Tensor>,
+    tensor_bytes: &'r HashMap<String, &'a [u8]>,
+}
+
+impl<'a> Edits<'a> {
+    /// B's new name, or `None` when the node stays as it is: where K is a multiple of the old block
+    /// only B's dims change, which needs B read by this node alone (`exclusive`).
+    fn reblock_b(&mut self, at: &Reblocking<'_, 'a>, exclusive: bool) -> Option<String> {
+        let (node, plan, prefix) = (at.node, &at.plan, at.prefix.as_str());
+        let b = node.inputs[1];
+        if plan.blocks * plan.ratio == plan.blocks_32 {
+            // B keeps its bytes: blocks of 32 are the blocks of the old size cut in `ratio`.
+            if !exclusive {
+                return None;
+            }
+            self.new_dims.insert(b, [plan.n, plan.blocks_32, plan.blob_32()]);
+            Some(b.to_owned())
+        } else {
+            // K is not a multiple of the old block: drop each row's padding past K.
+            let added = &mut self.added;
+            let rows = added.reshape(prefix, "b_rows", b, &[plan.n, plan.blocks * plan.blob()]);
+            let kept = added.slice_columns(prefix, "b_kept", &rows, plan.blocks_32 * plan.blob_32());
+            Some(added.reshape(prefix, "b", &kept, &[plan.n, plan.blocks_32, plan.blob_32()]))
+        }
+    }
+
+    /// The GraphProto with the edits: the added nodes before the first node, the re-blocked nodes and
+    /// Bs in place, the added initializers last.
+    fn write(
+        &self,
+        graph_fields: &[wire::Field],
+        tensors: &[Tensor],
+        graph_len: usize,
+    ) -> Result<Vec<u8>, RewriteError> {
+        let added = &self.added;
+        let mut out = Vec::with_capacity(graph_len + added.nodes.iter().map(Vec::len).sum::<usize>());
+        let (mut node_index, mut tensor_index, mut added_written) = (0, 0, false);
+        for f in graph_fields {
+            match f.number {
+                GRAPH_NODE => {
+                    // The added nodes read only constants: before every other node keeps the order topological.
+                    if !added_written {
+                        for n in &added.nodes {
+                            wire::put_bytes_field(&mut out, GRAPH_NODE, n);
+                        }
+                        added_written = true;
+                    }
+                    match self.nodes.get(&node_index) {
+                        Some(n) => wire::put_bytes_field(&mut out, GRAPH_NODE, n),
+                        None => out.extend_from_slice(f.raw),
+                    }
+                    node_index += 1;
+                }
+                GRAPH_INITIALIZER => {
+                    match self.new_dims.get(tensors[tensor_index].name.as_str()) {
+                        Some(dims) => wire::put_bytes_field(
+                            &mut out,
+                            GRAPH_INITIALIZER,
+                            &with_dims(f.bytes(GRAPH_PROTO)?, dims)?,
+                        ),
+                        None => out.extend_from_slice(f.raw),
+                    }
+                    tensor_index += 1;
+                }
+                _ => out.extend_from_slice(f.raw),
+            }
+        }
+        for t in &added.tensors {
+            wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
+        }
+        Ok(out)
+    }
+}
+
+impl Reblocking<'_, '_> {
+    /// Input `input` re-blocked here from its stored values into the computed data; its name. `None`
+    /// where nodes must repeat it: no `sources`, only listing them (the external range is noted), or
+    /// bytes that are not raw or not at hand.
+    fn computed(
+        &self,
+        input: usize,
+        layout: Layout,
+        sources: &mut Option<&mut Sources>,
+        added: &mut Added,
+    ) -> Option<String> {
+        let (plan, name) = (&self.plan, self.node.inputs[input]);
+        let stored = Stored::of(self.initializers.get(name)?, self.tensor_bytes.get(name)?)?;
+        match sources.as_deref_mut()? {
+            Sources::Listing(wanted) => {
+                if let Stored::External(range) = stored {
+                    wanted.push(range);
+                }
+                None
+            }
+            Sources::Reading { read, data } => {
+                let bytes = match &stored {
+                    Stored::Inline(bytes) => bytes,
+                    Stored::External(range) => read.get(range)?.as_slice(),
+                };
+                let (data_type, values) =
+                    layout.compute(bytes, plan, self.initializers.get(name)?.data_type)?;
+                let dims = [plan.n, layout.keep(plan)];
+                Some(added.computed(&self.prefix, layout.name(), data_type, &dims, values, data))
+            }
+        }
+    }
+
+    /// The scales repeated by added nodes, each once per block of 32 of its old block.
+    fn repeated_scales(&self, added: &mut Added) -> String {
+        let plan = &self.plan;
+        added.repeat_blocks(&self.prefix, "scales", self.node.inputs[2], plan, plan.ratio, plan.blocks_32)
+    }
+
+    /// The zero points repeated by added nodes, as the scales are (4-bit ones unpacked first).
+    fn repeated_zero_points(&self, zero_points: ZeroPoints, added: &mut Added) -> String {
+        let (plan, prefix, input) = (&self.plan, self.prefix.as_str(), self.node.inputs[3]);
+        match zero_points {
+            ZeroPoints::Packed4 => {
+                // Each 32-block's nibble is its old block's, and `ratio` is even: a byte of the new
+                // zero points holds two nibbles of the same old block, `z | z << 4`.
+                let z = added.unpack_nibbles(prefix, input, plan);
+                added.repeat_blocks(
+                    prefix,
+                    "zero_points",
+                    &z,
+                    plan,
+                    plan.ratio / 2,
+                    plan.blocks_32.div_ceil(2),
+                )
+            }
+            ZeroPoints::PerBlock => {
+                added.repeat_blocks(prefix, "zero_points", input, plan, plan.ratio, plan.blocks_32)
+            }
+        }
+    }
 }
 
 /// Where an initializer's bytes are.
@@ -571,146 +668,6 @@ impl Plan {
 
     fn blob_32(&self) -> u64 {
         TARGET_BLOCK * self.bits / 8
-    }
-}
-
-/// The nodes and constant initializers added in front of the re-blocked nodes.
-#[derive(Default)]
-struct Added {
-    nodes: Vec<Vec<u8>>,
-    tensors: Vec<Vec<u8>>,
-}
-
-impl Added {
-    /// Adds `op_type(inputs) -> prefix + name` (default domain, integer attributes); the output name.
-    fn node(
-        &mut self,
-        prefix: &str,
-        name: &str,
-        op_type: &str,
-        inputs: &[&str],
-        attributes: &[(&str, u64)],
-    ) -> String {
-        let output = format!("{prefix}{name}");
-        let mut n = Vec::new();
-        for i in inputs {
-            wire::put_bytes_field(&mut n, NODE_INPUT, i.as_bytes());
-        }
-        wire::put_bytes_field(&mut n, NODE_OUTPUT, output.as_bytes());
-        wire::put_bytes_field(&mut n, NODE_NAME, output.as_bytes());
-        wire::put_bytes_field(&mut n, NODE_OP_TYPE, op_type.as_bytes());
-        for (attribute, value) in attributes {
-            n.extend(bytes_field(NODE_ATTRIBUTE, &int_attribute(attribute, *value)));
-        }
-        self.nodes.push(n);
-        output
-    }
-
-    /// Adds a constant initializer `prefix + name` with little-endian `raw` data; its name.
-    fn constant(&mut self, prefix: &str, name: &str, data_type: u64, dims: &[u64], raw: Vec<u8>) -> String {
-        let name = format!("{prefix}{name}");
-        let mut t = Vec::new();
-        for d in dims {
-            wire::put_varint_field(&mut t, TENSOR_DIMS, *d);
-        }
-        wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
-        wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
-        wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
-        self.tensors.push(t);
-        name
-    }
-
-    /// Adds an initializer `prefix + name` whose `values` are appended to `data` and read from there;
-    /// its name.
-    fn computed(
-        &mut self,
-        prefix: &str,
-        name: &str,
-        data_type: u64,
-        dims: &[u64],
-        values: Vec<u8>,
-        data: &mut ComputedData,
-    ) -> String {
-        let name = format!("{prefix}{name}");
-        let offset = data.append(&values);
-        let mut t = Vec::new();
-        for d in dims {
-            wire::put_varint_field(&mut t, TENSOR_DIMS, *d);
-        }
-        wire::put_varint_field(&mut t, TENSOR_DATA_TYPE, data_type);
-        wire::put_bytes_field(&mut t, TENSOR_NAME, name.as_bytes());
-        for (key, value) in [
-            ("location", data.location.to_owned()),
-            ("offset", offset.to_string()),
-            ("length", values.len().to_string()),
-        ] {
-            wire::put_bytes_field(&mut t, TENSOR_EXTERNAL_DATA, &entry(key, &value));
-        }
-        wire::put_varint_field(&mut t, TENSOR_DATA_LOCATION, DATA_LOCATION_EXTERNAL);
-        self.tensors.push(t);
-        name
-    }
-
-    fn int64s(&mut self, prefix: &str, name: &str, values: &[u64]) -> String {
-        let raw = values.iter().flat_map(|v| (*v as i64).to_le_bytes()).collect();
-        self.constant(prefix, name, INT64, &[values.len() as u64], raw)
-    }
-
-    fn reshape(&mut self, prefix: &str, name: &str, input: &str, shape: &[u64]) -> String {
-        let shape = self.int64s(prefix, &format!("{name}_shape"), shape);
-        self.node(prefix, name, "Reshape", &[input, &shape], &[])
-    }
-
-    /// The first `keep` columns of a 2-D `input`.
-    fn slice_columns(&mut self, prefix: &str, name: &str, input: &str, keep: u64) -> String {
-        let starts = self.int64s(prefix, &format!("{name}_starts"), &[0]);
-        let ends = self.int64s(prefix, &format!("{name}_ends"), &[keep]);
-        let axes = self.int64s(prefix, &format!("{name}_axes"), &[1]);
-        self.node(prefix, name, "Slice", &[input, &starts, &ends, &axes], &[])
-    }
-
-    /// `input`, one value per old block of each column ([N, blocks] or flat), with every value
-    /// repeated `times` and each column cut to `keep` values: [N, keep].
-    fn repeat_blocks(
-        &mut self,
-        prefix: &str,
-        name: &str,
-        input: &str,
-        plan: &Plan,
-        times: u64,
-        keep: u64,
-    ) -> String {
-        let column = self.reshape(prefix, &format!("{name}_per_block"), input, &[plan.n, plan.blocks, 1]);
-        let repeat = self.int64s(prefix, &format!("{name}_repeat"), &[1, 1, times]);
-        let repeated = self.node(prefix, &format!("{name}_repeated"), "Expand", &[&column, &repeat], &[]);
-        let flat = self.reshape(prefix, &format!("{name}_flat"), &repeated, &[plan.n, plan.blocks * times]);
-        if plan.blocks * times == keep {
-            flat
-        } else {
-            self.slice_columns(prefix, name, &flat, keep)
-        }
-    }
-
-    /// 4-bit zero points ([N, ceil(blocks / 2)] bytes, low nibble first) as one uint8 byte per old block
-    /// holding its nibble twice (`z * 17`): [N, blocks]. Computed in int32, which every ONNX Runtime
-    /// build has `Mod`, `Div` and `Mul` kernels for.
-    fn unpack_nibbles(&mut self, prefix: &str, input: &str, plan: &Plan) -> String {
-        let bytes = plan.blocks.div_ceil(2);
-        let wide = self.node(prefix, "zp_int", "Cast", &[input], &[("to", INT32)]);
-        let column = self.reshape(prefix, "zp_bytes", &wide, &[plan.n, bytes, 1]);
-        let sixteen = self.constant(prefix, "zp_16", INT32, &[], 16i32.to_le_bytes().to_vec());
-        let low = self.node(prefix, "zp_low", "Mod", &[&column, &sixteen], &[]);
-        let high = self.node(prefix, "zp_high", "Div", &[&column, &sixteen], &[]);
-        let pairs = self.node(prefix, "zp_pairs", "Concat", &[&low, &high], &[("axis", 2)]);
-        let nibbles = self.reshape(prefix, "zp_nibbles", &pairs, &[plan.n, bytes * 2]);
-        let nibbles = if bytes * 2 == plan.blocks {
-            nibbles
-        } else {
-            self.slice_columns(prefix, "zp_blocks", &nibbles, plan.blocks)
-        };
-        let seventeen = self.constant(prefix, "zp_17", INT32, &[], 17i32.to_le_bytes().to_vec());
-        let doubled = self.node(prefix, "zp_doubled", "Mul", &[&nibbles, &seventeen], &[]);
-        self.node(prefix, "zp_per_block", "Cast", &[&doubled], &[("to", UINT8)])
     }
 }
 
