@@ -152,20 +152,34 @@ fn find_attentions<'a>(graph: &Graph<'a>) -> Vec<Attention<'a>> {
 
 /// `model` with every attention it can prove fused into `MultiHeadAttention`, and how many.
 pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
-    const WHAT: &str = "GraphProto";
     let fields = wire::parse(model, "ModelProto")?;
     let graph_bytes = model_graph(&fields)?;
-    let graph_fields = wire::parse(graph_bytes, WHAT)?;
+    let graph_fields = wire::parse(graph_bytes, GRAPH_PROTO)?;
     let graph = Graph::read(&graph_fields)?;
     let found = find_attentions(&graph);
     if found.is_empty() {
         return Ok((model.to_vec(), 0));
     }
+    let (nodes, tensors) = fused_nodes(&graph, &found);
+    let kept = still_used(&graph, &nodes);
+    let out = write_fused(&graph, &graph_fields, &kept, &tensors, graph_bytes.len())?;
+    let mut model_out = with_graph(&fields, &out);
+    if !imports(&fields, MS_DOMAIN)? {
+        let mut opset = bytes_field(OPSET_DOMAIN, MS_DOMAIN.as_bytes());
+        opset.extend(varint_field(OPSET_VERSION, 1));
+        wire::put_bytes_field(&mut model_out, MODEL_OPSET_IMPORT, &opset);
+    }
+    Ok((model_out, found.len()))
+}
 
-    // The new node list: each attention's nodes where its output was written, its other nodes gone.
+const GRAPH_PROTO: &str = "GraphProto";
+
+/// The new node list, and the shape initializers it adds: each attention's nodes where its output was
+/// written, its other nodes gone.
+fn fused_nodes(graph: &Graph, found: &[Attention]) -> (Vec<NewNode>, Vec<Vec<u8>>) {
     let mut replaced: HashMap<usize, &Attention> = HashMap::new();
     let mut removed = HashSet::new();
-    for a in &found {
+    for a in found {
         replaced.insert(a.replaced, a);
         removed.extend(a.removed);
     }
@@ -175,38 +189,64 @@ pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     for (i, node) in graph.nodes.iter().enumerate() {
         if let Some(a) = replaced.get(&i) {
             let prefix = format!("imagine_attention/{}/", node.name_or_output());
-            let [query, key, value] = [a.query, a.key, a.value].map(|input| {
-                let name = format!("{prefix}{input}_bsd");
-                nodes.push(NewNode::reshape(&name, &name, input, bsd_shape));
-                name
-            });
-            let fused = format!("{prefix}output_bsd");
-            nodes.push(NewNode::attention(&prefix, [&query, &key, &value], &fused, a));
-            let bsnh_shape = format!("{prefix}bsnh_shape");
-            tensors.push(int64s_tensor(&bsnh_shape, &[0, 0, a.heads as i64, a.head_size as i64]));
-            nodes.push(NewNode::reshape(&format!("{prefix}output_bsnh"), a.output, &fused, &bsnh_shape));
+            push_fused(&mut nodes, &mut tensors, &prefix, a, bsd_shape);
         } else if !removed.contains(&i) {
             nodes.push(NewNode::kept(node));
         }
     }
-    // Nodes that fed only what was fused (the scaling, the transposes, the key's shape arithmetic) go
-    // too; nodes that were unused before stay as they were.
+    (nodes, tensors)
+}
+
+/// The nodes of one fused attention: query, key and value reshaped to `[batch, sequence, hidden]`
+/// (`bsd_shape`), `MultiHeadAttention`, and its output reshaped back to BSNH under the old name.
+fn push_fused(
+    nodes: &mut Vec<NewNode>,
+    tensors: &mut Vec<Vec<u8>>,
+    prefix: &str,
+    a: &Attention,
+    bsd_shape: &str,
+) {
+    let [query, key, value] = [a.query, a.key, a.value].map(|input| {
+        let name = format!("{prefix}{input}_bsd");
+        nodes.push(NewNode::reshape(&name, &name, input, bsd_shape));
+        name
+    });
+    let fused = format!("{prefix}output_bsd");
+    nodes.push(NewNode::attention(prefix, [&query, &key, &value], &fused, a));
+    let bsnh_shape = format!("{prefix}bsnh_shape");
+    tensors.push(int64s_tensor(&bsnh_shape, &[0, 0, a.heads as i64, a.head_size as i64]));
+    nodes.push(NewNode::reshape(&format!("{prefix}output_bsnh"), a.output, &fused, &bsnh_shape));
+}
+
+/// `nodes` without those that fed only what was fused (the scaling, the transposes, the key's shape
+/// arithmetic); nodes that were unused before stay as they were.
+fn still_used<'n>(graph: &Graph, nodes: &'n [NewNode]) -> Vec<&'n NewNode> {
     let before: Vec<NewNode> = graph.nodes.iter().map(NewNode::kept).collect();
     let used_before = used(&before, &graph.outputs);
-    let used_after = used(&nodes, &graph.outputs);
-    let kept: Vec<&NewNode> = nodes
+    let used_after = used(nodes, &graph.outputs);
+    nodes
         .iter()
         .filter(|n| n.original.is_none_or(|i| !used_before.contains(&i) || used_after.contains(&i)))
-        .collect();
+        .collect()
+}
+
+/// The GraphProto with `kept` in place of its nodes, without the initializers and declared shapes
+/// of what no longer exists, and `tensors` added.
+fn write_fused(
+    graph: &Graph,
+    graph_fields: &[Field],
+    kept: &[&NewNode],
+    tensors: &[Vec<u8>],
+    graph_len: usize,
+) -> Result<Vec<u8>, RewriteError> {
     let produced: HashSet<&str> = kept.iter().flat_map(|n| n.outputs.iter().map(String::as_str)).collect();
     let read: HashSet<&str> = kept.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
-
-    let mut out = Vec::with_capacity(graph_bytes.len() + 4096);
+    let mut out = Vec::with_capacity(graph_len + 4096);
     let mut nodes_written = false;
-    for f in &graph_fields {
+    for f in graph_fields {
         match f.number {
             GRAPH_NODE if !nodes_written => {
-                for n in &kept {
+                for n in kept {
                     wire::put_bytes_field(&mut out, GRAPH_NODE, &n.bytes);
                 }
                 nodes_written = true;
@@ -214,7 +254,7 @@ pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
             GRAPH_NODE => {}
             // Constants only the fused nodes read (their scale factors, the key's shape pieces).
             GRAPH_INITIALIZER => {
-                let name = read_tensor(f.bytes(WHAT)?)?.name;
+                let name = read_tensor(f.bytes(GRAPH_PROTO)?)?.name;
                 let orphaned = graph.consumers.contains_key(name.as_str())
                     && !read.contains(name.as_str())
                     && !graph.outputs.contains(name.as_str());
@@ -224,7 +264,7 @@ pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
             }
             // Declared shapes of values that no longer exist would name nothing.
             GRAPH_VALUE_INFO => {
-                let name = value_info_name(f.bytes(WHAT)?)?;
+                let name = value_info_name(f.bytes(GRAPH_PROTO)?)?;
                 if produced.contains(name) || !graph.producer.contains_key(name) {
                     out.extend_from_slice(f.raw);
                 }
@@ -232,16 +272,10 @@ pub fn fuse_attention(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
             _ => out.extend_from_slice(f.raw),
         }
     }
-    for t in &tensors {
+    for t in tensors {
         wire::put_bytes_field(&mut out, GRAPH_INITIALIZER, t);
     }
-    let mut model_out = with_graph(&fields, &out);
-    if !imports(&fields, MS_DOMAIN)? {
-        let mut opset = bytes_field(OPSET_DOMAIN, MS_DOMAIN.as_bytes());
-        opset.extend(varint_field(OPSET_VERSION, 1));
-        wire::put_bytes_field(&mut model_out, MODEL_OPSET_IMPORT, &opset);
-    }
-    Ok((model_out, found.len()))
+    Ok(out)
 }
 
 /// The name of an initializer (a TensorProto), borrowed from its bytes.
