@@ -2,7 +2,6 @@
 //! encoder, transformer, VAE decoder) on ONNX Runtime, and the download worker (with its hash worker and
 //! the float32 conversion and the block-32 form) that fills the pack's OPFS folder.
 
-pub mod block32;
 pub mod convert;
 pub mod document;
 pub mod download;

@@ -228,7 +228,7 @@ pub(super) async fn remove_unrecorded_forms(commit: &str, graphs: &[String]) {
     };
     let record = installed.block32.unwrap_or_default();
     for graph in graphs.iter().filter(|g| record.graph(g).is_none()) {
-        crate::offscreen::block32::remove_form(&dir, graph).await;
+        crate::offscreen::download::remove_form(&dir, graph).await;
     }
 }
 

@@ -39,7 +39,6 @@ use web_sys::{
     ReadableStreamDefaultReader,
 };
 
-use crate::offscreen::block32;
 use crate::offscreen::convert::{self, ConvertError, ConvertProgress};
 use crate::offscreen::hasher::{HashError, HashWorker, HASH_SILENCE_MS, WORKER_LIMIT_FILE};
 use crate::platform::gpu::{self, GpuError};
@@ -52,6 +51,7 @@ use crate::platform::protocol::{self, DownloadCommand, DownloadReport, ProtocolE
 pub const CHECKPOINT_BYTES: u64 = 4 << 20;
 mod record;
 mod stored_forms;
+pub(crate) use stored_forms::remove_form;
 mod transfer;
 
 use record::*;
@@ -382,7 +382,7 @@ impl Download {
         self.report.state = DownloadState::Installing;
         self.report.record(&self.record);
         let block32 = match block32_graphs {
-            Some(names) => Some(block32::store(&self.dir, &names).await?),
+            Some(names) => Some(stored_forms::store(&self.dir, &names).await?),
             None => None,
         };
         // A generation may be reading the installed pack: the offscreen document lets the new one
