@@ -349,6 +349,8 @@ impl<'a> Graph<'a> {
         Ok(())
     }
 
+    /// Sizes node `index`'s outputs from its inputs' infos, and records who produces and last reads
+    /// each value.
     fn size_node(&mut self, index: usize) -> Result<(), SplitError> {
         let node = &self.nodes[index];
         let error = |reason: String| SplitError::Node {
@@ -357,6 +359,38 @@ impl<'a> Graph<'a> {
             op: format!("{}::{}", domain_name(node.domain), node.op_type),
             reason,
         };
+        let inputs = self.input_infos(node, error)?;
+        let infos = output_infos(node, &inputs).map_err(error)?;
+        let mut outputs = Vec::new();
+        for (i, &name) in node.outputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
+            let info = infos
+                .get(i)
+                .cloned()
+                .ok_or_else(|| error(format!("its output {i} ({name:?}) is not sized, only the first")))?;
+            self.check_output(name, &info, error)?;
+            outputs.push((name, info));
+        }
+        let recomputed = self.is_recomputed(node);
+        for &name in self.nodes[index].inputs.iter().filter(|i| !i.is_empty()) {
+            self.last_use.insert(name, index);
+        }
+        for (name, info) in outputs {
+            if recomputed {
+                self.recomputed.insert(name);
+            }
+            self.producer.insert(name, index);
+            self.infos.insert(name, info);
+        }
+        Ok(())
+    }
+
+    /// The infos of `node`'s inputs (`None` for an omitted one), each sized by an earlier node, a graph
+    /// input or an initializer.
+    fn input_infos(
+        &self,
+        node: &Node,
+        error: impl Fn(String) -> SplitError,
+    ) -> Result<Vec<Option<&Info>>, SplitError> {
         let mut inputs = Vec::with_capacity(node.inputs.len());
         for &name in node.inputs.iter() {
             if name.is_empty() {
@@ -369,53 +403,47 @@ impl<'a> Graph<'a> {
                 ))
             })?));
         }
-        let infos = output_infos(node, &inputs).map_err(error)?;
-        let mut outputs = Vec::new();
-        for (i, &name) in node.outputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
-            let info = infos
-                .get(i)
-                .cloned()
-                .ok_or_else(|| error(format!("its output {i} ({name:?}) is not sized, only the first")))?;
-            if elem_size(info.elem).is_none() {
+        Ok(inputs)
+    }
+
+    /// Refuses an output of no known element size, or sized against its declared type and shape.
+    fn check_output(
+        &self,
+        name: &str,
+        info: &Info,
+        error: impl Fn(String) -> SplitError,
+    ) -> Result<(), SplitError> {
+        if elem_size(info.elem).is_none() {
+            return Err(error(format!(
+                "its output {name:?} has element type {}, of no known size",
+                info.elem
+            )));
+        }
+        let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
+        if let Some(Declared { elem, dims }) = declared {
+            let agrees = (elem == 0 || elem == info.elem)
+                && dims.is_none_or(|d| {
+                    d.len() == info.dims.len()
+                        && d.iter().zip(&info.dims).all(|(d, s)| d.is_none_or(|d| d == *s))
+                });
+            if !agrees {
                 return Err(error(format!(
-                    "its output {name:?} has element type {}, of no known size",
-                    info.elem
+                    "its output {name:?} is sized as type {} {:?}, which its declared type and shape contradict",
+                    info.elem, info.dims
                 )));
             }
-            let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
-            if let Some(Declared { elem, dims }) = declared {
-                let agrees = (elem == 0 || elem == info.elem)
-                    && dims.is_none_or(|d| {
-                        d.len() == info.dims.len()
-                            && d.iter().zip(&info.dims).all(|(d, s)| d.is_none_or(|d| d == *s))
-                    });
-                if !agrees {
-                    return Err(error(format!(
-                        "its output {name:?} is sized as type {} {:?}, which its declared type and shape contradict",
-                        info.elem, info.dims
-                    )));
-                }
-            }
-            outputs.push((name, info));
         }
-        // Constants, and arithmetic on them and on graph inputs' shapes.
-        let recomputed = node
-            .inputs
+        Ok(())
+    }
+
+    /// Whether `node` computes from constants only, or is arithmetic on them and on graph inputs'
+    /// shapes: then its outputs are computed again where needed.
+    fn is_recomputed(&self, node: &Node) -> bool {
+        node.inputs
             .iter()
             .all(|i| i.is_empty() || self.initializers.contains(i) || self.recomputed.contains(i))
             || (node.is_onnx("Shape") || node.is_onnx("Size"))
-                && node.inputs.first().is_some_and(|i| self.inputs.contains(i));
-        for &name in self.nodes[index].inputs.iter().filter(|i| !i.is_empty()) {
-            self.last_use.insert(name, index);
-        }
-        for (name, info) in outputs {
-            if recomputed {
-                self.recomputed.insert(name);
-            }
-            self.producer.insert(name, index);
-            self.infos.insert(name, info);
-        }
-        Ok(())
+                && node.inputs.first().is_some_and(|i| self.inputs.contains(i))
     }
 
     /// Whether a cut may go before node `c`, for `c` in `0..=n`: every tensor produced before it and
