@@ -352,22 +352,18 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
         }
         Stage::Decoder => (job.decoder_scores(), 0, 0),
     };
-    // With every buffer kept and the scores chunked under the cache's limit, the widest tensor is the
-    // one left over the limit: it is reused from layer to layer rather than piling up.
-    let chunked_and_kept = levers.keep_buffers && levers.attention_chunks > 1;
-    let per_wide = if chunked_and_kept { 1.0 } else { c.per_wide };
     let mut working = c.fixed as f64
         + c.per_pixel * job.pixels() as f64
         + c.per_score * scores as f64
         + pile as f64
-        + per_wide * wide as f64;
+        + c.per_wide * wide as f64;
     let piece = if stage == Stage::Decoder { levers.decoder_piece_bytes } else { None };
     if let Some(piece) = piece {
         let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
         working = working.min((DECODER_PIECE_OVERRUN * piece as f64).max(floor));
     }
     // A chain of pieces keeps no buffers (`imagine_ort::Chain`).
-    if levers.keep_buffers && stage != Stage::TextEncoder && piece.is_none() && !chunked_and_kept {
+    if levers.keep_buffers && stage != Stage::TextEncoder && piece.is_none() {
         working *= KEEP_BUFFERS_FACTOR;
     }
     weights.of(stage) + working.max(0.0) as u64
@@ -408,8 +404,8 @@ pub struct Wanted {
 
 /// The fastest plan for `job` within `budget` (`None`: no known limit), from what it would like down
 /// to one stage at a time with nothing kept, no buffers kept, the attention chunked and the decoder
-/// split, the buffers kept where that needs less. Where even that does not fit, the one of those that
-/// needs least, with `fits: false`: the pages warn before, and the job tries anyway.
+/// split. Where even that does not fit, that leanest plan with `fits: false`: the pages warn before,
+/// and the job tries anyway.
 pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Wanted) -> MemoryPlan {
     let all = |levers| -> u64 { STAGES.iter().map(|&s| stage_need(s, weights, job, levers)).sum() };
     let largest =
@@ -424,21 +420,16 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     // The decoder alone on the GPU may use what its weights leave of the budget.
     let piece = ((budget.saturating_sub(weights.decoder) as f64 / DECODER_PIECE_OVERRUN) as u64)
         .max(MIN_DECODER_PIECE_BYTES);
-    let chunked_kept = Levers { keep_buffers: true, ..chunked };
     let split = Levers { decoder_piece_bytes: Some(piece), ..chunked };
-    let split_kept = Levers { keep_buffers: true, ..split };
     let together = wanted.ahead || wanted.keep;
-    let (leanest_split, leanest_kept) =
-        ((false, split, largest(split)), (false, split_kept, largest(split_kept)));
+    let leanest = (false, split, largest(split));
     let candidates = [
         (together, levers, all(levers)),
         (together, lean_levers, all(lean_levers)),
         (false, levers, largest(levers)),
         (false, lean_levers, largest(lean_levers)),
         (false, chunked, largest(chunked)),
-        (false, chunked_kept, largest(chunked_kept)),
-        leanest_split,
-        leanest_kept,
+        leanest,
     ];
     let plan_of = |(together, levers, peak): (bool, Levers, u64)| MemoryPlan {
         ahead: together && wanted.ahead,
@@ -447,7 +438,6 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    let leanest = if leanest_kept.2 < leanest_split.2 { leanest_kept } else { leanest_split };
     candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(leanest))
 }
 

@@ -60,11 +60,11 @@ fn needs_match_what_ran_on_a_gpu_held_to_8_gb() {
     let big32 = job(1024, Float32);
     assert!(stage_need(Stage::Transformer, &W, &big32, chunked(&big32)) > 7_800_000_000);
     // The float32 one at 768x1024 in 8 chunks ran out with ORT's default cache (its widest tensor
-    // piling up): the plan then keeps the buffers.
+    // piling up), and with every buffer kept as well (an H100 held to 8 GB free): neither fits 7 GB.
     let tall32 = Job { width: 768, height: 1024, precision: Float32 };
     assert!(stage_need(Stage::Transformer, &W, &tall32, chunked(&tall32)) > 7_000_000_000);
     let kept = |j: &Job| Levers { keep_buffers: true, ..chunked(j) };
-    assert!(stage_need(Stage::Transformer, &W, &tall32, kept(&tall32)) <= 7_000_000_000);
+    assert!(stage_need(Stage::Transformer, &W, &tall32, kept(&tall32)) > 7_000_000_000);
     // The decoder in pieces of a quarter of the room, computing in NCHW, ran at 768x1024 and at
     // 1024x1024 within a budget of 7.0 GB.
     let facts = MemoryFacts { weights: W, precision: Float16 };
@@ -97,11 +97,11 @@ fn a_budget_steps_down_to_one_stage_at_a_time() {
     assert!(six.fits && six.peak <= 6 * GB, "{six:?}");
     let four = plan(Some(4 * GB), &W, &small, wanted);
     assert!(!four.fits && !four.ahead && !four.keep, "{four:?}");
-    // With no room, the leanest plan: buffers kept only where that needs less (the attention in
-    // chunks, its widest tensor then reused rather than piled up).
+    // With no room, the leanest plan: no buffers kept, the attention in chunks, the decoder split.
     assert!(!four.levers.keep_buffers, "{four:?}");
     let big32 = plan(Some(4 * GB), &W, &job(1024, Precision::Float32), wanted);
-    assert!(!big32.fits && big32.levers.keep_buffers && big32.levers.attention_chunks > 1, "{big32:?}");
+    assert!(!big32.fits && !big32.levers.keep_buffers && big32.levers.attention_chunks > 1, "{big32:?}");
+    assert!(big32.levers.decoder_piece_bytes.is_some(), "{big32:?}");
 }
 
 #[test]
@@ -127,13 +127,18 @@ fn the_attention_is_chunked_and_the_decoder_split_only_where_the_budget_needs_it
     assert_eq!(p.levers.attention_chunks, 4);
     assert_eq!(p.levers.decoder_piece_bytes, Some((8 * GB - W.decoder) / 4));
     assert!(p.peak <= 8 * GB, "{}", gb(p.peak));
-    // Every preset size fits 8 GB on both paths; with 4 GB nothing does, and that plan says so.
-    for precision in [Precision::Float16, Precision::Float32] {
-        for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
-            let p = plan(Some(8 * GB), &W, &Job { width: w, height: h, precision }, WANTED);
-            assert!(p.fits && p.peak <= 8 * GB, "{precision:?} {w}x{h}: {p:?}");
-        }
+    // As measured with 8 GB free (a budget of 7.0 GB): every preset size fits in float16; in float32
+    // 512x512 does and the larger ones do not (their transformer ran out), which the pages say before.
+    let seven = Some(7_000_000_000);
+    for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
+        let f16 = plan(seven, &W, &Job { width: w, height: h, precision: Precision::Float16 }, WANTED);
+        assert!(f16.fits, "float16 {w}x{h}: {f16:?}");
+        let f32 = plan(seven, &W, &Job { width: w, height: h, precision: Precision::Float32 }, WANTED);
+        assert_eq!(f32.fits, w * h == 512 * 512, "float32 {w}x{h}: {f32:?}");
     }
+    // So a float32 failure there says what fits: no square the size of those that ran out.
+    let side = MemoryFacts { weights: W, precision: Precision::Float32 }.largest_square(7_000_000_000);
+    assert_eq!(side, Some(640), "{side:?}");
     let four = plan(Some(4 * GB), &W, &tall, WANTED);
     assert!(!four.fits && four.levers.decoder_piece_bytes.is_some(), "{four:?}");
 }
