@@ -1,0 +1,59 @@
+//! The JSON of what is kept and sent (gallery items and index, results) stays as it was: each literal
+//! is what the code wrote before the image parameters became one type (`ImageParams`), and must parse
+//! and come back byte for byte.
+
+use imagine_core::api::{Event, GenerateResult};
+use imagine_core::gallery::{GalleryIndex, GalleryItem};
+use serde::{de::DeserializeOwned, Serialize};
+
+/// A result with timings, no trace, not private (so no `private` key).
+const RESULT: &str = r#"{"job":"0123abcd","png":"iVBORw0KGgo=","prompt":"a red fox «ü» \"quoted\"\nline two","seed":"18446744073709551615","width":512,"height":768,"steps":4,"schedule":"empirical","tokenCount":17,"truncated":false,"trace":null,"timings":{"sessionCreateMs":500.0,"runMs":1200.75,"totalMs":2000.0,"stages":[{"stage":"textEncoder","graphFile":"text_encoder.onnx","fusedAttention":0,"chunkedAttention":0,"pieces":1,"storedFormCheckMs":0.0,"workerCreatedAtMs":1700000000001.5,"taskAtMs":1700000000010.0,"startedAtMs":1700000000011.0,"finishedAtMs":1700000000900.25,"sessionCreateMs":500.0,"resident":false,"runMs":300.5,"runsMs":[300.5]}],"budget":4000000000},"index":1,"count":2}"#;
+
+/// A private result with a trace and no timings.
+const PRIVATE_RESULT: &str = r#"{"job":"4567cdef","png":"","prompt":"private","seed":"0","width":256,"height":256,"steps":1,"schedule":"linear-shift","tokenCount":1,"truncated":true,"trace":{"inputIds":[1,2,3],"attentionMask":[1,1,0],"sigmas":[1.0,0.5,0.0],"noise":"AAAA","firstVelocity":"BBBB","imgIds":"CCCC","txtIds":"DDDD","promptEmbeds":"EEEE"},"timings":null,"index":0,"count":1,"private":true}"#;
+
+/// The `result` event.
+const RESULT_EVENT: &str = r#"{"type":"result","job":"0123abcd","png":"iVBORw0KGgo=","prompt":"a red fox «ü» \"quoted\"\nline two","seed":"18446744073709551615","width":512,"height":768,"steps":4,"schedule":"empirical","tokenCount":17,"truncated":false,"trace":null,"timings":{"sessionCreateMs":500.0,"runMs":1200.75,"totalMs":2000.0,"stages":[{"stage":"textEncoder","graphFile":"text_encoder.onnx","fusedAttention":0,"chunkedAttention":0,"pieces":1,"storedFormCheckMs":0.0,"workerCreatedAtMs":1700000000001.5,"taskAtMs":1700000000010.0,"startedAtMs":1700000000011.0,"finishedAtMs":1700000000900.25,"sessionCreateMs":500.0,"resident":false,"runMs":300.5,"runsMs":[300.5]}],"budget":4000000000},"index":1,"count":2}"#;
+
+/// A gallery item with timings and the pack's commit.
+const ITEM: &str = r#"{"id":"0123abcd-1","prompt":"a red fox «ü» \"quoted\"\nline two","seed":"18446744073709551615","width":512,"height":768,"steps":4,"schedule":"empirical","created":1700000000123.0,"bytes":456789,"timings":{"sessionCreateMs":500.0,"runMs":1200.75,"totalMs":2000.0,"stages":[{"stage":"textEncoder","graphFile":"text_encoder.onnx","fusedAttention":0,"chunkedAttention":0,"pieces":1,"storedFormCheckMs":0.0,"workerCreatedAtMs":1700000000001.5,"taskAtMs":1700000000010.0,"startedAtMs":1700000000011.0,"finishedAtMs":1700000000900.25,"sessionCreateMs":500.0,"resident":false,"runMs":300.5,"runsMs":[300.5]}],"budget":4000000000},"packCommit":"abc123"}"#;
+
+/// The index file: an item rebuilt from its PNG, then [`ITEM`].
+const INDEX: &str = r#"{"version":1,"limit":{"maxItems":500,"maxBytes":2000000000},"items":[{"id":"old","prompt":"old","seed":"7","width":256,"height":256,"steps":3,"schedule":"linear-shift","created":1600000000000.0,"bytes":1000,"timings":null,"packCommit":null},{"id":"0123abcd-1","prompt":"a red fox «ü» \"quoted\"\nline two","seed":"18446744073709551615","width":512,"height":768,"steps":4,"schedule":"empirical","created":1700000000123.0,"bytes":456789,"timings":{"sessionCreateMs":500.0,"runMs":1200.75,"totalMs":2000.0,"stages":[{"stage":"textEncoder","graphFile":"text_encoder.onnx","fusedAttention":0,"chunkedAttention":0,"pieces":1,"storedFormCheckMs":0.0,"workerCreatedAtMs":1700000000001.5,"taskAtMs":1700000000010.0,"startedAtMs":1700000000011.0,"finishedAtMs":1700000000900.25,"sessionCreateMs":500.0,"resident":false,"runMs":300.5,"runsMs":[300.5]}],"budget":4000000000},"packCommit":"abc123"}]}"#;
+
+/// `json` parsed as `T` and written again.
+fn round_trip<T: Serialize + DeserializeOwned>(json: &str) -> (T, String) {
+    let value: T = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let again = serde_json::to_string(&value).unwrap();
+    (value, again)
+}
+
+#[test]
+fn a_result_and_its_event_are_written_as_before() {
+    for json in [RESULT, PRIVATE_RESULT] {
+        assert_eq!(round_trip::<GenerateResult>(json).1, json);
+    }
+    let (event, again) = round_trip::<Event>(RESULT_EVENT);
+    assert_eq!(again, RESULT_EVENT);
+    let result: GenerateResult = serde_json::from_str(RESULT).unwrap();
+    assert_eq!(event, Event::Result(result));
+}
+
+#[test]
+fn a_gallery_item_and_the_index_are_written_as_before() {
+    assert_eq!(round_trip::<GalleryItem>(ITEM).1, ITEM);
+    let index = GalleryIndex::parse(INDEX.as_bytes()).unwrap();
+    assert_eq!(String::from_utf8(index.to_bytes()).unwrap(), INDEX);
+    assert_eq!(index.items[1], serde_json::from_str::<GalleryItem>(ITEM).unwrap());
+}
+
+#[test]
+fn an_older_index_still_parses() {
+    // Written before items had timings and the pack's commit, and before the limit was kept, with
+    // times as JavaScript writes whole numbers.
+    let old = r#"{"version":1,"items":[{"id":"old","prompt":"old","seed":"7","width":256,"height":256,"steps":3,"schedule":"linear-shift","created":1600000000000,"bytes":1000}]}"#;
+    let index = GalleryIndex::parse(old.as_bytes()).unwrap();
+    let now = GalleryIndex::parse(INDEX.as_bytes()).unwrap();
+    assert_eq!(index.items, now.items[..1]);
+    assert_eq!(index.limit, now.limit);
+}
