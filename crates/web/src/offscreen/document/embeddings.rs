@@ -61,7 +61,7 @@ pub(super) async fn prompt_embeddings(
     };
     let mut encoder = StageRun::start(job, &task, None)?;
     let (StageOutput::TextEncoder(encoded), embeddings) = encoder.done(params.count).await? else {
-        return Err(unexpected(Stage::TextEncoder.name()));
+        return Err(unexpected(Stage::TextEncoder));
     };
     encoder.end(keep);
     let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;

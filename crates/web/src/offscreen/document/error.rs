@@ -44,8 +44,8 @@ pub enum OffscreenError {
         seconds: u64,
     },
     /// A stage worker's `Done` carried another stage's output (a bug); the stage it was asked for.
-    #[error("internal: the {0} worker handed on another stage's output")]
-    WrongOutput(&'static str),
+    #[error("internal: the {} worker handed on another stage's output", .0.name())]
+    WrongOutput(Stage),
     /// A stage handed on no buffer where the next one needs it (a bug).
     #[error("internal: a stage handed on nothing")]
     NoOutput,

@@ -512,7 +512,7 @@ async fn run_stages(
     progress(job, Stage::Transformer, 0, images, 0, params.steps).await;
     let mut transformer = StageRun::given(transformer, job, &transformer_task, embeddings)?;
     let (StageOutput::Transformer(denoised), latents) = transformer.done(images).await? else {
-        return Err(unexpected("transformer"));
+        return Err(unexpected(Stage::Transformer));
     };
     transformer.end(plan.memory.keep);
     note_checked(&encoder_timing);
@@ -550,7 +550,7 @@ async fn run_stages(
                 }
                 return Ok(());
             }
-            Reported::Done(..) => return Err(unexpected("decoder")),
+            Reported::Done(..) => return Err(unexpected(Stage::Decoder)),
         }
     }
 }
@@ -580,6 +580,7 @@ fn warn(text: &str) {
     web_sys::console::warn_1(&text.into());
 }
 
-fn unexpected(stage: &'static str) -> StageFailure {
+/// `stage`'s worker handed on another stage's output.
+fn unexpected(stage: Stage) -> StageFailure {
     StageFailure::Error(OffscreenError::WrongOutput(stage))
 }

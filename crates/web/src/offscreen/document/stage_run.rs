@@ -126,7 +126,7 @@ impl StageRun {
     pub(super) async fn done(&mut self, images: u32) -> Result<(StageOutput, Option<JsValue>), StageFailure> {
         match self.next(images).await? {
             Reported::Done(output, data) => Ok((output, data)),
-            Reported::Image { .. } => Err(unexpected("a stage other than the decoder")),
+            Reported::Image { .. } => Err(unexpected(self.stage)),
         }
     }
 
