@@ -22,7 +22,7 @@ use half::f16;
 use imagine_core::api::GenerateRequest;
 use imagine_core::pack::{self, Graph};
 use imagine_core::{
-    decode, denoise, encode_image, encode_prompt, DType, DenoiseParams, Dim, PngMeta, PromptEncoder, Session,
+    decode, denoise, encode_image, encode_prompt, DType, DenoiseParams, Dim, PromptEncoder, Session,
     SessionError, Tensor, TensorData, TensorInfo,
 };
 use serde_json::{json, Value};
@@ -303,14 +303,7 @@ fn run() -> Result<(), String> {
         seed: params.seed,
         schedule: params.schedule,
     };
-    let meta = PngMeta {
-        prompt: params.prompt.clone(),
-        seed: params.seed,
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        schedule: params.schedule.name().to_owned(),
-    };
+    let meta = params.image(0);
     let mut images = Vec::new();
     let mut trace = json!({});
     for (i, plan) in args.plan.iter().enumerate() {

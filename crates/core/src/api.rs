@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gallery::{GalleryItem, GalleryLimit};
 use crate::gpu_memory::{GpuMemorySetting, MemoryFacts, MemoryPlan, Probe};
+use crate::image::ImageParams;
 use crate::message::{Localize, Message};
 
 mod pack;
@@ -365,12 +366,9 @@ pub struct GenerateResult {
     pub job: String,
     /// The PNG, base64. It carries the prompt, seed, size, steps and schedule in text chunks.
     pub png: String,
-    pub prompt: String,
-    pub seed: String,
-    pub width: u32,
-    pub height: u32,
-    pub steps: u32,
-    pub schedule: String,
+    /// What made it (in the JSON, its keys among these).
+    #[serde(flatten)]
+    pub image: ImageParams,
     /// Prompt tokens used, chat template included, at most 512.
     pub token_count: u32,
     /// Whether the prompt lost its tail to the 512-token limit.

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::Timings;
+use crate::image::ImageParams;
 use crate::message::{arg, quoted, Localize, Message};
 
 /// The gallery's directory at the OPFS root.
@@ -64,13 +65,9 @@ pub enum GalleryError {
 pub struct GalleryItem {
     /// The job id; the file is `<id>.png`.
     pub id: String,
-    pub prompt: String,
-    /// Decimal u64.
-    pub seed: String,
-    pub width: u32,
-    pub height: u32,
-    pub steps: u32,
-    pub schedule: String,
+    /// What made it (in the JSON, its keys among these).
+    #[serde(flatten)]
+    pub image: ImageParams,
     /// Milliseconds since the Unix epoch.
     pub created: f64,
     /// Size of the PNG.
@@ -240,7 +237,7 @@ pub struct FoundImage {
     /// The file's last change (ms since the epoch): the image's time when the index is lost.
     pub modified: f64,
     /// Its parameters, or why it is not an image of ours.
-    pub meta: Result<crate::image::PngMeta, String>,
+    pub meta: Result<ImageParams, String>,
 }
 
 impl FoundImage {
@@ -288,12 +285,7 @@ impl GalleryIndex {
             match image.meta {
                 Ok(meta) => items.push(GalleryItem {
                     id: id.to_owned(),
-                    prompt: meta.prompt,
-                    seed: meta.seed.to_string(),
-                    width: meta.width,
-                    height: meta.height,
-                    steps: meta.steps,
-                    schedule: meta.schedule,
+                    image: meta,
                     created: image.modified,
                     bytes: image.bytes,
                     timings: None,
@@ -335,7 +327,7 @@ impl GalleryIndex {
             .items
             .iter()
             .rev()
-            .filter(|i| needle.is_empty() || i.prompt.to_lowercase().contains(&needle))
+            .filter(|i| needle.is_empty() || i.image.prompt.to_lowercase().contains(&needle))
             .collect();
         let page =
             matching.iter().skip(query.offset as usize).take(query.limit as usize).map(|i| (*i).clone());
@@ -484,17 +476,19 @@ mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::image::{encode_png, PngMeta};
+    use crate::image::encode_png;
 
     fn item(id: &str, prompt: &str, created: f64, bytes: u64) -> GalleryItem {
         GalleryItem {
             id: id.into(),
-            prompt: prompt.into(),
-            seed: "1".into(),
-            width: 256,
-            height: 256,
-            steps: 4,
-            schedule: "empirical".into(),
+            image: ImageParams {
+                prompt: prompt.into(),
+                seed: 1,
+                width: 256,
+                height: 256,
+                steps: 4,
+                schedule: "empirical".into(),
+            },
             created,
             bytes,
             timings: None,
@@ -603,7 +597,7 @@ mod tests {
     }
 
     fn png(prompt: &str, seed: u64) -> Vec<u8> {
-        let meta = PngMeta {
+        let meta = ImageParams {
             prompt: prompt.into(),
             seed,
             width: 2,
@@ -630,11 +624,11 @@ mod tests {
         assert_eq!(ids(&g.items), ["a", "b"]);
         let b = g.get("b").unwrap();
         assert_eq!(
-            (b.prompt.as_str(), b.seed.as_str(), b.width, b.height, b.steps),
-            ("second «ü»", "7", 2, 1, 3)
+            (b.image.prompt.as_str(), b.image.seed, b.image.width, b.image.height, b.image.steps),
+            ("second «ü»", 7, 2, 1, 3)
         );
-        assert_eq!(b.schedule, "linear-shift");
-        assert_eq!(g.get("a").unwrap().seed, u64::MAX.to_string());
+        assert_eq!(b.image.schedule, "linear-shift");
+        assert_eq!(g.get("a").unwrap().image.seed, u64::MAX);
         assert_eq!(
             skipped.iter().map(|s| s.file.as_str()).collect::<Vec<_>>(),
             ["junk.png", "index.json.tmp"]
@@ -655,7 +649,7 @@ mod tests {
             })
             .collect();
         let prompt = "𝄞".repeat(20_000);
-        let meta = PngMeta {
+        let meta = ImageParams {
             prompt: prompt.clone(),
             seed: 5,
             width,
@@ -672,7 +666,10 @@ mod tests {
         );
         assert_eq!(skipped, []);
         let item = g.get("big").unwrap();
-        assert_eq!((item.prompt.as_str(), item.seed.as_str(), item.width), (prompt.as_str(), "5", 512));
+        assert_eq!(
+            (item.image.prompt.as_str(), item.image.seed, item.image.width),
+            (prompt.as_str(), 5, 512)
+        );
         assert_eq!(item.bytes, png.len() as u64);
     }
 

@@ -8,7 +8,9 @@
 //! The PNG carries the generation parameters in text chunks so an image can be reproduced from the
 //! file alone: `prompt` as iTXt (UTF-8), the others as tEXt (ASCII), and `Software` = `Imagine`.
 
+use crate::api::{GenerateRequest, Seed};
 use crate::message::{Localize, Message};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The `Software` text chunk's value.
@@ -70,12 +72,16 @@ fn to_u8(x: f32) -> u8 {
     ((x / 2.0 + 0.5).clamp(0.0, 1.0) * 255.0).round_ties_even() as u8
 }
 
-/// The generation parameters written into a PNG.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PngMeta {
+/// An image's parameters: what made it, as its PNG's text chunks, its `result` event, the gallery's
+/// index and a reused image's settings record them. Structs that carry more flatten it
+/// (`#[serde(flatten)]`), so their JSON has these six keys among their own, as before they shared it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageParams {
     /// The prompt as the user gave it.
     pub prompt: String,
-    /// The noise seed.
+    /// The noise seed, in JSON a decimal string (a JS number would round it).
+    #[serde(with = "crate::params::decimal")]
     pub seed: u64,
     /// Image width in pixels.
     pub width: u32,
@@ -87,7 +93,20 @@ pub struct PngMeta {
     pub schedule: String,
 }
 
-impl PngMeta {
+impl ImageParams {
+    /// A `generate` request for the same image again: this prompt, seed, size, steps and schedule.
+    pub fn request(&self) -> GenerateRequest {
+        GenerateRequest {
+            prompt: self.prompt.clone(),
+            width: Some(self.width.into()),
+            height: Some(self.height.into()),
+            steps: Some(self.steps.into()),
+            seed: Some(Seed::Text(self.seed.to_string())),
+            schedule: Some(self.schedule.clone()),
+            ..Default::default()
+        }
+    }
+
     /// The `(keyword, text)` pairs written as tEXt chunks (ASCII), in file order.
     fn latin1_chunks(&self) -> [(&'static str, String); 6] {
         [
@@ -102,7 +121,7 @@ impl PngMeta {
 }
 
 /// RGBA8 pixels to a PNG with `meta` in text chunks.
-pub fn encode_png(rgba: &[u8], width: u32, height: u32, meta: &PngMeta) -> Result<Vec<u8>, ImageError> {
+pub fn encode_png(rgba: &[u8], width: u32, height: u32, meta: &ImageParams) -> Result<Vec<u8>, ImageError> {
     check_size("the RGBA image", rgba.len(), 4, width, height)?;
     let mut out = Vec::new();
     let mut encoder = png::Encoder::new(&mut out, width, height);
@@ -121,7 +140,7 @@ pub fn encode_png(rgba: &[u8], width: u32, height: u32, meta: &PngMeta) -> Resul
 
 /// The generation parameters of a PNG written by [`encode_png`], from its text chunks (read without
 /// decoding the pixels); the error says what is missing.
-pub fn read_png_meta(bytes: &[u8]) -> Result<PngMeta, String> {
+pub fn read_png_meta(bytes: &[u8]) -> Result<ImageParams, String> {
     let reader =
         png::Decoder::new(std::io::Cursor::new(bytes)).read_info().map_err(|e| format!("not a PNG: {e}"))?;
     let info = reader.info();
@@ -142,7 +161,7 @@ pub fn read_png_meta(bytes: &[u8]) -> Result<PngMeta, String> {
         .ok_or("no prompt text chunk")?;
     let small =
         |keyword: &str| number(keyword).and_then(|n| u32::try_from(n).map_err(|e| format!("{keyword}: {e}")));
-    Ok(PngMeta {
+    Ok(ImageParams {
         prompt,
         seed: number("seed")?,
         width: small("width")?,
@@ -195,7 +214,7 @@ mod tests {
     fn png_round_trip_with_metadata() {
         let (width, height) = (3, 2);
         let rgba: Vec<u8> = (0..width * height * 4).map(|i| (i * 7) as u8).collect();
-        let meta = PngMeta {
+        let meta = ImageParams {
             prompt: "a cat 猫 🐈‍⬛ «ünïcode»\nline two".into(),
             seed: u64::MAX,
             width,
@@ -234,7 +253,7 @@ mod tests {
 
     #[test]
     fn png_refuses_wrong_buffer_size() {
-        let meta = PngMeta {
+        let meta = ImageParams {
             prompt: String::new(),
             seed: 0,
             width: 2,

@@ -40,7 +40,7 @@ pub mod session;
 pub mod stages;
 pub mod storage;
 
-pub use image::{encode_png, read_png_meta, to_rgba8, ImageError, PngMeta};
+pub use image::{encode_png, read_png_meta, to_rgba8, ImageError, ImageParams};
 pub use latents::{
     euler_step, from_f16, image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify, LengthError,
 };

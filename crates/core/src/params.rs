@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::{GenerateRequest, Seed};
+use crate::image::ImageParams;
 use crate::message::{arg, quoted, Arg, Localize, Message};
 use crate::pack::Graph;
 use crate::schedule::Schedule;
@@ -142,8 +143,8 @@ fn yes() -> bool {
     true
 }
 
-/// A u64 as a decimal string.
-mod decimal {
+/// A u64 as a decimal string (`#[serde(with = "crate::params::decimal")]`).
+pub(crate) mod decimal {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
@@ -175,6 +176,18 @@ impl GenerateParams {
     /// The seed of image `index` of the batch: `seed + index`, wrapping past `u64::MAX`.
     pub fn seed_of(&self, index: u32) -> u64 {
         self.seed.wrapping_add(u64::from(index))
+    }
+
+    /// The parameters of image `index` of the batch, as its PNG, its result and the gallery record them.
+    pub fn image(&self, index: u32) -> ImageParams {
+        ImageParams {
+            prompt: self.prompt.clone(),
+            seed: self.seed_of(index),
+            width: self.width,
+            height: self.height,
+            steps: self.steps,
+            schedule: self.schedule.name().to_owned(),
+        }
     }
 
     /// Whether `graph`'s session keeps every GPU buffer ([`GenerateParams::keep_buffers`]). Never the

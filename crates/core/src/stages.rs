@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::Stage;
-use crate::image::{encode_png, to_rgba8, ImageError, PngMeta};
+use crate::image::{encode_png, to_rgba8, ImageError, ImageParams};
 use crate::latents::{
     euler_step, image_ids, initial_noise, text_ids, unpack_tokens, unpatchify, LengthError, ID_AXES,
     TOKEN_CHANNELS, VAE_CHANNELS,
@@ -554,7 +554,7 @@ pub async fn decode(
 }
 
 /// The decoder's sample `[3, height, width]` as a PNG carrying `meta` (its size is the image's).
-pub fn encode_image(sample: &[f32], meta: &PngMeta) -> Result<Vec<u8>, StageError> {
+pub fn encode_image(sample: &[f32], meta: &ImageParams) -> Result<Vec<u8>, StageError> {
     let rgba = to_rgba8(sample, meta.width, meta.height)?;
     Ok(encode_png(&rgba, meta.width, meta.height, meta)?)
 }

@@ -6,7 +6,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use half::f16;
-use imagine_core::image::PngMeta;
+use imagine_core::image::ImageParams;
 use imagine_core::latents::{image_ids, initial_noise, text_ids, to_f16, unpack_tokens, unpatchify};
 use imagine_core::pack::Graph;
 use imagine_core::prompt::{EncodedPrompt, MAX_TOKENS};
@@ -504,7 +504,7 @@ fn decoder_refuses_a_sample_of_the_wrong_size() {
 
 #[test]
 fn image_is_a_png_of_the_sample() {
-    let meta = PngMeta {
+    let meta = ImageParams {
         prompt: "a cat".into(),
         seed: 1,
         width: 4,

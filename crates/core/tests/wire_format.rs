@@ -4,6 +4,7 @@
 
 use imagine_core::api::{Event, GenerateResult};
 use imagine_core::gallery::{GalleryIndex, GalleryItem};
+use imagine_core::image::ImageParams;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// A result with timings, no trace, not private (so no `private` key).
@@ -36,7 +37,22 @@ fn a_result_and_its_event_are_written_as_before() {
     let (event, again) = round_trip::<Event>(RESULT_EVENT);
     assert_eq!(again, RESULT_EVENT);
     let result: GenerateResult = serde_json::from_str(RESULT).unwrap();
-    assert_eq!(event, Event::Result(result));
+    assert_eq!(event, Event::Result(result.clone()));
+    let image = ImageParams {
+        prompt: "a red fox «ü» \"quoted\"\nline two".into(),
+        seed: u64::MAX,
+        width: 512,
+        height: 768,
+        steps: 4,
+        schedule: "empirical".into(),
+    };
+    assert_eq!(result.image, image);
+    assert_eq!((result.token_count, result.index, result.count, result.private), (17, 1, 2, false));
+    let private: GenerateResult = serde_json::from_str(PRIVATE_RESULT).unwrap();
+    assert_eq!(
+        (private.image.seed, private.image.schedule.as_str(), private.private),
+        (0, "linear-shift", true)
+    );
 }
 
 #[test]
@@ -45,6 +61,17 @@ fn a_gallery_item_and_the_index_are_written_as_before() {
     let index = GalleryIndex::parse(INDEX.as_bytes()).unwrap();
     assert_eq!(String::from_utf8(index.to_bytes()).unwrap(), INDEX);
     assert_eq!(index.items[1], serde_json::from_str::<GalleryItem>(ITEM).unwrap());
+    // The item the service worker lists for the result, as it writes it.
+    let result: GenerateResult = serde_json::from_str(RESULT).unwrap();
+    let item = GalleryItem {
+        id: "0123abcd-1".into(),
+        image: result.image,
+        created: 1_700_000_000_123.0,
+        bytes: 456_789,
+        timings: result.timings,
+        pack_commit: Some("abc123".into()),
+    };
+    assert_eq!(serde_json::to_string(&item).unwrap(), ITEM);
 }
 
 #[test]
@@ -56,4 +83,7 @@ fn an_older_index_still_parses() {
     let now = GalleryIndex::parse(INDEX.as_bytes()).unwrap();
     assert_eq!(index.items, now.items[..1]);
     assert_eq!(index.limit, now.limit);
+    let old = &index.items[0];
+    assert_eq!((old.image.prompt.as_str(), old.image.seed, old.image.steps), ("old", 7, 3));
+    assert_eq!((old.created, old.timings.as_ref(), old.pack_commit.as_deref()), (1.6e12, None, None));
 }

@@ -131,12 +131,7 @@ pub async fn add(result: &GenerateResult, bytes: u64, pack_commit: Option<String
     let mut index = load(&dir).await?;
     index.add(GalleryItem {
         id: id.to_owned(),
-        prompt: result.prompt.clone(),
-        seed: result.seed.clone(),
-        width: result.width,
-        height: result.height,
-        steps: result.steps,
-        schedule: result.schedule.clone(),
+        image: result.image.clone(),
         created: js_sys::Date::now(),
         bytes,
         timings: result.timings.clone(),

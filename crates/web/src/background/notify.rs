@@ -39,7 +39,7 @@ fn notification_for(event: &Event) -> Option<(String, String, String)> {
             } else {
                 i18n::t("notifyImageReady")
             };
-            Some((format!("{JOB_PREFIX}{}", result.job), title, quote(&result.prompt)))
+            Some((format!("{JOB_PREFIX}{}", result.job), title, quote(&result.image.prompt)))
         }
         Event::Failed { job, error, message } => Some((
             format!("{JOB_PREFIX}{job}"),

@@ -242,9 +242,9 @@ fn add_thumbnail(item: &GalleryItem) {
     dom::set_attr(&child::<HtmlElement>(&card, ".thumb"), "data-id", &item.id);
     let img: HtmlImageElement = child(&card, "img");
     // The prompt is set as an attribute's text, never parsed as HTML.
-    img.set_alt(&item.prompt);
-    img.set_width(item.width);
-    img.set_height(item.height);
+    img.set_alt(&item.image.prompt);
+    img.set_width(item.image.width);
+    img.set_height(item.image.height);
     dom::append(&element::<HtmlElement>("grid"), &card);
     let id = item.id.clone();
     spawn_local(async move {
@@ -266,8 +266,8 @@ async fn open(id: String) {
         }
         _ => return,
     };
-    show_png("viewer-image", "viewer-save", &png, &item.prompt, &item.seed);
-    set_text("viewer-prompt", &item.prompt);
+    show_png("viewer-image", "viewer-save", &png, &item.image.prompt, item.image.seed);
+    set_text("viewer-prompt", &item.image.prompt);
     set_text("viewer-status", "");
     show_params(&item);
     set_view_url(Some(&item.id));
@@ -287,10 +287,10 @@ fn show_params(item: &GalleryItem) {
         &crate::platform::js::Obj::new().set("dateStyle", "medium").set("timeStyle", "short").build(),
     );
     let mut rows = vec![
-        (t("seed"), item.seed.clone()),
-        (t("gallerySize"), format!("{} \u{00d7} {}", item.width, item.height)),
-        (t("steps"), item.steps.to_string()),
-        (t("schedule"), crate::pages::view::schedule_name(&item.schedule)),
+        (t("seed"), item.image.seed.to_string()),
+        (t("gallerySize"), format!("{} \u{00d7} {}", item.image.width, item.image.height)),
+        (t("steps"), item.image.steps.to_string()),
+        (t("schedule"), crate::pages::view::schedule_name(&item.image.schedule)),
         (t("galleryCreated"), String::from(created)),
         (t("galleryFileSize"), i18n::bytes(item.bytes)),
     ];
@@ -336,14 +336,7 @@ fn viewer_closed() {
 /// wait there).
 fn reuse() {
     let Some(item) = STATE.with_borrow(|s| s.viewing.clone()) else { return };
-    let reuse = Reuse {
-        prompt: item.prompt,
-        width: item.width,
-        height: item.height,
-        steps: item.steps,
-        seed: item.seed,
-        schedule: item.schedule,
-    };
+    let reuse: Reuse = item.image;
     let toolbar = STATE.with_borrow(|s| s.toolbar);
     if toolbar == ToolbarOpens::Studio {
         side_panel::open_from_click(|| {});

@@ -171,7 +171,7 @@ async fn fill_form() {
         set("width", &reuse.width.to_string());
         set("height", &reuse.height.to_string());
         set("steps", &reuse.steps.to_string());
-        set("seed", &reuse.seed);
+        set("seed", &reuse.seed.to_string());
         element::<HtmlSelectElement>("schedule").set_value(&reuse.schedule);
     }
 }

@@ -98,7 +98,7 @@ pub fn result_page_main() {
                     show_progress(progress.as_ref());
                 }
                 JobState::Done { result, .. } => {
-                    set_text("prompt-text", &result.prompt);
+                    set_text("prompt-text", &result.image.prompt);
                     show_actions(result);
                 }
                 _ => {}
@@ -117,7 +117,7 @@ pub fn result_page_event(message: JsValue) {
     if let Event::Result(result) = &event {
         VIEW.with_borrow(|view| {
             if view.as_ref().is_some_and(|v| v.job == result.job) {
-                set_text("prompt-text", &result.prompt);
+                set_text("prompt-text", &result.image.prompt);
                 show_actions(result);
             }
         });

@@ -122,7 +122,7 @@ pub fn on_item_click(
 
 /// Shows a PNG (`png`, base64) in the `<img>` `#image_id`, `alt` as its text, and points the link
 /// `#save_id` at it, saved as `imagine-<seed>.png`.
-pub fn show_png(image_id: &str, save_id: &str, png: &str, alt: &str, seed: &str) {
+pub fn show_png(image_id: &str, save_id: &str, png: &str, alt: &str, seed: u64) {
     let url = format!("data:image/png;base64,{png}");
     let image: HtmlImageElement = element(image_id);
     image.set_src(&url);
@@ -363,18 +363,18 @@ impl JobView {
     }
 
     fn show_result(&self, result: &GenerateResult) {
-        show_png("image", "save-png", &result.png, &result.prompt, &result.seed);
+        show_png("image", "save-png", &result.png, &result.image.prompt, result.image.seed);
         set_visible("image", true);
         set_visible("save-png", true);
         set_text("progress", &i18n::t("progressDone"));
         let mut meta = i18n::t_args(
             "viewMeta",
             &[
-                &result.width.to_string(),
-                &result.height.to_string(),
-                &i18n::count_steps(result.steps),
-                &schedule_name(&result.schedule),
-                &result.seed,
+                &result.image.width.to_string(),
+                &result.image.height.to_string(),
+                &i18n::count_steps(result.image.steps),
+                &schedule_name(&result.image.schedule),
+                &result.image.seed.to_string(),
             ],
         );
         if result.truncated {

@@ -3,7 +3,8 @@
 //! how long the model stays loaded, and the host permission a pack source other than the Hub needs.
 //! Where they are stored is `platform::storage`.
 
-use imagine_core::api::{GenerateRequest, PackSource, Seed};
+use imagine_core::api::{GenerateRequest, PackSource};
+use imagine_core::image::ImageParams;
 use imagine_core::params::DEFAULT_KEEP_LOADED_SECONDS;
 use imagine_core::ParamError;
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,8 @@ use crate::platform::chrome;
 use crate::platform::js::{LogError, Obj};
 use crate::platform::storage;
 
-/// The generation settings a new prompt starts with.
+/// The generation settings a new prompt starts with. Not an [`ImageParams`]: there is no prompt or
+/// seed yet (each image draws its own), and its JSON in `chrome.storage` keeps the keys it has.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Defaults {
@@ -70,38 +72,9 @@ impl Defaults {
     }
 }
 
-/// A gallery image's prompt and settings, for the next page that makes images.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Reuse {
-    /// The image's prompt.
-    pub prompt: String,
-    /// Its width in pixels.
-    pub width: u32,
-    /// Its height in pixels.
-    pub height: u32,
-    /// Its denoising steps.
-    pub steps: u32,
-    /// Its seed, a decimal u64 (a JS number would round it).
-    pub seed: String,
-    /// Its sigma schedule's API name.
-    pub schedule: String,
-}
-
-impl Reuse {
-    /// As a `generate` request.
-    pub fn request(&self) -> GenerateRequest {
-        GenerateRequest {
-            prompt: self.prompt.clone(),
-            width: Some(self.width.into()),
-            height: Some(self.height.into()),
-            steps: Some(self.steps.into()),
-            seed: Some(Seed::Text(self.seed.clone())),
-            schedule: Some(self.schedule.clone()),
-            ..Default::default()
-        }
-    }
-}
+/// A gallery image's prompt and settings, for the next page that makes images: its parameters as
+/// the gallery keeps them (the seed a decimal string in storage, as a JS number would round it).
+pub type Reuse = ImageParams;
 
 /// The saved defaults, or the built-in ones.
 pub async fn defaults() -> Defaults {
@@ -162,5 +135,29 @@ pub async fn forget_unused_host_permissions(in_use: &[PackSource]) {
 pub async fn host_permission_answered(permission: Option<js_sys::Promise>) {
     if let Some(permission) = permission {
         JsFuture::from(permission).await.warn_on_error("asking for the host permission");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use imagine_core::api::Seed;
+
+    use super::*;
+
+    /// What the gallery stored for the next page before a reuse was an `ImageParams` (keys in the order
+    /// they had then) reads as it did, and is written with the same keys and values.
+    #[test]
+    fn a_stored_reuse_reads_and_writes_as_before() {
+        let old = r#"{"prompt":"a fox","width":256,"height":512,"steps":1,"seed":"18446744073709551615","schedule":"empirical"}"#;
+        let reuse: Reuse = serde_json::from_str(old).unwrap();
+        let request = reuse.request();
+        assert_eq!(
+            (request.prompt.as_str(), request.width, request.height, request.steps),
+            ("a fox", Some(256), Some(512), Some(1))
+        );
+        assert_eq!(request.seed, Some(Seed::Text("18446744073709551615".into())));
+        assert_eq!(request.schedule.as_deref(), Some("empirical"));
+        let value = |json: &str| serde_json::from_str::<serde_json::Value>(json).unwrap();
+        assert_eq!(value(&serde_json::to_string(&reuse).unwrap()), value(old));
     }
 }

@@ -155,7 +155,8 @@ async fn record_result(mut result: GenerateResult) {
     let kept = keep_image(&result, &png).await;
     let state = match &kept {
         Err(e) => {
-            let error = ServiceWorkerError::Unkept { error: ErrorText::of(e), seed: result.seed.clone() };
+            let error =
+                ServiceWorkerError::Unkept { error: ErrorText::of(e), seed: result.image.seed.to_string() };
             JobState::Failed { error: error.to_string(), message: Some(error.message()), results }
         }
         // The last image of the batch ends the job.
@@ -166,7 +167,7 @@ async fn record_result(mut result: GenerateResult) {
         Ok(_) => {
             let (progress, prompt) = match previous {
                 Some(JobState::Running { progress, prompt, .. }) => (progress, prompt),
-                _ => (None, result.prompt.clone()),
+                _ => (None, result.image.prompt.clone()),
             };
             results.push(result.clone());
             JobState::Running { progress, prompt, results, private: result.private }

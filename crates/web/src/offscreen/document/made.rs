@@ -66,12 +66,7 @@ impl Made<'_> {
         GenerateResult {
             job: self.job.to_owned(),
             png: base64::engine::general_purpose::STANDARD.encode(Uint8Array::new(png).to_vec()),
-            prompt: params.prompt.clone(),
-            seed: params.seed_of(index).to_string(),
-            width: params.width,
-            height: params.height,
-            steps: params.steps,
-            schedule: params.schedule.name().to_owned(),
+            image: params.image(index),
             token_count: self.prompt.token_count as u32,
             truncated: self.prompt.truncated,
             trace,

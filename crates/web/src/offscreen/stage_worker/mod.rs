@@ -17,7 +17,6 @@ use imagine_core::graph::attention;
 use imagine_core::graph::reblock::{self, Block32Form, Block32Record};
 use imagine_core::graph::tables::{self, TableLookup};
 use imagine_core::graph::{EmbeddingLookup, Range};
-use imagine_core::image::PngMeta;
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::pack::{self, Graph, PackError};
 use imagine_core::stages::{self, DenoiseParams, StageError};
@@ -285,14 +284,7 @@ async fn decoder(
         return Err(StageWorkerError::MissingInput("the latents of every image"));
     }
     for (index, latents) in (0..params.count).zip(latents.chunks_exact(latents.len() / count)) {
-        let meta = PngMeta {
-            prompt: params.prompt.clone(),
-            seed: params.seed_of(index),
-            width: params.width,
-            height: params.height,
-            steps: params.steps,
-            schedule: params.schedule.name().to_owned(),
-        };
+        let meta = params.image(index);
         let (before, runs_before) = (stage.timing.run_ms, stage.timing.runs_ms.len());
         let sample = stages::decode(&mut stage, latents, params.width, params.height).await?;
         // The result of the last image carries the profile of every decode.

@@ -311,7 +311,7 @@ fn fill_from(reuse: &Reuse) {
     input("steps").set_value(&reuse.steps.to_string());
     element::<HtmlSelectElement>("schedule").set_value(&reuse.schedule);
     input("seed-fixed").set_checked(true);
-    input("seed").set_value(&reuse.seed);
+    input("seed").set_value(&reuse.seed.to_string());
     seed_mode_changed();
     custom_size_edited();
     prompt_edited();
@@ -416,17 +416,9 @@ fn selected_result() -> Option<GenerateResult> {
     with(|s| s.results.selected().cloned())
 }
 
-/// A request for images like `result`: private when it is.
+/// A request for images like `result`, with a new seed (none given): private when it is.
 fn request_like(result: &GenerateResult) -> GenerateRequest {
-    GenerateRequest {
-        prompt: result.prompt.clone(),
-        width: Some(i64::from(result.width)),
-        height: Some(i64::from(result.height)),
-        steps: Some(i64::from(result.steps)),
-        schedule: Some(result.schedule.clone()),
-        private: result.private,
-        ..Default::default()
-    }
+    GenerateRequest { seed: None, private: result.private, ..result.image.request() }
 }
 
 async fn generate(from: GenerateForm) {
@@ -450,7 +442,7 @@ async fn generate(from: GenerateForm) {
         },
         GenerateForm::Variations => match selected_result() {
             Some(result) => {
-                let next = result.seed.parse::<u64>().unwrap_or(0).wrapping_add(1);
+                let next = result.image.seed.wrapping_add(1);
                 GenerateRequest {
                     seed: Some(Seed::Text(next.to_string())),
                     count: Some(VARIATIONS),
@@ -531,7 +523,7 @@ async fn follow(focus: StudioFocus) {
         JobState::Done { result, .. } => {
             let results = if earlier.is_empty() { vec![result.clone()] } else { earlier };
             if element::<HtmlTextAreaElement>("prompt").value().is_empty() {
-                element::<HtmlTextAreaElement>("prompt").set_value(&result.prompt);
+                element::<HtmlTextAreaElement>("prompt").set_value(&result.image.prompt);
                 set_form_private(private);
                 prompt_edited();
             }
@@ -569,8 +561,9 @@ fn reuse_seed() {
     }
     input("seed-fixed").set_checked(true);
     seed_mode_changed();
-    input("seed").set_value(&result.seed);
-    set_text("action-status", &i18n::t_args("studioSeedReused", &[&result.seed]));
+    let seed = result.image.seed.to_string();
+    input("seed").set_value(&seed);
+    set_text("action-status", &i18n::t_args("studioSeedReused", &[&seed]));
 }
 
 async fn show_shortcut() {

@@ -95,16 +95,16 @@ impl Results {
     pub fn show(&self) {
         let Some(result) = self.selected() else { return };
         set_visible("result", true);
-        show_png("image", "save-png", &result.png, &result.prompt, &result.seed);
+        show_png("image", "save-png", &result.png, &result.image.prompt, result.image.seed);
         // The image's own prompt (the box may hold another by now): what "Again" and "4 variations" use.
-        set_text("result-prompt", &result.prompt);
+        set_text("result-prompt", &result.image.prompt);
         let mut meta = i18n::t_args(
             "studioMeta",
             &[
-                &format!("{}\u{00d7}{}", result.width, result.height),
-                &i18n::count_steps(result.steps),
-                &crate::pages::view::schedule_name(&result.schedule),
-                &result.seed,
+                &format!("{}\u{00d7}{}", result.image.width, result.image.height),
+                &i18n::count_steps(result.image.steps),
+                &crate::pages::view::schedule_name(&result.image.schedule),
+                &result.image.seed.to_string(),
             ],
         );
         if result.truncated {
@@ -135,7 +135,11 @@ impl Results {
         let img: HtmlImageElement = child(&button, "img");
         match result {
             Some(r) => {
-                dom::set_attr(&button, "aria-label", &i18n::t_args("studioShowSeed", &[&r.seed]));
+                dom::set_attr(
+                    &button,
+                    "aria-label",
+                    &i18n::t_args("studioShowSeed", &[&r.image.seed.to_string()]),
+                );
                 img.set_src(&format!("data:image/png;base64,{}", r.png));
             }
             None => {
@@ -163,18 +167,22 @@ pub fn focus_thumbnail(index: usize) {
 
 #[cfg(test)]
 mod tests {
+    use imagine_core::image::ImageParams;
+
     use super::*;
 
     fn result(index: u32, count: u32) -> GenerateResult {
         GenerateResult {
             job: "j".into(),
             png: String::new(),
-            prompt: "a cat".into(),
-            seed: (40 + index).to_string(),
-            width: 512,
-            height: 512,
-            steps: 4,
-            schedule: "flux2".into(),
+            image: ImageParams {
+                prompt: "a cat".into(),
+                seed: (40 + index).into(),
+                width: 512,
+                height: 512,
+                steps: 4,
+                schedule: "flux2".into(),
+            },
             token_count: 14,
             truncated: false,
             trace: None,
@@ -208,11 +216,7 @@ mod tests {
         results.select(1);
         results.start(4);
         results.grow(4);
-        assert_eq!(
-            results.selected().map(|r| r.seed.as_str()),
-            Some("41"),
-            "shown while the next run starts"
-        );
+        assert_eq!(results.selected().map(|r| r.image.seed), Some(41), "shown while the next run starts");
         assert!(!results.arrive(result(2, 4)));
         assert_eq!(results.selected().map(|r| r.index), Some(2));
         assert_eq!(results.slots.len(), 4);
