@@ -79,7 +79,9 @@ impl Backend {
 }
 
 /// The validated parameters of one generation, as the service worker hands them to the workers. The seed
-/// is serialized as a decimal string, so the whole u64 survives JavaScript's numbers.
+/// is serialized as a decimal string, so the whole u64 survives JavaScript's numbers. Not built on
+/// [`ImageParams`]: its schedule is a checked [`Schedule`], and it refuses unknown fields, which
+/// `#[serde(flatten)]` cannot; [`GenerateParams::image`] gives one image's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GenerateParams {
