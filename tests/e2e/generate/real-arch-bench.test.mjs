@@ -21,13 +21,13 @@ import { tinyPack, TOLERANCE } from '../lib/tiny-packs.mjs';
 const CONVERTED_TOLERANCE = 2;
 
 /**
- * The images of the bench's plan made here, in its order: all of it but the float32 repeat with
- * `keepBuffers` (its cold image shows the option reaches ORT on WebGPU), the float32 image re-blocked
- * while loading (real-arch.test.mjs shows that path) and the fused attention's timed images (the
- * image of the cold image's inputs shows the same): each WebGPU image costs SwiftShader 1-3 minutes;
- * and the --large images (--large 0).
+ * The images of the bench's plan made here, in its order: all of it but the float32 images with
+ * `keepBuffers` (workers.test.mjs shows the option reaches ORT on WebGPU), the float32 image re-blocked
+ * while loading (real-arch.test.mjs shows that path) and the fused attention's timed images (the image of
+ * the cold image's inputs shows the same): each WebGPU image costs SwiftShader 1-3 minutes; and the
+ * --large images (--large 0).
  */
-const PLAN = ['f32-cold', 'f32-repeat', 'f32-acc4', 'f32-profile', 'f32-keep', 'f32-fused-same', 'f16-warm-up', 'base-cold', 'base-repeat', 'f16-cold',
+const PLAN = ['f32-cold', 'f32-repeat', 'f32-acc4', 'f32-profile', 'f32-fused-same', 'f16-warm-up', 'base-cold', 'base-repeat', 'f16-cold',
   'f16-repeat', 'f16-batch', 'f16-atload', 'f16-acc4', 'f16-acc4-repeat', 'f16-profile', 'f16-keep', 'f16-keep-repeat', 'f16-fused-same'];
 
 test('the browser mode of the GPU bench, on the tiny float16 pack: installed converted to float32 without shader-f16, every image of the plan made, the images match the reference and a perturbed input fails', { timeout: 1_200_000 }, async () => {
