@@ -1,5 +1,11 @@
-//! The graph rewrite itself: read the graph, refuse what it cannot prove, decide where each float16
-//! tensor goes, and write the graph back with every other field copied as it was.
+//! The float16 → float32 rewrite ([`rewrite`]): read the graph, refuse what it cannot prove, decide where
+//! each float16 tensor goes, and write the graph back with every other field copied as it was.
+//!
+//! Why: ONNX Runtime's WebGPU kernels compile every program that reads or writes a float16 tensor, a
+//! Gather or a Cast included, with `enable f16;` and refuse to run it without `shader-f16`
+//! (`core/providers/webgpu/shader_helper.cc`). Many adapters lack it (Linux with NVIDIA over Vulkan,
+//! Android, SwiftShader) and ORT has no switch to compute float16 graphs in float32, so the pack's
+//! float16-activation graphs are rewritten once, after the download, and their weights converted.
 
 use std::collections::{HashMap, HashSet};
 
@@ -287,8 +293,22 @@ pub(super) fn lookup_gathers<'n>(
     Ok(gathers)
 }
 
-/// Rewrites a float16-activation ONNX model (a ModelProto, its weights outside) into a float32 one.
-/// See the module documentation.
+/// Rewrites a float16-activation ONNX model (a ModelProto, its weights outside) into a float32 one,
+/// with the [`Plan`] that converts its external weights. It reads only the graph protobuf.
+///
+/// What changes: every float16 declared type (inputs, outputs, `value_info`, nested types) becomes
+/// float32; so do `Cast(to=FLOAT16)` and the other dtype attributes of listed operators, and float16
+/// `Constant` and `ConstantOfShape` values. Float16 initializers become float32: inline ones in the
+/// graph, external ones in new files ([`Options::shard_name`], at most [`Options::max_shard_bytes`]
+/// each, tensors 64-byte aligned). Integer and float32 tensors keep pointing at their original files,
+/// and every other field, unknown ones included, is copied byte for byte. The result must pass
+/// [`remaining_float16`].
+///
+/// What is refused, naming the node and the reason: an operator not in
+/// [`supported_operators`](super::supported_operators), a subgraph attribute (`If`, `Loop`, `Scan`), a
+/// float16 tensor attribute other than those constants' values or one stored externally, a type
+/// attribute; sparse initializers, model-local functions and training info; and a tensor over
+/// [`Limits`](super::Limits) that [`LookupPolicy`] does not take out of the graph.
 pub fn rewrite(model: &[u8], options: &Options) -> Result<Rewrite, RewriteError> {
     let fields = wire::parse(model, "ModelProto")?;
     let mut graph = None;

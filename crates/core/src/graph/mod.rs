@@ -1,114 +1,18 @@
-//! Float16 activations to float32: rewrites an ONNX graph so that it runs on WebGPU adapters without
-//! `shader-f16`.
+//! The ONNX graph editor: the edits that let the pack's graphs run well in ONNX Runtime Web.
 //!
-//! # Why
+//! * `float32`: float16 activations rewritten to float32 for adapters without `shader-f16` ([`rewrite`]).
+//! * [`pack_conversion`]: that rewrite planned for a whole pack, and the record kept with it.
+//! * [`reblock`]: `MatMulNBits` re-blocked to 32, the only block ORT Web's wide WebGPU kernel takes.
+//! * [`attention`]: attention fused into `MultiHeadAttention`, or computed in chunks of query rows.
+//! * [`split`]: a graph (the VAE decoder) cut into a chain of smaller graphs that fit GPU memory.
+//! * `shapes`: each tensor's type and shape at a latent size, which [`split`] sizes pieces by.
+//! * [`tables`]: embedding tables taken out of the graph and looked up by the stage worker.
+//! * `ops`: the operators [`rewrite`] accepts ([`supported_operators`]) and how each one's dtype follows.
+//! * `proto`: nodes, tensors and value infos read, and messages copied with edits.
 //!
-//! The published pack's text encoder and transformer take, return and compute float16 activations.
-//! ONNX Runtime's WebGPU kernels compile every program that reads or writes a float16 tensor with
-//! `enable f16;` and refuse to run it on a device without `shader-f16` ("Program X requires f16 but
-//! the device does not support it", `core/providers/webgpu/shader_helper.cc`, `GenerateSourceCode`).
-//! That holds for *any* kernel, a Gather or a Cast included. Many adapters lack the feature (Linux
-//! with NVIDIA over Vulkan, Android, SwiftShader), and ONNX Runtime has no switch to compute float16
-//! graphs in float32. So the extension rewrites the graph once, after the download, into one whose
-//! activations are float32, and converts the float16 weights beside it.
-//!
-//! # What changes
-//!
-//! * Declared types: every float16 graph input, output and `value_info` becomes float32 (also inside
-//!   sequence, map, optional and sparse types).
-//! * Nodes: `Cast(to=FLOAT16)` becomes `Cast(to=FLOAT)`, and so does every other dtype attribute of a
-//!   listed operator (`EyeLike.dtype`, `RandomNormal.dtype`, `LayerNormalization.stash_type`, ...);
-//!   float16 `Constant.value` and `ConstantOfShape.value` tensors become float32. Nothing else in a
-//!   node changes, and a `Cast` that became float32 to float32 is left for ONNX Runtime to drop.
-//! * Initializers: float16 ones become float32: inline ones in the graph (raw_data, or the
-//!   `int32_data` encoding), external ones in new files `<stem>.f32-00000.data`, ... (at most
-//!   [`Options::max_shard_bytes`] each, tensors 64-byte aligned). This covers norm weights, biases,
-//!   the embedding table and MatMulNBits `scales` and float `zero_points`. Every other tensor (the
-//!   uint8 MatMulNBits `B`, int64 shapes, float32 weights) is left as it is and keeps pointing at its
-//!   original file.
-//! * Everything else (unknown fields included) is copied byte for byte.
-//!
-//! The result is checked before it is returned: [`remaining_float16`] must find nothing.
-//!
-//! # What is refused
-//!
-//! A float32 graph is only correct when every operator computes the same function with float32
-//! inputs. The rewrite accepts the operators of [`supported_operators`] (listed in `ops.rs` with the
-//! rule each one follows) and refuses, naming the node (index and name), the operator
-//! (`domain::op_type`) and the reason: any other operator; a subgraph attribute (`If`, `Loop`,
-//! `Scan` bodies are not rewritten); a float16 tensor attribute other than `Constant` and
-//! `ConstantOfShape` values, or one stored as external data; a type attribute. It also refuses
-//! sparse initializers, model-local functions and training info, and a tensor that would not fit
-//! one GPU buffer (below).
-//!
-//! The list covers every operator of the fixture packs (Add, Sub, Mul, Div, Sin, Tanh, Sigmoid,
-//! MatMul, Conv, Cast, Gather, Reshape, Transpose, Unsqueeze, Slice, Shape, Concat, ReduceSum), what a
-//! Qwen3 or FLUX.2 export through ONNX Runtime's optimizer and `MatMulNBitsQuantizer` uses
-//! (`com.microsoft`: MatMulNBits, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
-//! SkipLayerNormalization, RotaryEmbedding, GroupQueryAttention, MultiHeadAttention, Attention, Gelu,
-//! FastGelu, BiasGelu, QuickGelu, BiasAdd, FusedMatMul; ONNX: LayerNormalization,
-//! RMSNormalization, Softmax, Gelu, Where, Expand, Range, Pow, Sqrt, Erf, ...) and the rest of the
-//! ONNX operators whose dtype follows their inputs. `tests/reference/check_converted.py` runs Gather,
-//! SimplifiedLayerNormalization, MatMulNBits (uint8 and float16 zero points), RotaryEmbedding,
-//! SkipSimplifiedLayerNormalization, Softmax attention, LayerNormalization between Casts,
-//! Constant and ConstantOfShape; the attention contrib operators are listed by their type
-//! constraints but not run there (their CPU kernels' float16 support varies).
-//!
-//! # Limits
-//!
-//! ONNX Runtime puts each initializer in one GPU buffer, which must fit the adapter's
-//! `maxStorageBufferBindingSize` and `maxBufferSize` ([`Limits`]). Converting doubles a tensor:
-//! Qwen3's embedding table, 151936 x 2560, is 778 MB in float16 and 1.56 GB in float32, above
-//! SwiftShader's 1 GiB. Keeping that table float16 and casting after the Gather does not help: the
-//! Gather then reads float16 and needs `shader-f16` itself (see above). So a table that would not fit
-//! leaves the graph ([`LookupPolicy`]): when all its consumers are `Gather(table, ids, axis=0)` whose
-//! indices are a graph input, the Gather and the table are removed and the Gather's output becomes a
-//! new float32 graph input of the same name. The web side then looks the prompt's rows up in the
-//! float16 table in its original file ([`EmbeddingLookup`]: 512 rows of 5 KB for the text encoder)
-//! and feeds them. It costs no disk and frees the table's GPU memory. Not implemented (designed):
-//! splitting a too-large table into row blocks, each Gathered and selected with `Where` in the graph;
-//! it would keep the graph's inputs but double the table's GPU memory and needs int32 index
-//! arithmetic on the GPU. A tensor that is too large and is not such a table is refused.
-//!
-//! # Streaming, bounded memory
-//!
-//! [`rewrite`] takes only the graph protobuf (small without its weights) and returns the new graph
-//! and a [`Plan`]: for each converted external tensor its source file, offset and length and its
-//! target file, offset and length; the new files and their sizes; which original files the new graph
-//! still needs and which it does not; the extra disk bytes and an estimate of the extra GPU memory.
-//! The web side reads each source range in pieces ([`Plan::pieces`]), converts each with
-//! [`f16_to_f32`] and writes it at its target offset, reporting progress; targets are in increasing
-//! order within each file, so a resumed conversion skips the pieces below the file's checkpointed
-//! length. The plan is a pure function of the graph bytes and [`Options`], so it is recomputed, not
-//! stored, on resume. It needs only the graph, so it can be made before the weights are downloaded
-//! (the quota check can then include [`Plan::extra_disk_bytes`]).
-//!
-//! # What the web side does with it
-//!
-//! 1. For a graph that declares float16 ([`crate::pack::declares_float16`]) on an adapter without
-//!    `shader-f16`: [`rewrite`] with the adapter's limits; store `graph` beside the pack (e.g.
-//!    `<stem>.f32.onnx`).
-//! 2. Create each of [`Plan::new_files`], convert [`Plan::pieces`] into them (checkpointing each
-//!    file's length), then set each file to its final size.
-//! 3. Load the new graph with `externalData` = [`Plan::graph_files`]; feed float32 for the inputs in
-//!    [`Plan::float32_io`] and read float32 outputs.
-//! 4. For each [`EmbeddingLookup`], gather the rows of the ids it is about to feed
-//!    ([`EmbeddingLookup::row_range`] or [`EmbeddingLookup::gather`]) from the float16 table in its
-//!    original file, and feed them as `input` (float32, the ids' shape plus `row_elements`).
-//!
-//! # Beside the rewrite
-//!
-//! [`split`] cuts a graph (the VAE decoder) into a chain of smaller graphs, one session each, so that
-//! each run's activations fit GPU memory; it reads and writes the graph the same way.
-//!
-//! # Why a hand-written protobuf reader and writer
-//!
-//! Unknown fields must survive the rewrite byte for byte (fields from newer ONNX versions, ONNX
-//! Runtime's own annotations, metadata). A message crate such as `prost` drops unknown fields unless
-//! each message carries them by hand, and needs ONNX's schema declared for some 20 message types.
-//! This module reads a message as a list of fields that keep their raw bytes (`crate::onnx::wire`, the
-//! reader [`crate::pack`] uses too), changes the few fields it understands, and copies every other
-//! field as it was: a few hundred lines, no dependency.
+//! The protobuf is read and written by hand over `crate::onnx::wire`: a message is a list of fields that
+//! keep their raw bytes, so unknown fields (newer ONNX versions, ORT's annotations) survive byte for byte,
+//! which a message crate such as `prost` would not do without ONNX's schema declared by hand.
 
 pub mod attention;
 mod float32;
@@ -126,7 +30,10 @@ use thiserror::Error;
 pub use float32::{remaining_float16, rewrite};
 pub use ops::supported_operators;
 
-/// The adapter limits a tensor must fit (`GPUAdapter.limits`).
+/// The adapter limits a tensor must fit (`GPUAdapter.limits`). ONNX Runtime puts each initializer in
+/// one GPU buffer, and converting to float32 doubles a tensor: Qwen3's embedding table (151936 x 2560)
+/// no longer fits SwiftShader's 1 GiB. A tensor that would not fit is taken out of the graph
+/// ([`LookupPolicy`]) or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Limits {
@@ -155,6 +62,14 @@ impl Limits {
 }
 
 /// When a float16 table read only by Gathers leaves the graph, to be looked up by the web side.
+///
+/// A table can leave when all its consumers are `Gather(table, ids, axis=0)` whose `ids` are a graph
+/// input: the Gathers and the table are removed, each Gather's output becomes a float32 graph input of
+/// the same name, and the web side feeds the rows it reads from the float16 table in its original file
+/// ([`EmbeddingLookup`]). That costs no disk and frees the table's GPU memory. Keeping the table float16
+/// and casting after the Gather would not do: the Gather itself would then need `shader-f16`. Designed,
+/// not implemented: a too-large table cut into row blocks, each Gathered and selected with `Where` (the
+/// graph's inputs kept, at twice the table's GPU memory and with int32 index arithmetic on the GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LookupPolicy {
     /// Only when its float32 form would not fit one GPU buffer (the default).
@@ -310,6 +225,16 @@ impl EmbeddingLookup {
 }
 
 /// What the web side does after [`rewrite`], and what it costs.
+///
+/// For a graph that declares float16 ([`crate::pack::declares_float16`]) on an adapter without
+/// `shader-f16`, the web side stores [`Rewrite::graph`] beside the pack (`<stem>.f32.onnx`); creates each
+/// of [`Plan::new_files`] and converts [`Plan::pieces`] into them with [`f16_to_f32`], checkpointing each
+/// file's length (targets rise within a file, so a resumed conversion skips the pieces below it), then
+/// sets each file to its final size; loads the new graph with `externalData` = [`Plan::graph_files`],
+/// feeding and reading float32 for [`Plan::float32_io`]; and feeds each of [`Plan::lookups`] the rows of
+/// the ids it is about to feed ([`EmbeddingLookup::gather`]). The plan needs only the graph, so it is
+/// made before the weights are downloaded (the quota check includes [`Plan::extra_disk_bytes`]) and
+/// recomputed, not stored, on resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {

@@ -189,6 +189,13 @@ pub(crate) fn kind(domain: &str, op_type: &str) -> Option<Kind> {
 }
 
 /// Every supported operator as `domain::op_type`, for documentation and messages.
+///
+/// The list covers the fixture packs' operators, what a Qwen3 or FLUX.2 export through ONNX Runtime's
+/// optimizer and `MatMulNBitsQuantizer` uses (`com.microsoft` norms, `MatMulNBits`, rotary embedding,
+/// attention and Gelu variants), and the other ONNX operators whose dtype follows their inputs.
+/// `tests/reference/check_converted.py` runs the common ones converted on ONNX Runtime; the attention
+/// contrib operators are listed by their type constraints but not run there (their CPU kernels'
+/// float16 support varies).
 pub fn supported_operators() -> Vec<String> {
     ONNX.iter()
         .map(|(op, _)| format!("ai.onnx::{op}"))

@@ -1,45 +1,12 @@
 //! A graph cut into a chain of smaller graphs ("pieces"), one ONNX Runtime session each: the VAE
 //! decoder's way to fit in GPU memory.
 //!
-//! # Why
-//!
 //! Within one `session.run`, ONNX Runtime Web's WebGPU backend does not reuse a released buffer until
-//! it flushes, and the GPU lags behind, so a run's peak is about the sum of the bytes of every tensor
-//! it allocates: some 18 GB for the float32 decoder at 1024x1024. Run as a chain of pieces, the GPU
-//! awaited between them, the peak becomes the largest piece's sum. A piece holds the original nodes
-//! and reads the original weights unchanged, so the chain computes exactly what the whole graph does.
-//!
-//! # Sizes
-//!
-//! [`activation_bytes`] and [`split`] size every tensor exactly at the latent size given: shapes are
-//! inferred node by node from the latent (the first 4-D float graph input, batch 1, the given height
-//! and width), the initializers and each operator's rule, and the small integer tensors that compute
-//! shapes (`Shape`, `Gather`, `Concat`, `Mul`, ... feeding a `Reshape`) are evaluated. So attention's
-//! `[N, N]` scores come out quadratic in the latent's pixels without a special case. An operator
-//! without a rule, or a shape that depends on a value not evaluated, is an error naming the node: a
-//! wrong size would silently overrun the budget. Declared shapes (`value_info`) are not needed; where
-//! they give an element type or a static dim, they must agree with the inferred one.
-//!
-//! A piece's bytes are its inputs, every output of its nodes, and the earlier pieces' outputs that
-//! later pieces still need (the caller holds them meanwhile); for the whole graph, its inputs and
-//! every node's outputs: what one run allocates. Outputs of `Reshape`, `Squeeze`, `Unsqueeze`,
-//! `Flatten` and `Identity` count nothing: ONNX Runtime gives them their input's buffer. The sum
-//! overstates ONNX Runtime Web's measured peak (it reuses some buffers after a flush: 53 GB counted
-//! for the real decoder at 1024x1024, where 18 GB were measured), so a budget is best calibrated
-//! against a measurement; within one graph, it ranks the pieces' memory.
-//!
-//! # Where it cuts
-//!
-//! A piece is a run of consecutive nodes (the graph must be in topological order, as ONNX requires).
-//! Small values computed from constants and the shapes of graph inputs only (the exporter's
-//! `Shape`/`Squeeze`/`Mul`/`Concat` chains that build `Reshape` targets from the latent's dims) are
-//! not passed between pieces: each piece that reads one computes it again, reading the graph input
-//! for its shape, so those few nodes appear in more than one piece. Every other tensor that crosses a
-//! cut is passed; a cut is allowed only where all of them are float tensors, at most
-//! [`MAX_CROSSING`]. So a shape taken of an intermediate tensor (a group norm's `Shape` for its
-//! `Reshape` back) is never cut from its use. Each piece then takes the nodes up to the last allowed
-//! cut where its bytes still fit the budget; when even the first allowed cut does not fit (a single
-//! node too large, say), the piece ends there and its bytes say it does not fit.
+//! it flushes, and the GPU lags behind, so a run's peak is about the sum of every tensor it allocates.
+//! Run as a chain of pieces, the GPU awaited between them, the peak becomes the largest piece's sum. A
+//! piece holds the original nodes and reads the original weights unchanged, so the chain computes
+//! exactly what the whole graph does. [`activation_bytes`] sizes a graph at a latent size and [`split`]
+//! cuts it to a budget (BENCHMARKS.md compares the full-size decoder's counts with measured peaks).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
@@ -78,7 +45,7 @@ pub struct Piece {
     /// Its graph outputs: tensors later pieces read, and the original graph outputs it computes.
     pub outputs: Vec<String>,
     /// The original nodes it computes, by index. It may also compute again some earlier shape
-    /// arithmetic (see the module documentation).
+    /// arithmetic (see [`split`]).
     pub nodes: Range<usize>,
     /// What running it holds at the size asked for: its inputs, its nodes' outputs, and tensors held
     /// for later pieces. Above the budget when no allowed cut made it fit.
@@ -156,15 +123,36 @@ pub fn latent_channels(model: &[u8]) -> Result<Option<u64>, SplitError> {
 
 /// The bytes one run of `model` allocates for its inputs and every node's outputs when its latent is
 /// `latent_h` x `latent_w`.
+///
+/// Every tensor is sized exactly: shapes are inferred node by node from the latent (the first 4-D float
+/// graph input, batch 1, the given height and width), the initializers and each operator's rule, and
+/// the small integer tensors that compute shapes (`Shape`, `Gather`, `Concat`, `Mul`, ... feeding a
+/// `Reshape`) are evaluated, so attention's `[N, N]` scores come out quadratic without a special case.
+/// An operator without a rule, or a shape that depends on a value not evaluated, is an error naming the
+/// node: a wrong size would silently overrun the budget. Declared shapes are not needed; where they give
+/// an element type or a static dim, they must agree. Outputs of `Reshape`, `Squeeze`, `Unsqueeze`,
+/// `Flatten` and `Identity` count nothing (ORT gives them their input's buffer). The count overstates
+/// ORT Web's measured peak (it reuses some buffers after a flush), so a budget is best calibrated
+/// against a measurement; within one graph, it ranks the pieces.
 pub fn activation_bytes(model: &[u8], latent_h: u64, latent_w: u64) -> Result<u64, SplitError> {
     let graph = Graph::read(model, latent_h, latent_w)?;
     Ok(graph.plan(0, graph.nodes.len()).bytes)
 }
 
-/// `model` cut into pieces of at most `max_piece_bytes` each where the allowed cuts permit (see the
-/// module documentation), for a latent of `latent_h` x `latent_w`. Run them in order, feeding each
-/// its inputs by name; the last piece's outputs are the graph's. One piece, the model as it was, when
-/// it fits whole or cannot be cut.
+/// `model` cut into pieces of at most `max_piece_bytes` each where the allowed cuts permit, for a
+/// latent of `latent_h` x `latent_w`, sized as [`activation_bytes`] sizes it. Run them in order,
+/// feeding each its inputs by name; the last piece's outputs are the graph's. One piece, the model as
+/// it was, when it fits whole or cannot be cut.
+///
+/// A piece is a run of consecutive nodes (the graph in topological order, as ONNX requires); its bytes
+/// are its inputs, its nodes' outputs, and earlier pieces' outputs that later pieces still need (the
+/// caller holds them meanwhile). Small values computed from constants and graph inputs' shapes (the
+/// exporter's `Shape`/`Squeeze`/`Mul`/`Concat` chains that build `Reshape` targets) are not passed:
+/// each piece that reads one computes it again. A cut is allowed only where every other tensor crossing
+/// it is a float tensor, at most [`MAX_CROSSING`] of them, so a shape taken of an intermediate tensor
+/// (a group norm's `Shape` for its `Reshape` back) is never cut from its use. Each piece takes the nodes
+/// up to the last allowed cut where it still fits; when even the first does not (a single node too
+/// large), the piece ends there and its bytes say it does not fit.
 pub fn split(
     model: &[u8],
     latent_h: u64,

@@ -1,25 +1,14 @@
 //! Embedding tables looked up outside the graph, on every adapter and backend.
 //!
-//! # Why
-//!
-//! A text encoder's first node gathers 512 rows of its embedding table: Qwen3's is 151936 x 2560,
-//! 778 MB in float16 (the published pack) or as float16 bytes in uint8 (the float32-activation
-//! export), the largest tensor of the stage. ONNX Runtime Web's JSPI build reads each initializer
-//! whole into one buffer before uploading it, so that table alone set the renderer's peak while the
-//! text encoder's session was created (1.07x the stage's weights, measured at full size), and it then
-//! held 778 MB of GPU memory for 2.6 MB of rows a prompt reads.
-//!
-//! # What
-//!
-//! [`take_out`] removes every external table that only `Gather(table, ids, axis=0)`s with graph-input
-//! `ids` read, and the Gathers; each Gather's output becomes a graph input of the table's element
-//! type, shaped like the ids plus the table's trailing dims. The stage worker reads the prompt's rows
-//! from the table's file ([`TableLookup::gather`], each distinct row once) and feeds them, so the
-//! graph computes exactly what it did. Only the graph protobuf is edited, in memory, before the
-//! session is created: nothing on disk changes, and packs installed before this work as they are.
-//! The float32 conversion (`graph::rewrite`) has its own lookup for tables too large for one GPU buffer
-//! ([`crate::graph::EmbeddingLookup`], converted to float32 as it is read); this one feeds the
-//! stored bytes as they are. Tests: `graph/tests/tables.rs` (on the tests' ONNX writer).
+//! A text encoder's first node gathers a prompt's rows of its embedding table (Qwen3's: 151936 x 2560),
+//! the largest tensor of the stage. ONNX Runtime Web's JSPI build reads each initializer whole into one
+//! buffer before uploading it, so that table alone set the renderer's peak while the session was
+//! created, and it then held GPU memory for the few rows a prompt reads (BENCHMARKS.md, "Embedding
+//! tables looked up outside the graph"). [`take_out`] takes such tables out of the graph protobuf, in
+//! memory, before the session is created, and the stage worker feeds the rows it reads from the table's
+//! file ([`TableLookup::gather`]). The float32 conversion has its own lookup for tables too large for
+//! one GPU buffer ([`crate::graph::EmbeddingLookup`], converted to float32 as it is read); this one
+//! feeds the stored bytes as they are. Tests: `graph/tests/tables.rs` (on the tests' ONNX writer).
 
 use std::collections::{HashMap, HashSet};
 
@@ -108,6 +97,12 @@ pub struct TableLookup {
 
 /// Takes the tables that can leave `model` (a ModelProto, weights outside) out of it: the new model and
 /// what to look up. The model comes back as it was, with no lookups, when no table can leave.
+///
+/// A table can leave when it is external and read only by `Gather(table, ids, axis=0)`s whose `ids` are
+/// a graph input; it goes with its Gathers, and each Gather's output becomes a graph input of the
+/// table's element type, shaped like the ids plus the table's trailing dims. Fed the gathered rows, the
+/// graph computes exactly what it did. Nothing on disk changes, so packs installed before this work as
+/// they are.
 pub fn take_out(model: &[u8]) -> Result<(Vec<u8>, Vec<TableLookup>), RewriteError> {
     let fields = wire::parse(model, "ModelProto")?;
     let graph = model_graph(&fields)?;

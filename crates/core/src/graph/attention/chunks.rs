@@ -16,6 +16,14 @@ const SEQUENCE_AXIS: u64 = 2;
 /// `model` with every attention [`fuse_attention`]'s finder proves computed in `chunks` parts along
 /// the query's sequence axis, and how many; the model as it was and 0 when `chunks <= 1`, there is none,
 /// or the default opset is older than 13.
+///
+/// The query `[batch, heads, sequence, head_size]` as the first `MatMul` reads it is cut along the
+/// sequence: `Split` with `num_outputs` from opset 18 (ORT's kernels cut parts of `ceil(n / C)`, as ONNX
+/// defines it whenever `n > (C - 1)^2`), `Slice`s of the same rows from `Shape` for opsets 13 to 17.
+/// Each part goes through copies of the first `MatMul`, the scaling, `Softmax` and the `MatMul` with
+/// the value (the key's and value's side stay as they are), and `Concat` puts the parts back under the
+/// name the rest of the graph reads. Softmax is per query row, so it is the same function, with scores
+/// `chunks` times smaller; [`chunks_for`] picks `chunks` so that they fit [`ORT_LARGEST_CACHED_BUFFER`].
 pub fn chunk_attention(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), RewriteError> {
     if chunks <= 1 {
         return Ok((model.to_vec(), 0));

@@ -1,55 +1,17 @@
 //! `MatMulNBits` re-blocked to 32 for ONNX Runtime Web's WebGPU kernels.
 //!
-//! # Why
+//! ONNX Runtime Web (1.30) has a tiled WebGPU kernel for `MatMulNBits` on inputs of 4 rows or more (a
+//! prompt's tokens, an image's latents) only for block size 32. Any other block falls back to a kernel
+//! made for one row at a time (a workgroup for every row and 8 output columns), many times slower
+//! (BENCHMARKS.md, "`MatMulNBits` re-blocked to 32"); the published pack and the exporter use block 128.
+//! The edit is exact: each block of 32 takes the scale and zero point of the block it was part of, so
+//! every node computes the same function, and the pack's own files never change.
 //!
-//! ONNX Runtime Web 1.30 has a tiled WebGPU kernel for `MatMulNBits` on inputs of 4 rows or more (a
-//! prompt's 512 tokens, an image's latents) only for block size 32. Any other block size falls back to
-//! a kernel made for one row at a time, which dispatches one workgroup of 128 threads for every row
-//! and 8 output columns. The published pack and the exporter quantize with block 128. Measured with
-//! one int4 `MatMulNBits` (K 128, N 2560, 512 rows, float32): 97 s at block 128 and 0.57 s at block 32
-//! on SwiftShader in Chromium 156, which left the tiny text encoder of the browser tests running for
-//! over ten minutes; on an NVIDIA H200 the full-size transformer's step takes 2.96 s at block 128 and
-//! 0.60 s at block 32.
-//!
-//! # What
-//!
-//! [`to_block_32`] rewrites every `MatMulNBits` whose block size is a power of two above 32 to block
-//! 32, exactly: each block of 32 takes the scale and zero point of the block it was part of, so the
-//! node computes the same function. The pack's own files never change.
-//!
-//! * B keeps its bytes. A block of 32 is the old block cut in pieces, so when K is a multiple of the
-//!   old block only B's dims change (`[N, K / 32, 4 * bits]`) and its external data is read as
-//!   before. Otherwise (only the tiny test graphs, whose K can be 64) a Reshape and a Slice drop the
-//!   padding at the end of each column.
-//! * Scales and zero points are repeated, each value once per block of 32 of its old block (4-bit zero
-//!   points unpacked first). [`to_block_32_computed`] computes them here from the stored values
-//!   ([`sources_to_read`] says which ranges of the external data to read) into tensors of an
-//!   external-data file of their own: about 6 % of the transformer's int8 weights and 12 % of the
-//!   text encoder's int4 ones for the published pack (float16 scales), 4 times those of block 128. [`to_block_32`] adds nodes in
-//!   front of the graph instead (Reshape, Expand, Reshape, Slice) that ONNX Runtime's constant folding
-//!   computes while it creates the session; it does the same for any input the computed form cannot
-//!   read (typed fields, segments). Folding is slow: for 27 layers of the text encoder's shapes, ONNX
-//!   Runtime Web's single-threaded wasm took about 4 s longer to create the session with those nodes
-//!   than without (2 shared cores, BENCHMARKS.md), seconds of the stage that sets the pace of a cold
-//!   image.
-//!
-//! # When
-//!
-//! Once, when a pack is installed for WebGPU: the download worker writes each re-blocked graph and its
-//! computed data beside the pack ([`Block32Graph::names`]), reads both back against a second
-//! computation, and records them with the pack ([`Block32Record`]); [`stored_bytes`] tells the space
-//! check what they will take before anything is downloaded. A stage then loads the stored form as it
-//! loads any graph. Computing them while a stage loads cost the transformer 2-4 s of CPU on the
-//! critical path of every cold image (BENCHMARKS.md). A graph the record does not name
-//! ([`Block32Record::form`]: a pack installed by an older version, or the float16 graph where the
-//! float32 conversion was stored) is still re-blocked that way, in memory, under [`COMPUTED_DATA`], and
-//! its form stored with the installed pack after that job.
-//!
-//! Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
-//! initializer of the documented shape or that another node reads too, scales or zero points that are
-//! not initializers of one value per block. The wasm backend is left alone: its kernels have no such cliff.
-//! Tests: `graph/tests/reblock.rs` and `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny
-//! graphs against the originals on ONNX Runtime).
+//! The form a stage loads is made once, when a pack is installed for WebGPU, checked and stored beside
+//! it ([`Block32Graph`], [`Block32Record`], [`stored_bytes`] for the space check); a graph the record
+//! does not name is re-blocked as it loads ([`Block32Record::form`]). The wasm backend is left alone:
+//! its kernels have no such cliff. Tests: `graph/tests/reblock.rs` and
+//! `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny graphs against the originals on ORT).
 
 use std::collections::{HashMap, HashSet};
 
@@ -106,6 +68,18 @@ const MIN_OPSET: u64 = 13;
 /// to block 32, exactly; the new model and how many nodes changed. The model comes back as it was
 /// (and 0) when no node qualifies. The repeated scales and zero points are computed by nodes added in
 /// front of the graph.
+///
+/// B keeps its bytes: a block of 32 is the old block cut in pieces, so when K is a multiple of the old
+/// block only B's dims change (`[N, K / 32, 4 * bits]`) and its external data is read as before;
+/// otherwise (only the tiny test graphs, whose K can be 64) a Reshape and a Slice drop the padding at
+/// the end of each column. Each scale and zero point is repeated once per block of 32 of its old block
+/// (4-bit zero points unpacked first) by nodes (Reshape, Expand, Reshape, Slice) that ONNX Runtime's
+/// constant folding computes while it creates the session: seconds on ORT Web's single-threaded wasm,
+/// on the path of a cold image, hence [`to_block_32_computed`] for the stored form.
+///
+/// Nodes it cannot prove it handles stay as they are: 2-bit weights, `g_idx`, a B that is not a uint8
+/// initializer of the documented shape or that another node reads too, scales or zero points that are
+/// not initializers of one value per block.
 pub fn to_block_32(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     let reblocked = rewrite(model, None)?;
     Ok((reblocked.graph, reblocked.changed))
@@ -123,6 +97,8 @@ pub fn sources_to_read(model: &[u8]) -> Result<Vec<DataRange>, RewriteError> {
 /// values (`read`: the bytes of each range [`sources_to_read`] listed; inline ones from the graph), into
 /// tensors of the external-data file `location`, whose bytes go to `write` in order. An input whose
 /// bytes are missing, of another length, or not raw bytes is repeated by nodes as in [`to_block_32`].
+/// ORT reads the computed tensors (4 times the stored ones, from block 128) as one more external-data
+/// file, so nothing is folded while the session is created.
 pub fn to_block_32_computed(
     model: &[u8],
     read: &HashMap<DataRange, Vec<u8>>,
