@@ -42,7 +42,7 @@ use crate::platform::opfs::OpfsError;
 use crate::platform::prompt_encoder::EncoderLoadError;
 use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask, StageTiming,
+    StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
 };
 
 mod embeddings;
@@ -222,62 +222,18 @@ async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenRe
     }
     match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
         OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
-            let start_now = STATE.with_borrow_mut(|state| {
-                state.keep_loaded_seconds = keep_loaded_seconds;
-                state.queue.push_back(Queued { job, params, gpu_budget });
-                // The first job of an idle queue starts the loop; until the loop has popped it, a job
-                // queued right after must not start a second one.
-                state.running.is_none() && state.queue.len() == 1
-            });
-            if start_now {
-                spawn_local(run_queue());
-            }
+            queue_job(Queued { job, params, gpu_budget }, keep_loaded_seconds)
         }
         OffscreenCommand::CancelJob { job } => cancel(&job),
-        OffscreenCommand::KeepLoaded { seconds: Some(seconds) } => {
-            let running = STATE.with_borrow_mut(|state| {
-                state.keep_loaded_seconds = seconds;
-                state.release_running |= seconds == 0;
-                state.running.is_some()
-            });
-            if !running {
-                unload_later();
-            } else if seconds == 0 {
-                // The stages a running job is done with are idle already: ended now, not at its end.
-                unload();
-            }
-        }
+        OffscreenCommand::KeepLoaded { seconds: Some(seconds) } => keep_loaded(seconds),
         OffscreenCommand::KeepLoaded { seconds: None } => {}
         OffscreenCommand::InstallPack { request } => start_install(request)?,
-        OffscreenCommand::PausePack => {
-            if let Some(progress) = stop_install() {
-                let progress = DownloadProgress {
-                    state: DownloadState::Paused,
-                    bytes_per_second: 0.0,
-                    seconds_left: None,
-                    ..progress
-                };
-                // Not awaited: the service worker answers events only after the request that paused
-                // has its reply.
-                spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
-            }
-        }
+        OffscreenCommand::PausePack => pause_install(),
         OffscreenCommand::CancelPack => {
             stop_install();
             remove_staging().await?;
         }
-        OffscreenCommand::StopStore { commit } => {
-            // The stages kept loaded from the pack being deleted would only hold GPU memory.
-            let resident_of_it = STATE.with_borrow_mut(|state| {
-                let of_it = state.resident_pack.as_ref() == Some(&commit);
-                state.no_store_for = Some(commit);
-                of_it
-            });
-            if resident_of_it {
-                unload();
-            }
-            stop_store();
-        }
+        OffscreenCommand::StopStore { commit } => stop_store_for_deletion(commit),
         OffscreenCommand::InstallStatus => {}
         OffscreenCommand::PrivateImage { id } => {
             let png = STATE.with_borrow(|state| state.book.private_image(&id).cloned());
@@ -286,6 +242,64 @@ async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenRe
         OffscreenCommand::ForgetPrivate => forget_private(),
     }
     Ok(None)
+}
+
+/// Queues a job, and starts the queue's loop where it is idle.
+fn queue_job(queued: Queued, keep_loaded_seconds: u32) {
+    let start_now = STATE.with_borrow_mut(|state| {
+        state.keep_loaded_seconds = keep_loaded_seconds;
+        state.queue.push_back(queued);
+        // The first job of an idle queue starts the loop; until the loop has popped it, a job
+        // queued right after must not start a second one.
+        state.running.is_none() && state.queue.len() == 1
+    });
+    if start_now {
+        spawn_local(run_queue());
+    }
+}
+
+/// The service worker's `keepLoaded` changed to `seconds`.
+fn keep_loaded(seconds: u32) {
+    let running = STATE.with_borrow_mut(|state| {
+        state.keep_loaded_seconds = seconds;
+        state.release_running |= seconds == 0;
+        state.running.is_some()
+    });
+    if !running {
+        unload_later();
+    } else if seconds == 0 {
+        // The stages a running job is done with are idle already: ended now, not at its end.
+        unload();
+    }
+}
+
+/// Pauses the running install, and tells the pages where it stopped.
+fn pause_install() {
+    if let Some(progress) = stop_install() {
+        let progress = DownloadProgress {
+            state: DownloadState::Paused,
+            bytes_per_second: 0.0,
+            seconds_left: None,
+            ..progress
+        };
+        // Not awaited: the service worker answers events only after the request that paused
+        // has its reply.
+        spawn_local(async move { broadcast(&Event::PackProgress(progress)).await });
+    }
+}
+
+/// The pack `commit` is being deleted: no store runs or starts for it.
+fn stop_store_for_deletion(commit: String) {
+    // The stages kept loaded from the pack being deleted would only hold GPU memory.
+    let resident_of_it = STATE.with_borrow_mut(|state| {
+        let of_it = state.resident_pack.as_ref() == Some(&commit);
+        state.no_store_for = Some(commit);
+        of_it
+    });
+    if resident_of_it {
+        unload();
+    }
+    stop_store();
 }
 
 /// The last private window closed: the private jobs queued or running are cancelled, and every
@@ -390,13 +404,7 @@ async fn progress(job: &str, stage: Stage, image: u32, images: u32, step: u32, s
 /// loading ahead and residency never cost an image.
 async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) -> Result<(), StageFailure> {
     let pack = crate::platform::opfs::installed_pack().await.map(|(record, _)| record.commit);
-    let (keep, other_pack) = STATE.with_borrow_mut(|state| {
-        state.idle_epoch += 1;
-        state.release_running = false;
-        let other_pack = state.resident_pack != pack;
-        state.resident_pack = pack.clone();
-        (state.keep_loaded_seconds > 0, other_pack)
-    });
+    let (keep, other_pack) = begin_job(&pack);
     let (memory, facts, gpu_budget) =
         memory_plan(params, pack.as_deref(), gpu_budget, keep && !params.profile).await;
     // A profile is of stages loaded afresh, which are not kept; stages kept loaded hold memory a plan
@@ -404,81 +412,145 @@ async fn run_job(job: &str, params: &GenerateParams, gpu_budget: Option<u64>) ->
     if other_pack || params.profile || !memory.keep {
         unload();
     }
-    let params = &GenerateParams {
+    let params = &with_levers(params, &memory);
+    let plan = Plan { memory, budget: gpu_budget };
+    let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
+    let mut tries = Tries { job, pack: pack.as_deref(), sent: 0, tried: plan };
+    let outcome = tries.run(params, plan).await;
+    let outcome = tries.again_lean(params, had_resident, outcome).await;
+    let outcome = tries.again_within_free(params, &facts, outcome).await;
+    tries.said_for_room(&facts, outcome)
+}
+
+/// Marks a job's start (the unload timer of the idle period before it is void) with the pack `pack`;
+/// whether stages are kept loaded after jobs, and whether the resident ones are of another pack.
+fn begin_job(pack: &Option<String>) -> (bool, bool) {
+    STATE.with_borrow_mut(|state| {
+        state.idle_epoch += 1;
+        state.release_running = false;
+        let other_pack = state.resident_pack != *pack;
+        state.resident_pack = pack.clone();
+        (state.keep_loaded_seconds > 0, other_pack)
+    })
+}
+
+/// `params` with the levers of the memory plan `memory`; a decoder piece size the job asks for wins.
+fn with_levers(params: &GenerateParams, memory: &MemoryPlan) -> GenerateParams {
+    GenerateParams {
         keep_buffers: memory.levers.keep_buffers,
         attention_chunks: memory.levers.attention_chunks,
         decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
         ..params.clone()
-    };
-    let plan = Plan { memory, budget: gpu_budget };
-    let had_resident = STATE.with_borrow(|state| !state.resident.is_empty());
-    let mut sent = 0;
-    let mut tried = plan;
-    let outcome = match run_stages(job, params, pack.as_deref(), plan, &mut sent).await {
-        // A stage that hung is ended and tried once more with a fresh worker, whatever the plan.
-        Err(StageFailure::Error(error))
-            if sent == 0
-                && (plan.memory.ahead
-                    || plan.memory.keep
-                    || plan.memory.levers.keep_buffers
-                    || had_resident
-                    || matches!(error, OffscreenError::Stalled { .. })) =>
-        {
-            warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
-            unload();
-            let lean = plan.lean();
-            tried = lean;
-            let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
-            let outcome = run_stages(job, params, pack.as_deref(), lean, &mut sent).await;
-            // Lean worked where the fuller plan failed: later jobs stay below that plan.
-            if let (Ok(()), Some(pack), true) = (&outcome, &pack, lean != plan) {
-                learn(pack, plan.memory.peak).await;
+    }
+}
+
+/// The tries of one job: each later one is made only while no image was sent, and goes by the plan
+/// the one before it tried.
+struct Tries<'a> {
+    job: &'a str,
+    pack: Option<&'a str>,
+    /// The images broadcast.
+    sent: u32,
+    /// The plan of the latest try.
+    tried: Plan,
+}
+
+impl Tries<'_> {
+    async fn run(&mut self, params: &GenerateParams, plan: Plan) -> Result<(), StageFailure> {
+        self.tried = plan;
+        run_stages(self.job, params, self.pack, plan, &mut self.sent).await
+    }
+
+    /// A failure of a plan that loads ahead, keeps something or found stages resident is made again
+    /// with one stage loaded at a time. A stage that hung is ended and tried once more with a fresh
+    /// worker, whatever the plan.
+    async fn again_lean(
+        &mut self,
+        params: &GenerateParams,
+        had_resident: bool,
+        outcome: Result<(), StageFailure>,
+    ) -> Result<(), StageFailure> {
+        let plan = self.tried;
+        let error = match outcome {
+            Err(StageFailure::Error(error))
+                if self.sent == 0
+                    && (plan.memory.ahead
+                        || plan.memory.keep
+                        || plan.memory.levers.keep_buffers
+                        || had_resident
+                        || matches!(error, OffscreenError::Stalled { .. })) =>
+            {
+                error
             }
-            outcome
+            outcome => return outcome,
+        };
+        warn(&format!("imagine: {error}; making the image again with one stage loaded at a time"));
+        unload();
+        let lean = plan.lean();
+        let params = &GenerateParams { keep_buffers: lean.memory.levers.keep_buffers, ..params.clone() };
+        let outcome = self.run(params, lean).await;
+        // Lean worked where the fuller plan failed: later jobs stay below that plan.
+        if let (Ok(()), Some(pack), true) = (&outcome, self.pack, lean != plan) {
+            learn(pack, plan.memory.peak).await;
         }
-        outcome => outcome,
-    };
-    let outcome = match outcome {
-        // The GPU ran out where the plan said it would fit (other programs took memory meanwhile, or a
-        // stage held more than its count): made once more within what is free now, smaller.
-        Err(StageFailure::Error(error)) if sent == 0 && is_out_of_memory(&error.to_string()) => {
-            unload();
-            if let Some(pack) = &pack {
-                learn(pack, tried.memory.peak).await;
+        outcome
+    }
+
+    /// The GPU ran out where the plan said it would fit (other programs took memory meanwhile, or a
+    /// stage held more than its count): made once more within what is free now, smaller.
+    async fn again_within_free(
+        &mut self,
+        params: &GenerateParams,
+        facts: &MemoryFacts,
+        outcome: Result<(), StageFailure>,
+    ) -> Result<(), StageFailure> {
+        let error = match outcome {
+            Err(StageFailure::Error(error)) if self.sent == 0 && is_out_of_memory(&error.to_string()) => {
+                error
             }
-            let budget = free_now(tried.budget).await;
-            match facts.after_out_of_memory(budget, params.width, params.height, &tried.memory) {
-                Some(memory) => {
-                    warn(&format!("imagine: {error}; making the image again within {budget:?} bytes"));
-                    tried = Plan { memory, budget };
-                    let params = &GenerateParams {
-                        keep_buffers: false,
-                        attention_chunks: memory.levers.attention_chunks,
-                        decoder_piece_bytes: memory.levers.decoder_piece_bytes,
-                        ..params.clone()
-                    };
-                    run_stages(job, params, pack.as_deref(), tried, &mut sent).await
-                }
-                None => Err(StageFailure::Error(error)),
+            outcome => return outcome,
+        };
+        unload();
+        if let Some(pack) = self.pack {
+            learn(pack, self.tried.memory.peak).await;
+        }
+        let budget = free_now(self.tried.budget).await;
+        let Some(memory) = facts.after_out_of_memory(budget, params.width, params.height, &self.tried.memory)
+        else {
+            return Err(StageFailure::Error(error));
+        };
+        warn(&format!("imagine: {error}; making the image again within {budget:?} bytes"));
+        let params = &GenerateParams {
+            keep_buffers: false,
+            attention_chunks: memory.levers.attention_chunks,
+            decoder_piece_bytes: memory.levers.decoder_piece_bytes,
+            ..params.clone()
+        };
+        self.run(params, Plan { memory, budget }).await
+    }
+
+    /// A failure for room says so: the likely cause, and what would fit.
+    fn said_for_room(
+        &self,
+        facts: &MemoryFacts,
+        outcome: Result<(), StageFailure>,
+    ) -> Result<(), StageFailure> {
+        let tried = self.tried;
+        match outcome {
+            Err(StageFailure::Error(cause))
+                if self.sent == 0 && (!tried.memory.fits || is_out_of_memory(&cause.to_string())) =>
+            {
+                let need = tried.memory.peak;
+                let largest_square = tried.budget.and_then(|budget| facts.largest_square(budget));
+                Err(StageFailure::Error(match tried.budget {
+                    Some(budget) if need > budget => {
+                        OffscreenError::NoRoom { need, budget, largest_square, cause: Box::new(cause) }
+                    }
+                    budget => OffscreenError::OutOfMemory { budget, largest_square, cause: Box::new(cause) },
+                }))
             }
+            outcome => outcome,
         }
-        outcome => outcome,
-    };
-    match outcome {
-        // A failure for room says so: the likely cause, and what would fit.
-        Err(StageFailure::Error(cause))
-            if sent == 0 && (!tried.memory.fits || is_out_of_memory(&cause.to_string())) =>
-        {
-            let need = tried.memory.peak;
-            let largest_square = tried.budget.and_then(|budget| facts.largest_square(budget));
-            Err(StageFailure::Error(match tried.budget {
-                Some(budget) if need > budget => {
-                    OffscreenError::NoRoom { need, budget, largest_square, cause: Box::new(cause) }
-                }
-                budget => OffscreenError::OutOfMemory { budget, largest_square, cause: Box::new(cause) },
-            }))
-        }
-        outcome => outcome,
     }
 }
 
@@ -528,28 +600,42 @@ async fn run_stages(
         .map(|t| t.graph_file.clone())
         .collect();
     let made = Made { job, params, prompt: &prompt, prompt_embeds: &prompt_embeds, started, plan };
+    let decoded = send_decoded(&mut decoder, &made, &encoder_timing, &denoised, sent).await?;
+    reblocked_at_load.extend(decoded);
+    decoder.end(plan.memory.keep);
+    if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
+        store_block32(commit, reblocked_at_load);
+    }
+    Ok(())
+}
+
+/// Broadcasts each image `decoder` decodes, as it comes, until the decoder is done; `sent` counts
+/// them. The decoder's graph, where it re-blocked it while loading.
+async fn send_decoded(
+    decoder: &mut StageRun,
+    made: &Made<'_>,
+    encoder_timing: &StageTiming,
+    denoised: &TransformerOutput,
+    sent: &mut u32,
+) -> Result<Option<String>, StageFailure> {
+    let (job, images) = (made.job, made.params.count);
+    let mut reblocked_at_load = None;
     loop {
         match decoder.next(images).await? {
             Reported::Image { index, timing, png } => {
                 *sent += 1;
                 if index == 0 && timing.reblocked_at_load {
-                    reblocked_at_load.push(timing.graph_file.clone());
+                    reblocked_at_load = Some(timing.graph_file.clone());
                 }
                 if index == 0 {
                     note_checked(&timing);
                 }
-                send_result(made.result(index, &encoder_timing, &denoised, timing, &png)).await;
+                send_result(made.result(index, encoder_timing, denoised, timing, &png)).await;
                 if index + 1 < images {
                     progress(job, Stage::Decoder, index + 1, images, 1, 1).await;
                 }
             }
-            Reported::Done(StageOutput::Decoder { .. }, _) => {
-                decoder.end(plan.memory.keep);
-                if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
-                    store_block32(commit, reblocked_at_load);
-                }
-                return Ok(());
-            }
+            Reported::Done(StageOutput::Decoder { .. }, _) => return Ok(reblocked_at_load),
             Reported::Done(..) => return Err(unexpected(Stage::Decoder)),
         }
     }
