@@ -2,6 +2,7 @@
 //! pages; restarted from their checkpoint when a worker dies.
 
 use super::*;
+use imagine_core::storage::PackRecord;
 
 /// Starts the download worker, unless one is running: a second request joins the first.
 pub(super) fn start_install(request: InstallRequest) -> Result<(), OffscreenError> {
@@ -91,10 +92,7 @@ pub(super) fn note_checked(timing: &StageTiming) {
 /// failure costs nothing but the speed-up: logged. The store is given [`STORE_LIMIT_MS`]; a worker
 /// that has not reported by then is ended, and what it half-wrote removed.
 pub(super) fn store_block32(commit: &str, graphs: Vec<String>) {
-    let start = STATE.with_borrow(|state| {
-        state.store.is_none() && state.install.is_none() && state.no_store_for.as_deref() != Some(commit)
-    });
-    if !start {
+    if !STATE.with_borrow(|state| store_may_start(state, commit)) {
         return;
     }
     let commit = commit.to_owned();
@@ -113,9 +111,7 @@ pub(super) fn store_block32(commit: &str, graphs: Vec<String>) {
         let (inbox, sender) = watch_worker(&worker, "download-worker.js");
         // Checked again now that nothing is awaited before the store is registered.
         let start = STATE.with_borrow_mut(|state| {
-            let start = state.store.is_none()
-                && state.install.is_none()
-                && state.no_store_for.as_deref() != Some(commit.as_str());
+            let start = store_may_start(state, &commit);
             if start {
                 state.store = Some((worker.clone(), sender.clone()));
             }
@@ -127,32 +123,43 @@ pub(super) fn store_block32(commit: &str, graphs: Vec<String>) {
         }
         let command = DownloadCommand::StoreBlock32 { commit: commit.clone(), graphs: graphs.clone() };
         let outcome = run_store_block32(&worker, inbox, &sender, &command, limit_ms).await;
-        // Ended by a swap or a deletion meanwhile ([`stop_store`]): not a failure of the store.
-        let ours = STATE.with_borrow_mut(|state| {
-            let ours = state.store.as_ref().is_some_and(|(w, _)| w == &worker);
-            if ours {
-                state.store = None;
-            }
-            ours
-        });
-        worker.terminate();
-        if !ours {
-            return;
+        end_store(&worker, outcome, &commit, &graphs).await;
+    });
+}
+
+/// No store runs, no download, and the pack `commit` is not being deleted.
+fn store_may_start(state: &State, commit: &str) -> bool {
+    state.store.is_none() && state.install.is_none() && state.no_store_for.as_deref() != Some(commit)
+}
+
+/// The store on `worker` ended with `outcome`: its worker is ended, and a failure counted (for the
+/// wait before the next), logged and, where the worker was ended mid-way, cleaned up after.
+async fn end_store(worker: &Worker, outcome: Result<(), StoreFailed>, commit: &str, graphs: &[String]) {
+    // Ended by a swap or a deletion meanwhile ([`stop_store`]): not a failure of the store.
+    let ours = STATE.with_borrow_mut(|state| {
+        let ours = state.store.as_ref().is_some_and(|(w, _)| w == worker);
+        if ours {
+            state.store = None;
         }
-        STATE.with_borrow_mut(|state| match &outcome {
-            Ok(()) => state.store_failures = 0,
-            Err(_) => {
-                state.store_failures += 1;
-                state.store_failed_at_ms = now_ms();
-            }
-        });
-        if let Err(e) = outcome {
-            warn(&format!("imagine: storing the graphs re-blocked to 32 with the pack failed: {e}"));
-            if e.ended {
-                remove_unrecorded_forms(&commit, &graphs).await;
-            }
+        ours
+    });
+    worker.terminate();
+    if !ours {
+        return;
+    }
+    STATE.with_borrow_mut(|state| match &outcome {
+        Ok(()) => state.store_failures = 0,
+        Err(_) => {
+            state.store_failures += 1;
+            state.store_failed_at_ms = now_ms();
         }
     });
+    if let Err(e) = outcome {
+        warn(&format!("imagine: storing the graphs re-blocked to 32 with the pack failed: {e}"));
+        if e.ended {
+            remove_unrecorded_forms(commit, graphs).await;
+        }
+    }
 }
 
 /// How long a store of the re-blocked forms may run before its worker is ended (the published pack's
@@ -281,6 +288,8 @@ pub(super) fn pack_failed(error: OffscreenError) -> Event {
     Event::pack_failed(&error, false)
 }
 
+/// Relays the reports of the running install's download worker to the pages until it ends; then the
+/// install asked for meanwhile starts.
 pub(super) async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) {
     let event = loop {
         let posted = match inbox.next().await {
@@ -294,45 +303,12 @@ pub(super) async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) 
             }
         };
         match protocol::read::<DownloadReport>(&posted).map(|(report, _)| report) {
-            Ok(DownloadReport::Progress { progress }) => {
-                STATE.with_borrow_mut(|state| {
-                    if let Some(install) = &mut state.install {
-                        install.last = Some(progress.clone());
-                    }
-                });
-                broadcast(&Event::PackProgress(progress)).await;
-            }
-            Ok(DownloadReport::SwapReady) => {
-                STATE.with_borrow_mut(|state| state.swap_pending = true);
-                // The job that is running finishes on the installed pack. A store of that pack's
-                // re-blocked forms is ended: they would be of the pack being replaced.
-                while STATE.with_borrow(|state| state.running.is_some()) {
-                    crate::platform::js::sleep_ms(100).await;
-                }
-                stop_store();
-                let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
-                if let Some(worker) = worker {
-                    protocol::post(&worker, &DownloadCommand::Swap, None)
-                        .log_error("asking the download worker to swap");
-                }
-            }
-            Ok(DownloadReport::Installed { pack }) => {
-                // A pack deleted before may be this one again: its forms may be stored.
-                STATE.with_borrow_mut(|state| state.no_store_for = None);
-                // Embeddings of the previous pack would never be used again.
-                if let Err(e) = crate::platform::opfs::embeddings::clear().await {
-                    warn(&format!("imagine: the embedding cache could not be cleared: {e}"));
-                }
-                break Event::PackInstalled { bytes: pack.bytes, commit: pack.commit };
-            }
+            Ok(DownloadReport::Progress { progress }) => relay_progress(progress).await,
+            Ok(DownloadReport::SwapReady) => swap_when_idle().await,
+            Ok(DownloadReport::Installed { pack }) => break installed(pack).await,
             Ok(DownloadReport::Failed { error, offline, restart }) => {
-                if restart {
-                    warn(&format!("imagine: {}; the download goes on with fresh workers", error.error));
-                    match restart_install() {
-                        Ok(true) => return,
-                        Ok(false) => {}
-                        Err(e) => warn(&format!("imagine: the download could not be started again: {e}")),
-                    }
+                if restart && restarted_after(&error) {
+                    return;
                 }
                 break Event::pack_failed(&OffscreenError::Reported(error), offline);
             }
@@ -340,6 +316,61 @@ pub(super) async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) 
             Err(error) => break pack_failed(error.into()),
         }
     };
+    end_install(event).await;
+}
+
+/// Keeps the install's latest progress (what a pause reports) and tells the pages.
+async fn relay_progress(progress: DownloadProgress) {
+    STATE.with_borrow_mut(|state| {
+        if let Some(install) = &mut state.install {
+            install.last = Some(progress.clone());
+        }
+    });
+    broadcast(&Event::PackProgress(progress)).await;
+}
+
+/// The new pack is verified: no job starts until it is swapped in, which the download worker is told
+/// to do once the running job is done.
+async fn swap_when_idle() {
+    STATE.with_borrow_mut(|state| state.swap_pending = true);
+    // The job that is running finishes on the installed pack. A store of that pack's
+    // re-blocked forms is ended: they would be of the pack being replaced.
+    while STATE.with_borrow(|state| state.running.is_some()) {
+        crate::platform::js::sleep_ms(100).await;
+    }
+    stop_store();
+    let worker = STATE.with_borrow(|state| state.install.as_ref().map(|i| i.worker.clone()));
+    if let Some(worker) = worker {
+        protocol::post(&worker, &DownloadCommand::Swap, None).log_error("asking the download worker to swap");
+    }
+}
+
+/// The event of the pack `pack` installed, once what was kept for the one before is let go of.
+async fn installed(pack: PackRecord) -> Event {
+    // A pack deleted before may be this one again: its forms may be stored.
+    STATE.with_borrow_mut(|state| state.no_store_for = None);
+    // Embeddings of the previous pack would never be used again.
+    if let Err(e) = crate::platform::opfs::embeddings::clear().await {
+        warn(&format!("imagine: the embedding cache could not be cleared: {e}"));
+    }
+    Event::PackInstalled { bytes: pack.bytes, commit: pack.commit }
+}
+
+/// A worker the install needs died with `error`: whether the install goes on with fresh workers.
+fn restarted_after(error: &ErrorText) -> bool {
+    warn(&format!("imagine: {}; the download goes on with fresh workers", error.error));
+    match restart_install() {
+        Ok(restarted) => restarted,
+        Err(e) => {
+            warn(&format!("imagine: the download could not be started again: {e}"));
+            false
+        }
+    }
+}
+
+/// The install ended with `event`: its workers are ended, jobs waiting for its swap start, the pages
+/// are told, and an install asked for meanwhile starts.
+async fn end_install(event: Event) {
     STATE.with_borrow_mut(|state| {
         if let Some(install) = &mut state.install {
             install.terminate();
