@@ -2,6 +2,7 @@
 //! hash, and written to OPFS in blocks.
 
 use super::*;
+use imagine_core::api::PackFile;
 
 thread_local! {
     /// Answered when the offscreen document allows the swap ([`DownloadCommand::Swap`]).
@@ -38,20 +39,8 @@ impl Download {
         let mut failures = 0;
         loop {
             let file = SyncFile::open(&self.dir, &planned.path).await?;
-            // Bytes past the last checkpoint are never trusted: the file is cut back to it. A file shorter
-            // than its checkpoint lost bytes the record counts, so it starts over.
-            let mut checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
-            let on_disk = file.size()?;
-            if checkpoint.as_ref().is_some_and(|c| c.offset > on_disk) {
-                self.record.files[index].restart();
-                self.save().await?;
-                checkpoint = None;
-            }
-            let start = checkpoint.as_ref().map_or(0, |c| c.offset);
+            let start = self.cut_to_resume(index, &file).await?;
             let saved_before = saved_offset(&self.record.files[index]);
-            self.hasher.reset(checkpoint.as_ref()).await?;
-            self.record.files[index].done = start;
-            file.truncate(start)?;
             match self.stream(&file, &url, start, index).await {
                 Ok(()) => {}
                 Err(error) if !error.is_transient() => return Err(error),
@@ -68,20 +57,7 @@ impl Download {
                     continue;
                 }
             }
-            let mut digest = self.hasher.finish().await?;
-            if self.record.files[index].restarted {
-                let mut hasher = hub::ResumableSha256::new();
-                read_on_disk(&file, planned.size, |bytes| hasher.update(bytes))?;
-                digest = hasher.finalize();
-            }
-            let mut verified = hub::verify_sha256(&planned, &digest);
-            if planned.sha256.is_none() {
-                // A file stored in git (no LFS SHA-256) is checked by its git blob id, read back from disk.
-                let mut hasher = hub::GitBlobHasher::new(planned.size);
-                read_on_disk(&file, planned.size, |bytes| hasher.update(bytes))?;
-                verified = hub::verify_git_oid(&planned, &hasher.finalize());
-            }
-            if let Err(mismatch) = verified {
+            if let Err(mismatch) = self.verify(index, &planned, &file).await? {
                 // A corrupt file is downloaded again once, from the start. The record says so before the
                 // file is cut.
                 mismatches += 1;
@@ -103,6 +79,48 @@ impl Download {
             self.report.record(&self.record);
             return Ok(());
         }
+    }
+
+    /// Cuts file `index` back to where its download resumes, and sets the hash worker to that point;
+    /// the offset. Bytes past the last checkpoint are never trusted. A file shorter than its checkpoint
+    /// lost bytes the record counts, so it starts over.
+    async fn cut_to_resume(&mut self, index: usize, file: &SyncFile) -> Result<u64, DownloadError> {
+        let mut checkpoint = self.record.files[index].resume().checkpoint().filter(|c| c.offset > 0);
+        let on_disk = file.size()?;
+        if checkpoint.as_ref().is_some_and(|c| c.offset > on_disk) {
+            self.record.files[index].restart();
+            self.save().await?;
+            checkpoint = None;
+        }
+        let start = checkpoint.as_ref().map_or(0, |c| c.offset);
+        self.hasher.reset(checkpoint.as_ref()).await?;
+        self.record.files[index].done = start;
+        file.truncate(start)?;
+        Ok(start)
+    }
+
+    /// Checks file `index`, all on disk, against the listing's `planned`: by the SHA-256 the hash worker
+    /// took as it was written (read back from disk where it was restarted), or by its git blob id for a
+    /// file stored in git (no LFS SHA-256). The outer error is of reading it; the inner, a mismatch.
+    async fn verify(
+        &mut self,
+        index: usize,
+        planned: &PackFile,
+        file: &SyncFile,
+    ) -> Result<Result<(), HubError>, DownloadError> {
+        let mut digest = self.hasher.finish().await?;
+        if self.record.files[index].restarted {
+            let mut hasher = hub::ResumableSha256::new();
+            read_on_disk(file, planned.size, |bytes| hasher.update(bytes))?;
+            digest = hasher.finalize();
+        }
+        let mut verified = hub::verify_sha256(planned, &digest);
+        if planned.sha256.is_none() {
+            let mut hasher = hub::GitBlobHasher::new(planned.size);
+            read_on_disk(file, planned.size, |bytes| hasher.update(bytes))?;
+            verified = hub::verify_git_oid(planned, &hasher.finalize());
+        }
+        Ok(verified)
     }
 
     /// One request: appends the response to `file` from `start`, saving the record every checkpoint.
