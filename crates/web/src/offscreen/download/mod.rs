@@ -308,16 +308,7 @@ async fn install(
     } else {
         Vec::new()
     };
-    // An installed pack converted for other limits (or not converted) is not what this adapter runs.
-    let converted_as_needed = |installed: &PackRecord| match &conversion {
-        None => true,
-        Some((_, limits)) => installed.conversion.as_ref().is_some_and(|c| c.limits == *limits),
-    };
-    if let Some(installed) = opfs::pack_state()
-        .await?
-        .installed
-        .filter(|installed| installed.matches(&plan) && converted_as_needed(installed))
-    {
+    if let Some(installed) = installed_already(&plan, &conversion).await? {
         // This very pack is installed (a swap was interrupted after the state was written, or the same
         // commit was asked for again): nothing to download, and what is staged is not needed.
         drop(store);
@@ -335,10 +326,7 @@ async fn install(
         opfs::clear_slot(staging).await?;
         store.sequence = 0;
     }
-    let made_here =
-        bytes_made_after_download(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
-    let usage = opfs::storage_use().await?;
-    hub::check_space(record.remaining_bytes() + made_here, usage.usage_bytes, usage.quota_bytes)?;
+    check_room(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
     let dir = opfs::slot_dir(staging, true).await?;
     store_fetched_graphs(&dir, &mut record, &graphs).await?;
     report.state = DownloadState::Downloading;
@@ -347,18 +335,57 @@ async fn install(
     let mut download = Download { dir, source, record, store, report, hasher };
     download.save().await?;
     download.report.record(&download.record);
-    for index in 0..download.record.files.len() {
-        if !download.record.files[index].verified {
-            download.file(index).await?;
-        }
-    }
+    download.files().await?;
     // Closes the record files, which the swap removes.
     download.store.slots = None;
     let block32_graphs = webgpu.then(|| block32_graphs.into_iter().map(|(name, _)| name).collect());
     download.finish(staging, conversion, block32_graphs).await
 }
 
+/// The installed pack, where it is `plan`'s, converted as `conversion` asks (an installed pack
+/// converted for other limits, or not converted, is not what this adapter runs).
+async fn installed_already(
+    plan: &PackPlan,
+    conversion: &Option<(Vec<GraphPlan>, Limits)>,
+) -> Result<Option<PackRecord>, DownloadError> {
+    let converted_as_needed = |installed: &PackRecord| match conversion {
+        None => true,
+        Some((_, limits)) => installed.conversion.as_ref().is_some_and(|c| c.limits == *limits),
+    };
+    Ok(opfs::pack_state()
+        .await?
+        .installed
+        .filter(|installed| installed.matches(plan) && converted_as_needed(installed)))
+}
+
+/// Refuses a download for which the disk has no room: the bytes it has left, and what is made from
+/// them after it (conversion, re-blocked forms).
+async fn check_room(
+    staging: Slot,
+    record: &DownloadRecord,
+    graphs: &[GraphFiles],
+    plan: &PackPlan,
+    conversion: &Option<(Vec<GraphPlan>, Limits)>,
+    block32_graphs: &[(String, Vec<u8>)],
+) -> Result<(), DownloadError> {
+    let made_here =
+        bytes_made_after_download(staging, record, graphs, plan, conversion, block32_graphs).await?;
+    let usage = opfs::storage_use().await?;
+    hub::check_space(record.remaining_bytes() + made_here, usage.usage_bytes, usage.quota_bytes)?;
+    Ok(())
+}
+
 impl Download {
+    /// Downloads every file not verified yet, in the listing's order.
+    async fn files(&mut self) -> Result<(), DownloadError> {
+        for index in 0..self.record.files.len() {
+            if !self.record.files[index].verified {
+                self.file(index).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// After the last file is verified: the float32 conversion where `conversion` asks for it, the
     /// re-blocked forms of `block32_graphs` (WebGPU only) stored, then the swap, once no job runs.
     async fn finish(
