@@ -32,6 +32,14 @@ const MB: i64 = 1_000_000;
 #[wasm_bindgen(js_name = optionsPageMain)]
 pub fn options_page_main() {
     i18n::localize_page();
+    wire_settings();
+    wire_model();
+    spawn_local(show_saved());
+}
+
+/// Wires the settings' controls: defaults for new images, the gallery's limits, how long stages stay
+/// loaded, private images, GPU memory.
+fn wire_settings() {
     on("save-defaults", "click", |_| spawn_local(save_defaults()));
     on("save-limit", "click", |_| spawn_local(save_limit()));
     for field in ["max-items", "max-megabytes", "default-width", "default-height", "default-steps"] {
@@ -59,6 +67,10 @@ pub fn options_page_main() {
         spawn_local(gpu_memory(GpuMemoryRequest { measure: true, ..Default::default() }))
     });
     form_check::clear_on_input("gpu-memory-gb");
+}
+
+/// Wires the model's controls: its source, download and deletion.
+fn wire_model() {
     on("save-source", "click", |_| source_clicked(false));
     for field in ["hub-endpoint", "hub-repo", "hub-revision"] {
         on(field, "input", |_| spawn_local(refresh_model()));
@@ -73,32 +85,34 @@ pub fn options_page_main() {
             refresh_model().await;
         })
     });
-    spawn_local(async {
-        element::<HtmlInputElement>("keep-private").set_checked(settings::keep_private().await);
-        let defaults = settings::defaults().await;
-        input("default-width").set_value(&defaults.width.to_string());
-        input("default-height").set_value(&defaults.height.to_string());
-        input("default-steps").set_value(&defaults.steps.to_string());
-        element::<HtmlSelectElement>("default-schedule").set_value(&defaults.schedule);
-        if let Some(source) = storage::SOURCE.get().await {
-            input("hub-endpoint").set_value(&source.endpoint);
-            input("hub-repo").set_value(&source.repo);
-            input("hub-revision").set_value(&source.revision);
-            // A source of one's own is no secret to the one who set it: shown, not folded away.
-            if source != PackSource::default() {
-                dom::set_attr(&element::<HtmlElement>("source-advanced"), "open", "");
-            }
+}
+
+/// Shows what is saved and what the model and the GPU are now.
+async fn show_saved() {
+    element::<HtmlInputElement>("keep-private").set_checked(settings::keep_private().await);
+    let defaults = settings::defaults().await;
+    input("default-width").set_value(&defaults.width.to_string());
+    input("default-height").set_value(&defaults.height.to_string());
+    input("default-steps").set_value(&defaults.steps.to_string());
+    element::<HtmlSelectElement>("default-schedule").set_value(&defaults.schedule);
+    if let Some(source) = storage::SOURCE.get().await {
+        input("hub-endpoint").set_value(&source.endpoint);
+        input("hub-repo").set_value(&source.repo);
+        input("hub-revision").set_value(&source.revision);
+        // A source of one's own is no secret to the one who set it: shown, not folded away.
+        if source != PackSource::default() {
+            dom::set_attr(&element::<HtmlElement>("source-advanced"), "open", "");
         }
-        let list = GalleryListRequest { limit: Some(1), ..Default::default() };
-        if let Reply::Gallery(page) = request(&Request::GalleryList(list)).await {
-            input("max-items").set_value(&page.limit.max_items.to_string());
-            input("max-megabytes").set_value(&(page.limit.max_bytes / MB as u64).to_string());
-        }
-        refresh_model().await;
-        keep_loaded(None).await;
-        device_report().await;
-        gpu_memory(GpuMemoryRequest::default()).await;
-    });
+    }
+    let list = GalleryListRequest { limit: Some(1), ..Default::default() };
+    if let Reply::Gallery(page) = request(&Request::GalleryList(list)).await {
+        input("max-items").set_value(&page.limit.max_items.to_string());
+        input("max-megabytes").set_value(&(page.limit.max_bytes / MB as u64).to_string());
+    }
+    refresh_model().await;
+    keep_loaded(None).await;
+    device_report().await;
+    gpu_memory(GpuMemoryRequest::default()).await;
 }
 
 /// Saves the GPU memory setting: Auto, or the size typed (checked at its field first).
