@@ -374,6 +374,7 @@ async fn handle(request: Request) -> Result<Reply, ServiceWorkerError> {
     Ok(reply)
 }
 
+/// The reply to `request`, once what it asks is done.
 async fn answer(request: Request) -> Result<Reply, ServiceWorkerError> {
     Ok(match request {
         Request::InstallPack(request) => {
@@ -385,14 +386,7 @@ async fn answer(request: Request) -> Result<Reply, ServiceWorkerError> {
             pause().await?;
             Reply::Done
         }
-        Request::ResumePack {} => match records::DOWNLOAD.get().await {
-            Some(download) if !download.state.is_active() => {
-                install(download.request).await?;
-                Reply::InstallStarted
-            }
-            Some(_) => Reply::InstallStarted,
-            None => return Err(ServiceWorkerError::NoDownload("resume")),
-        },
+        Request::ResumePack {} => resume().await?,
         Request::CancelPack {} => {
             cancel_download().await?;
             Reply::Done
@@ -437,6 +431,18 @@ async fn answer(request: Request) -> Result<Reply, ServiceWorkerError> {
         Request::KeepLoaded(request) => Reply::KeepLoaded(keep_loaded(request).await?),
         Request::GpuMemory(request) => Reply::GpuMemory(gpu_memory::status(request).await?),
     })
+}
+
+/// Resumes the stored download where it is not under way; one under way goes on as it is.
+async fn resume() -> Result<Reply, ServiceWorkerError> {
+    match records::DOWNLOAD.get().await {
+        Some(download) if !download.state.is_active() => {
+            install(download.request).await?;
+            Ok(Reply::InstallStarted)
+        }
+        Some(_) => Ok(Reply::InstallStarted),
+        None => Err(ServiceWorkerError::NoDownload("resume")),
+    }
 }
 
 thread_local! {
