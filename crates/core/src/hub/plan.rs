@@ -77,9 +77,37 @@ pub fn plan(
 ) -> Result<PackPlan, HubError> {
     // Indexed once: a listing or a manifest can be long, and planning stays linear in their size.
     let by_path: HashMap<&str, &PackFile> = listing.iter().map(|f| (f.path.as_str(), f)).collect();
-    let mut files: Vec<PackFile> = Vec::new();
-    let mut planned: HashSet<String> = HashSet::new();
-    let mut push = |file: PackFile| -> Result<(), HubError> {
+    let mut planned = PlannedFiles::default();
+    for (graph, onnx_entry, manifest_entry) in graph_files(source, commit, listing)? {
+        let given = graphs.iter().find(|g| g.graph == graph).ok_or_else(|| HubError::GraphBytes {
+            file: graph.file_name(),
+            reason: "its bytes were not given",
+        })?;
+        let needed = data_files_named(graph, &onnx_entry, manifest_entry.as_ref(), given)?;
+        planned.push(onnx_entry)?;
+        if let Some(entry) = manifest_entry {
+            planned.push(entry)?;
+        }
+        for (name, needed_by) in needed {
+            planned.push(listed_data_file(&by_path, source, commit, name, needed_by)?)?;
+        }
+    }
+    let files = planned.files;
+    let total_bytes = files.iter().map(|f| f.size).sum();
+    Ok(PackPlan { source: source.clone(), commit: commit.to_owned(), files, total_bytes, conversion: None })
+}
+
+/// The files a plan downloads so far, in order, each once.
+#[derive(Default)]
+struct PlannedFiles {
+    files: Vec<PackFile>,
+    paths: HashSet<String>,
+}
+
+impl PlannedFiles {
+    /// Plans `file` unless it is already; one that takes a name the download's own records use, or has
+    /// nothing to verify it by, is refused.
+    fn push(&mut self, file: PackFile) -> Result<(), HubError> {
         if let Some(reason) = reserved_name(&file.path) {
             return Err(HubError::PackFile {
                 file: file.path.clone(),
@@ -89,64 +117,72 @@ pub fn plan(
         if file.sha256.is_none() && file.git_oid.is_none() {
             return Err(HubError::Unverifiable { file: file.path });
         }
-        if planned.insert(file.path.clone()) {
-            files.push(file);
+        if self.paths.insert(file.path.clone()) {
+            self.files.push(file);
         }
         Ok(())
-    };
-    for (graph, onnx_entry, manifest_entry) in graph_files(source, commit, listing)? {
-        let given = graphs.iter().find(|g| g.graph == graph).ok_or_else(|| HubError::GraphBytes {
-            file: graph.file_name(),
-            reason: "its bytes were not given",
-        })?;
-        verify_small(&onnx_entry, &given.onnx)?;
-        let pack_err = |file: &str| {
-            let file = file.to_owned();
-            move |error| HubError::PackFile { file, error }
-        };
-        let mut needed: Vec<(String, String)> = Vec::new(); // (data file, who names it)
-        match (&manifest_entry, &given.manifest) {
-            (Some(entry), Some(bytes)) => {
-                verify_small(entry, bytes)?;
-                for shard in parse_manifest(bytes).map_err(pack_err(&entry.path))? {
-                    needed.push((shard, entry.path.clone()));
-                }
-            }
-            (Some(entry), None) => {
-                return Err(HubError::GraphBytes {
-                    file: entry.path.clone(),
-                    reason: "the listing has this manifest, but its bytes were not given",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(HubError::GraphBytes {
-                    file: graph.manifest_name(),
-                    reason: "manifest bytes were given, but the listing has no such file",
-                });
-            }
-            (None, None) => {}
-        }
-        for external in external_data_locations(&given.onnx).map_err(pack_err(&onnx_entry.path))? {
-            needed.push((external.file, onnx_entry.path.clone()));
-        }
-        push(onnx_entry)?;
-        if let Some(entry) = manifest_entry {
-            push(entry)?;
-        }
-        for (name, needed_by) in needed {
-            // The pack is stored flat in its OPFS slot, and the stage workers open its files by name.
-            if name.contains('/') {
-                return Err(HubError::SubFolder { file: name, needed_by });
-            }
-            let entry = by_path.get(name.as_str()).ok_or_else(|| HubError::MissingFile {
-                repo: source.repo.clone(),
-                file: name.clone(),
-                needed_by,
-                commit: commit.to_owned(),
-            })?;
-            push((*entry).clone())?;
-        }
     }
-    let total_bytes = files.iter().map(|f| f.size).sum();
-    Ok(PackPlan { source: source.clone(), commit: commit.to_owned(), files, total_bytes, conversion: None })
+}
+
+/// The data files `graph` needs, each with the file that names it: its manifest's shards, then its
+/// initializers' external data. Its bytes `given` are checked against the listing first; a manifest
+/// listed without bytes, or given without being listed, is refused.
+fn data_files_named(
+    graph: Graph,
+    onnx_entry: &PackFile,
+    manifest_entry: Option<&PackFile>,
+    given: &GraphFiles,
+) -> Result<Vec<(String, String)>, HubError> {
+    verify_small(onnx_entry, &given.onnx)?;
+    let pack_err = |file: &str| {
+        let file = file.to_owned();
+        move |error| HubError::PackFile { file, error }
+    };
+    let mut needed: Vec<(String, String)> = Vec::new();
+    match (manifest_entry, &given.manifest) {
+        (Some(entry), Some(bytes)) => {
+            verify_small(entry, bytes)?;
+            for shard in parse_manifest(bytes).map_err(pack_err(&entry.path))? {
+                needed.push((shard, entry.path.clone()));
+            }
+        }
+        (Some(entry), None) => {
+            return Err(HubError::GraphBytes {
+                file: entry.path.clone(),
+                reason: "the listing has this manifest, but its bytes were not given",
+            });
+        }
+        (None, Some(_)) => {
+            return Err(HubError::GraphBytes {
+                file: graph.manifest_name(),
+                reason: "manifest bytes were given, but the listing has no such file",
+            });
+        }
+        (None, None) => {}
+    }
+    for external in external_data_locations(&given.onnx).map_err(pack_err(&onnx_entry.path))? {
+        needed.push((external.file, onnx_entry.path.clone()));
+    }
+    Ok(needed)
+}
+
+/// The listing's entry of the data file `name`, which `needed_by` names. The pack is stored flat in its
+/// OPFS slot, and the stage workers open its files by name: a file in a sub-folder is refused.
+fn listed_data_file(
+    by_path: &HashMap<&str, &PackFile>,
+    source: &PackSource,
+    commit: &str,
+    name: String,
+    needed_by: String,
+) -> Result<PackFile, HubError> {
+    if name.contains('/') {
+        return Err(HubError::SubFolder { file: name, needed_by });
+    }
+    let entry = by_path.get(name.as_str()).ok_or_else(|| HubError::MissingFile {
+        repo: source.repo.clone(),
+        file: name.clone(),
+        needed_by,
+        commit: commit.to_owned(),
+    })?;
+    Ok((*entry).clone())
 }
