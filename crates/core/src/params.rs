@@ -387,43 +387,15 @@ impl GenerateRequest {
         }
         let width = size("width", self.width)?;
         let height = size("height", self.height)?;
-        let steps = match self.steps {
-            None => DEFAULT_STEPS,
-            Some(v) => match u32::try_from(v) {
-                Ok(s) if (1..=MAX_STEPS).contains(&s) => s,
-                _ => return Err(ParamError::Steps { value: v }),
-            },
-        };
+        let steps = steps(self.steps)?;
         let seed = match &self.seed {
             None => random_seed,
             Some(s) => parse_seed(s)?,
         };
-        let schedule = match self.schedule.as_deref() {
-            None => Schedule::default(),
-            Some(name) => {
-                Schedule::from_name(name).ok_or_else(|| ParamError::Schedule { value: name.to_owned() })?
-            }
-        };
-        let backend = match self.backend.as_deref() {
-            None => Backend::default(),
-            Some(name) => {
-                Backend::from_name(name).ok_or_else(|| ParamError::Backend { value: name.to_owned() })?
-            }
-        };
-        let count = match self.count {
-            None => 1,
-            Some(v) => match u32::try_from(v) {
-                Ok(c) if (1..=MAX_COUNT).contains(&c) => c,
-                _ => return Err(ParamError::Count { value: v }),
-            },
-        };
-        let accuracy_level = match self.accuracy_level {
-            None => None,
-            Some(v) => match u8::try_from(v) {
-                Ok(level) if level <= MAX_ACCURACY_LEVEL => Some(level),
-                _ => return Err(ParamError::AccuracyLevel { value: v }),
-            },
-        };
+        let schedule = schedule(self.schedule.as_deref())?;
+        let backend = backend(self.backend.as_deref())?;
+        let count = count(self.count)?;
+        let accuracy_level = accuracy_level(self.accuracy_level)?;
         Ok(GenerateParams {
             prompt: self.prompt,
             width,
@@ -443,6 +415,51 @@ impl GenerateRequest {
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,
         })
+    }
+}
+
+/// The number of steps asked for, [`DEFAULT_STEPS`] where none is.
+fn steps(value: Option<i64>) -> Result<u32, ParamError> {
+    let Some(v) = value else { return Ok(DEFAULT_STEPS) };
+    match u32::try_from(v) {
+        Ok(s) if (1..=MAX_STEPS).contains(&s) => Ok(s),
+        _ => Err(ParamError::Steps { value: v }),
+    }
+}
+
+/// The schedule named, the default where none is.
+fn schedule(name: Option<&str>) -> Result<Schedule, ParamError> {
+    match name {
+        None => Ok(Schedule::default()),
+        Some(name) => {
+            Schedule::from_name(name).ok_or_else(|| ParamError::Schedule { value: name.to_owned() })
+        }
+    }
+}
+
+/// The backend named, the default where none is.
+fn backend(name: Option<&str>) -> Result<Backend, ParamError> {
+    match name {
+        None => Ok(Backend::default()),
+        Some(name) => Backend::from_name(name).ok_or_else(|| ParamError::Backend { value: name.to_owned() }),
+    }
+}
+
+/// The number of images asked for, one where none is.
+fn count(value: Option<i64>) -> Result<u32, ParamError> {
+    let Some(v) = value else { return Ok(1) };
+    match u32::try_from(v) {
+        Ok(c) if (1..=MAX_COUNT).contains(&c) => Ok(c),
+        _ => Err(ParamError::Count { value: v }),
+    }
+}
+
+/// The accuracy level asked for, if any.
+fn accuracy_level(value: Option<i64>) -> Result<Option<u8>, ParamError> {
+    let Some(v) = value else { return Ok(None) };
+    match u8::try_from(v) {
+        Ok(level) if level <= MAX_ACCURACY_LEVEL => Ok(Some(level)),
+        _ => Err(ParamError::AccuracyLevel { value: v }),
     }
 }
 
