@@ -445,6 +445,33 @@ pub struct Denoised {
     pub txt_ids: Vec<i64>,
 }
 
+/// The float types of the transformer's latents, prompt embeddings and timestep, once each port
+/// [`denoise`] feeds or reads is checked to be declared as it is used.
+fn transformer_floats(session: &impl Session) -> Result<(FloatType, FloatType, FloatType), StageError> {
+    let graph = Graph::Transformer;
+    let image =
+        [Expected::Any("batch"), Expected::Any("image_sequence"), Expected::Fixed(TOKEN_CHANNELS as i64)];
+    let text = [Expected::Any("batch"), Expected::Any("text_sequence"), Expected::Fixed(EMBED_WIDTH as i64)];
+    let image_ids_shape =
+        [Expected::Any("batch"), Expected::Any("image_sequence"), Expected::Fixed(ID_AXES as i64)];
+    let text_ids_shape =
+        [Expected::Any("batch"), Expected::Any("text_sequence"), Expected::Fixed(ID_AXES as i64)];
+    let float =
+        float_type(graph, Port::Input, declared(session, graph, Port::Input, "hidden_states", &image)?)?;
+    let text_float = float_type(
+        graph,
+        Port::Input,
+        declared(session, graph, Port::Input, "encoder_hidden_states", &text)?,
+    )?;
+    let time_shape = [Expected::Any("batch")];
+    let time_float =
+        float_type(graph, Port::Input, declared(session, graph, Port::Input, "timestep", &time_shape)?)?;
+    require_int64(graph, Port::Input, declared(session, graph, Port::Input, "img_ids", &image_ids_shape)?)?;
+    require_int64(graph, Port::Input, declared(session, graph, Port::Input, "txt_ids", &text_ids_shape)?)?;
+    float_type(graph, Port::Output, declared(session, graph, Port::Output, "noise_pred", &image)?)?;
+    Ok((float, text_float, time_float))
+}
+
 /// Stage 2, the transformer: from the seed's noise, `steps` Euler steps conditioned on the prompt
 /// embeddings (`[512, 7680]`, from [`encode_prompt`]). `on_step` is called after each step with the
 /// number of steps done.
@@ -460,23 +487,7 @@ pub async fn denoise(
         let found = embeddings.len();
         return Err(LengthError { what: "the prompt embeddings", expected: expected_len, found }.into());
     }
-    let image =
-        [Expected::Any("batch"), Expected::Any("image_sequence"), Expected::Fixed(TOKEN_CHANNELS as i64)];
-    let text = [Expected::Any("batch"), Expected::Any("text_sequence"), Expected::Fixed(EMBED_WIDTH as i64)];
-    let image_ids_shape =
-        [Expected::Any("batch"), Expected::Any("image_sequence"), Expected::Fixed(ID_AXES as i64)];
-    let text_ids_shape =
-        [Expected::Any("batch"), Expected::Any("text_sequence"), Expected::Fixed(ID_AXES as i64)];
-    let s = &*session;
-    let float = float_type(graph, Port::Input, declared(s, graph, Port::Input, "hidden_states", &image)?)?;
-    let text_float =
-        float_type(graph, Port::Input, declared(s, graph, Port::Input, "encoder_hidden_states", &text)?)?;
-    let time_shape = [Expected::Any("batch")];
-    let time_float =
-        float_type(graph, Port::Input, declared(s, graph, Port::Input, "timestep", &time_shape)?)?;
-    require_int64(graph, Port::Input, declared(s, graph, Port::Input, "img_ids", &image_ids_shape)?)?;
-    require_int64(graph, Port::Input, declared(s, graph, Port::Input, "txt_ids", &text_ids_shape)?)?;
-    float_type(graph, Port::Output, declared(s, graph, Port::Output, "noise_pred", &image)?)?;
+    let (float, text_float, time_float) = transformer_floats(session)?;
 
     let tokens = (params.height / 16) as usize * (params.width / 16) as usize;
     let latent_dims = [1, tokens as i64, TOKEN_CHANNELS as i64];
