@@ -96,6 +96,7 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs the command `args` names, from the repository root.
 fn dispatch(args: &[String]) -> Result {
     let root = repo_root();
     env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
@@ -110,17 +111,13 @@ fn dispatch(args: &[String]) -> Result {
             build(&root, debug, &tools)
         }
         "dist" => {
-            if let Some(extra) = rest.first() {
-                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
-            }
+            no_arguments(rest)?;
             let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
             package(&root, &tools)
         }
         "test" => test(&root, rest),
         "fixtures" => {
-            if let Some(extra) = rest.first() {
-                return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
-            }
+            no_arguments(rest)?;
             setup::ensure_python_packages(&root)?;
             step("fixtures: fixture packs up to date");
             check_fixtures(&root)
@@ -133,60 +130,74 @@ fn dispatch(args: &[String]) -> Result {
             }
             e2e(&root, &rest)
         }
-        "run" => {
-            let (no_build, rest) = split_flag(rest, "--no-build");
-            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
-            if !no_build {
-                build(&root, false, &tools)?;
-            }
-            step("run: node tools/run.mjs");
-            let status = Command::new("node")
-                .arg(root.join("tools/run.mjs"))
-                .args(&rest)
-                .status()
-                .map_err(|e| format!("tools/run.mjs: could not start `node`: {e}"))?;
-            // run.mjs says what went wrong and what to do, in its last line; one of ours after it
-            // would bury that.
-            if !status.success() {
-                std::process::exit(status.code().unwrap_or(1));
-            }
-            Ok(())
-        }
-        "bench" => {
-            let Some((what, rest)) = rest.split_first() else {
-                return Err(format!(
-                    "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory)\n{USAGE}"
-                ));
-            };
-            let script = match what.as_str() {
-                "generate" => "tests/e2e/bench/generate.mjs",
-                "download" => "tests/e2e/bench/download.mjs",
-                "scale" => "tests/e2e/bench/scale.mjs",
-                "soak" => "tests/e2e/bench/soak.mjs",
-                "blocks" => "tests/e2e/bench/blocks.mjs",
-                "layout" => "tests/e2e/bench/layout.mjs",
-                "buffers" => "tests/e2e/bench/buffers.mjs",
-                "memory" => "tests/e2e/bench/memory.mjs",
-                other => {
-                    return Err(format!(
-                        "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory)"
-                    ))
-                }
-            };
-            let (no_build, rest) = split_flag(rest, "--no-build");
-            let tools = setup::ensure_prerequisites(&root, setup::Needs::BROWSER)?;
-            if !no_build {
-                build(&root, false, &tools)?;
-            }
-            step(&format!("bench: node {script}"));
-            node_script(&root, script, &rest)
-        }
+        "run" => run_extension(&root, rest),
+        "bench" => bench(&root, rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(())
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),
     }
+}
+
+/// Refuses any argument: for the commands that take none.
+fn no_arguments(rest: &[String]) -> Result {
+    if let Some(extra) = rest.first() {
+        return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
+    }
+    Ok(())
+}
+
+/// `cargo xtask run`: builds (unless `--no-build`), then opens the extension with `tools/run.mjs`.
+fn run_extension(root: &Path, rest: &[String]) -> Result {
+    let (no_build, rest) = split_flag(rest, "--no-build");
+    let tools = setup::ensure_prerequisites(root, setup::Needs::BROWSER)?;
+    if !no_build {
+        build(root, false, &tools)?;
+    }
+    step("run: node tools/run.mjs");
+    let status = Command::new("node")
+        .arg(root.join("tools/run.mjs"))
+        .args(&rest)
+        .status()
+        .map_err(|e| format!("tools/run.mjs: could not start `node`: {e}"))?;
+    // run.mjs says what went wrong and what to do, in its last line; one of ours after it
+    // would bury that.
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
+}
+
+/// `cargo xtask bench <name>`: builds (unless `--no-build`), then runs that benchmark's script.
+fn bench(root: &Path, rest: &[String]) -> Result {
+    let Some((what, rest)) = rest.split_first() else {
+        return Err(format!(
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory)\n{USAGE}"
+        ));
+    };
+    let script = match what.as_str() {
+        "generate" => "tests/e2e/bench/generate.mjs",
+        "download" => "tests/e2e/bench/download.mjs",
+        "scale" => "tests/e2e/bench/scale.mjs",
+        "soak" => "tests/e2e/bench/soak.mjs",
+        "blocks" => "tests/e2e/bench/blocks.mjs",
+        "layout" => "tests/e2e/bench/layout.mjs",
+        "buffers" => "tests/e2e/bench/buffers.mjs",
+        "memory" => "tests/e2e/bench/memory.mjs",
+        other => {
+            return Err(format!(
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory)"
+            ))
+        }
+    };
+    let (no_build, rest) = split_flag(rest, "--no-build");
+    let tools = setup::ensure_prerequisites(root, setup::Needs::BROWSER)?;
+    if !no_build {
+        build(root, false, &tools)?;
+    }
+    step(&format!("bench: node {script}"));
+    node_script(root, script, &rest)
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
@@ -251,26 +262,45 @@ fn node_script(root: &Path, script: &str, args: &[String]) -> Result {
 // ---------------------------------------------------------------------------------------------
 // build
 
+/// `cargo xtask build`: the wasm compiled and bound, then everything the extension loads copied into a
+/// fresh `dist/`.
 fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
     let started = Instant::now();
     let profile = if debug { "debug" } else { "release" };
     let dist = root.join("dist");
-    let bindgen = &tools.wasm_bindgen;
 
+    compile_wasm(debug, profile)?;
+    step("build: removing stale dist/");
+    if dist.exists() {
+        fs::remove_dir_all(&dist).map_err(|e| format!("rm -r dist: {e}"))?;
+    }
+    fs::create_dir_all(&dist).map_err(|e| format!("mkdir dist: {e}"))?;
+    bind_wasm(root, &dist, &tools.wasm_bindgen, debug, profile)?;
+    copy_extension(root, &dist)?;
+    copy_node_packages(root, &dist)?;
+
+    println!(
+        "xtask: build: done in {:.1}s -> {} ({} bytes)",
+        started.elapsed().as_secs_f64(),
+        rel(root, &dist),
+        dir_size(&dist)
+    );
+    Ok(())
+}
+
+/// `cargo build` of imagine-web for wasm32, in `profile`.
+fn compile_wasm(debug: bool, profile: &str) -> Result {
     step(&format!("build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"));
     let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo.args(["build", "-p", "imagine-web", "--target", "wasm32-unknown-unknown"]);
     if !debug {
         cargo.arg("--release");
     }
-    run_cmd("cargo build (wasm)", &mut cargo)?;
+    run_cmd("cargo build (wasm)", &mut cargo)
+}
 
-    step("build: removing stale dist/");
-    if dist.exists() {
-        fs::remove_dir_all(&dist).map_err(|e| format!("rm -r dist: {e}"))?;
-    }
-    fs::create_dir_all(&dist).map_err(|e| format!("mkdir dist: {e}"))?;
-
+/// `wasm-bindgen` (`bindgen`) of the wasm built in `profile`, into `dist/pkg`.
+fn bind_wasm(root: &Path, dist: &Path, bindgen: &Path, debug: bool, profile: &str) -> Result {
     let wasm = root.join(format!("target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
     step(&format!("build: wasm-bindgen --target web -> dist/pkg ({})", rel(root, &wasm)));
     let mut wb = Command::new(bindgen);
@@ -279,14 +309,17 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
         wb.arg("--debug").arg("--keep-debug");
     }
     wb.arg(&wasm);
-    run_cmd("wasm-bindgen", &mut wb)?;
+    run_cmd("wasm-bindgen", &mut wb)
+}
 
+/// The repository's own files of the extension into `dist`: `extension/`, `manifest.json`, `icons/`.
+fn copy_extension(root: &Path, dist: &Path) -> Result {
     step("build: extension/ -> dist/");
     let ext = root.join("extension");
     if !ext.is_dir() {
         return Err("extension/ is missing".into());
     }
-    copy_dir(&ext, &dist)?;
+    copy_dir(&ext, dist)?;
 
     step("build: manifest.json, icons/ -> dist/");
     let manifest = root.join("manifest.json");
@@ -299,7 +332,12 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
     } else {
         println!("xtask: warning: icons/ is missing");
     }
+    Ok(())
+}
 
+/// What the extension loads from npm packages into `dist`: onnxruntime-web and the tokenizer's files,
+/// each with its licence.
+fn copy_node_packages(root: &Path, dist: &Path) -> Result {
     // The JSPI bundle embeds the emscripten glue (ort-wasm-simd-threaded.jspi.mjs) and only fetches
     // the .wasm next to itself, so the separate .mjs is not shipped. JSPI, not asyncify: the asyncify
     // build reads every external-data file whole into memory before creating a session.
@@ -321,13 +359,6 @@ fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
         copy_file(&tok.join("models").join(f), &dist.join("tokenizer").join(f))?;
     }
     copy_file(&tok.join("LICENSE"), &dist.join("tokenizer/LICENSE"))?;
-
-    println!(
-        "xtask: build: done in {:.1}s -> {} ({} bytes)",
-        started.elapsed().as_secs_f64(),
-        rel(root, &dist),
-        dir_size(&dist)
-    );
     Ok(())
 }
 
@@ -396,32 +427,13 @@ fn rel(root: &Path, p: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // test
 
+/// `cargo xtask test`: every check, in order, each timed; the exporter's tests run beside them.
 fn test(root: &Path, args: &[String]) -> Result {
     let (no_fmt, rest) = split_flag(args, "--no-fmt");
-    if let Some(extra) = rest.first() {
-        return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
-    }
+    no_arguments(&rest)?;
     let tools = setup::ensure_prerequisites(root, setup::Needs::ALL)?;
     let started = Instant::now();
-    // The exporter's environment (torch: minutes of download and unpacking on a fresh machine) is
-    // installed and its tests run beside the cargo steps, which leave the machine idle at times (the
-    // download, each crate's link); its output is shown when it is waited for, before the browser
-    // tests, which need its environment.
-    let exporter = {
-        let root = root.to_path_buf();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            let tested = setup::ensure_export_venv(&root).and_then(|python| {
-                run_captured(
-                    "pytest tools/export/tests",
-                    Command::new(python)
-                        .args(["-m", "pytest", "tools/export/tests", "-q"])
-                        .current_dir(&root),
-                )
-            });
-            (tested, t.elapsed().as_secs_f64())
-        })
-    };
+    let exporter = start_exporter_tests(root);
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut done: Vec<(String, f64)> = Vec::new();
     let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
@@ -437,42 +449,8 @@ fn test(root: &Path, args: &[String]) -> Result {
             run_cmd("cargo fmt", Command::new(&cargo).args(["fmt", "--all", "--check"]))
         })?;
     }
-    timed("cargo clippy (native and wasm32, warnings are errors)", &mut || {
-        run_cmd(
-            "cargo clippy (native)",
-            Command::new(&cargo).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
-        )?;
-        run_cmd(
-            "cargo clippy (wasm32)",
-            Command::new(&cargo).args([
-                "clippy",
-                "-p",
-                "imagine-web",
-                "-p",
-                "imagine-ort",
-                "--target",
-                "wasm32-unknown-unknown",
-                "--",
-                "-D",
-                "warnings",
-            ]),
-        )
-    })?;
-    timed("cargo test (native)", &mut || {
-        run_cmd(
-            "cargo test",
-            Command::new(&cargo).args([
-                "test",
-                "--workspace",
-                "--exclude",
-                "imagine-web",
-                "--exclude",
-                "imagine-ort",
-            ]),
-        )?;
-        // The web crate's unit tests need no browser (its browser code runs in the e2e tests).
-        run_cmd("cargo test (web, lib)", Command::new(&cargo).args(["test", "-p", "imagine-web", "--lib"]))
-    })?;
+    timed("cargo clippy (native and wasm32, warnings are errors)", &mut || clippy(&cargo))?;
+    timed("cargo test (native)", &mut || cargo_tests(&cargo))?;
     timed("fixture packs up to date", &mut || check_fixtures(root))?;
     timed(
         "float16 -> float32 rewrite against onnxruntime (tests/reference/check_converted.py)",
@@ -501,8 +479,15 @@ fn test(root: &Path, args: &[String]) -> Result {
     )?;
     timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
+    print_test_summary(&done, exporter_secs, started);
+    Ok(())
+}
+
+/// How long each step `done` took, the exporter's tests (`exporter_secs`, beside them) and all of them
+/// since `started`.
+fn print_test_summary(done: &[(String, f64)], exporter_secs: f64, started: Instant) {
     println!("xtask: test: summary (the exporter's step is what was left to wait for)");
-    for (name, secs) in &done {
+    for (name, secs) in done {
         println!("xtask:   ok  {secs:>8.1}s  {name}");
     }
     println!("xtask: the exporter's environment and tests took {exporter_secs:.1}s beside the other steps");
@@ -511,7 +496,65 @@ fn test(root: &Path, args: &[String]) -> Result {
         done.len(),
         started.elapsed().as_secs_f64()
     );
-    Ok(())
+}
+
+/// Installs the exporter's environment and runs its tests on a thread of their own; their output and
+/// how long they took. Torch is minutes of download and unpacking on a fresh machine, which the cargo
+/// steps (idle at times: the download, each crate's link) leave room for; the output is shown when it
+/// is waited for, before the browser tests, which need its environment.
+fn start_exporter_tests(root: &Path) -> std::thread::JoinHandle<(Result<String>, f64)> {
+    let root = root.to_path_buf();
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        let tested = setup::ensure_export_venv(&root).and_then(|python| {
+            run_captured(
+                "pytest tools/export/tests",
+                Command::new(python).args(["-m", "pytest", "tools/export/tests", "-q"]).current_dir(&root),
+            )
+        });
+        (tested, t.elapsed().as_secs_f64())
+    })
+}
+
+/// `cargo clippy` of the workspace (native) and of the crates that run in the browser (wasm32),
+/// warnings as errors.
+fn clippy(cargo: &std::ffi::OsStr) -> Result {
+    run_cmd(
+        "cargo clippy (native)",
+        Command::new(cargo).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    run_cmd(
+        "cargo clippy (wasm32)",
+        Command::new(cargo).args([
+            "clippy",
+            "-p",
+            "imagine-web",
+            "-p",
+            "imagine-ort",
+            "--target",
+            "wasm32-unknown-unknown",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )
+}
+
+/// `cargo test` of the native crates, then the web crate's unit tests, which need no browser (its
+/// browser code runs in the e2e tests).
+fn cargo_tests(cargo: &std::ffi::OsStr) -> Result {
+    run_cmd(
+        "cargo test",
+        Command::new(cargo).args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "imagine-web",
+            "--exclude",
+            "imagine-ort",
+        ]),
+    )?;
+    run_cmd("cargo test (web, lib)", Command::new(cargo).args(["test", "-p", "imagine-web", "--lib"]))
 }
 
 /// The committed fixture packs are what the generator makes: generate a fresh copy into a temp
@@ -592,6 +635,32 @@ fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
 /// `node --test` over the test files of tests/e2e's flow folders (`install/`, `generate/`, `pages/`,
 /// `faults/`), or the named ones (`NAME` for `<flow>/NAME.test.mjs`).
 fn e2e(root: &Path, names: &[String]) -> Result {
+    let files = e2e_files(root, names)?;
+    let jobs = env::var("IMAGINE_E2E_JOBS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(E2E_JOBS);
+    step(&format!("e2e: node --test ({} files, {jobs} at a time) in {}", files.len(), chromium_version()));
+    let failed_list = root.join("target/e2e-failed.json");
+    let _ = fs::remove_file(&failed_list);
+    let Err(error) = node_test(&files, jobs, &failed_list) else { return Ok(()) };
+    // A file that failed beside another is run once more alone: a test that only fails under that load
+    // is reported as such (and must be made robust); one that fails alone too fails the run.
+    let failed: Vec<PathBuf> = fs::read_to_string(&failed_list)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Vec<String>>(&text).ok())
+        .map(|names| names.into_iter().map(PathBuf::from).collect())
+        .unwrap_or_default();
+    if jobs == 1 || failed.is_empty() || failed.len() > MAX_E2E_RERUNS {
+        return Err(error);
+    }
+    let names: Vec<String> = failed.iter().map(|f| rel(root, f)).collect();
+    step(&format!("e2e: {} failed beside other files; running it alone: {}", names.len(), names.join(", ")));
+    node_test(&failed, 1, &failed_list)?;
+    println!("xtask: e2e: FLAKY under load (failed beside another file, passed alone): {}", names.join(", "));
+    Ok(())
+}
+
+/// The test files [`e2e`] runs: the named ones, in the order named, or all of them, the longest first
+/// (so that none of them starts last and runs on beside an idle slot).
+fn e2e_files(root: &Path, names: &[String]) -> Result<Vec<PathBuf>> {
     let dir = root.join("tests/e2e");
     let mut all: Vec<PathBuf> = Vec::new();
     for flow in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
@@ -605,7 +674,6 @@ fn e2e(root: &Path, names: &[String]) -> Result {
     // A test file's name: `NAME` of `<flow>/NAME.test.mjs`.
     let name =
         |p: &PathBuf| p.file_name().map_or(String::new(), |f| f.to_string_lossy().replace(".test.mjs", ""));
-    // The longest first, so that none of them starts last and runs on beside an idle slot.
     let rank = |p: &PathBuf| E2E_LONGEST.iter().position(|l| *l == name(p)).unwrap_or(E2E_LONGEST.len());
     all.sort_by_key(|p| (rank(p), p.clone()));
     let mut files: Vec<PathBuf> = Vec::new();
@@ -621,40 +689,23 @@ fn e2e(root: &Path, names: &[String]) -> Result {
     if files.is_empty() {
         return Err("no tests/e2e/*/*.test.mjs".into());
     }
-    let jobs = env::var("IMAGINE_E2E_JOBS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(E2E_JOBS);
-    step(&format!("e2e: node --test ({} files, {jobs} at a time) in {}", files.len(), chromium_version()));
-    let failed_list = root.join("target/e2e-failed.json");
-    let _ = fs::remove_file(&failed_list);
-    let node_test = |files: &[PathBuf], jobs: usize| {
-        run_cmd(
-            "node --test",
-            Command::new("node")
-                .args(["--test", &format!("--test-concurrency={jobs}"), "--test-timeout=1200000"])
-                .args(["--test-reporter=spec", "--test-reporter-destination=stdout"])
-                .args([
-                    "--test-reporter=./tests/e2e/lib/file-durations.mjs",
-                    "--test-reporter-destination=stdout",
-                ])
-                .env("IMAGINE_E2E_FAILED", &failed_list)
-                .args(files),
-        )
-    };
-    let Err(error) = node_test(&files, jobs) else { return Ok(()) };
-    // A file that failed beside another is run once more alone: a test that only fails under that load
-    // is reported as such (and must be made robust); one that fails alone too fails the run.
-    let failed: Vec<PathBuf> = fs::read_to_string(&failed_list)
-        .ok()
-        .and_then(|text| serde_json::from_str::<Vec<String>>(&text).ok())
-        .map(|names| names.into_iter().map(PathBuf::from).collect())
-        .unwrap_or_default();
-    if jobs == 1 || failed.is_empty() || failed.len() > MAX_E2E_RERUNS {
-        return Err(error);
-    }
-    let names: Vec<String> = failed.iter().map(|f| rel(root, f)).collect();
-    step(&format!("e2e: {} failed beside other files; running it alone: {}", names.len(), names.join(", ")));
-    node_test(&failed, 1)?;
-    println!("xtask: e2e: FLAKY under load (failed beside another file, passed alone): {}", names.join(", "));
-    Ok(())
+    Ok(files)
+}
+
+/// `node --test` of `files`, `jobs` at a time; the files that failed are listed in `failed_list`.
+fn node_test(files: &[PathBuf], jobs: usize, failed_list: &Path) -> Result {
+    run_cmd(
+        "node --test",
+        Command::new("node")
+            .args(["--test", &format!("--test-concurrency={jobs}"), "--test-timeout=1200000"])
+            .args(["--test-reporter=spec", "--test-reporter-destination=stdout"])
+            .args([
+                "--test-reporter=./tests/e2e/lib/file-durations.mjs",
+                "--test-reporter-destination=stdout",
+            ])
+            .env("IMAGINE_E2E_FAILED", failed_list)
+            .args(files),
+    )
 }
 
 /// Browser test files run at once: two on this 2-core machine use it fully (each browser test waits on
