@@ -288,7 +288,8 @@ fn pause_install() {
     }
 }
 
-/// The pack `commit` is being deleted: no store runs or starts for it.
+/// The pack `commit` is being deleted: no store of its forms runs or starts, and its stages kept loaded
+/// are ended.
 fn stop_store_for_deletion(commit: String) {
     // The stages kept loaded from the pack being deleted would only hold GPU memory.
     let resident_of_it = STATE.with_borrow_mut(|state| {
