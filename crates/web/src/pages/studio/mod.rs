@@ -110,23 +110,7 @@ pub fn studio_main() {
         spawn_local(generate(GenerateForm::Form));
     });
     on("cancel", "click", |_| spawn_local(cancel()));
-    on("install", "click", |_| {
-        // The source saved on the options page: a host other than the Hub's is asked for here too,
-        // within the click as Chrome requires. The download does not wait on the answer (a mirror
-        // that allows any origin needs none; one that does not fails saying it could not be reached).
-        let source = SAVED_SOURCE.with_borrow(Clone::clone);
-        if let Some(permission) = source.as_ref().and_then(settings::request_host_permission) {
-            spawn_local(settings::host_permission_answered(Some(permission)));
-        }
-        spawn_local(async move {
-            let source = match source {
-                Some(source) => source,
-                None => storage::SOURCE.get().await.unwrap_or_default(),
-            };
-            setup::install(source).await;
-            refresh_setup().await;
-        })
-    });
+    on("install", "click", |_| install_clicked());
     setup::wire_download_controls(|| spawn_local(refresh_setup()));
     form_check::wire();
     crate::pages::view::ctrl_enter_clicks("prompt", "generate");
@@ -153,19 +137,40 @@ pub fn studio_main() {
     on("again", "click", |_| spawn_local(generate(GenerateForm::Again)));
     on("variations", "click", |_| spawn_local(generate(GenerateForm::Variations)));
     on("reuse-seed", "click", |_| reuse_seed());
-    on("toolbar-opens", "change", |_| {
-        let choice = match element::<HtmlSelectElement>("toolbar-opens").value().as_str() {
-            "popup" => ToolbarOpens::Popup,
-            _ => ToolbarOpens::Studio,
-        };
-        spawn_local(async move {
-            storage::TOOLBAR.set_or_log(&choice).await;
-            apply_toolbar(choice).await;
-        });
-    });
+    on("toolbar-opens", "change", |_| toolbar_opens_changed());
     seed_mode_changed();
     view::every_second(tick);
     spawn_local(start());
+}
+
+/// The setup's Install: the source saved on the options page. A host other than the Hub's is asked for
+/// here too, within the click as Chrome requires. The download does not wait on the answer (a mirror
+/// that allows any origin needs none; one that does not fails saying it could not be reached).
+fn install_clicked() {
+    let source = SAVED_SOURCE.with_borrow(Clone::clone);
+    if let Some(permission) = source.as_ref().and_then(settings::request_host_permission) {
+        spawn_local(settings::host_permission_answered(Some(permission)));
+    }
+    spawn_local(async move {
+        let source = match source {
+            Some(source) => source,
+            None => storage::SOURCE.get().await.unwrap_or_default(),
+        };
+        setup::install(source).await;
+        refresh_setup().await;
+    })
+}
+
+/// Keeps what the toolbar button opens, and makes it so.
+fn toolbar_opens_changed() {
+    let choice = match element::<HtmlSelectElement>("toolbar-opens").value().as_str() {
+        "popup" => ToolbarOpens::Popup,
+        _ => ToolbarOpens::Studio,
+    };
+    spawn_local(async move {
+        storage::TOOLBAR.set_or_log(&choice).await;
+        apply_toolbar(choice).await;
+    });
 }
 
 async fn start() {
@@ -427,31 +432,7 @@ async fn generate(from: GenerateForm) {
     }
     let again = matches!(from, GenerateForm::Again);
     let typed = matches!(from, GenerateForm::Form);
-    let wanted = match from {
-        GenerateForm::Form => {
-            let wanted = form_request();
-            // A private image's settings (its seed, say) are not written to this machine's disk.
-            if !wanted.private {
-                save_settings();
-            }
-            wanted
-        }
-        GenerateForm::Again => match selected_result() {
-            Some(result) => request_like(&result),
-            None => return,
-        },
-        GenerateForm::Variations => match selected_result() {
-            Some(result) => {
-                let next = result.image.seed.wrapping_add(1);
-                GenerateRequest {
-                    seed: Some(Seed::Text(next.to_string())),
-                    count: Some(VARIATIONS),
-                    ..request_like(&result)
-                }
-            }
-            None => return,
-        },
-    };
+    let Some(wanted) = wanted_request(from) else { return };
     // What the last action said (copied, seed reused) is not about this one.
     set_visible("error", false);
     set_text("action-status", "");
@@ -475,16 +456,52 @@ async fn generate(from: GenerateForm) {
                     // seed the field stays empty, "random", and the result says the seed).
                     input("seed").set_value(&seed);
                 }
-                let size = (params.width, params.height);
-                let run = Run::new(job.clone(), count, params.steps, size, Some(now_ms()));
-                begin_run(Run { private, ..run });
-                let focus = StudioFocus { job: Some(job), prompt, private, ..Default::default() };
-                storage::STUDIO_FOCUS.set_or_log(&focus).await;
+                follow_started(job, &params, count, prompt, private).await;
             }
             Reply::Error { error, message } => view::show_error_in("error", Some((&error, message.as_ref()))),
             other => show_error(&format!("unexpected reply {other:?}")),
         },
     }
+}
+
+/// What `from` asks for: the form's request (its settings saved unless private), or the selected
+/// image's again or its variations; none without a selected image.
+fn wanted_request(from: GenerateForm) -> Option<GenerateRequest> {
+    Some(match from {
+        GenerateForm::Form => {
+            let wanted = form_request();
+            // A private image's settings (its seed, say) are not written to this machine's disk.
+            if !wanted.private {
+                save_settings();
+            }
+            wanted
+        }
+        GenerateForm::Again => request_like(&selected_result()?),
+        GenerateForm::Variations => {
+            let result = selected_result()?;
+            let next = result.image.seed.wrapping_add(1);
+            GenerateRequest {
+                seed: Some(Seed::Text(next.to_string())),
+                count: Some(VARIATIONS),
+                ..request_like(&result)
+            }
+        }
+    })
+}
+
+/// Shows the started `job` as it runs, and makes it what the studio follows when it opens again.
+async fn follow_started(
+    job: String,
+    params: &imagine_core::params::GenerateParams,
+    count: u32,
+    prompt: String,
+    private: bool,
+) {
+    let size = (params.width, params.height);
+    let run = Run::new(job.clone(), count, params.steps, size, Some(now_ms()));
+    begin_run(Run { private, ..run });
+    let focus = StudioFocus { job: Some(job), prompt, private, ..Default::default() };
+    storage::STUDIO_FOCUS.set_or_log(&focus).await;
 }
 
 /// Shows a job the service worker (context menu, notification) or an earlier visit asked for.
