@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use imagine_core::graph::pack_conversion::{
-    converted_graph_name, cost, plan_pack, ConversionRecord, PIECE_SOURCE_BYTES,
+    converted_graph_name, cost, plan_pack, ConversionRecord, GraphPlan, PIECE_SOURCE_BYTES,
 };
 use imagine_core::graph::{f16_to_f32, Limits};
 use imagine_core::pack::Graph;
@@ -47,41 +47,54 @@ fn is_conversion_output(name: &str) -> bool {
         })
 }
 
-fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut dir, mut max_buffer, mut max_binding, mut json) = (None, None, None, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value; {USAGE}"));
-        let bytes = |v: &str| v.parse::<u64>().map_err(|e| format!("{a} {v:?}: {e} (a number of bytes)"));
-        match a.as_str() {
-            "--max-buffer-size" => max_buffer = Some(bytes(value()?)?),
-            "--max-storage-buffer-binding-size" => max_binding = Some(bytes(value()?)?),
-            "--json" => json = Some(value()?.clone()),
-            _ if dir.is_none() && !a.starts_with("--") => dir = Some(a.clone()),
-            _ => return Err(format!("unexpected argument {a:?}; {USAGE}")),
-        }
-    }
-    let (Some(dir), Some(max_buffer_size), Some(max_storage_buffer_binding_size)) =
-        (dir, max_buffer, max_binding)
-    else {
-        return Err(USAGE.into());
-    };
-    let dir = Path::new(&dir);
-    let limits = Limits { max_storage_buffer_binding_size, max_buffer_size };
+/// What the command line asks for.
+struct Args {
+    dir: String,
+    limits: Limits,
+    json: Option<String>,
+}
 
-    let t0 = Instant::now();
-    let mut file_sizes_owned: Vec<(String, u64)> = Vec::new();
+impl Args {
+    fn parse() -> Result<Args, String> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let (mut dir, mut max_buffer, mut max_binding, mut json) = (None, None, None, None);
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || it.next().ok_or_else(|| format!("{a} needs a value; {USAGE}"));
+            let bytes = |v: &str| v.parse::<u64>().map_err(|e| format!("{a} {v:?}: {e} (a number of bytes)"));
+            match a.as_str() {
+                "--max-buffer-size" => max_buffer = Some(bytes(value()?)?),
+                "--max-storage-buffer-binding-size" => max_binding = Some(bytes(value()?)?),
+                "--json" => json = Some(value()?.clone()),
+                _ if dir.is_none() && !a.starts_with("--") => dir = Some(a.clone()),
+                _ => return Err(format!("unexpected argument {a:?}; {USAGE}")),
+            }
+        }
+        let (Some(dir), Some(max_buffer_size), Some(max_storage_buffer_binding_size)) =
+            (dir, max_buffer, max_binding)
+        else {
+            return Err(USAGE.into());
+        };
+        Ok(Args { dir, limits: Limits { max_storage_buffer_binding_size, max_buffer_size }, json })
+    }
+}
+
+/// The files of the pack in `dir` and their sizes, an earlier conversion's left out.
+fn pack_files(dir: &Path) -> Result<Vec<(String, u64)>, String> {
+    let mut files = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| e.to_string())?;
         let name =
             entry.file_name().into_string().map_err(|n| format!("a file name that is not UTF-8: {n:?}"))?;
         if entry.file_type().map_err(|e| e.to_string())?.is_file() && !is_conversion_output(&name) {
-            file_sizes_owned.push((name, entry.metadata().map_err(|e| e.to_string())?.len()));
+            files.push((name, entry.metadata().map_err(|e| e.to_string())?.len()));
         }
     }
-    let listed: Vec<&str> = file_sizes_owned.iter().map(|(n, _)| n.as_str()).collect();
-    let file_sizes: HashMap<&str, u64> = file_sizes_owned.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    Ok(files)
+}
+
+/// The pack's graphs found in `dir`, read.
+fn read_graphs(dir: &Path) -> Result<Vec<(Graph, Vec<u8>)>, String> {
     let mut graph_bytes = Vec::new();
     for graph in Graph::ALL {
         let path = dir.join(graph.file_name());
@@ -92,6 +105,54 @@ fn run() -> Result<(), String> {
     if graph_bytes.is_empty() {
         return Err(format!("{} holds none of the pack's graphs ({USAGE})", dir.display()));
     }
+    Ok(graph_bytes)
+}
+
+/// Reads, converts and writes one graph's new files and its graph; the bytes written.
+fn write_converted(dir: &Path, plan: &GraphPlan, sources: &mut HashMap<String, File>) -> Result<u64, String> {
+    let (mut half, mut float) = (Vec::new(), Vec::new());
+    let mut written = 0u64;
+    for (new, pieces) in plan.file_pieces(PIECE_SOURCE_BYTES) {
+        let path = dir.join(&new.name);
+        let io = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut out = OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(io)?;
+        for piece in &pieces {
+            let source = match sources.get_mut(&piece.source.file) {
+                Some(f) => f,
+                None => {
+                    let f = File::open(dir.join(&piece.source.file))
+                        .map_err(|e| format!("{}: {e}", piece.source.file))?;
+                    sources.entry(piece.source.file.clone()).or_insert(f)
+                }
+            };
+            let src_io = |e: std::io::Error| format!("{} at {}: {e}", piece.source.file, piece.source.offset);
+            half.resize(piece.source.length as usize, 0);
+            source.seek(SeekFrom::Start(piece.source.offset)).map_err(src_io)?;
+            source.read_exact(&mut half).map_err(src_io)?;
+            float.resize(half.len() * 2, 0);
+            f16_to_f32(&half, &mut float).map_err(|e| e.to_string())?;
+            out.seek(SeekFrom::Start(piece.target.offset)).map_err(io)?;
+            out.write_all(&float).map_err(io)?;
+        }
+        // The gaps between tensors and the tail are zeros, as in the extension's files.
+        out.set_len(new.size).map_err(io)?;
+        out.sync_all().map_err(io)?;
+        written += new.size;
+    }
+    let name = converted_graph_name(plan.graph);
+    fs::write(dir.join(&name), &plan.rewrite.graph).map_err(|e| format!("{name}: {e}"))?;
+    Ok(written + plan.rewrite.graph.len() as u64)
+}
+
+fn run() -> Result<(), String> {
+    let Args { dir, limits, json } = Args::parse()?;
+    let dir = Path::new(&dir);
+
+    let t0 = Instant::now();
+    let file_sizes_owned = pack_files(dir)?;
+    let listed: Vec<&str> = file_sizes_owned.iter().map(|(n, _)| n.as_str()).collect();
+    let file_sizes: HashMap<&str, u64> = file_sizes_owned.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    let graph_bytes = read_graphs(dir)?;
     let graphs: Vec<(Graph, &[u8])> = graph_bytes.iter().map(|(g, b)| (*g, b.as_slice())).collect();
     let plans = plan_pack(&graphs, limits, &listed).map_err(|e| e.to_string())?;
     let cost = cost(&plans, &graphs, &file_sizes);
@@ -108,45 +169,14 @@ fn run() -> Result<(), String> {
 
     let t1 = Instant::now();
     let mut sources: HashMap<String, File> = HashMap::new();
-    let (mut half, mut float) = (Vec::new(), Vec::new());
     let mut written = 0u64;
     for plan in &plans {
         let tg = Instant::now();
-        for (new, pieces) in plan.file_pieces(PIECE_SOURCE_BYTES) {
-            let path = dir.join(&new.name);
-            let io = |e: std::io::Error| format!("{}: {e}", path.display());
-            let mut out =
-                OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(io)?;
-            for piece in &pieces {
-                let source = match sources.get_mut(&piece.source.file) {
-                    Some(f) => f,
-                    None => {
-                        let f = File::open(dir.join(&piece.source.file))
-                            .map_err(|e| format!("{}: {e}", piece.source.file))?;
-                        sources.entry(piece.source.file.clone()).or_insert(f)
-                    }
-                };
-                let src_io =
-                    |e: std::io::Error| format!("{} at {}: {e}", piece.source.file, piece.source.offset);
-                half.resize(piece.source.length as usize, 0);
-                source.seek(SeekFrom::Start(piece.source.offset)).map_err(src_io)?;
-                source.read_exact(&mut half).map_err(src_io)?;
-                float.resize(half.len() * 2, 0);
-                f16_to_f32(&half, &mut float).map_err(|e| e.to_string())?;
-                out.seek(SeekFrom::Start(piece.target.offset)).map_err(io)?;
-                out.write_all(&float).map_err(io)?;
-            }
-            // The gaps between tensors and the tail are zeros, as in the extension's files.
-            out.set_len(new.size).map_err(io)?;
-            out.sync_all().map_err(io)?;
-            written += new.size;
-        }
-        let name = converted_graph_name(plan.graph);
-        fs::write(dir.join(&name), &plan.rewrite.graph).map_err(|e| format!("{name}: {e}"))?;
-        written += plan.rewrite.graph.len() as u64;
+        written += write_converted(dir, plan, &mut sources)?;
         let p = &plan.rewrite.plan;
         println!(
-            "{name}: {} tensors into {} new files ({} B), {} inline, {} lookups, float32 I/O {:?}, external data {:?}; {:.2} s",
+            "{}: {} tensors into {} new files ({} B), {} inline, {} lookups, float32 I/O {:?}, external data {:?}; {:.2} s",
+            converted_graph_name(plan.graph),
             p.copies.len(),
             p.new_files.len(),
             p.new_files.iter().map(|f| f.size).sum::<u64>(),
