@@ -326,7 +326,9 @@ async fn install(
         opfs::clear_slot(staging).await?;
         store.sequence = 0;
     }
-    check_room(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
+    let made_here =
+        bytes_made_after_download(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
+    check_room(record.remaining_bytes() + made_here).await?;
     let dir = opfs::slot_dir(staging, true).await?;
     store_fetched_graphs(&dir, &mut record, &graphs).await?;
     report.state = DownloadState::Downloading;
@@ -358,20 +360,11 @@ async fn installed_already(
         .filter(|installed| installed.matches(plan) && converted_as_needed(installed)))
 }
 
-/// Refuses a download for which the disk has no room: the bytes it has left, and what is made from
-/// them after it (conversion, re-blocked forms).
-async fn check_room(
-    staging: Slot,
-    record: &DownloadRecord,
-    graphs: &[GraphFiles],
-    plan: &PackPlan,
-    conversion: &Option<(Vec<GraphPlan>, Limits)>,
-    block32_graphs: &[(String, Vec<u8>)],
-) -> Result<(), DownloadError> {
-    let made_here =
-        bytes_made_after_download(staging, record, graphs, plan, conversion, block32_graphs).await?;
+/// Refuses a download for which the disk has no room for the `bytes` still to write: what it has
+/// left, and what is made from it after it (conversion, re-blocked forms).
+async fn check_room(bytes: u64) -> Result<(), DownloadError> {
     let usage = opfs::storage_use().await?;
-    hub::check_space(record.remaining_bytes() + made_here, usage.usage_bytes, usage.quota_bytes)?;
+    hub::check_space(bytes, usage.usage_bytes, usage.quota_bytes)?;
     Ok(())
 }
 
