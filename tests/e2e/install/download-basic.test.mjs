@@ -97,6 +97,8 @@ test('install: every pack file once, at the commit, nothing else; generate; dele
   const { result } = await h.generateOk(b.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
   assert.ok(result.png.length > 0);
 
+  // The job ends just after its last image's result; a deletion while it runs is refused (below).
+  assert.equal((await h.endedJob(b.page, result.job)).status, 'done');
   const del = await h.api(b.page, { type: 'deletePack' });
   assert.equal(del.type, 'done', JSON.stringify(del));
   // Deleted: nothing uses this source any more, its permission is given back too.
