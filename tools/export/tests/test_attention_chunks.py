@@ -1,5 +1,5 @@
 """Attention computed in chunks of query rows (`imagine_core::graph::attention::chunk_attention`), natively
-(`cargo run -p imagine-core --example chunk_attention`): the memory plan's graph edit, which keeps each
+(`cargo run -p imagine-core --example edit_graph -- chunk-attention`): the memory plan's graph edit, which keeps each
 layer's attention scores within ONNX Runtime Web's largest cached GPU buffer. The chunked graph must
 compute what the original computes: the tiny packs' transformers in 2 and 3 chunks of their 40 tokens
 (3 does not divide 40: ONNX Runtime's Split makes parts of 14, 14 and 12) on ONNX Runtime's CPU, and
@@ -20,7 +20,7 @@ from test_attention_fusion import HEAD, HEADS, attention_graph, cosine, ops, run
 
 
 def chunk(model, out, chunks):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "chunk_attention", "--", model, out, str(chunks)]
+    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", "chunk-attention", model, out, str(chunks)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return int(r.stdout)

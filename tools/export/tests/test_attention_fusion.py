@@ -1,5 +1,5 @@
 """Attention fused into `com.microsoft` MultiHeadAttention (`imagine_core::graph::attention`), natively
-(`cargo run -p imagine-core --example fuse_attention`): the stage worker's graph edit before a WebGPU
+(`cargo run -p imagine-core --example edit_graph -- fuse-attention`): the stage worker's graph edit before a WebGPU
 session. On ONNX Runtime's CPU the fused graph must compute what the original computes: the tiny packs'
 transformers (the exporter's pattern: query and key each scaled, the key transposed by Reshape, swap,
 Reshape), and small graphs for the other ways a key can be transposed and a score scaled. What the
@@ -19,7 +19,7 @@ from conftest import REPO
 
 
 def fuse(model, out):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "fuse_attention", "--", model, out]
+    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", "fuse-attention", model, out]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return int(r.stdout)

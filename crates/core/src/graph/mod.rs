@@ -16,8 +16,10 @@
 
 pub mod attention;
 mod float32;
+mod nodes;
 mod ops;
 pub mod pack_conversion;
+pub mod projections;
 mod proto;
 pub mod reblock;
 mod shapes;

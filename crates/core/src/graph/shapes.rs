@@ -1,7 +1,7 @@
 //! Each tensor's type and shape at a given latent size, inferred operator by operator, with the
 //! values of the small integer tensors that compute shapes: what [`super::split`] sizes a piece by.
 
-use super::attention::small_values;
+use super::nodes::small_values;
 use super::proto::{read_tensor, Node};
 use crate::onnx::fields::*;
 

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use super::attention::small_values;
+use super::nodes::small_values;
 use super::ops::domain_name;
 use super::proto::{bytes_field, model_graph, read_tensor, value_info_name, varint_field, with_graph};
 use super::proto::{read_node, Node};

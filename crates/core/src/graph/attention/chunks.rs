@@ -2,6 +2,8 @@
 //! cached buffer, so that they are reused rather than piled up (see `crate::gpu_memory`).
 
 use super::*;
+use crate::graph::nodes::initializer_name;
+use crate::graph::proto::{edit_message, value_info_name, Edit, Node};
 
 /// The first default-domain opset with `Split`'s `num_outputs` (parts of `ceil(n / C)`, the last
 /// smaller): one node, no shape arithmetic.

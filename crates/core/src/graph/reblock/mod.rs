@@ -423,7 +423,7 @@ impl<'a> Stored<'a> {
     }
 }
 
-fn element_size(data_type: u64) -> Option<u64> {
+pub(super) fn element_size(data_type: u64) -> Option<u64> {
     match data_type {
         UINT8 | INT8 => Some(1),
         FLOAT16 | BFLOAT16 => Some(2),

@@ -15,6 +15,7 @@ use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 
 mod attention;
 mod float32;
+mod projections;
 mod reblock;
 mod tables;
 
@@ -161,7 +162,7 @@ pub(super) fn model(graph_fields: &[(u64, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// [`model`] importing the default domain at `version` (none given when `None`).
-fn model_with_opset(graph_fields: &[(u64, Vec<u8>)], version: Option<u64>) -> Vec<u8> {
+pub(super) fn model_with_opset(graph_fields: &[(u64, Vec<u8>)], version: Option<u64>) -> Vec<u8> {
     let mut g = Vec::new();
     for (n, payload) in graph_fields {
         put_bytes_field(&mut g, *n, payload);
