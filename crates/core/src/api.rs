@@ -177,6 +177,9 @@ pub struct GenerateRequest {
     /// (its flash attention) on WebGPU (`crate::graph::attention`); by default it runs as exported, node by
     /// node, which measured faster (BENCHMARKS.md).
     pub fuse_attention: Option<bool>,
+    /// For benchmarks and tests: `true` computes the transformer's wide projections per part on WebGPU
+    /// (`crate::graph::projections`); by default as the GPU memory plan says.
+    pub projections_per_part: Option<bool>,
     /// For benchmarks and tests: the decoder runs on WebGPU as a chain of pieces of at most this many
     /// bytes each (`crate::graph::split`), the GPU awaited between them; by default as the GPU
     /// memory plan says (whole, unless the budget needs it).
@@ -424,6 +427,10 @@ pub struct StageTimings {
     /// Attentions computed in chunks of queries to hold less GPU memory (`crate::graph::attention::chunk_attention`).
     #[serde(default)]
     pub chunked_attention: u32,
+    /// Projections computed per part to hold less GPU memory (`crate::graph::projections`); left out
+    /// of the JSON when none, as results written before it were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parted_projections: u32,
     /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
     /// GPU memory (`crate::graph::split`); 0 when the stage did not run.
     #[serde(default)]
@@ -621,3 +628,7 @@ impl Sender {
 
 #[cfg(test)]
 mod tests;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}

@@ -262,6 +262,10 @@ fn coefficients(stage: Stage, precision: Precision) -> Coefficients {
 /// (query, key and value, 3 x 3072, and the gated MLP's two halves, 2 x 9216).
 const TRANSFORMER_WIDEST: u64 = 27_648;
 
+/// The widest with the projections computed per part: a single-stream block's second projection reads
+/// the attention's output and the MLP's, 3072 + 9216.
+const TRANSFORMER_WIDEST_PER_PART: u64 = 12_288;
+
 /// What ORT's simple cache (`keepBuffers`: every buffer kept between runs) adds to a stage's working
 /// memory: measured +9 % (float16) and +17 % (float32) of the whole GPU at 1024x1024, most of it the
 /// working part.
@@ -275,6 +279,9 @@ pub struct Levers {
     pub keep_buffers: bool,
     /// The transformer's attention is computed in this many chunks of queries (1: whole).
     pub attention_chunks: u32,
+    /// The transformer's wide projections are computed per part (`graph::projections`).
+    #[serde(default)]
+    pub projections_per_part: bool,
     /// The decoder runs as a chain of pieces of at most this many bytes each
     /// (`graph::split`; `None`: whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,7 +290,12 @@ pub struct Levers {
 
 impl Levers {
     /// Nothing changed: the graphs as exported, ORT's default cache.
-    pub const NONE: Levers = Levers { keep_buffers: false, attention_chunks: 1, decoder_piece_bytes: None };
+    pub const NONE: Levers = Levers {
+        keep_buffers: false,
+        attention_chunks: 1,
+        projections_per_part: false,
+        decoder_piece_bytes: None,
+    };
 }
 
 /// The least a split decoder holds per pixel of the image: its last up-block's single nodes hold
@@ -327,9 +339,11 @@ impl Job {
         TRANSFORMER_HEADS * self.tokens() * self.tokens() * self.precision.bytes()
     }
 
-    /// Bytes of the transformer's widest per-layer tensor ([`TRANSFORMER_WIDEST`]).
-    fn transformer_wide(&self) -> u64 {
-        self.tokens() * TRANSFORMER_WIDEST * self.precision.bytes()
+    /// Bytes of the transformer's widest per-layer tensor ([`TRANSFORMER_WIDEST`], or
+    /// [`TRANSFORMER_WIDEST_PER_PART`] with the projections per part).
+    fn transformer_wide(&self, per_part: bool) -> u64 {
+        let width = if per_part { TRANSFORMER_WIDEST_PER_PART } else { TRANSFORMER_WIDEST };
+        self.tokens() * width * self.precision.bytes()
     }
 
     /// Bytes of the decoder's attention scores: one head over every pixel of its 8x8-smaller input,
@@ -348,7 +362,11 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
         Stage::TextEncoder => (0, 0, 0),
         Stage::Transformer => {
             let chunk = job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1)));
-            (0, if uncached(chunk) > 0 { c.score_pile } else { 0 }, uncached(job.transformer_wide()))
+            (
+                0,
+                if uncached(chunk) > 0 { c.score_pile } else { 0 },
+                uncached(job.transformer_wide(levers.projections_per_part)),
+            )
         }
         Stage::Decoder => (job.decoder_scores(), 0, 0),
     };
@@ -416,7 +434,8 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         return MemoryPlan { ahead: wanted.ahead, keep: wanted.keep, levers, peak, fits: true };
     };
     let lean_levers = Levers::NONE;
-    let chunked = Levers { attention_chunks: attention_chunks(job), ..Levers::NONE };
+    let chunked =
+        Levers { attention_chunks: attention_chunks(job), projections_per_part: true, ..Levers::NONE };
     // The decoder alone on the GPU may use what its weights leave of the budget.
     let piece = ((budget.saturating_sub(weights.decoder) as f64 / DECODER_PIECE_OVERRUN) as u64)
         .max(MIN_DECODER_PIECE_BYTES);
@@ -517,6 +536,7 @@ impl MemoryFacts {
         let levers = Levers {
             keep_buffers: replanned.levers.keep_buffers,
             attention_chunks: failed.levers.attention_chunks.max(replanned.levers.attention_chunks),
+            projections_per_part: true,
             decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
         };
         let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);

@@ -124,6 +124,10 @@ pub struct GenerateParams {
     /// `GenerateRequest::fuse_attention`).
     #[serde(default)]
     pub fuse_attention: bool,
+    /// The transformer's wide projections computed per part on WebGPU, so that their whole output never
+    /// exists (`GenerateRequest::projections_per_part`, or the memory plan's).
+    #[serde(default)]
+    pub projections_per_part: bool,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
     pub private: bool,
@@ -206,6 +210,12 @@ impl GenerateParams {
         self.fuse_attention && graph == Graph::Transformer
     }
 
+    /// Whether `graph`'s wide projections are computed per part
+    /// ([`GenerateParams::projections_per_part`]): the transformer's only.
+    pub fn parts_projections(&self, graph: Graph) -> bool {
+        self.projections_per_part && graph == Graph::Transformer
+    }
+
     /// What `graph`'s session is made with besides its graph and backend: a stage loaded with other
     /// options is not reused for these parameters.
     pub fn session_options(&self, graph: Graph) -> SessionOptions {
@@ -213,6 +223,7 @@ impl GenerateParams {
             keep_buffers: self.keeps_buffers(graph),
             accuracy_level: self.accuracy_level,
             fuse_attention: self.fuses_attention(graph),
+            projections_per_part: self.parts_projections(graph),
             attention_chunks: self.attention_chunks(graph),
             decoder_piece_bytes: self.decoder_piece_bytes(graph),
         }
@@ -245,6 +256,8 @@ pub struct SessionOptions {
     pub accuracy_level: Option<u8>,
     /// The attention fused into `MultiHeadAttention`.
     pub fuse_attention: bool,
+    /// The wide projections computed per part.
+    pub projections_per_part: bool,
     /// The attention computed in this many chunks of queries.
     pub attention_chunks: u32,
     /// The graph run as a chain of pieces of at most this many bytes.
@@ -411,6 +424,7 @@ impl GenerateRequest {
             accuracy_level,
             keep_buffers: self.keep_buffers.unwrap_or(width * height > KEEP_BUFFERS_ABOVE_PIXELS),
             fuse_attention: self.fuse_attention.unwrap_or(false),
+            projections_per_part: self.projections_per_part.unwrap_or(false),
             private: self.private,
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,
@@ -590,6 +604,7 @@ mod tests {
                 accuracy_level: None,
                 keep_buffers: false,
                 fuse_attention: false,
+                projections_per_part: false,
                 private: false,
                 attention_chunks: 1,
                 decoder_piece_bytes: None,

@@ -3,7 +3,8 @@
 // independent Python reference on the same graphs (ORT on the CPU). On WebGPU the graphs re-blocked to
 // 32 at install are what the stages load, and a pack installed without them (by an older version)
 // makes the same image by re-blocking while it loads, then stores the form it re-blocked. The decoder cut
-// into a chain of pieces makes the whole decoder's image.
+// into a chain of pieces and the transformer's projections computed per part make the whole graphs'
+// image.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
@@ -59,16 +60,21 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     if (backend === 'wasm') return;
     assert.deepEqual(graphFiles(result), { textEncoder: B32.text_encoder_q4, transformer: B32.transformer_q8, decoder: 'vae_decoder.onnx' });
 
-    // The decoder cut into a chain of pieces (as the memory plan cuts it for a small GPU) makes the
-    // whole decoder's image, within the tolerance (the prompt's embeddings are cached now).
-    const split = await h.generateOk(b.page, { ...req, decoderPieceBytes: 40_000_000 }, 600_000);
-    const pieces = split.result.timings.stages.find((s) => s.stage === 'decoder').pieces;
+    // The decoder cut into a chain of pieces and the transformer's wide projections computed per part
+    // (as the memory plan cuts them for a small GPU) make the whole graphs' image, within the tolerance
+    // (the prompt's embeddings are cached now).
+    const split = await h.generateOk(b.page, { ...req, decoderPieceBytes: 40_000_000, projectionsPerPart: true }, 600_000);
+    const stage = (r, name) => r.timings.stages.find((s) => s.stage === name);
+    const pieces = stage(split.result, 'decoder').pieces;
     assert.ok(pieces >= 3, `the decoder ran as ${pieces} pieces`);
-    assert.equal(result.timings.stages.find((s) => s.stage === 'decoder').pieces, 1);
+    assert.equal(stage(result, 'decoder').pieces, 1);
+    // The double-stream block's two gated MLPs and the single-stream block's fused projection.
+    assert.equal(stage(split.result, 'transformer').partedProjections, 3);
+    assert.equal(stage(result, 'transformer').partedProjections, undefined);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
     const compared = await h.run('python3', ['tests/reference/compare.py', files.png, splitFiles.png, '--tol', String(TOLERANCE[activations])]);
     assert.equal(compared.code, 0, `the split decoder's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
-    console.log(`decoder in ${pieces} pieces against whole: ${compared.stdout.trim()}`);
+    console.log(`decoder in ${pieces} pieces, projections per part, against whole: ${compared.stdout.trim()}`);
 
     // The same pack as an older version installed it, without the stored forms: the transformer is
     // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.

@@ -315,6 +315,9 @@ pub struct StageTiming {
     /// Attentions computed in chunks of queries (`GenerateParams::attention_chunks`).
     #[serde(default)]
     pub chunked_attention: u32,
+    /// Projections computed per part (`GenerateParams::projections_per_part`).
+    #[serde(default)]
+    pub parted_projections: u32,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).
     #[serde(default)]
     pub pieces: u32,

@@ -43,7 +43,7 @@ fn split(inputs: &[&str], outputs: &[&str], axis: i64) -> Vec<u8> {
     node("cut", "", "Split", inputs, outputs, &[attr_int("axis", axis as u64)])
 }
 
-fn initializer<'m>(model: &'m [u8], name: &str) -> Option<Vec<u8>> {
+fn initializer(model: &[u8], name: &str) -> Option<Vec<u8>> {
     graph_fields(model, GRAPH_INITIALIZER)
         .into_iter()
         .find(|t| crate::graph::proto::read_tensor(t).is_ok_and(|t| t.name == name))

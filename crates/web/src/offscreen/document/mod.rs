@@ -435,11 +435,13 @@ fn begin_job(pack: &Option<String>) -> (bool, bool) {
     })
 }
 
-/// `params` with the levers of the memory plan `memory`; a decoder piece size the job asks for wins.
+/// `params` with the levers of the memory plan `memory`; a decoder piece size or projections per part
+/// the job asks for win.
 fn with_levers(params: &GenerateParams, memory: &MemoryPlan) -> GenerateParams {
     GenerateParams {
         keep_buffers: memory.levers.keep_buffers,
         attention_chunks: memory.levers.attention_chunks,
+        projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
         decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
         ..params.clone()
     }
@@ -524,6 +526,7 @@ impl Tries<'_> {
         let params = &GenerateParams {
             keep_buffers: false,
             attention_chunks: memory.levers.attention_chunks,
+            projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
             decoder_piece_bytes: memory.levers.decoder_piece_bytes,
             ..params.clone()
         };

@@ -16,6 +16,8 @@ pub(super) struct Stage {
     pub(super) fuse_attention: bool,
     /// Its attention is computed in this many chunks of queries (`GenerateParams::attention_chunks`).
     pub(super) attention_chunks: u32,
+    /// Its wide projections are computed per part (`GenerateParams::parts_projections`).
+    pub(super) projections_per_part: bool,
     /// It runs as a chain of pieces of at most this many bytes (`GenerateParams::decoder_piece_bytes`).
     pub(super) piece_bytes: Option<u64>,
     pub(super) session: Loaded,
@@ -85,7 +87,7 @@ impl Stage {
             .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
         let tables = open_tables(&dir, &name, taken_out).await?;
         let (mut external, files) = external_data(&dir, &name, &bytes).await?;
-        let (mut reblocked_at_load, mut fused_attention, mut chunked_attention) = (false, 0, 0);
+        let (mut reblocked_at_load, mut edited) = (false, Edited::default());
         let (bytes, provider) = match backend {
             Backend::Wasm => (bytes, Provider::Wasm),
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::graph::reblock`).
@@ -96,7 +98,7 @@ impl Stage {
                 };
                 reblocked_at_load = computed.is_some();
                 external.extend(computed);
-                (bytes, fused_attention, chunked_attention) = edited_for_webgpu(bytes, graph, params)
+                (bytes, edited) = edited_for_webgpu(bytes, graph, params)
                     .map_err(|source| StageWorkerError::GraphEdit { graph: name.clone(), source })?;
                 let channels_first = adapter.is_some_and(|a| a.cpu_backed);
                 let keep_buffers = params.keeps_buffers(graph);
@@ -130,8 +132,9 @@ impl Stage {
             reblocked_at_load,
             checked_form,
             stored_form_check_ms: check_ms + hash_ms,
-            fused_attention: fused_attention as u32,
-            chunked_attention: chunked_attention as u32,
+            fused_attention: edited.fused_attention,
+            chunked_attention: edited.chunked_attention,
+            parted_projections: edited.parted_projections,
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
@@ -151,6 +154,7 @@ impl Stage {
             keep_buffers: params.keeps_buffers(graph),
             fuse_attention: params.fuses_attention(graph),
             attention_chunks: params.attention_chunks(graph),
+            projections_per_part: params.parts_projections(graph),
             piece_bytes: params.decoder_piece_bytes(graph),
             session,
             inputs,
@@ -179,6 +183,7 @@ impl Stage {
                 && stage.keep_buffers == params.keeps_buffers(graph)
                 && stage.fuse_attention == params.fuses_attention(graph)
                 && stage.attention_chunks == params.attention_chunks(graph)
+                && stage.projections_per_part == params.parts_projections(graph)
                 && stage.piece_bytes == params.decoder_piece_bytes(graph)
         };
         match kept.take() {
@@ -187,6 +192,7 @@ impl Stage {
                     graph_file: std::mem::take(&mut stage.timing.graph_file),
                     fused_attention: stage.timing.fused_attention,
                     chunked_attention: stage.timing.chunked_attention,
+                    parted_projections: stage.timing.parted_projections,
                     pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -424,25 +430,40 @@ async fn create_session(
     }
 }
 
-/// `bytes` as `params` ask for them on WebGPU: every `MatMulNBits` at their accuracy level, the
-/// attention fused or in chunks; with how many attentions were fused and chunked.
+/// What [`edited_for_webgpu`] changed in a graph.
+#[derive(Default)]
+struct Edited {
+    fused_attention: u32,
+    chunked_attention: u32,
+    parted_projections: u32,
+}
+
+/// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
+/// or chunked, the wide projections per part.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
     params: &GenerateParams,
-) -> Result<(Vec<u8>, usize, usize), imagine_core::graph::RewriteError> {
-    let (mut fused, mut chunked) = (0, 0);
+) -> Result<(Vec<u8>, Edited), imagine_core::graph::RewriteError> {
+    let mut edited = Edited::default();
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     if let Some(level) = params.accuracy_level {
         bytes = reblock::with_accuracy_level(&bytes, level)?.0;
     }
     if params.fuses_attention(graph) {
-        (bytes, fused) = attention::fuse_attention(&bytes)?;
+        let (fused, n) = attention::fuse_attention(&bytes)?;
+        (bytes, edited.fused_attention) = (fused, count(n));
     }
     let chunks = params.attention_chunks(graph);
     if chunks > 1 {
-        (bytes, chunked) = attention::chunk_attention(&bytes, chunks)?;
+        let (chunked, n) = attention::chunk_attention(&bytes, chunks)?;
+        (bytes, edited.chunked_attention) = (chunked, count(n));
     }
-    Ok((bytes, fused, chunked))
+    if params.parts_projections(graph) {
+        let (parted, n) = projections::per_part(&bytes)?;
+        (bytes, edited.parted_projections) = (parted, count(n));
+    }
+    Ok((bytes, edited))
 }
 
 /// Lets a test make a stage's session fail to be created once, as a GPU out of memory would, or run
