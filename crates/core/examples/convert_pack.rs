@@ -144,6 +144,31 @@ fn write_converted(dir: &Path, plan: &GraphPlan, sources: &mut HashMap<String, F
     Ok(written + plan.rewrite.graph.len() as u64)
 }
 
+/// Every graph of `plans` converted and written, each with a line saying what it wrote; the bytes
+/// written.
+fn write_all(dir: &Path, plans: &[GraphPlan]) -> Result<u64, String> {
+    let mut sources: HashMap<String, File> = HashMap::new();
+    let mut written = 0u64;
+    for plan in plans {
+        let tg = Instant::now();
+        written += write_converted(dir, plan, &mut sources)?;
+        let p = &plan.rewrite.plan;
+        println!(
+            "{}: {} tensors into {} new files ({} B), {} inline, {} lookups, float32 I/O {:?}, external data {:?}; {:.2} s",
+            converted_graph_name(plan.graph),
+            p.copies.len(),
+            p.new_files.len(),
+            p.new_files.iter().map(|f| f.size).sum::<u64>(),
+            p.inline_converted,
+            p.lookups.len(),
+            p.float32_io,
+            p.graph_files,
+            tg.elapsed().as_secs_f64()
+        );
+    }
+    Ok(written)
+}
+
 fn run() -> Result<(), String> {
     let Args { dir, limits, json } = Args::parse()?;
     let dir = Path::new(&dir);
@@ -168,25 +193,7 @@ fn run() -> Result<(), String> {
     );
 
     let t1 = Instant::now();
-    let mut sources: HashMap<String, File> = HashMap::new();
-    let mut written = 0u64;
-    for plan in &plans {
-        let tg = Instant::now();
-        written += write_converted(dir, plan, &mut sources)?;
-        let p = &plan.rewrite.plan;
-        println!(
-            "{}: {} tensors into {} new files ({} B), {} inline, {} lookups, float32 I/O {:?}, external data {:?}; {:.2} s",
-            converted_graph_name(plan.graph),
-            p.copies.len(),
-            p.new_files.len(),
-            p.new_files.iter().map(|f| f.size).sum::<u64>(),
-            p.inline_converted,
-            p.lookups.len(),
-            p.float32_io,
-            p.graph_files,
-            tg.elapsed().as_secs_f64()
-        );
-    }
+    let written = write_all(dir, &plans)?;
     let write_s = t1.elapsed().as_secs_f64();
     let record = ConversionRecord::new(&plans, limits);
     let total_s = t0.elapsed().as_secs_f64();

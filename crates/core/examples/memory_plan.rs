@@ -7,8 +7,8 @@ fn main() {
     let sizes = [(512, 512), (768, 1024), (1024, 768), (1024, 1024)];
     // 7 GB: what the probe leaves of a GPU with 8 GB free (90 % of what it could allocate).
     let budgets = [None, Some(16), Some(12), Some(8), Some(7), Some(6), Some(4)];
-    println!("| path | size | budget | plan | attention chunks | decoder pieces of | peak (GB) | fits |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| path | size | budget | plan | attention chunks | projections | decoder pieces of | peak (GB) | fits |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for precision in [Precision::Float16, Precision::Float32] {
         let facts = MemoryFacts { weights: StageWeights::PUBLISHED, precision };
         for (width, height) in sizes {
@@ -26,9 +26,10 @@ fn main() {
                     .decoder_piece_bytes
                     .map_or("whole".to_owned(), |b| format!("{:.1} GB", b as f64 / GB as f64));
                 println!(
-                    "| {precision:?} | {width}x{height} | {} | {loading} | {} | {pieces} | {:.1} | {} |",
+                    "| {precision:?} | {width}x{height} | {} | {loading} | {} | {} | {pieces} | {:.1} | {} |",
                     budget.map_or("none".to_owned(), |gb| format!("{gb} GB")),
                     plan.levers.attention_chunks,
+                    if plan.levers.projections_per_part { "per part" } else { "whole" },
                     plan.peak as f64 / GB as f64,
                     if plan.fits { "yes" } else { "no" },
                 );

@@ -22,8 +22,8 @@ use half::f16;
 use imagine_core::api::GenerateRequest;
 use imagine_core::pack::{self, Graph};
 use imagine_core::{
-    decode, denoise, encode_image, encode_prompt, DType, DenoiseParams, Dim, PromptEncoder, Session,
-    SessionError, Tensor, TensorData, TensorInfo,
+    decode, denoise, encode_image, encode_prompt, DType, DenoiseParams, Dim, EncodedPrompt, GenerateParams,
+    PromptEncoder, Session, SessionError, Tensor, TensorData, TensorInfo,
 };
 use serde_json::{json, Value};
 
@@ -284,66 +284,16 @@ fn run() -> Result<(), String> {
     let request: GenerateRequest =
         serde_json::from_str(&args.request).map_err(|e| format!("--request: {e}"))?;
     let params = request.validate(0).map_err(|e| e.to_string())?;
-    let read = |name: &str| {
-        let path = format!("{}/{name}", args.tokenizer_dir);
-        std::fs::read(&path).map_err(|e| format!("{path}: {e}"))
-    };
-    let started = Instant::now();
-    let encoder = PromptEncoder::new(&read("tokenizer.json")?, &read("tokenizer_config.json")?)
-        .map_err(|e| e.to_string())?;
-    let prompt = encoder.encode(&params.prompt).map_err(|e| e.to_string())?;
-    let tokenizer_ms = started.elapsed().as_secs_f64() * 1e3;
+    let (prompt, tokenizer_ms) = encoded(&args, &params)?;
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out))?;
 
     let mut wire = Wire { input: io::stdin().lock(), output: io::stdout().lock() };
-    let dp = DenoiseParams {
-        width: params.width,
-        height: params.height,
-        steps: params.steps,
-        seed: params.seed,
-        schedule: params.schedule,
-    };
-    let meta = params.image(0);
     let mut images = Vec::new();
     let mut trace = json!({});
     for (i, plan) in args.plan.iter().enumerate() {
-        let keep = kept(plan)?;
-        mark(&mut wire, "image-start", i, json!({"plan": plan}))?;
-        let image_started = Instant::now();
-        let mut waited = 0.0;
-
-        let mut session = Remote::open(&mut wire, &args.pack, Graph::TextEncoder)?;
-        let embeddings = block_on(encode_prompt(&mut session, &prompt)).map_err(|e| e.to_string())?;
-        waited += session.close(keep.contains(&Graph::TextEncoder))?;
-
-        let mut session = Remote::open(&mut wire, &args.pack, Graph::Transformer)?;
-        let denoised = block_on(denoise(&mut session, embeddings, &dp, |_| ())).map_err(|e| e.to_string())?;
-        waited += session.close(keep.contains(&Graph::Transformer))?;
-
-        let mut session = Remote::open(&mut wire, &args.pack, Graph::Decoder)?;
-        let sample = block_on(decode(&mut session, &denoised.latents, params.width, params.height))
-            .map_err(|e| e.to_string())?;
-        waited += session.close(keep.contains(&Graph::Decoder))?;
-
-        let png = encode_image(&sample, &meta).map_err(|e| e.to_string())?;
-        let path = format!("{}/image-{i}.png", args.out);
-        std::fs::write(&path, &png).map_err(|e| format!("{path}: {e}"))?;
-        let total_ms = image_started.elapsed().as_secs_f64() * 1e3;
-        let finite = denoised.latents.iter().all(|v| v.is_finite()) && sample.iter().all(|v| v.is_finite());
-        mark(
-            &mut wire,
-            "image-end",
-            i,
-            json!({"core_total_ms": total_ms, "core_waiting_ms": waited, "png_bytes": png.len(), "finite": finite}),
-        )?;
-        images.push(
-            json!({"plan": plan, "total_ms": total_ms, "waiting_for_runs_ms": waited, "finite": finite}),
-        );
-        trace = json!({
-            "sigmas": denoised.sigmas,
-            "noise_first8": &denoised.noise[..8],
-            "latents_first8": &denoised.latents[..8],
-        });
+        let (image, image_trace) = make_image(&mut wire, &args, &params, &prompt, i, plan)?;
+        images.push(image);
+        trace = image_trace;
     }
     let summary = json!({
         "params": params,
@@ -361,4 +311,72 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("{path}: {e}"))?;
     wire.send(&json!({"op": "done"}), &[]).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The prompt's token ids, by the extension's tokenizer files, and how long that took (ms).
+fn encoded(args: &Args, params: &GenerateParams) -> Result<(EncodedPrompt, f64), String> {
+    let read = |name: &str| {
+        let path = format!("{}/{name}", args.tokenizer_dir);
+        std::fs::read(&path).map_err(|e| format!("{path}: {e}"))
+    };
+    let started = Instant::now();
+    let encoder = PromptEncoder::new(&read("tokenizer.json")?, &read("tokenizer_config.json")?)
+        .map_err(|e| e.to_string())?;
+    let prompt = encoder.encode(&params.prompt).map_err(|e| e.to_string())?;
+    Ok((prompt, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Image `i`: the three stages over the bridge, the stages `plan` names kept loaded after it; its PNG
+/// written; what the summary says of it, and its trace.
+fn make_image(
+    wire: &mut Wire,
+    args: &Args,
+    params: &GenerateParams,
+    prompt: &EncodedPrompt,
+    i: usize,
+    plan: &str,
+) -> Result<(Value, Value), String> {
+    let keep = kept(plan)?;
+    mark(wire, "image-start", i, json!({"plan": plan}))?;
+    let image_started = Instant::now();
+    let mut waited = 0.0;
+    let dp = DenoiseParams {
+        width: params.width,
+        height: params.height,
+        steps: params.steps,
+        seed: params.seed,
+        schedule: params.schedule,
+    };
+
+    let mut session = Remote::open(wire, &args.pack, Graph::TextEncoder)?;
+    let embeddings = block_on(encode_prompt(&mut session, prompt)).map_err(|e| e.to_string())?;
+    waited += session.close(keep.contains(&Graph::TextEncoder))?;
+
+    let mut session = Remote::open(wire, &args.pack, Graph::Transformer)?;
+    let denoised = block_on(denoise(&mut session, embeddings, &dp, |_| ())).map_err(|e| e.to_string())?;
+    waited += session.close(keep.contains(&Graph::Transformer))?;
+
+    let mut session = Remote::open(wire, &args.pack, Graph::Decoder)?;
+    let sample = block_on(decode(&mut session, &denoised.latents, params.width, params.height))
+        .map_err(|e| e.to_string())?;
+    waited += session.close(keep.contains(&Graph::Decoder))?;
+
+    let png = encode_image(&sample, &params.image(0)).map_err(|e| e.to_string())?;
+    let path = format!("{}/image-{i}.png", args.out);
+    std::fs::write(&path, &png).map_err(|e| format!("{path}: {e}"))?;
+    let total_ms = image_started.elapsed().as_secs_f64() * 1e3;
+    let finite = denoised.latents.iter().all(|v| v.is_finite()) && sample.iter().all(|v| v.is_finite());
+    mark(
+        wire,
+        "image-end",
+        i,
+        json!({"core_total_ms": total_ms, "core_waiting_ms": waited, "png_bytes": png.len(), "finite": finite}),
+    )?;
+    let image = json!({"plan": plan, "total_ms": total_ms, "waiting_for_runs_ms": waited, "finite": finite});
+    let trace = json!({
+        "sigmas": denoised.sigmas,
+        "noise_first8": &denoised.noise[..8],
+        "latents_first8": &denoised.latents[..8],
+    });
+    Ok((image, trace))
 }
