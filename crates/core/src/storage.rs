@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{PackFile, PackPlan, PackSource};
 use crate::graph::pack_conversion::{converted_graph_name, ConversionRecord, CONVERSION_STATE_FILE};
-use crate::graph::reblock::{Block32Graph, Block32Record, COMPUTED_DATA};
+use crate::graph::reblock::{ReblockedGraph, ReblockedRecord, COMPUTED_DATA};
 use crate::pack::Graph;
 
 /// The directory of both slots and the state file.
@@ -53,7 +53,7 @@ pub fn reserved_name(path: &str) -> Option<&'static str> {
         .iter()
         .flat_map(|&graph| [graph.file_name(), converted_graph_name(graph)])
         .flat_map(|graph| {
-            let (onnx, data) = Block32Graph::names(&graph);
+            let (onnx, data) = ReblockedGraph::names(&graph);
             [onnx, data]
         })
         .any(|name| name == path);
@@ -106,7 +106,7 @@ pub struct PackRecord {
     pub conversion: Option<ConversionRecord>,
     /// The graphs re-blocked for WebGPU and stored with the pack, if it was installed for WebGPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub block32: Option<Block32Record>,
+    pub block32: Option<ReblockedRecord>,
 }
 
 impl PackRecord {

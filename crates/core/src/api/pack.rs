@@ -128,7 +128,7 @@ pub struct PackStatus {
     /// Bytes of the graphs re-blocked to 32 stored beside it for WebGPU (`<stem>.b32.onnx`,
     /// `<stem>.b32.data`), when it has any.
     #[serde(default)]
-    pub block32_bytes: Option<u64>,
+    pub reblocked_bytes: Option<u64>,
     pub storage: StorageUse,
     /// A download that is running, paused or failed (resumable), if any.
     pub download: Option<DownloadProgress>,

@@ -354,7 +354,7 @@ pub enum DownloadCommand {
     Swap,
     /// Store the re-blocked forms of `graphs` (file names in the installed pack `commit`, which stages
     /// re-blocked while loading) with that pack, and add them to its record.
-    StoreBlock32 {
+    StoreReblocked {
         /// The installed pack's commit; another one installed meanwhile is left alone.
         commit: String,
         /// The graphs, as the stages loaded them.
@@ -373,8 +373,8 @@ pub enum DownloadReport {
     },
     /// Every file is verified; waiting for [`DownloadCommand::Swap`].
     SwapReady,
-    /// [`DownloadCommand::StoreBlock32`] is done (or found another pack installed).
-    Block32Stored,
+    /// [`DownloadCommand::StoreReblocked`] is done (or found another pack installed).
+    ReblockedStored,
     /// The pack is installed.
     Installed {
         /// The record of the installed pack.

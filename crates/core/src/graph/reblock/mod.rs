@@ -8,8 +8,8 @@
 //! every node computes the same function, and the pack's own files never change.
 //!
 //! The form a stage loads is made once, when a pack is installed for WebGPU, checked and stored beside
-//! it ([`Block32Graph`], [`Block32Record`], [`stored_bytes`] for the space check); a graph the record
-//! does not name is re-blocked as it loads ([`Block32Record::form`]). The wasm backend is left alone:
+//! it ([`ReblockedGraph`], [`ReblockedRecord`], [`stored_bytes`] for the space check); a graph the record
+//! does not name is re-blocked as it loads ([`ReblockedRecord::form`]). The wasm backend is left alone:
 //! its kernels have no such cliff. Tests: `graph/tests/reblock.rs` and
 //! `tools/export/tests/test_matmul_blocks.py` (the re-blocked tiny graphs against the originals on ORT).
 

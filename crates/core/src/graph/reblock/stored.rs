@@ -10,18 +10,18 @@ use crate::graph::RewriteError;
 /// WebGPU session reads it as it reads the pack's own files: nothing is computed while it loads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Block32Graph {
+pub struct ReblockedGraph {
     /// The graph it was made from, as a WebGPU stage chooses it: the pack's (`transformer.onnx`) or
     /// its float32 conversion (`transformer.f32.onnx`).
     pub graph: String,
-    /// The re-blocked graph, [`Block32Graph::names`]'s first.
+    /// The re-blocked graph, [`ReblockedGraph::names`]'s first.
     pub onnx: String,
-    /// The computed scales and zero points it reads, [`Block32Graph::names`]'s second.
+    /// The computed scales and zero points it reads, [`ReblockedGraph::names`]'s second.
     pub data: String,
     /// Bytes of the two files.
     pub bytes: u64,
-    /// Bytes of the graph file (the data file has the rest of [`Block32Graph::bytes`]); 0 in a record
-    /// of a version before it, whose forms are then made again ([`Block32Graph::check`]).
+    /// Bytes of the graph file (the data file has the rest of [`ReblockedGraph::bytes`]); 0 in a record
+    /// of a version before it, whose forms are then made again ([`ReblockedGraph::check`]).
     #[serde(default)]
     pub onnx_bytes: u64,
     /// SHA-256 of the graph file, lowercase hex.
@@ -88,10 +88,10 @@ impl PieceDigest {
     }
 }
 
-/// How a stored form differs from its record ([`Block32Graph::check`]): it is not loaded, and is made
+/// How a stored form differs from its record ([`ReblockedGraph::check`]): it is not loaded, and is made
 /// again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Block32Damage {
+pub enum ReblockedDamage {
     /// A file's length is not the recorded one (cut short, say).
     #[error("{file} is {found} bytes, {expected} were stored")]
     Length {
@@ -113,7 +113,7 @@ pub enum Block32Damage {
     Unchecked(String),
 }
 
-impl Block32Graph {
+impl ReblockedGraph {
     /// The stored files of `graph`'s re-blocked form: `<stem>.b32.onnx` and `<stem>.b32.data`.
     pub fn names(graph: &str) -> (String, String) {
         let stem = graph.strip_suffix(".onnx").unwrap_or(graph);
@@ -122,11 +122,11 @@ impl Block32Graph {
 
     /// The form of `graph` stored as `onnx` (these bytes) and `data` (`data_bytes` bytes, whose
     /// [`PieceDigest`] is `data_digest`).
-    pub fn new(graph: &str, onnx: &[u8], data_bytes: u64, data_digest: &[u8; 32]) -> Block32Graph {
+    pub fn new(graph: &str, onnx: &[u8], data_bytes: u64, data_digest: &[u8; 32]) -> ReblockedGraph {
         use sha2::{Digest, Sha256};
-        let (onnx_name, data) = Block32Graph::names(graph);
+        let (onnx_name, data) = ReblockedGraph::names(graph);
         let onnx_sha256: [u8; 32] = Sha256::digest(onnx).into();
-        Block32Graph {
+        ReblockedGraph {
             graph: graph.to_owned(),
             onnx: onnx_name,
             data,
@@ -145,16 +145,16 @@ impl Block32Graph {
         onnx_len: u64,
         data_len: u64,
         digests: Option<(&[u8; 32], &[u8; 32])>,
-    ) -> Result<(), Block32Damage> {
+    ) -> Result<(), ReblockedDamage> {
         if self.onnx_bytes == 0 || self.onnx_sha256.is_empty() || self.data_digest.is_empty() {
-            return Err(Block32Damage::Unchecked(self.onnx.clone()));
+            return Err(ReblockedDamage::Unchecked(self.onnx.clone()));
         }
         let data_bytes = self.bytes.saturating_sub(self.onnx_bytes);
         for (file, found, expected) in
             [(&self.onnx, onnx_len, self.onnx_bytes), (&self.data, data_len, data_bytes)]
         {
             if found != expected {
-                return Err(Block32Damage::Length { file: file.clone(), found, expected });
+                return Err(ReblockedDamage::Length { file: file.clone(), found, expected });
             }
         }
         if let Some((onnx, data)) = digests {
@@ -162,7 +162,7 @@ impl Block32Graph {
                 [(&self.onnx, onnx, &self.onnx_sha256), (&self.data, data, &self.data_digest)]
             {
                 if crate::hub::hex(digest) != *expected {
-                    return Err(Block32Damage::Checksum { file: file.clone() });
+                    return Err(ReblockedDamage::Checksum { file: file.clone() });
                 }
             }
         }
@@ -176,40 +176,40 @@ impl Block32Graph {
 /// (installed for the wasm backend, or by an older version), is re-blocked while it loads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Block32Record {
+pub struct ReblockedRecord {
     /// The stored forms.
-    pub graphs: Vec<Block32Graph>,
+    pub graphs: Vec<ReblockedGraph>,
     /// The graphs that have no node to re-block (the decoder), loaded as they are.
     #[serde(default)]
     pub unchanged: Vec<String>,
 }
 
-/// How a WebGPU stage gets `graph` re-blocked to 32, by [`Block32Record::form`].
+/// How a WebGPU stage gets `graph` re-blocked to 32, by [`ReblockedRecord::form`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Block32Form<'r> {
+pub enum ReblockedForm<'r> {
     /// Stored with the pack.
-    Stored(&'r Block32Graph),
+    Stored(&'r ReblockedGraph),
     /// It has no node to re-block.
     Unchanged,
     /// Not made at install: re-blocked in memory while it loads.
     AtLoad,
 }
 
-impl Block32Record {
+impl ReblockedRecord {
     /// The stored form made from `graph` (a file name of the pack or its conversion), if any.
-    pub fn graph(&self, graph: &str) -> Option<&Block32Graph> {
+    pub fn graph(&self, graph: &str) -> Option<&ReblockedGraph> {
         self.graphs.iter().find(|g| g.graph == graph)
     }
 
     /// How `graph` gets re-blocked when a pack with this record (or `None`: without one) is loaded.
-    pub fn form<'r>(record: Option<&'r Block32Record>, graph: &str) -> Block32Form<'r> {
+    pub fn form<'r>(record: Option<&'r ReblockedRecord>, graph: &str) -> ReblockedForm<'r> {
         match record {
             Some(record) => match record.graph(graph) {
-                Some(stored) => Block32Form::Stored(stored),
-                None if record.unchanged.iter().any(|g| g == graph) => Block32Form::Unchanged,
-                None => Block32Form::AtLoad,
+                Some(stored) => ReblockedForm::Stored(stored),
+                None if record.unchanged.iter().any(|g| g == graph) => ReblockedForm::Unchanged,
+                None => ReblockedForm::AtLoad,
             },
-            None => Block32Form::AtLoad,
+            None => ReblockedForm::AtLoad,
         }
     }
 
@@ -224,7 +224,7 @@ impl Block32Record {
 /// known before the weights are downloaded.
 pub fn stored_bytes(graph: &str, model: &[u8]) -> Result<u64, RewriteError> {
     let read = sources_to_read(model)?.into_iter().map(|r| (r.clone(), vec![0; r.length as usize])).collect();
-    let (_, data) = Block32Graph::names(graph);
+    let (_, data) = ReblockedGraph::names(graph);
     let reblocked = to_block_32_computed(model, &read, &data, &mut |_| {})?;
     Ok(if reblocked.changed == 0 { 0 } else { reblocked.graph.len() as u64 + reblocked.data_length })
 }
@@ -235,21 +235,21 @@ mod tests {
 
     #[test]
     fn a_graph_the_record_does_not_name_is_re_blocked_while_it_loads() {
-        let stored = Block32Graph::new("transformer_q8.f32.onnx", b"graph", 4, &[0; 32]);
+        let stored = ReblockedGraph::new("transformer_q8.f32.onnx", b"graph", 4, &[0; 32]);
         let record =
-            Block32Record { graphs: vec![stored.clone()], unchanged: vec!["vae_decoder.onnx".into()] };
+            ReblockedRecord { graphs: vec![stored.clone()], unchanged: vec!["vae_decoder.onnx".into()] };
         assert_eq!(
-            Block32Record::form(Some(&record), "transformer_q8.f32.onnx"),
-            Block32Form::Stored(&stored)
+            ReblockedRecord::form(Some(&record), "transformer_q8.f32.onnx"),
+            ReblockedForm::Stored(&stored)
         );
-        assert_eq!(Block32Record::form(Some(&record), "vae_decoder.onnx"), Block32Form::Unchanged);
+        assert_eq!(ReblockedRecord::form(Some(&record), "vae_decoder.onnx"), ReblockedForm::Unchanged);
         // Installed without shader-f16, loaded with it: the float16 graph was never re-blocked.
-        assert_eq!(Block32Record::form(Some(&record), "transformer_q8.onnx"), Block32Form::AtLoad);
+        assert_eq!(ReblockedRecord::form(Some(&record), "transformer_q8.onnx"), ReblockedForm::AtLoad);
         // Installed by a version before the record.
-        assert_eq!(Block32Record::form(None, "transformer_q8.f32.onnx"), Block32Form::AtLoad);
+        assert_eq!(ReblockedRecord::form(None, "transformer_q8.f32.onnx"), ReblockedForm::AtLoad);
         // `unchanged` may be absent: read as empty.
-        let old: Block32Record = serde_json::from_str(r#"{"graphs":[]}"#).unwrap();
-        assert_eq!(Block32Record::form(Some(&old), "vae_decoder.onnx"), Block32Form::AtLoad);
+        let old: ReblockedRecord = serde_json::from_str(r#"{"graphs":[]}"#).unwrap();
+        assert_eq!(ReblockedRecord::form(Some(&old), "vae_decoder.onnx"), ReblockedForm::AtLoad);
     }
 
     #[test]
@@ -284,7 +284,7 @@ mod tests {
         let mut pieces = PieceDigest::new();
         pieces.update(data);
         let digest = pieces.finalize();
-        let form = Block32Graph::new("transformer_q8.onnx", b"graph", data.len() as u64, &digest);
+        let form = ReblockedGraph::new("transformer_q8.onnx", b"graph", data.len() as u64, &digest);
         assert_eq!(
             (form.onnx.as_str(), form.data.as_str()),
             ("transformer_q8.b32.onnx", "transformer_q8.b32.data")
@@ -296,7 +296,7 @@ mod tests {
         // Cut short: found by its length alone.
         assert_eq!(
             form.check(5, 7, None),
-            Err(Block32Damage::Length { file: "transformer_q8.b32.data".into(), found: 7, expected: 15 })
+            Err(ReblockedDamage::Length { file: "transformer_q8.b32.data".into(), found: 7, expected: 15 })
         );
         // Same length, other bytes: found by the checksum.
         let mut pieces = PieceDigest::new();
@@ -304,13 +304,13 @@ mod tests {
         let other = pieces.finalize();
         assert_eq!(
             form.check(5, 15, Some((&onnx, &other))),
-            Err(Block32Damage::Checksum { file: "transformer_q8.b32.data".into() })
+            Err(ReblockedDamage::Checksum { file: "transformer_q8.b32.data".into() })
         );
         // A record of a version that stored no checksums: made again.
-        let old: Block32Graph = serde_json::from_str(
+        let old: ReblockedGraph = serde_json::from_str(
             r#"{"graph":"transformer_q8.onnx","onnx":"transformer_q8.b32.onnx","data":"transformer_q8.b32.data","bytes":20}"#,
         )
         .unwrap();
-        assert_eq!(old.check(5, 15, None), Err(Block32Damage::Unchecked("transformer_q8.b32.onnx".into())));
+        assert_eq!(old.check(5, 15, None), Err(ReblockedDamage::Unchecked("transformer_q8.b32.onnx".into())));
     }
 }

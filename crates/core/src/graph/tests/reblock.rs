@@ -212,9 +212,9 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
 
 #[test]
 fn the_stored_form_names_its_own_data_file_and_its_size_is_known_before_the_weights() {
-    use crate::graph::reblock::{stored_bytes, Block32Graph};
+    use crate::graph::reblock::{stored_bytes, ReblockedGraph};
     let m = external_scales_model();
-    let (onnx, data_name) = Block32Graph::names("transformer.f32.onnx");
+    let (onnx, data_name) = ReblockedGraph::names("transformer.f32.onnx");
     assert_eq!((onnx.as_str(), data_name.as_str()), ("transformer.f32.b32.onnx", "transformer.f32.b32.data"));
     let range = crate::graph::reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
     let read = HashMap::from([(range, floats(&(0..8).map(|i| i as f32).collect::<Vec<_>>()))]);

@@ -182,7 +182,11 @@ pub(super) async fn pack_status() -> PackStatus {
         installed: record.is_some(),
         bytes: record.as_ref().map_or(0, |r| r.bytes),
         converted_bytes: record.as_ref().and_then(|r| r.conversion.as_ref()).map(|c| c.bytes),
-        block32_bytes: record.as_ref().and_then(|r| r.block32.as_ref()).map(|b| b.bytes()).filter(|&b| b > 0),
+        reblocked_bytes: record
+            .as_ref()
+            .and_then(|r| r.block32.as_ref())
+            .map(|b| b.bytes())
+            .filter(|&b| b > 0),
         commit: record.as_ref().map(|r| r.commit.clone()),
         source: record.map(|r| r.source),
         storage: opfs::storage_use().await.unwrap_or_default(),

@@ -85,13 +85,13 @@ pub(super) fn note_checked(timing: &StageTiming) {
 }
 
 /// Has a download worker of its own store the re-blocked forms of `graphs`, which a stage of the job
-/// just done re-blocked while loading, with the installed pack `commit` (`download::store_block32`), so
+/// just done re-blocked while loading, with the installed pack `commit` (`download::store_reblocked`), so
 /// that the next loads read them: once, in the background, unless one is already at it, a download
 /// runs (whose new pack gets its own at install), the pack is being deleted, or the last store failed
 /// too recently ([`store_backoff_ms`]: a disk without room is not written to after every job). A
 /// failure costs nothing but the speed-up: logged. The store is given [`STORE_LIMIT_MS`]; a worker
 /// that has not reported by then is ended, and what it half-wrote removed.
-pub(super) fn store_block32(commit: &str, graphs: Vec<String>) {
+pub(super) fn store_reblocked(commit: &str, graphs: Vec<String>) {
     if !STATE.with_borrow(|state| store_may_start(state, commit)) {
         return;
     }
@@ -121,8 +121,8 @@ pub(super) fn store_block32(commit: &str, graphs: Vec<String>) {
             worker.terminate();
             return;
         }
-        let command = DownloadCommand::StoreBlock32 { commit: commit.clone(), graphs: graphs.clone() };
-        let outcome = run_store_block32(&worker, inbox, &sender, &command, limit_ms).await;
+        let command = DownloadCommand::StoreReblocked { commit: commit.clone(), graphs: graphs.clone() };
+        let outcome = run_store_reblocked(&worker, inbox, &sender, &command, limit_ms).await;
         end_store(&worker, outcome, &commit, &graphs).await;
     });
 }
@@ -190,8 +190,8 @@ impl std::fmt::Display for StoreFailed {
     }
 }
 
-/// [`store_block32`]'s worker, from its start to its one report, within `limit_ms`.
-pub(super) async fn run_store_block32(
+/// [`store_reblocked`]'s worker, from its start to its one report, within `limit_ms`.
+pub(super) async fn run_store_reblocked(
     worker: &Worker,
     mut inbox: mpsc::UnboundedReceiver<Incoming>,
     sender: &mpsc::UnboundedSender<Incoming>,
@@ -215,7 +215,7 @@ pub(super) async fn run_store_block32(
         };
     match report {
         Some(Incoming::Posted(posted)) => match protocol::read::<DownloadReport>(&posted) {
-            Ok((DownloadReport::Block32Stored, _)) => Ok(()),
+            Ok((DownloadReport::ReblockedStored, _)) => Ok(()),
             Ok((DownloadReport::Failed { error, .. }, _)) => Err(failed(error.error)),
             Ok(_) => Err(failed("an unexpected report".to_owned())),
             Err(e) => Err(failed(e.to_string())),
@@ -312,7 +312,7 @@ pub(super) async fn relay_install(mut inbox: mpsc::UnboundedReceiver<Incoming>) 
                 }
                 break Event::pack_failed(&OffscreenError::Reported(error), offline);
             }
-            Ok(DownloadReport::Block32Stored) => {}
+            Ok(DownloadReport::ReblockedStored) => {}
             Err(error) => break pack_failed(error.into()),
         }
     };

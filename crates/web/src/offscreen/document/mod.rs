@@ -146,7 +146,7 @@ struct State {
     /// install stopped).
     swap_pending: bool,
     /// The download worker that stores, with the installed pack, the forms of graphs a stage
-    /// re-blocked while loading ([`store_block32`]), while it runs. A pack swap or a deletion ends it.
+    /// re-blocked while loading ([`store_reblocked`]), while it runs. A pack swap or a deletion ends it.
     store: Option<(Worker, mpsc::UnboundedSender<Incoming>)>,
     /// Stores that failed in a row, and when the last one did: the next waits ([`store_backoff_ms`]).
     store_failures: u32,
@@ -608,7 +608,7 @@ async fn run_stages(
     reblocked_at_load.extend(decoded);
     decoder.end(plan.memory.keep);
     if let (Some(commit), false) = (pack, reblocked_at_load.is_empty()) {
-        store_block32(commit, reblocked_at_load);
+        store_reblocked(commit, reblocked_at_load);
     }
     Ok(())
 }

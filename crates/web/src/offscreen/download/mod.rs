@@ -25,7 +25,7 @@ use imagine_core::api::{DownloadProgress, DownloadState, InstallRequest, PackPla
 use imagine_core::graph::pack_conversion::{
     converted_graph_name, ConversionRecord, GraphPlan, CONVERSION_STATE_FILE,
 };
-use imagine_core::graph::reblock::{self, Block32Graph, Block32Record};
+use imagine_core::graph::reblock::{self, ReblockedGraph, ReblockedRecord};
 use imagine_core::graph::Limits;
 use imagine_core::hub::{self, DownloadRecord, GraphFiles, HashCheckpoint, HubError, RateMeter};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
@@ -248,9 +248,9 @@ pub fn download_worker_main() {
                     }
                 }),
                 Ok((DownloadCommand::Swap, _)) => allow_swap(),
-                Ok((DownloadCommand::StoreBlock32 { commit, graphs }, _)) => spawn_local(async move {
-                    match store_block32(&commit, &graphs).await {
-                        Ok(()) => send(&DownloadReport::Block32Stored),
+                Ok((DownloadCommand::StoreReblocked { commit, graphs }, _)) => spawn_local(async move {
+                    match store_reblocked(&commit, &graphs).await {
+                        Ok(()) => send(&DownloadReport::ReblockedStored),
                         Err(error) => fail(error),
                     }
                 }),
@@ -303,7 +303,7 @@ async fn install(
     let webgpu = request.backend.as_deref() != Some("wasm");
     let conversion = if webgpu { conversion_for_this_gpu(&graphs, &plan).await? } else { None };
     // The graphs WebGPU stages will load, re-blocked and stored once the files they read are there.
-    let block32_graphs = if webgpu {
+    let reblocked_graphs = if webgpu {
         webgpu_graphs(&graphs, conversion.as_ref().map(|(plans, _)| plans.as_slice()))
     } else {
         Vec::new()
@@ -327,7 +327,7 @@ async fn install(
         store.sequence = 0;
     }
     let made_here =
-        bytes_made_after_download(staging, &record, &graphs, &plan, &conversion, &block32_graphs).await?;
+        bytes_made_after_download(staging, &record, &graphs, &plan, &conversion, &reblocked_graphs).await?;
     check_room(record.remaining_bytes() + made_here).await?;
     let dir = opfs::slot_dir(staging, true).await?;
     store_fetched_graphs(&dir, &mut record, &graphs).await?;
@@ -340,8 +340,8 @@ async fn install(
     download.files().await?;
     // Closes the record files, which the swap removes.
     download.store.slots = None;
-    let block32_graphs = webgpu.then(|| block32_graphs.into_iter().map(|(name, _)| name).collect());
-    download.finish(staging, conversion, block32_graphs).await
+    let reblocked_graphs = webgpu.then(|| reblocked_graphs.into_iter().map(|(name, _)| name).collect());
+    download.finish(staging, conversion, reblocked_graphs).await
 }
 
 /// The installed pack, where it is `plan`'s, converted as `conversion` asks (an installed pack
@@ -380,12 +380,12 @@ impl Download {
     }
 
     /// After the last file is verified: the float32 conversion where `conversion` asks for it, the
-    /// re-blocked forms of `block32_graphs` (WebGPU only) stored, then the swap, once no job runs.
+    /// re-blocked forms of `reblocked_graphs` (WebGPU only) stored, then the swap, once no job runs.
     async fn finish(
         mut self,
         staging: Slot,
         conversion: Option<(Vec<GraphPlan>, Limits)>,
-        block32_graphs: Option<Vec<String>>,
+        reblocked_graphs: Option<Vec<String>>,
     ) -> Result<PackRecord, DownloadError> {
         let converted = match &conversion {
             Some((plans, limits)) => {
@@ -401,7 +401,7 @@ impl Download {
         };
         self.report.state = DownloadState::Installing;
         self.report.record(&self.record);
-        let block32 = match block32_graphs {
+        let block32 = match reblocked_graphs {
             Some(names) => Some(stored_forms::store(&self.dir, &names).await?),
             None => None,
         };
@@ -441,7 +441,7 @@ async fn bytes_made_after_download(
     graphs: &[GraphFiles],
     plan: &PackPlan,
     conversion: &Option<(Vec<GraphPlan>, Limits)>,
-    block32_graphs: &[(String, Vec<u8>)],
+    reblocked_graphs: &[(String, Vec<u8>)],
 ) -> Result<u64, DownloadError> {
     let converted_bytes = match conversion {
         Some((plans, limits)) => {
@@ -454,19 +454,19 @@ async fn bytes_made_after_download(
         }
         None => 0,
     };
-    let mut block32_bytes = 0;
-    for (name, model) in block32_graphs {
-        block32_bytes += reblock::stored_bytes(name, model).map_err(ConvertError::from)?;
+    let mut reblocked_bytes = 0;
+    for (name, model) in reblocked_graphs {
+        reblocked_bytes += reblock::stored_bytes(name, model).map_err(ConvertError::from)?;
     }
     if let Ok(dir) = opfs::slot_dir(staging, false).await {
-        for (name, _) in block32_graphs {
-            let (onnx, data) = Block32Graph::names(name);
+        for (name, _) in reblocked_graphs {
+            let (onnx, data) = ReblockedGraph::names(name);
             for file in [onnx, data] {
                 opfs::remove(&dir, &file).await?;
             }
         }
     }
-    Ok(converted_bytes + block32_bytes)
+    Ok(converted_bytes + reblocked_bytes)
 }
 
 /// Stores the graphs and manifests, fetched and verified while planning, that `record` still lacks.

@@ -77,7 +77,7 @@ pub(super) async fn swap(
     staging: Slot,
     record: &DownloadRecord,
     conversion: Option<ConversionRecord>,
-    block32: Option<Block32Record>,
+    block32: Option<ReblockedRecord>,
 ) -> Result<PackRecord, DownloadError> {
     let files = record.files.iter().map(|f| f.file.clone()).collect();
     let mut installed = PackRecord::new(record.source.clone(), record.commit.clone(), files);

@@ -1,19 +1,19 @@
 //! The graphs re-blocked to 32 (`imagine_core::graph::reblock`) stored beside the pack, for WebGPU:
 //! made in the download worker, in the staging slot, after the download (and the float32 conversion)
 //! and before the pack is installed; and, for graphs a stage had to re-block while loading, later,
-//! into the installed pack ([`store_block32`]).
+//! into the installed pack ([`store_reblocked`]).
 //!
 //! * Verified: the stored form is a pure function of the verified files it is made from, so after it is
 //!   written it is computed again and compared with what reads back, byte for byte. A file that
 //!   differs is made again once, then the install stops.
 //! * Not resumed: it takes seconds, so an install interrupted here makes it again from the start.
-//! * Installed with the pack: the `Block32Record` goes into the pack record in the one `state.json`
+//! * Installed with the pack: the `ReblockedRecord` goes into the pack record in the one `state.json`
 //!   write that installs the pack; the files live in the slot and go with it.
 
 use super::*;
 use crate::platform::js::LogError;
 use crate::platform::opfs::{self, OpfsError, SyncFile};
-use imagine_core::graph::reblock::{self, Block32Graph, Block32Record, DataRange, PieceDigest};
+use imagine_core::graph::reblock::{self, DataRange, PieceDigest, ReblockedGraph, ReblockedRecord};
 use imagine_core::pack;
 use js_sys::Uint8Array;
 use std::cell::Cell;
@@ -30,7 +30,7 @@ use web_sys::FileSystemDirectoryHandle;
 /// is written, and what a failure leaves half-written is removed. The record is changed in one write of
 /// the state, holding the state's lock ([`opfs::lock_pack_state`]), and only while `commit` is still
 /// installed: a pack swapped or deleted meanwhile is never brought back.
-pub(super) async fn store_block32(commit: &str, graphs: &[String]) -> Result<(), DownloadError> {
+pub(super) async fn store_reblocked(commit: &str, graphs: &[String]) -> Result<(), DownloadError> {
     let Some((installed, dir)) = opfs::installed_pack().await.filter(|(p, _)| p.commit == commit) else {
         return Ok(());
     };
@@ -76,14 +76,14 @@ pub(super) async fn store_block32(commit: &str, graphs: &[String]) -> Result<(),
 /// the state's lock; `false` (and nothing written) when that pack is not installed any more.
 pub(super) async fn change_block32(
     commit: &str,
-    change: impl FnOnce(&mut Block32Record),
+    change: impl FnOnce(&mut ReblockedRecord),
 ) -> Result<bool, DownloadError> {
     let _lock = opfs::lock_pack_state().await;
     let state = opfs::pack_state().await?;
     let Some(mut installed) = state.installed.clone().filter(|p| p.commit == commit) else {
         return Ok(false);
     };
-    change(installed.block32.get_or_insert_with(Block32Record::default));
+    change(installed.block32.get_or_insert_with(ReblockedRecord::default));
     opfs::write_pack_state(&opfs::PackState { installed: Some(installed), ..state }).await?;
     Ok(true)
 }
@@ -105,8 +105,8 @@ pub(super) fn webgpu_graphs(graphs: &[GraphFiles], plans: Option<&[GraphPlan]>) 
 pub async fn store(
     dir: &FileSystemDirectoryHandle,
     graphs: &[String],
-) -> Result<Block32Record, ConvertError> {
-    let mut record = Block32Record::default();
+) -> Result<ReblockedRecord, ConvertError> {
+    let mut record = ReblockedRecord::default();
     for graph in graphs {
         let model = opfs::read(dir, graph).await?;
         let read = read_sources(dir, graph, &model).await?;
@@ -129,7 +129,7 @@ pub async fn store(
 
 /// Removes the stored files of `graph`'s form, if any (a failure to is logged: they are only space).
 pub async fn remove_form(dir: &FileSystemDirectoryHandle, graph: &str) {
-    let (onnx, data) = Block32Graph::names(graph);
+    let (onnx, data) = ReblockedGraph::names(graph);
     for file in [onnx, data] {
         opfs::remove(dir, &file).await.warn_on_error(&format!("removing {file}"));
     }
@@ -180,8 +180,8 @@ async fn store_graph(
     graph: &str,
     model: &[u8],
     read: &HashMap<DataRange, Vec<u8>>,
-) -> Result<Option<Block32Graph>, ConvertError> {
-    let (onnx, data) = Block32Graph::names(graph);
+) -> Result<Option<ReblockedGraph>, ConvertError> {
+    let (onnx, data) = ReblockedGraph::names(graph);
     for _ in 0..2 {
         let data_file = SyncFile::create(dir, &data).await?;
         let mut failed: Option<OpfsError> = None;
@@ -212,7 +212,7 @@ async fn store_graph(
         graph_file.flush()?;
         if reads_back(&graph_file, &reblocked.graph)? && data_reads_back(&data_file, model, read, &data)? {
             let stored =
-                Block32Graph::new(graph, &reblocked.graph, reblocked.data_length, &digest.finalize());
+                ReblockedGraph::new(graph, &reblocked.graph, reblocked.data_length, &digest.finalize());
             opfs::failpoint("block32:graph-done").await;
             return Ok(Some(stored));
         }

@@ -137,7 +137,7 @@ pub(super) struct UncheckedForm {
 /// (or cannot be read).
 pub(super) async fn stored_form(
     dir: &web_sys::FileSystemDirectoryHandle,
-    stored: &reblock::Block32Graph,
+    stored: &reblock::ReblockedGraph,
     key: String,
     checksums: bool,
 ) -> Result<(Vec<u8>, Option<UncheckedForm>), String> {
@@ -157,7 +157,7 @@ pub(super) async fn stored_form(
 impl UncheckedForm {
     /// Checks the form's checksums against `stored`, the data a piece at a time: its key once they
     /// are right, why not if they differ (or cannot be read).
-    pub(super) async fn check(self, stored: &reblock::Block32Graph) -> Result<String, String> {
+    pub(super) async fn check(self, stored: &reblock::ReblockedGraph) -> Result<String, String> {
         let UncheckedForm { key, onnx_len, onnx_digest, data } = self;
         let data_len = data.size() as u64;
         // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off

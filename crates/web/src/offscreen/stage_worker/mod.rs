@@ -13,7 +13,7 @@ use futures_channel::mpsc;
 use futures_util::StreamExt;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
-use imagine_core::graph::reblock::{self, Block32Form, Block32Record};
+use imagine_core::graph::reblock::{self, ReblockedForm, ReblockedRecord};
 use imagine_core::graph::tables::{self, TableLookup};
 use imagine_core::graph::{attention, projections};
 use imagine_core::graph::{EmbeddingLookup, Range};

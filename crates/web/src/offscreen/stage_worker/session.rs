@@ -69,14 +69,14 @@ impl Stage {
         let (name, bytes, lookups) = choose_graph(&record, &dir, graph, adapter).await?;
         // The wasm backend's kernels need no re-blocking.
         let block32 = match backend {
-            Backend::WebGpu if stored_form => Block32Record::form(record.block32.as_ref(), &name),
-            Backend::WebGpu => Block32Form::AtLoad,
-            Backend::Wasm => Block32Form::Unchanged,
+            Backend::WebGpu if stored_form => ReblockedRecord::form(record.block32.as_ref(), &name),
+            Backend::WebGpu => ReblockedForm::AtLoad,
+            Backend::Wasm => ReblockedForm::Unchanged,
         };
         let StoredForm { form: block32, onnx: stored_onnx, unchecked, check_ms } =
             StoredForm::if_whole(&record.commit, &dir, block32, checked).await;
         let stored = match &block32 {
-            Block32Form::Stored(stored) => Some(*stored),
+            ReblockedForm::Stored(stored) => Some(*stored),
             _ => None,
         };
         let (name, bytes) = match (stored, stored_onnx) {
@@ -93,8 +93,8 @@ impl Stage {
             // ORT's tiled WebGPU kernel takes block 32 only (see `imagine_core::graph::reblock`).
             Backend::WebGpu => {
                 let (mut bytes, computed) = match block32 {
-                    Block32Form::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
-                    Block32Form::Stored(_) | Block32Form::Unchanged => (bytes, None),
+                    ReblockedForm::AtLoad => reblock(&name, &bytes, &dir, &files).await?,
+                    ReblockedForm::Stored(_) | ReblockedForm::Unchanged => (bytes, None),
                 };
                 reblocked_at_load = computed.is_some();
                 external.extend(computed);
@@ -322,7 +322,7 @@ pub(super) fn f32_from_buffer(
 /// it) and the graph re-blocked while it loads, as if the form had never been stored.
 struct StoredForm<'r> {
     /// `AtLoad` in place of a stored form whose lengths are wrong.
-    form: Block32Form<'r>,
+    form: ReblockedForm<'r>,
     /// The stored form's graph, where its lengths are right.
     onnx: Option<Vec<u8>>,
     /// Its checksums, where this document has not checked them yet.
@@ -335,10 +335,10 @@ impl<'r> StoredForm<'r> {
     async fn if_whole(
         commit: &str,
         dir: &web_sys::FileSystemDirectoryHandle,
-        form: Block32Form<'r>,
+        form: ReblockedForm<'r>,
         checked: &[String],
     ) -> StoredForm<'r> {
-        let Block32Form::Stored(stored) = form else {
+        let ReblockedForm::Stored(stored) = form else {
             return StoredForm { form, onnx: None, unchecked: None, check_ms: 0.0 };
         };
         let key = format!("{commit}:{}", stored.onnx);
@@ -348,7 +348,7 @@ impl<'r> StoredForm<'r> {
             Ok((onnx, unchecked)) => StoredForm { form, onnx: Some(onnx), unchecked, check_ms },
             Err(why) => {
                 warn_damaged(&stored.graph, &why);
-                StoredForm { form: Block32Form::AtLoad, onnx: None, unchecked: None, check_ms }
+                StoredForm { form: ReblockedForm::AtLoad, onnx: None, unchecked: None, check_ms }
             }
         }
     }
