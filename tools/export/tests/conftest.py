@@ -52,3 +52,21 @@ def node_ort_web(model, feeds, data_files=(), tmp=None, build="webgpu"):
                    check=True, cwd=REPO, timeout=300, env=dict(os.environ, ORT_WEB_BUILD=build))
     with open(rp) as f:
         return json.load(f)
+
+
+def edit_graph(edit, model, out, *extra):
+    """One of the stage worker's node edits applied on disk (`cargo run --example edit_graph`); how many
+    places it changed."""
+    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", edit, model, out, *extra]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+def ort_web_output(path, feeds, data_files, tmp_dir):
+    """`path`'s first output on the project's onnxruntime-web (webgpu bundle, wasm backend), float64."""
+    os.makedirs(tmp_dir)
+    res = node_ort_web(path, feeds, data_files, tmp=str(tmp_dir))
+    assert res["ok"] and res["build"] == "webgpu", res
+    out = next(iter(res["outputs"].values()))
+    return np.array(out["data"], np.float64).reshape(out["dims"])

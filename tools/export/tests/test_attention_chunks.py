@@ -8,22 +8,18 @@ are seen."""
 
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import REPO, node_ort_web
+from conftest import edit_graph, ort_web_output
 from test_attention_fusion import HEAD, HEADS, attention_graph, cosine, ops, run, transformer_feeds
 
 
 def chunk(model, out, chunks):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", "chunk-attention", model, out, str(chunks)]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout)
+    return edit_graph("chunk-attention", model, out, str(chunks))
 
 
 def relative(got, expected):
@@ -108,15 +104,8 @@ def test_the_chunked_transformer_runs_on_ort_web(tiny_packs, tmp_path):
     data = [os.path.join(pack, f) for f in sorted(os.listdir(pack)) if f.startswith("transformer_q8-")]
     feeds = transformer_feeds(original, np.random.default_rng(0))
 
-    def web(path, name):
-        d = tmp_path / name
-        d.mkdir()
-        res = node_ort_web(path, feeds, data, tmp=str(d))
-        assert res["ok"] and res["build"] == "webgpu", res
-        out = next(iter(res["outputs"].values()))
-        return np.array(out["data"], np.float64).reshape(out["dims"])
-
-    got, web_original = web(chunked, "chunked"), web(original, "original")
+    got = ort_web_output(chunked, feeds, data, tmp_path / "chunked")
+    web_original = ort_web_output(original, feeds, data, tmp_path / "original")
     cpu = run(original, feeds)
     for against, expected in [("ORT Web, unchunked", web_original), ("ORT CPU, unchunked", cpu)]:
         rel, cos = relative(got, expected), cosine(got, expected)

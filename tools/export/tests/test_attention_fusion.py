@@ -7,7 +7,6 @@ fusion cannot prove (a mask added to the scores, heads it cannot read) stays as 
 
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -15,14 +14,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import REPO
+from conftest import edit_graph
 
 
 def fuse(model, out):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", "fuse-attention", model, out]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout)
+    return edit_graph("fuse-attention", model, out)
 
 
 def ops(path):

@@ -8,25 +8,20 @@ Runtime Web's wasm build (the extension's), also after re-blocking (the stored f
 Parts computed into the wrong places are seen."""
 
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import REPO, node_ort_web
+from conftest import edit_graph, ort_web_output
 from test_attention_chunks import copy_pack, relative
 from test_attention_fusion import cosine, ops, run, transformer_feeds
 from test_matmul_blocks import block32
 
 
 def per_part(model, out):
-    cmd = ["cargo", "run", "-q", "-p", "imagine-core", "--example", "edit_graph", "--", "per-part", model, out]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout)
+    return edit_graph("per-part", model, out)
 
 
 def part_nodes(path):
@@ -107,16 +102,9 @@ def test_the_parted_transformer_runs_on_ort_web(tiny_packs, tmp_path):
     data = [os.path.join(pack, f) for f in sorted(os.listdir(pack)) if f.startswith("transformer_q8-")]
     feeds = transformer_feeds(original, np.random.default_rng(0))
 
-    def web(path, name):
-        d = tmp_path / name
-        d.mkdir()
-        res = node_ort_web(path, feeds, data, tmp=str(d))
-        assert res["ok"] and res["build"] == "webgpu", res
-        out = next(iter(res["outputs"].values()))
-        return np.array(out["data"], np.float64).reshape(out["dims"])
-
-    got = web(parted, "parted")
-    for against, expected in [("ORT Web, as exported", web(original, "original")), ("ORT CPU, as exported", run(original, feeds))]:
+    got = ort_web_output(parted, feeds, data, tmp_path / "parted")
+    web_original = ort_web_output(original, feeds, data, tmp_path / "original")
+    for against, expected in [("ORT Web, as exported", web_original), ("ORT CPU, as exported", run(original, feeds))]:
         rel, cos = relative(got, expected), cosine(got, expected)
         print(f"\nORT Web wasm, per part, against {against}: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
         assert rel <= 1e-5 and cos >= 0.999999, (against, rel, cos)
