@@ -5,8 +5,8 @@
 // The pack is the tiny real-architecture float32 pack (tiny-packs.mjs), whose text encoder and
 // transformer have MatMulNBits of block 128 (what is re-blocked and stored), served with the f32 fixture
 // pack's decoder (one convolution, the same inputs and outputs) in place of its VAE decoder: a decoder
-// has nothing to re-block, and on SwiftShader the VAE decoder took 43 s of each 256x256 image, this one
-// 1.5 s.
+// has nothing to re-block, and on SwiftShader the VAE decoder takes 7-9 s of each 256x256 image
+// (19-20 s, up to 43 s under load, before its channels were halved), this one 1.5 s.
 import fs from 'node:fs';
 import path from 'node:path';
 import * as h from './harness.mjs';
