@@ -262,14 +262,26 @@ fn coefficients(stage: Stage, precision: Precision) -> Coefficients {
 /// (query, key and value, 3 x 3072, and the gated MLP's two halves, 2 x 9216).
 const TRANSFORMER_WIDEST: u64 = 27_648;
 
-/// The widest with the projections computed per part: a single-stream block's second projection reads
-/// the attention's output and the MLP's, 3072 + 9216.
-const TRANSFORMER_WIDEST_PER_PART: u64 = 12_288;
+/// With the projections computed per part, the widths of a single-stream block's widest tensors: the
+/// second projection's input (the attention's output and the MLP's, 3072 + 9216) and the gated MLP's
+/// four of 9216 (its two halves, the activation, the product). Each that is larger than ORT's cache
+/// limit counts: on the H200 held to 7.8 GB free, float32 768x1024 (only the first above the limit)
+/// ran within 7.1 GB and 1024x1024 (all five above it) ran out.
+const TRANSFORMER_WIDTHS_PER_PART: [u64; 5] = [12_288, 9_216, 9_216, 9_216, 9_216];
 
 /// What ORT's simple cache (`keepBuffers`: every buffer kept between runs) adds to a stage's working
 /// memory: measured +9 % (float16) and +17 % (float32) of the whole GPU at 1024x1024, most of it the
 /// working part.
 const KEEP_BUFFERS_FACTOR: f64 = 1.4;
+
+/// `bytes` when ORT allocates a buffer of that size afresh each time (above its cache's largest), else 0.
+fn uncached(bytes: u64) -> u64 {
+    if bytes > ORT_LARGEST_CACHED_BUFFER {
+        bytes
+    } else {
+        0
+    }
+}
 
 /// The levers that change a stage's need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -339,11 +351,16 @@ impl Job {
         TRANSFORMER_HEADS * self.tokens() * self.tokens() * self.precision.bytes()
     }
 
-    /// Bytes of the transformer's widest per-layer tensor ([`TRANSFORMER_WIDEST`], or
-    /// [`TRANSFORMER_WIDEST_PER_PART`] with the projections per part).
-    fn transformer_wide(&self, per_part: bool) -> u64 {
-        let width = if per_part { TRANSFORMER_WIDEST_PER_PART } else { TRANSFORMER_WIDEST };
-        self.tokens() * width * self.precision.bytes()
+    /// Bytes of the transformer's per-layer tensors above ORT's cache limit: the widest
+    /// ([`TRANSFORMER_WIDEST`]), or with the projections per part each of
+    /// [`TRANSFORMER_WIDTHS_PER_PART`].
+    fn transformer_uncached(&self, per_part: bool) -> u64 {
+        let bytes = |width: u64| self.tokens() * width * self.precision.bytes();
+        if per_part {
+            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(bytes(w))).sum()
+        } else {
+            uncached(bytes(TRANSFORMER_WIDEST))
+        }
     }
 
     /// Bytes of the decoder's attention scores: one head over every pixel of its 8x8-smaller input,
@@ -357,7 +374,6 @@ impl Job {
 /// Bytes `stage` needs on the GPU for `job` with `levers`: its weights and its working memory.
 pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Levers) -> u64 {
     let c = coefficients(stage, job.precision);
-    let uncached = |bytes: u64| if bytes > ORT_LARGEST_CACHED_BUFFER { bytes } else { 0 };
     let (scores, pile, wide) = match stage {
         Stage::TextEncoder => (0, 0, 0),
         Stage::Transformer => {
@@ -365,7 +381,7 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
             (
                 0,
                 if uncached(chunk) > 0 { c.score_pile } else { 0 },
-                uncached(job.transformer_wide(levers.projections_per_part)),
+                job.transformer_uncached(levers.projections_per_part),
             )
         }
         Stage::Decoder => (job.decoder_scores(), 0, 0),
@@ -391,6 +407,19 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
 /// `job`'s transformer.
 pub fn attention_chunks(job: &Job) -> u32 {
     chunks_for(TRANSFORMER_HEADS, job.tokens(), job.precision.bytes(), ORT_LARGEST_CACHED_BUFFER)
+}
+
+/// `levers` with the transformer's projections per part where that needs less: everywhere but where the
+/// MLP's tensors are above ORT's cache limit too (float32 1024x1024), where the model cannot tell it
+/// from whole and whole is what it was measured with.
+fn leaner_projections(weights: &StageWeights, job: &Job, levers: Levers) -> Levers {
+    let parted = Levers { projections_per_part: true, ..levers };
+    let need = |l| stage_need(Stage::Transformer, weights, job, l);
+    if need(parted) < need(Levers { projections_per_part: false, ..levers }) {
+        parted
+    } else {
+        levers
+    }
 }
 
 /// How a job uses the GPU's memory.
@@ -435,7 +464,7 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     };
     let lean_levers = Levers::NONE;
     let chunked =
-        Levers { attention_chunks: attention_chunks(job), projections_per_part: true, ..Levers::NONE };
+        leaner_projections(weights, job, Levers { attention_chunks: attention_chunks(job), ..Levers::NONE });
     // The decoder alone on the GPU may use what its weights leave of the budget.
     let piece = ((budget.saturating_sub(weights.decoder) as f64 / DECODER_PIECE_OVERRUN) as u64)
         .max(MIN_DECODER_PIECE_BYTES);
@@ -536,7 +565,7 @@ impl MemoryFacts {
         let levers = Levers {
             keep_buffers: replanned.levers.keep_buffers,
             attention_chunks: failed.levers.attention_chunks.max(replanned.levers.attention_chunks),
-            projections_per_part: true,
+            projections_per_part: leaner_projections(&self.weights, &job, Levers::NONE).projections_per_part,
             decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
         };
         let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);

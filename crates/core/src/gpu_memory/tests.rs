@@ -73,6 +73,13 @@ fn needs_match_what_ran_on_a_gpu_held_to_8_gb() {
         assert!(p.fits && p.levers.decoder_piece_bytes.is_some(), "{width}x{height}: {p:?}");
     }
     assert!(plan(Some(8 * GB), &W, &small32, WANTED).fits);
+    // With the projections per part (the H200 held to 7.8 GB free), float32 ran at 512x512 within
+    // 6.39 GB and at 768x1024 within 7.07 GB (the decoder's pieces included), and 1024x1024 ran out.
+    let parted = |j: &Job| Levers { projections_per_part: true, ..chunked(j) };
+    let need = gb(stage_need(Stage::Transformer, &W, &small32, parted(&small32)));
+    assert!((need - 6.39).abs() <= 0.639, "{need}");
+    assert!(stage_need(Stage::Transformer, &W, &tall32, parted(&tall32)) <= 7_070_000_000);
+    assert!(stage_need(Stage::Transformer, &W, &big32, parted(&big32)) > 7_800_000_000);
 }
 
 const WANTED: Wanted = Wanted { ahead: true, keep: true, keep_buffers: true };
@@ -127,23 +134,25 @@ fn the_attention_is_chunked_and_the_decoder_split_only_where_the_budget_needs_it
     assert_eq!(p.levers.attention_chunks, 4);
     assert_eq!(p.levers.decoder_piece_bytes, Some((8 * GB - W.decoder) / 4));
     assert!(p.peak <= 8 * GB, "{}", gb(p.peak));
-    // As measured with 8 GB free (a budget of 7.0 GB): every preset size fits in float16; in float32
-    // the larger sizes' transformer ran out with its projections whole, as the model says, and they fit
-    // only with the projections computed per part.
+    // As measured with 8 GB free (a budget of 7.0 GB): every preset size fits in float16. In float32
+    // the larger sizes' transformer ran out with its projections whole; per part, 768x1024 and
+    // 1024x768 ran and 1024x1024 (the MLP's tensors above ORT's cache limit too) still ran out, which
+    // the pages say before.
     let seven = 7_000_000_000;
     for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
         let f16 = plan(Some(seven), &W, &Job { width: w, height: h, precision: Precision::Float16 }, WANTED);
         assert!(f16.fits, "float16 {w}x{h}: {f16:?}");
         let job32 = Job { width: w, height: h, precision: Precision::Float32 };
         let f32 = plan(Some(seven), &W, &job32, WANTED);
-        assert!(f32.fits, "float32 {w}x{h}: {f32:?}");
+        assert_eq!(f32.fits, w * h < 1024 * 1024, "float32 {w}x{h}: {f32:?}");
+        assert_eq!(f32.levers.projections_per_part, w * h < 1024 * 1024, "float32 {w}x{h}: {f32:?}");
         let whole = Levers { projections_per_part: false, ..f32.levers };
         let whole_fits = stage_need(Stage::Transformer, &W, &job32, whole) <= seven;
         assert_eq!(whole_fits, w * h == 512 * 512, "float32 {w}x{h} with whole projections");
     }
-    // So a float32 failure there says what fits: every preset size.
+    // So a float32 failure there says what fits: sizes between 768x1024 and 1024x1024.
     let side = MemoryFacts { weights: W, precision: Precision::Float32 }.largest_square(seven);
-    assert!(side.is_some_and(|s| s >= 1024), "{side:?}");
+    assert!(side.is_some_and(|s| (880..1024).contains(&s)), "{side:?}");
     let four = plan(Some(4 * GB), &W, &tall, WANTED);
     assert!(!four.fits && four.levers.decoder_piece_bytes.is_some(), "{four:?}");
 }
