@@ -182,29 +182,25 @@ fn computed_scales_are_read_from_external_data_and_fall_back_to_nodes_without_it
     let range = crate::graph::reblock::DataRange { location: "w.data".into(), offset: 1024, length: 32 };
     assert_eq!(wanted, std::slice::from_ref(&range));
     let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
-    let read = HashMap::from([(range.clone(), floats(&values))]);
-    let mut data = Vec::new();
-    let out = crate::graph::reblock::to_block_32_computed(
-        &m,
-        &read,
-        crate::graph::reblock::COMPUTED_DATA,
-        &mut |b| data.extend_from_slice(b),
-    )
-    .unwrap();
+    let computed = |read: &HashMap<_, _>| {
+        let mut data = Vec::new();
+        let out = crate::graph::reblock::to_block_32_computed(
+            &m,
+            read,
+            crate::graph::reblock::COMPUTED_DATA,
+            &mut |b| data.extend_from_slice(b),
+        )
+        .unwrap();
+        (out, data)
+    };
+    let (out, data) = computed(&HashMap::from([(range.clone(), floats(&values))]));
     assert_eq!(out.changed, 1);
     // Column c's blocks 2c and 2c + 1, each 4 times (8 bits: 4 blocks of 32 in one of 128).
     let expected: Vec<f32> = (0..8).flat_map(|i| [i as f32; 4]).collect();
     assert_eq!(data, floats(&expected));
     // Bytes of another length, or none: the scales come from nodes, as `to_block_32` makes them.
     for read in [HashMap::from([(range, floats(&values[..4]))]), HashMap::new()] {
-        let mut data = Vec::new();
-        let out = crate::graph::reblock::to_block_32_computed(
-            &m,
-            &read,
-            crate::graph::reblock::COMPUTED_DATA,
-            &mut |b| data.extend_from_slice(b),
-        )
-        .unwrap();
+        let (out, data) = computed(&read);
         assert_eq!((out.changed, out.data_length, data.len()), (1, 0, 0));
         assert_eq!(out.graph, crate::graph::reblock::to_block_32(&m).unwrap().0);
     }
