@@ -180,6 +180,10 @@ pub struct GenerateRequest {
     /// For benchmarks and tests: `true` computes the transformer's wide projections per part on WebGPU
     /// (`crate::graph::projections`); by default as the GPU memory plan says.
     pub projections_per_part: Option<bool>,
+    /// For benchmarks and tests: the transformer's token-wise chains (its MLPs and the second
+    /// projection) computed on WebGPU in this many chunks of tokens (`crate::graph::rows`), clamped to 1
+    /// to 64; by default as the GPU memory plan says.
+    pub token_chunks: Option<u32>,
     /// For benchmarks and tests: the decoder runs on WebGPU as a chain of pieces of at most this many
     /// bytes each (`crate::graph::split`), the GPU awaited between them; by default as the GPU
     /// memory plan says (whole, unless the budget needs it).
@@ -431,6 +435,10 @@ pub struct StageTimings {
     /// of the JSON when none, as results written before it were.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub parted_projections: u32,
+    /// Token-wise chains computed in chunks of tokens to hold less GPU memory (`crate::graph::rows`);
+    /// left out of the JSON when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunked_chains: u32,
     /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
     /// GPU memory (`crate::graph::split`); 0 when the stage did not run.
     #[serde(default)]

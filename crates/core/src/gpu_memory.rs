@@ -294,6 +294,10 @@ pub struct Levers {
     /// The transformer's wide projections are computed per part (`graph::projections`).
     #[serde(default)]
     pub projections_per_part: bool,
+    /// With the projections per part, the transformer's token-wise chains are computed in this many
+    /// chunks of tokens (`graph::rows`; 1: whole).
+    #[serde(default = "one")]
+    pub token_chunks: u32,
     /// The decoder runs as a chain of pieces of at most this many bytes each
     /// (`graph::split`; `None`: whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,6 +310,7 @@ impl Levers {
         keep_buffers: false,
         attention_chunks: 1,
         projections_per_part: false,
+        token_chunks: 1,
         decoder_piece_bytes: None,
     };
 }
@@ -353,14 +358,22 @@ impl Job {
 
     /// Bytes of the transformer's per-layer tensors above ORT's cache limit: the widest
     /// ([`TRANSFORMER_WIDEST`]), or with the projections per part each of
-    /// [`TRANSFORMER_WIDTHS_PER_PART`].
-    fn transformer_uncached(&self, per_part: bool) -> u64 {
+    /// [`TRANSFORMER_WIDTHS_PER_PART`], in `token_chunks` chunks of tokens.
+    fn transformer_uncached(&self, per_part: bool, token_chunks: u32) -> u64 {
         let bytes = |width: u64| self.tokens() * width * self.precision.bytes();
         if per_part {
-            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(bytes(w))).sum()
+            let chunk = |w: u64| bytes(w).div_ceil(u64::from(token_chunks.max(1)));
+            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(chunk(w))).sum()
         } else {
             uncached(bytes(TRANSFORMER_WIDEST))
         }
+    }
+
+    /// The fewest chunks of tokens that bring the widest of [`TRANSFORMER_WIDTHS_PER_PART`] under ORT's
+    /// largest cached buffer.
+    fn token_chunks(&self) -> u32 {
+        let widest = self.tokens() * TRANSFORMER_WIDTHS_PER_PART[0] * self.precision.bytes();
+        u32::try_from(widest.div_ceil(ORT_LARGEST_CACHED_BUFFER)).unwrap_or(u32::MAX).max(1)
     }
 
     /// Bytes of the decoder's attention scores: one head over every pixel of its 8x8-smaller input,
@@ -381,7 +394,7 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
             (
                 0,
                 if uncached(chunk) > 0 { c.score_pile } else { 0 },
-                job.transformer_uncached(levers.projections_per_part),
+                job.transformer_uncached(levers.projections_per_part, levers.token_chunks),
             )
         }
         Stage::Decoder => (job.decoder_scores(), 0, 0),
@@ -409,11 +422,10 @@ pub fn attention_chunks(job: &Job) -> u32 {
     chunks_for(TRANSFORMER_HEADS, job.tokens(), job.precision.bytes(), ORT_LARGEST_CACHED_BUFFER)
 }
 
-/// `levers` with the transformer's projections per part where that needs less: everywhere but where the
-/// MLP's tensors are above ORT's cache limit too (float32 1024x1024), where the model cannot tell it
-/// from whole and whole is what it was measured with.
+/// `levers` with the transformer's projections per part, and its token-wise chains in as many chunks of
+/// tokens as keep their tensors under ORT's cache limit, where that needs less.
 fn leaner_projections(weights: &StageWeights, job: &Job, levers: Levers) -> Levers {
-    let parted = Levers { projections_per_part: true, ..levers };
+    let parted = Levers { projections_per_part: true, token_chunks: job.token_chunks(), ..levers };
     let need = |l| stage_need(Stage::Transformer, weights, job, l);
     if need(parted) < need(Levers { projections_per_part: false, ..levers }) {
         parted
@@ -562,10 +574,12 @@ impl MemoryFacts {
         let replanned = plan(budget, &self.weights, &job, lean);
         let whole = stage_need(Stage::Decoder, &self.weights, &job, Levers::NONE) - self.weights.decoder;
         let halved = (failed.levers.decoder_piece_bytes.unwrap_or(whole) / 2).max(MIN_DECODER_PIECE_BYTES);
+        let leaner = leaner_projections(&self.weights, &job, Levers::NONE);
         let levers = Levers {
             keep_buffers: replanned.levers.keep_buffers,
             attention_chunks: failed.levers.attention_chunks.max(replanned.levers.attention_chunks),
-            projections_per_part: leaner_projections(&self.weights, &job, Levers::NONE).projections_per_part,
+            projections_per_part: leaner.projections_per_part,
+            token_chunks: leaner.token_chunks,
             decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
         };
         let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);
@@ -594,3 +608,7 @@ impl MemoryFacts {
 
 #[cfg(test)]
 mod tests;
+
+fn one() -> u32 {
+    1
+}

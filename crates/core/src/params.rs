@@ -37,6 +37,10 @@ pub const MAX_KEEP_LOADED_SECONDS: u32 = 3600;
 /// The longest prompt, in characters. Only its first 512 tokens are used (about 2,000 characters of
 /// English); the cap keeps a paste accident from being tokenized and stored whole.
 pub const MAX_PROMPT_CHARS: usize = 20_000;
+/// The most chunks of tokens a request may ask the transformer's chains in (`GenerateRequest::token_chunks`,
+/// a benchmark's switch: clamped to 1..=64, as ONNX Runtime splits the tokens however many there are).
+pub const MAX_TOKEN_CHUNKS: u32 = 64;
+
 /// The highest `MatMulNBits` `accuracy_level` (ONNX Runtime's: 4 computes with int8 activations).
 pub const MAX_ACCURACY_LEVEL: u8 = 4;
 /// How long it stays loaded unless the user chose otherwise: a few minutes, for the next prompt.
@@ -128,6 +132,10 @@ pub struct GenerateParams {
     /// exists (`GenerateRequest::projections_per_part`, or the memory plan's).
     #[serde(default)]
     pub projections_per_part: bool,
+    /// The transformer's token-wise chains computed in this many chunks of tokens on WebGPU
+    /// (`GenerateRequest::token_chunks`, or the memory plan's; 1: whole).
+    #[serde(default = "one")]
+    pub token_chunks: u32,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
     pub private: bool,
@@ -216,6 +224,16 @@ impl GenerateParams {
         self.projections_per_part && graph == Graph::Transformer
     }
 
+    /// In how many chunks of tokens `graph`'s token-wise chains are computed
+    /// ([`GenerateParams::token_chunks`]): the transformer's only.
+    pub fn token_chunks(&self, graph: Graph) -> u32 {
+        if graph == Graph::Transformer {
+            self.token_chunks.max(1)
+        } else {
+            1
+        }
+    }
+
     /// What `graph`'s session is made with besides its graph and backend: a stage loaded with other
     /// options is not reused for these parameters.
     pub fn session_options(&self, graph: Graph) -> SessionOptions {
@@ -224,6 +242,7 @@ impl GenerateParams {
             accuracy_level: self.accuracy_level,
             fuse_attention: self.fuses_attention(graph),
             projections_per_part: self.parts_projections(graph),
+            token_chunks: self.token_chunks(graph),
             attention_chunks: self.attention_chunks(graph),
             decoder_piece_bytes: self.decoder_piece_bytes(graph),
         }
@@ -258,6 +277,8 @@ pub struct SessionOptions {
     pub fuse_attention: bool,
     /// The wide projections computed per part.
     pub projections_per_part: bool,
+    /// The token-wise chains computed in this many chunks of tokens.
+    pub token_chunks: u32,
     /// The attention computed in this many chunks of queries.
     pub attention_chunks: u32,
     /// The graph run as a chain of pieces of at most this many bytes.
@@ -425,6 +446,7 @@ impl GenerateRequest {
             keep_buffers: self.keep_buffers.unwrap_or(width * height > KEEP_BUFFERS_ABOVE_PIXELS),
             fuse_attention: self.fuse_attention.unwrap_or(false),
             projections_per_part: self.projections_per_part.unwrap_or(false),
+            token_chunks: self.token_chunks.unwrap_or(1).clamp(1, MAX_TOKEN_CHUNKS),
             private: self.private,
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,
@@ -605,6 +627,7 @@ mod tests {
                 keep_buffers: false,
                 fuse_attention: false,
                 projections_per_part: false,
+                token_chunks: 1,
                 private: false,
                 attention_chunks: 1,
                 decoder_piece_bytes: None,

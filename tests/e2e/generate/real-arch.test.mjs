@@ -60,11 +60,12 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     if (backend === 'wasm') return;
     assert.deepEqual(graphFiles(result), { textEncoder: B32.text_encoder_q4, transformer: B32.transformer_q8, decoder: 'vae_decoder.onnx' });
 
-    // The decoder cut into a chain of pieces and the transformer's wide projections computed per part
-    // (as the memory plan cuts them for a small GPU) make the whole graphs' image, within the tolerance
-    // (the prompt's embeddings are cached now). 20 MB cuts the tiny decoder's 110 MB at 256x256 into 7
-    // pieces.
-    const split = await h.generateOk(b.page, { ...req, decoderPieceBytes: 20_000_000, projectionsPerPart: true }, 600_000);
+    // The decoder cut into a chain of pieces, the transformer's wide projections computed per part and
+    // its token-wise chains in chunks of tokens (as the memory plan cuts them for a small GPU) make the
+    // whole graphs' image, within the tolerance (the prompt's embeddings are cached now). 20 MB cuts the
+    // tiny decoder's 110 MB at 256x256 into 7 pieces.
+    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3 };
+    const split = await h.generateOk(b.page, { ...req, ...cut }, 600_000);
     const stage = (r, name) => r.timings.stages.find((s) => s.stage === name);
     const pieces = stage(split.result, 'decoder').pieces;
     assert.ok(pieces >= 3, `the decoder ran as ${pieces} pieces`);
@@ -72,10 +73,12 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     // The double-stream block's two gated MLPs and the single-stream block's fused projection.
     assert.equal(stage(split.result, 'transformer').partedProjections, 3);
     assert.equal(stage(result, 'transformer').partedProjections, undefined);
+    // The double-stream block's two MLPs and the single-stream block's MLP with its second projection.
+    assert.equal(stage(split.result, 'transformer').chunkedChains, 3);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
     const compared = await h.run('python3', ['tests/reference/compare.py', files.png, splitFiles.png, '--tol', String(TOLERANCE[activations])]);
     assert.equal(compared.code, 0, `the split decoder's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
-    console.log(`decoder in ${pieces} pieces, projections per part, against whole: ${compared.stdout.trim()}`);
+    console.log(`decoder in ${pieces} pieces, projections per part, chains in 3 chunks of tokens, against whole: ${compared.stdout.trim()}`);
 
     // The same pack as an older version installed it, without the stored forms: the transformer is
     // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.

@@ -1,11 +1,14 @@
-"""Wide projections computed per part (`imagine_core::graph::projections::per_part`), natively
-(`cargo run -p imagine-core --example edit_graph -- per-part`): the memory plan's graph edit that keeps
-the transformer's widest tensor (a single-stream block's fused projection, cut at once into query, key,
-value and the MLP's halves) from ever existing. Output column n of MatMulNBits reads only row n of its
-weights, so each part is the same node over a range of rows, read from the same external file at another
-offset: the parted graphs must compute what the originals compute, on ONNX Runtime's CPU and on ONNX
-Runtime Web's wasm build (the extension's), also after re-blocking (the stored form the extension loads).
-Parts computed into the wrong places are seen."""
+"""Wide projections computed per part (`imagine_core::graph::projections::per_part`), and the token-wise
+chains after them in chunks of tokens (`imagine_core::graph::rows::chunk_rows`), natively (`cargo run -p
+imagine-core --example edit_graph -- per-part | chunk-rows`): the memory plan's graph edits that keep the
+transformer's widest tensors (a single-stream block's fused projection, cut at once into query, key,
+value and the MLP's halves; then the MLP's and the second projection's input) from ever existing, or
+under ONNX Runtime Web's cache limit. Output column n of MatMulNBits reads only row n of its weights, so
+each part is the same node over a range of rows, read from the same external file at another offset;
+the MLP works token by token, so chunks of tokens give the same rows. The edited graphs must compute what
+the originals compute, on ONNX Runtime's CPU and on ONNX Runtime Web's wasm build (the extension's), also
+after re-blocking (the stored form the extension loads). Parts or chunks put in the wrong places are
+seen."""
 
 import os
 
@@ -22,6 +25,10 @@ from test_matmul_blocks import block32
 
 def per_part(model, out):
     return edit_graph("per-part", model, out)
+
+
+def chunk_rows(model, out, chunks):
+    return edit_graph("chunk-rows", model, out, str(chunks))
 
 
 def part_nodes(path):
@@ -61,6 +68,46 @@ def test_tiny_transformers_per_part_compute_the_same(tiny_packs, activations, tm
         assert rel <= 1e-3 and cos >= 0.99999, (rel, cos)
 
 
+@pytest.mark.parametrize("chunks", [2, 3])
+@pytest.mark.parametrize("activations", ["float32", "float16"])
+def test_tiny_transformers_chains_in_chunks_of_tokens_compute_the_same(tiny_packs, activations, chunks, tmp_path):
+    """40 tokens in 2 and 3 chunks (3 does not divide 40: ONNX Runtime's Split makes 14, 14 and 12)."""
+    pack, original = copy_pack(tiny_packs, activations, tmp_path)
+    parted = os.path.join(pack, "transformer_q8.parted.onnx")
+    chunked = os.path.join(pack, "transformer_q8.rows.onnx")
+    assert per_part(original, parted) == 3
+    # The double-stream block's two MLPs and the single-stream block's MLP with its second projection.
+    assert chunk_rows(parted, chunked, chunks) == 3
+    before, after = ops(parted), ops(chunked)
+    assert after.count("MatMulNBits") == before.count("MatMulNBits") + (chunks - 1) * (3 + 3 + 3)
+    assert after.count("Split") == before.count("Split") + 2 + 2
+    feeds = transformer_feeds(original, np.random.default_rng(0))
+    expected, got = run(original, feeds), run(chunked, feeds)
+    rel, cos = relative(got, expected), cosine(got, expected)
+    print(f"\n{activations}, {chunks} chunks of tokens, ORT CPU: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
+    if activations == "float32":
+        assert rel <= 1e-5 and cos >= 0.999999, (rel, cos)
+    else:
+        assert rel <= 1e-3 and cos >= 0.99999, (rel, cos)
+
+
+def test_chunks_of_tokens_put_back_wrong_are_seen(tiny_packs, tmp_path):
+    pack, original = copy_pack(tiny_packs, "float32", tmp_path)
+    parted = os.path.join(pack, "transformer_q8.parted.onnx")
+    chunked = os.path.join(pack, "transformer_q8.rows.onnx")
+    assert per_part(original, parted) == 3 and chunk_rows(parted, chunked, 2) == 3
+    feeds = transformer_feeds(original, np.random.default_rng(0))
+    expected = run(original, feeds)
+    model = onnx.load(chunked, load_external_data=False)
+    concat = next(n for n in model.graph.node if n.name == "imagine_rows/2/concat")
+    concat.input.reverse()
+    swapped = os.path.join(pack, "transformer_q8.rows_swapped.onnx")
+    onnx.save(model, swapped)
+    rel = relative(run(swapped, feeds), expected)
+    print(f"\nchunks of tokens swapped: max difference {rel:.2e} of the largest value")
+    assert rel > 1e-3
+
+
 def test_reblocked_then_per_part_computes_the_same(tiny_packs, tmp_path):
     """The stored form the extension loads on WebGPU: re-blocked to 32 with computed scales and zero
     points in a data file of its own, then cut per part at load."""
@@ -95,18 +142,20 @@ def test_parts_computed_into_the_wrong_places_are_seen(tiny_packs, tmp_path):
 
 def test_the_parted_transformer_runs_on_ort_web(tiny_packs, tmp_path):
     """The extension's build (webgpu bundle, asyncify wasm) on its wasm backend, the parts' weights
-    read from the pack's files at their rows' offsets."""
+    read from the pack's files at their rows' offsets, the chains in 3 chunks of tokens."""
     pack, original = copy_pack(tiny_packs, "float32", tmp_path)
     parted = os.path.join(pack, "transformer_q8.parted.onnx")
     assert per_part(original, parted) == 3
     data = [os.path.join(pack, f) for f in sorted(os.listdir(pack)) if f.startswith("transformer_q8-")]
     feeds = transformer_feeds(original, np.random.default_rng(0))
 
-    got = ort_web_output(parted, feeds, data, tmp_path / "parted")
+    chunked = os.path.join(pack, "transformer_q8.rows.onnx")
+    assert chunk_rows(parted, chunked, 3) == 3
+    got = ort_web_output(chunked, feeds, data, tmp_path / "parted")
     web_original = ort_web_output(original, feeds, data, tmp_path / "original")
     for against, expected in [("ORT Web, as exported", web_original), ("ORT CPU, as exported", run(original, feeds))]:
         rel, cos = relative(got, expected), cosine(got, expected)
-        print(f"\nORT Web wasm, per part, against {against}: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
+        print(f"\nORT Web wasm, per part and 3 chunks of tokens, against {against}: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
         assert rel <= 1e-5 and cos >= 0.999999, (against, rel, cos)
 
 

@@ -22,6 +22,7 @@ pub mod pack_conversion;
 pub mod projections;
 mod proto;
 pub mod reblock;
+pub mod rows;
 mod shapes;
 pub mod split;
 pub mod tables;

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::proto::{read_node, read_tensor, value_info_name, Node};
+use super::proto::{bytes_field, edit_message, read_node, read_tensor, value_info_name, Edit, Node};
 use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire::{self, Field, Value};
@@ -372,4 +372,27 @@ pub(super) fn int64s_tensor(name: &str, values: &[i64]) -> Vec<u8> {
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     wire::put_bytes_field(&mut t, TENSOR_RAW_DATA, &raw);
     t
+}
+
+/// `node` reading and writing the values of `renamed` under their new names, named `name`; every other
+/// field as it was.
+pub(super) fn with_values(
+    node: &Node,
+    name: &str,
+    renamed: &HashMap<&str, String>,
+) -> Result<Vec<u8>, RewriteError> {
+    const WHAT: &str = "NodeProto";
+    let mut out = edit_message(node.bytes, WHAT, |f| {
+        Ok(match f.number {
+            NODE_INPUT | NODE_OUTPUT => match renamed.get(f.string(WHAT)?) {
+                Some(new) => Edit::Replace(bytes_field(f.number, new.as_bytes())),
+                None => Edit::Keep,
+            },
+            NODE_NAME => Edit::Drop,
+            _ => Edit::Keep,
+        })
+    })?
+    .unwrap_or_else(|| node.bytes.to_vec());
+    wire::put_bytes_field(&mut out, NODE_NAME, name.as_bytes());
+    Ok(out)
 }

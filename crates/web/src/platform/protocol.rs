@@ -318,6 +318,9 @@ pub struct StageTiming {
     /// Projections computed per part (`GenerateParams::projections_per_part`).
     #[serde(default)]
     pub parted_projections: u32,
+    /// Token-wise chains computed in chunks of tokens (`GenerateParams::token_chunks`).
+    #[serde(default)]
+    pub chunked_chains: u32,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).
     #[serde(default)]
     pub pieces: u32,

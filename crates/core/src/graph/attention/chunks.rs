@@ -2,8 +2,8 @@
 //! cached buffer, so that they are reused rather than piled up (see `crate::gpu_memory`).
 
 use super::*;
-use crate::graph::nodes::initializer_name;
-use crate::graph::proto::{edit_message, value_info_name, Edit, Node};
+use crate::graph::nodes::{initializer_name, with_values};
+use crate::graph::proto::{value_info_name, Node};
 
 /// The first default-domain opset with `Split`'s `num_outputs` (parts of `ceil(n / C)`, the last
 /// smaller): one node, no shape arithmetic.
@@ -245,25 +245,6 @@ fn slices(base: &str, prefix: &str, query: &str, parts: &[&str]) -> Vec<Vec<u8>>
         nodes.push(node("Slice", &[query, &starts[i], stop, &constant("axis")], part, vec![]));
     }
     nodes
-}
-
-/// `node` reading and writing the values of `renamed` under their new names, named `name`; every other
-/// field as it was.
-fn with_values(node: &Node, name: &str, renamed: &HashMap<&str, String>) -> Result<Vec<u8>, RewriteError> {
-    const WHAT: &str = "NodeProto";
-    let mut out = edit_message(node.bytes, WHAT, |f| {
-        Ok(match f.number {
-            NODE_INPUT | NODE_OUTPUT => match renamed.get(f.string(WHAT)?) {
-                Some(new) => Edit::Replace(bytes_field(f.number, new.as_bytes())),
-                None => Edit::Keep,
-            },
-            NODE_NAME => Edit::Drop,
-            _ => Edit::Keep,
-        })
-    })?
-    .unwrap_or_else(|| node.bytes.to_vec());
-    wire::put_bytes_field(&mut out, NODE_NAME, name.as_bytes());
-    Ok(out)
 }
 
 /// The largest bucket of ONNX Runtime Web's WebGPU buffer cache (160 MiB): larger buffers are created

@@ -86,6 +86,7 @@ fn stage_timings(stage: Stage, t: StageTiming) -> StageTimings {
         fused_attention: t.fused_attention,
         chunked_attention: t.chunked_attention,
         parted_projections: t.parted_projections,
+        chunked_chains: t.chunked_chains,
         pieces: t.pieces,
         stored_form_check_ms: t.stored_form_check_ms,
         worker_created_at_ms: t.worker_created_at_ms,

@@ -442,6 +442,7 @@ fn with_levers(params: &GenerateParams, memory: &MemoryPlan) -> GenerateParams {
         keep_buffers: memory.levers.keep_buffers,
         attention_chunks: memory.levers.attention_chunks,
         projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
+        token_chunks: params.token_chunks.max(memory.levers.token_chunks),
         decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
         ..params.clone()
     }
@@ -527,6 +528,7 @@ impl Tries<'_> {
             keep_buffers: false,
             attention_chunks: memory.levers.attention_chunks,
             projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
+            token_chunks: params.token_chunks.max(memory.levers.token_chunks),
             decoder_piece_bytes: memory.levers.decoder_piece_bytes,
             ..params.clone()
         };

@@ -18,6 +18,8 @@ pub(super) struct Stage {
     pub(super) attention_chunks: u32,
     /// Its wide projections are computed per part (`GenerateParams::parts_projections`).
     pub(super) projections_per_part: bool,
+    /// Its token-wise chains are computed in this many chunks of tokens (`GenerateParams::token_chunks`).
+    pub(super) token_chunks: u32,
     /// It runs as a chain of pieces of at most this many bytes (`GenerateParams::decoder_piece_bytes`).
     pub(super) piece_bytes: Option<u64>,
     pub(super) session: Loaded,
@@ -135,6 +137,7 @@ impl Stage {
             fused_attention: edited.fused_attention,
             chunked_attention: edited.chunked_attention,
             parted_projections: edited.parted_projections,
+            chunked_chains: edited.chunked_chains,
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
@@ -155,6 +158,7 @@ impl Stage {
             fuse_attention: params.fuses_attention(graph),
             attention_chunks: params.attention_chunks(graph),
             projections_per_part: params.parts_projections(graph),
+            token_chunks: params.token_chunks(graph),
             piece_bytes: params.decoder_piece_bytes(graph),
             session,
             inputs,
@@ -184,6 +188,7 @@ impl Stage {
                 && stage.fuse_attention == params.fuses_attention(graph)
                 && stage.attention_chunks == params.attention_chunks(graph)
                 && stage.projections_per_part == params.parts_projections(graph)
+                && stage.token_chunks == params.token_chunks(graph)
                 && stage.piece_bytes == params.decoder_piece_bytes(graph)
         };
         match kept.take() {
@@ -193,6 +198,7 @@ impl Stage {
                     fused_attention: stage.timing.fused_attention,
                     chunked_attention: stage.timing.chunked_attention,
                     parted_projections: stage.timing.parted_projections,
+                    chunked_chains: stage.timing.chunked_chains,
                     pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -436,10 +442,11 @@ struct Edited {
     fused_attention: u32,
     chunked_attention: u32,
     parted_projections: u32,
+    chunked_chains: u32,
 }
 
 /// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
-/// or chunked, the wide projections per part.
+/// or chunked, the wide projections per part, the token-wise chains in chunks of tokens.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
@@ -462,6 +469,11 @@ fn edited_for_webgpu(
     if params.parts_projections(graph) {
         let (parted, n) = projections::per_part(&bytes)?;
         (bytes, edited.parted_projections) = (parted, count(n));
+    }
+    let token_chunks = params.token_chunks(graph);
+    if token_chunks > 1 {
+        let (chunked, n) = rows::chunk_rows(&bytes, token_chunks)?;
+        (bytes, edited.chunked_chains) = (chunked, count(n));
     }
     Ok((bytes, edited))
 }
