@@ -162,7 +162,7 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
     wallMs: r.wallMs,
     memory: r.result?.timings.memory ?? null,
     budget: r.result?.timings.budget ?? null,
-    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections })) ?? null,
+    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
     rendererAboveStart: rendererPeak - rendererBefore,
     // The GPU's use over time (ms from the request, MB), to tell the stages' peaks apart afterwards.
