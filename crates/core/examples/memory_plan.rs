@@ -29,7 +29,11 @@ fn main() {
                     "| {precision:?} | {width}x{height} | {} | {loading} | {} | {} | {pieces} | {:.1} | {} |",
                     budget.map_or("none".to_owned(), |gb| format!("{gb} GB")),
                     plan.levers.attention_chunks,
-                    if plan.levers.projections_per_part { "per part" } else { "whole" },
+                    match (plan.levers.projections_per_part, plan.levers.token_chunks) {
+                        (false, _) => "whole".to_owned(),
+                        (true, 1) => "per part".to_owned(),
+                        (true, n) => format!("per part, tokens in {n}"),
+                    },
                     plan.peak as f64 / GB as f64,
                     if plan.fits { "yes" } else { "no" },
                 );

@@ -358,22 +358,30 @@ impl Job {
 
     /// Bytes of the transformer's per-layer tensors above ORT's cache limit: the widest
     /// ([`TRANSFORMER_WIDEST`]), or with the projections per part each of
-    /// [`TRANSFORMER_WIDTHS_PER_PART`], in `token_chunks` chunks of tokens.
-    fn transformer_uncached(&self, per_part: bool, token_chunks: u32) -> u64 {
+    /// [`TRANSFORMER_WIDTHS_PER_PART`]. Chunks of tokens (`Levers::token_chunks`) would bring them under
+    /// the limit, but are not counted until measured on a GPU: the model stays on what ran.
+    fn transformer_uncached(&self, per_part: bool) -> u64 {
         let bytes = |width: u64| self.tokens() * width * self.precision.bytes();
         if per_part {
-            let chunk = |w: u64| bytes(w).div_ceil(u64::from(token_chunks.max(1)));
-            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(chunk(w))).sum()
+            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(bytes(w))).sum()
         } else {
             uncached(bytes(TRANSFORMER_WIDEST))
         }
     }
 
-    /// The fewest chunks of tokens that bring the widest of [`TRANSFORMER_WIDTHS_PER_PART`] under ORT's
-    /// largest cached buffer.
+    /// The fewest chunks of tokens that bring the gated MLP's tensors (9216 columns) under ORT's
+    /// largest cached buffer, and with them the second projection's input: with that one alone above
+    /// it, float32 768x1024 ran in 8 GB.
     fn token_chunks(&self) -> u32 {
-        let widest = self.tokens() * TRANSFORMER_WIDTHS_PER_PART[0] * self.precision.bytes();
-        u32::try_from(widest.div_ceil(ORT_LARGEST_CACHED_BUFFER)).unwrap_or(u32::MAX).max(1)
+        let mlp = self.tokens() * TRANSFORMER_WIDTHS_PER_PART[1] * self.precision.bytes();
+        let chunks = mlp.div_ceil(ORT_LARGEST_CACHED_BUFFER);
+        if chunks > 1 {
+            // The second projection's input under the limit too.
+            let input = self.tokens() * TRANSFORMER_WIDTHS_PER_PART[0] * self.precision.bytes();
+            u32::try_from(input.div_ceil(ORT_LARGEST_CACHED_BUFFER)).unwrap_or(u32::MAX)
+        } else {
+            1
+        }
     }
 
     /// Bytes of the decoder's attention scores: one head over every pixel of its 8x8-smaller input,
@@ -394,7 +402,7 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
             (
                 0,
                 if uncached(chunk) > 0 { c.score_pile } else { 0 },
-                job.transformer_uncached(levers.projections_per_part, levers.token_chunks),
+                job.transformer_uncached(levers.projections_per_part),
             )
         }
         Stage::Decoder => (job.decoder_scores(), 0, 0),
@@ -423,11 +431,14 @@ pub fn attention_chunks(job: &Job) -> u32 {
 }
 
 /// `levers` with the transformer's projections per part, and its token-wise chains in as many chunks of
-/// tokens as keep their tensors under ORT's cache limit, where that needs less.
+/// tokens as keep their tensors under ORT's cache limit: where that needs less, or where chunks are
+/// needed (float32 above 1008x1008), which the model does not count yet (the plan may then say it
+/// does not fit, and the job tries anyway).
 fn leaner_projections(weights: &StageWeights, job: &Job, levers: Levers) -> Levers {
     let parted = Levers { projections_per_part: true, token_chunks: job.token_chunks(), ..levers };
     let need = |l| stage_need(Stage::Transformer, weights, job, l);
-    if need(parted) < need(Levers { projections_per_part: false, ..levers }) {
+    let whole = Levers { projections_per_part: false, ..levers };
+    if need(parted) < need(whole) || parted.token_chunks > 1 {
         parted
     } else {
         levers

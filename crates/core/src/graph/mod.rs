@@ -4,11 +4,14 @@
 //! * [`pack_conversion`]: that rewrite planned for a whole pack, and the record kept with it.
 //! * [`reblock`]: `MatMulNBits` re-blocked to 32, the only block ORT Web's wide WebGPU kernel takes.
 //! * [`attention`]: attention fused into `MultiHeadAttention`, or computed in chunks of query rows.
+//! * [`projections`]: a wide `MatMulNBits` only cut apart computed as one per part; [`rows`]: token-wise
+//!   chains computed in chunks of tokens.
 //! * [`split`]: a graph (the VAE decoder) cut into a chain of smaller graphs that fit GPU memory.
 //! * `shapes`: each tensor's type and shape at a latent size, which [`split`] sizes pieces by.
 //! * [`tables`]: embedding tables taken out of the graph and looked up by the stage worker.
 //! * `ops`: the operators [`rewrite`] accepts ([`supported_operators`]) and how each one's dtype follows.
-//! * `proto`: nodes, tensors and value infos read, and messages copied with edits.
+//! * `proto`: nodes, tensors and value infos read, and messages copied with edits; `nodes`: a graph's
+//!   nodes as the node edits read them and write them back.
 //!
 //! The protobuf is read and written by hand over `crate::onnx::wire`: a message is a list of fields that
 //! keep their raw bytes, so unknown fields (newer ONNX versions, ORT's annotations) survive byte for byte,
