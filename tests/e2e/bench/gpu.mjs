@@ -5,7 +5,7 @@
 //   node tests/e2e/bench/gpu.mjs --pack DIR [--out DIR] [--size 512] [--large 1024] [--steps 4] [--batch 4]
 //        [--f16-args "--enable-dawn-features=vulkan_enable_f16_on_nvidia"] [--f16-backend webgpu|wasm]
 //        [--reference] [--tolerance-f16 N] [--tolerance-f32 N] [--max-pixels N] [--threads N]
-//        [--ort-alt DIR] [--images NAME,...] [--f16-install]
+//        [--ort-alt DIR] [--images NAME,...] [--f16-install] [--idle-ms 2000]
 //
 // With IMAGINE_WEBGPU=vulkan (harness.mjs) Chromium runs on the GPU. A float16 pack exported like the
 // published one (`--pack`, served by the fake Hub from disk on loopback) goes through:
@@ -52,6 +52,8 @@
 // --images (names as in bench-gpu.json, e.g. f16-warm-up,f16-cold,f16-repeat,f16-large) makes only those
 // images of the plan, when device time is short; the install and the launches stay. --large 0 leaves out
 // the --large images.
+// --idle-ms: how long each image and the install wait first, the idle their memory peaks are measured
+// above (the median of that window's samples, every --interval-ms).
 // Per stage of every image: worker start (creation to its task arriving: script, wasm, ORT bindings),
 // preparing the graph (reading it and its edits; the block-32 one only when re-blocking while loading), session creation, each run, the stage's wall
 // time (its worker's creation to the end of its work) and what of it was neither (waiting for the
@@ -89,6 +91,7 @@ const { values: o } = parseArgs({
     'max-pixels': { type: 'string', default: '0' },
     threads: { type: 'string', default: String(Math.max(1, Math.floor(os.cpus().length / 3))) },
     'interval-ms': { type: 'string', default: '200' },
+    'idle-ms': { type: 'string', default: '2000' },
     'timeout-min': { type: 'string', default: '20' },
     'ort-alt': { type: 'string' },
   },
@@ -122,6 +125,7 @@ const PROMPTS = {
 /** How long stages stay loaded after an image while the bench measures the product as it ships. */
 const KEEP_LOADED_S = 300;
 const TIMEOUT_MS = Number(o['timeout-min']) * 60_000;
+const IDLE_MS = Number(o['idle-ms']);
 fs.mkdirSync(OUT, { recursive: true });
 
 const log = (m) => console.log(`bench gpu: ${m}`);
@@ -392,8 +396,8 @@ function collectProgress(page) {
 }
 
 async function install(b, sampler) {
-  await h.sleep(2000);
-  const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
+  await h.sleep(IDLE_MS);
+  const idle = medianBetween(sampler.history, Date.now() - IDLE_MS, Date.now());
   const t = Date.now();
   const reply = await h.startInstall(b.page, hub, REPO);
   if (reply?.type !== 'installStarted') throw new Error(`installPack: ${JSON.stringify(reply)}`);
@@ -471,9 +475,9 @@ async function fusedAttention(b, sampler, { prompt, tag, prefix, extra = {} }) {
 async function image(b, sampler, { label, name, size, count = 1, ...rest }) {
   if (o.images && !o.images.split(',').includes(name)) return void log(`${label}: left out (--images)`);
   if (!size) return void log(`${label}: left out (--large 0)`);
-  await h.sleep(2000);
-  const idle = medianBetween(sampler.history, Date.now() - 2000, Date.now());
-  const gpuIdle = gpuMemory.median(Date.now() - 2000, Date.now());
+  await h.sleep(IDLE_MS);
+  const idle = medianBetween(sampler.history, Date.now() - IDLE_MS, Date.now());
+  const gpuIdle = gpuMemory.median(Date.now() - IDLE_MS, Date.now());
   const req = { width: size, height: size, steps: STEPS, count, ...rest };
   log(`${label}: ${size}x${size}, ${STEPS} steps, ${count} image(s) ...`);
   await h.collectEvents(b.page);
