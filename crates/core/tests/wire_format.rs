@@ -1,6 +1,6 @@
 //! The JSON of what is kept and sent (gallery items and index, results) stays as it was: each literal
 //! is what the code wrote before the image parameters became one type (`ImageParams`), and must parse
-//! and come back byte for byte.
+//! and come back byte for byte; a renamed field keeps its key.
 
 use imagine_core::api::{Event, GenerateResult};
 use imagine_core::gallery::{GalleryIndex, GalleryItem};
@@ -86,4 +86,13 @@ fn an_older_index_still_parses() {
     let old = &index.items[0];
     assert_eq!((old.image.prompt.as_str(), old.image.seed, old.image.steps), ("old", 7, 3));
     assert_eq!((old.created, old.timings.as_ref(), old.pack_commit.as_deref()), (1.6e12, None, None));
+}
+
+#[test]
+fn pack_status_keeps_its_key_for_the_stored_forms_bytes() {
+    // The Rust field is named for the re-blocked forms; the key the pages and tests read is as before.
+    let status = imagine_core::api::PackStatus { reblocked_bytes: Some(854_387), ..Default::default() };
+    let json = serde_json::to_value(&status).unwrap();
+    assert_eq!(json["block32Bytes"], 854_387, "{json}");
+    assert_eq!(serde_json::from_value::<imagine_core::api::PackStatus>(json).unwrap(), status);
 }

@@ -126,8 +126,8 @@ pub struct PackStatus {
     #[serde(default)]
     pub converted_bytes: Option<u64>,
     /// Bytes of the graphs re-blocked to 32 stored beside it for WebGPU (`<stem>.b32.onnx`,
-    /// `<stem>.b32.data`), when it has any.
-    #[serde(default)]
+    /// `<stem>.b32.data`), when it has any. Its JSON name is the one the message API has always had.
+    #[serde(default, rename = "block32Bytes")]
     pub reblocked_bytes: Option<u64>,
     pub storage: StorageUse,
     /// A download that is running, paused or failed (resumable), if any.
