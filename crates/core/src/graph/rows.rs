@@ -53,10 +53,10 @@ pub fn chunk_rows(model: &[u8], chunks: u32) -> Result<(Vec<u8>, usize), Rewrite
     if chains.is_empty() {
         return Ok((model.to_vec(), 0));
     }
-    let nodes = chunked_nodes(&graph, &chains, chunks)?;
+    let (nodes, chunked) = chunked_nodes(&graph, &chains, chunks)?;
     let kept: Vec<&NewNode> = nodes.iter().collect();
     let out = write_nodes(&graph, &graph_fields, &kept, &[], graph_bytes.len())?;
-    Ok((with_graph(&fields, &out), chains.len()))
+    Ok((with_graph(&fields, &out), chunked))
 }
 
 /// One chain of token-wise nodes.
@@ -135,8 +135,12 @@ fn is_token_wise(node: &Node, rank: usize) -> bool {
 }
 
 /// The new node list: each chain's inputs cut, its copies, its results put back, where its last node
-/// was; its nodes gone.
-fn chunked_nodes(graph: &Graph, chains: &[Chain], chunks: u32) -> Result<Vec<NewNode>, RewriteError> {
+/// was; its nodes gone; and how many chains were cut (one that shares a node with an earlier one is not).
+fn chunked_nodes(
+    graph: &Graph,
+    chains: &[Chain],
+    chunks: u32,
+) -> Result<(Vec<NewNode>, usize), RewriteError> {
     let mut at: HashMap<usize, (usize, &Chain)> = HashMap::new();
     let mut gone: HashSet<usize> = HashSet::new();
     for (k, chain) in chains.iter().enumerate() {
@@ -155,7 +159,7 @@ fn chunked_nodes(graph: &Graph, chains: &[Chain], chunks: u32) -> Result<Vec<New
             nodes.push(NewNode::kept(node));
         }
     }
-    Ok(nodes)
+    Ok((nodes, at.len()))
 }
 
 /// One chain: each input cut into `chunks` along the tokens, the chain's nodes copied per chunk, and
@@ -185,20 +189,11 @@ fn push_chunked(
                 renamed.insert(o, part(c, o));
             }
             let bytes = with_values(node, &part(c, node.name_or_output()), &renamed)?;
-            nodes.push(NewNode {
-                original: None,
-                inputs: node
-                    .inputs
-                    .iter()
-                    .map(|v| renamed.get(v).cloned().unwrap_or_else(|| (*v).to_owned()))
-                    .collect(),
-                outputs: node
-                    .outputs
-                    .iter()
-                    .map(|v| renamed.get(v).cloned().unwrap_or_else(|| (*v).to_owned()))
-                    .collect(),
-                bytes,
-            });
+            let names = |values: &[&str]| -> Vec<String> {
+                values.iter().map(|&v| renamed.get(v).cloned().unwrap_or_else(|| v.to_owned())).collect()
+            };
+            let (inputs, outputs) = (names(&node.inputs), names(&node.outputs));
+            nodes.push(NewNode { original: None, inputs, outputs, bytes });
         }
         results.push(part(c, output));
     }

@@ -17,6 +17,7 @@ mod attention;
 mod float32;
 mod projections;
 mod reblock;
+mod rows;
 mod tables;
 
 // ------------------------------------------------------------------------------------------------
