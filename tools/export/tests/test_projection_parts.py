@@ -40,6 +40,32 @@ def locations(path):
     return {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
 
 
+def assert_computes_as_exported(original, edited, activations, what):
+    """`edited` gives `original`'s output on ORT CPU: float32 within rounding, float16 as ORT's float16
+    kernel rounds a narrower product's sums differently."""
+    feeds = transformer_feeds(original, np.random.default_rng(0))
+    expected, got = run(original, feeds), run(edited, feeds)
+    rel, cos = relative(got, expected), cosine(got, expected)
+    print(f"\n{activations}, {what}, ORT CPU: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
+    if activations == "float32":
+        assert rel <= 1e-5 and cos >= 0.999999, (rel, cos)
+    else:
+        assert rel <= 1e-3 and cos >= 0.99999, (rel, cos)
+
+
+def difference_when_edited(original, graph, edit, what):
+    """The largest difference from `original`'s output, relative to its largest value, of `graph` after
+    `edit(model)`."""
+    feeds = transformer_feeds(original, np.random.default_rng(0))
+    model = onnx.load(graph, load_external_data=False)
+    edit(model)
+    broken = graph.replace(".onnx", ".broken.onnx")
+    onnx.save(model, broken)
+    rel = relative(run(broken, feeds), run(original, feeds))
+    print(f"\n{what}: max difference {rel:.2e} of the largest value")
+    return rel
+
+
 @pytest.mark.parametrize("activations", ["float32", "float16"])
 def test_tiny_transformers_per_part_compute_the_same(tiny_packs, activations, tmp_path):
     pack, original = copy_pack(tiny_packs, activations, tmp_path)
@@ -58,14 +84,7 @@ def test_tiny_transformers_per_part_compute_the_same(tiny_packs, activations, tm
     # Nothing copied: the parts read the pack's own files.
     assert locations(parted) <= locations(original) and sorted(os.listdir(pack)) == sorted(files + ["transformer_q8.parted.onnx"])
 
-    feeds = transformer_feeds(original, np.random.default_rng(0))
-    expected, got = run(original, feeds), run(parted, feeds)
-    rel, cos = relative(got, expected), cosine(got, expected)
-    print(f"\n{activations}, per part, ORT CPU: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
-    if activations == "float32":
-        assert rel <= 1e-5 and cos >= 0.999999, (rel, cos)
-    else:  # ORT's float16 kernel rounds a narrower product's sums differently
-        assert rel <= 1e-3 and cos >= 0.99999, (rel, cos)
+    assert_computes_as_exported(original, parted, activations, "per part")
 
 
 @pytest.mark.parametrize("chunks", [2, 3])
@@ -81,14 +100,7 @@ def test_tiny_transformers_chains_in_chunks_of_tokens_compute_the_same(tiny_pack
     before, after = ops(parted), ops(chunked)
     assert after.count("MatMulNBits") == before.count("MatMulNBits") + (chunks - 1) * (3 + 3 + 3)
     assert after.count("Split") == before.count("Split") + 2 + 2
-    feeds = transformer_feeds(original, np.random.default_rng(0))
-    expected, got = run(original, feeds), run(chunked, feeds)
-    rel, cos = relative(got, expected), cosine(got, expected)
-    print(f"\n{activations}, {chunks} chunks of tokens, ORT CPU: max difference {rel:.2e} of the largest value, cosine {cos:.9f}")
-    if activations == "float32":
-        assert rel <= 1e-5 and cos >= 0.999999, (rel, cos)
-    else:
-        assert rel <= 1e-3 and cos >= 0.99999, (rel, cos)
+    assert_computes_as_exported(original, chunked, activations, f"{chunks} chunks of tokens")
 
 
 def test_chunks_of_tokens_put_back_wrong_are_seen(tiny_packs, tmp_path):
@@ -96,16 +108,11 @@ def test_chunks_of_tokens_put_back_wrong_are_seen(tiny_packs, tmp_path):
     parted = os.path.join(pack, "transformer_q8.parted.onnx")
     chunked = os.path.join(pack, "transformer_q8.rows.onnx")
     assert per_part(original, parted) == 3 and chunk_rows(parted, chunked, 2) == 3
-    feeds = transformer_feeds(original, np.random.default_rng(0))
-    expected = run(original, feeds)
-    model = onnx.load(chunked, load_external_data=False)
-    concat = next(n for n in model.graph.node if n.name == "imagine_rows/2/concat")
-    concat.input.reverse()
-    swapped = os.path.join(pack, "transformer_q8.rows_swapped.onnx")
-    onnx.save(model, swapped)
-    rel = relative(run(swapped, feeds), expected)
-    print(f"\nchunks of tokens swapped: max difference {rel:.2e} of the largest value")
-    assert rel > 1e-3
+
+    def swap(model):
+        next(n for n in model.graph.node if n.name == "imagine_rows/2/concat").input.reverse()
+
+    assert difference_when_edited(original, chunked, swap, "chunks of tokens swapped") > 1e-3
 
 
 def test_reblocked_then_per_part_computes_the_same(tiny_packs, tmp_path):
@@ -127,17 +134,13 @@ def test_parts_computed_into_the_wrong_places_are_seen(tiny_packs, tmp_path):
     pack, original = copy_pack(tiny_packs, "float32", tmp_path)
     parted = os.path.join(pack, "transformer_q8.parted.onnx")
     assert per_part(original, parted) == 3
-    feeds = transformer_feeds(original, np.random.default_rng(0))
-    expected = run(original, feeds)
-    model = onnx.load(parted, load_external_data=False)
-    # Query and key swapped: the same shapes, the columns in the wrong places.
-    query, key = [n for n in model.graph.node if n.name.startswith("node_linear_19_Q8/columns_")][:2]
-    query.output[0], key.output[0] = key.output[0], query.output[0]
-    swapped = os.path.join(pack, "transformer_q8.swapped.onnx")
-    onnx.save(model, swapped)
-    rel = relative(run(swapped, feeds), expected)
-    print(f"\nquery and key swapped: max difference {rel:.2e} of the largest value")
-    assert rel > 1e-3
+
+    def swap(model):
+        # Query and key swapped: the same shapes, the columns in the wrong places.
+        query, key = [n for n in model.graph.node if n.name.startswith("node_linear_19_Q8/columns_")][:2]
+        query.output[0], key.output[0] = key.output[0], query.output[0]
+
+    assert difference_when_edited(original, parted, swap, "query and key swapped") > 1e-3
 
 
 def test_the_parted_transformer_runs_on_ort_web(tiny_packs, tmp_path):
