@@ -608,6 +608,8 @@ mod tests {
         encode_png(&[0; 8], 2, 1, &meta).unwrap()
     }
 
+    /// One sequence on purpose: the PNGs found, the index rebuilt from them, then each field of each
+    /// item checked in turn (long, but each step reads the one before).
     #[test]
     fn a_lost_index_is_rebuilt_from_the_pngs_text_chunks() {
         assert!(matches!(GalleryIndex::parse(b"{not json"), Err(GalleryError::Corrupt(_))));

@@ -50,6 +50,7 @@ fn everything() -> Vec<u8> {
     ])
 }
 
+/// One graph holding every kind of rewrite, checked field by field: long, as a table of expectations is.
 #[test]
 fn rewrites_types_casts_constants_and_initializers() {
     let original = everything();
@@ -314,6 +315,8 @@ pub(super) fn table_model(extra: &[(u64, Vec<u8>)]) -> Vec<u8> {
     model(&fields)
 }
 
+/// One table taken out and everything that follows from it checked in turn (the graph left, its inputs,
+/// the plan's bytes, the rows the web side reads, the policies): long, as a list of expectations is.
 #[test]
 fn a_table_too_large_for_one_buffer_is_looked_up_outside() {
     // float32 table: 60 bytes; a 48-byte limit leaves it outside.
