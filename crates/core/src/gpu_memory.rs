@@ -225,9 +225,11 @@ impl StageWeights {
 /// the bytes of one attention's scores at this size; for the transformer also `score_pile` and
 /// `per_wide·wide`, `wide` the bytes of its widest per-layer tensor. ORT caches released buffers up to
 /// 160 MiB and reuses them; larger ones are made afresh and freed only once the GPU has caught up, so
-/// they pile up: the transformer's two terms count only while their tensor is over the cache's limit
-/// (the attention in chunks brings the scores under it). The scores' pile measured about the same,
-/// 4.4-4.7 GB, for 1.02 GB of scores (float16, 1024x1024) and 0.23 GB (float32, 512x512).
+/// they pile up: the transformer's pile and wide terms count only while their tensor is over the
+/// cache's limit (the attention in chunks brings the scores under it). The scores' pile measured about
+/// the same, 4.4-4.7 GB, for 1.02 GB of scores (float16, 1024x1024) and 0.23 GB (float32, 512x512).
+/// With the scores in chunks under the limit, what the cache holds grows with them instead
+/// (`per_score`).
 #[derive(Debug, Clone, Copy)]
 struct Coefficients {
     fixed: i64,
@@ -242,12 +244,14 @@ struct Coefficients {
 /// (float32); transformer 5.85 and 11.22 GB at 512x512 and 1024x1024 (float16), 11.42 GB at 512x512
 /// (float32); decoder 3.90 and 17.94 GB at 512x512 and 1024x1024. With the GPU held to 7.8 GB free:
 /// the float32 transformer at 512x512 in 2 chunks ran within 6.74 GB; at 1024x1024 in 13 chunks it did
-/// not fit; the float16 one at 1024x1024 in 7 chunks did. The text encoder's embedding table stays on
-/// disk, so its float16 need is its weights.
+/// not fit; the float16 one at 1024x1024 in 7 chunks did. The transformer's `per_score`, with its
+/// projections per part: float32 6.39, 7.07 and 7.76 GB at 512x512, 768x1024 and 1024x1024 (the last
+/// with its chains in chunks of tokens), float16 5.8, 6.4 and 6.7 GB (BENCHMARKS.md, "GPU memory"). The
+/// text encoder's embedding table stays on disk, so its float16 need is its weights.
 fn coefficients(stage: Stage, precision: Precision) -> Coefficients {
     use Precision::*;
     let none = Coefficients { fixed: 0, per_pixel: 0.0, per_score: 0.0, score_pile: 0, per_wide: 0.0 };
-    let transformer = Coefficients { score_pile: 4_700_000_000, per_wide: 4.0, ..none };
+    let transformer = Coefficients { per_score: 0.85, score_pile: 4_700_000_000, per_wide: 4.0, ..none };
     match (stage, precision) {
         (Stage::TextEncoder, Float16) => none,
         (Stage::TextEncoder, Float32) => Coefficients { fixed: 190_000_000, ..none },
@@ -265,9 +269,14 @@ const TRANSFORMER_WIDEST: u64 = 27_648;
 /// With the projections computed per part, the widths of a single-stream block's widest tensors: the
 /// second projection's input (the attention's output and the MLP's, 3072 + 9216) and the gated MLP's
 /// four of 9216 (its two halves, the activation, the product). Each that is larger than ORT's cache
-/// limit counts: on the H200 held to 7.8 GB free, float32 768x1024 (only the first above the limit)
-/// ran within 7.1 GB and 1024x1024 (all five above it) ran out.
+/// limit counts once ([`PER_PART_WIDE`]): on the H200 held to 7.8 GB free, float32 768x1024 (only the
+/// first above the limit) ran within 7.1 GB and 1024x1024 (all five above it) ran out; in 2 chunks of
+/// tokens (all five under the limit) it ran within 7.8 GB on an H100.
 const TRANSFORMER_WIDTHS_PER_PART: [u64; 5] = [12_288, 9_216, 9_216, 9_216, 9_216];
+
+/// How many times a per-part tensor above ORT's cache limit counts: once (the whole projection's
+/// tensor, 2.25 times wider, counts `per_wide` times).
+const PER_PART_WIDE: f64 = 1.0;
 
 /// What ORT's simple cache (`keepBuffers`: every buffer kept between runs) adds to a stage's working
 /// memory: measured +9 % (float16) and +17 % (float32) of the whole GPU at 1024x1024, most of it the
@@ -356,16 +365,18 @@ impl Job {
         TRANSFORMER_HEADS * self.tokens() * self.tokens() * self.precision.bytes()
     }
 
-    /// Bytes of the transformer's per-layer tensors above ORT's cache limit: the widest
-    /// ([`TRANSFORMER_WIDEST`]), or with the projections per part each of
-    /// [`TRANSFORMER_WIDTHS_PER_PART`]. Chunks of tokens (`Levers::token_chunks`) would bring them under
-    /// the limit, but are not counted until measured on a GPU: the model stays on what ran.
-    fn transformer_uncached(&self, per_part: bool) -> u64 {
+    /// Bytes of the transformer's per-layer tensors above ORT's cache limit, weighed by how they pile:
+    /// the widest ([`TRANSFORMER_WIDEST`]) `per_wide` times, or with the projections per part each of
+    /// [`TRANSFORMER_WIDTHS_PER_PART`] once, in `token_chunks` chunks of tokens.
+    fn transformer_uncached(&self, levers: Levers, per_wide: f64) -> f64 {
         let bytes = |width: u64| self.tokens() * width * self.precision.bytes();
-        if per_part {
-            TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(bytes(w))).sum()
+        if levers.projections_per_part {
+            let chunks = u64::from(levers.token_chunks.max(1));
+            let parts: u64 =
+                TRANSFORMER_WIDTHS_PER_PART.iter().map(|&w| uncached(bytes(w).div_ceil(chunks))).sum();
+            PER_PART_WIDE * parts as f64
         } else {
-            uncached(bytes(TRANSFORMER_WIDEST))
+            per_wide * uncached(bytes(TRANSFORMER_WIDEST)) as f64
         }
     }
 
@@ -396,22 +407,21 @@ impl Job {
 pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Levers) -> u64 {
     let c = coefficients(stage, job.precision);
     let (scores, pile, wide) = match stage {
-        Stage::TextEncoder => (0, 0, 0),
+        Stage::TextEncoder => (0, 0, 0.0),
         Stage::Transformer => {
             let chunk = job.transformer_scores().div_ceil(u64::from(levers.attention_chunks.max(1)));
-            (
-                0,
-                if uncached(chunk) > 0 { c.score_pile } else { 0 },
-                job.transformer_uncached(levers.projections_per_part),
-            )
+            let wide = job.transformer_uncached(levers, c.per_wide);
+            // Piled scores, or scores in cached chunks: not both.
+            if uncached(chunk) > 0 {
+                (0, c.score_pile, wide)
+            } else {
+                (job.transformer_scores(), 0, wide)
+            }
         }
-        Stage::Decoder => (job.decoder_scores(), 0, 0),
+        Stage::Decoder => (job.decoder_scores(), 0, 0.0),
     };
-    let mut working = c.fixed as f64
-        + c.per_pixel * job.pixels() as f64
-        + c.per_score * scores as f64
-        + pile as f64
-        + c.per_wide * wide as f64;
+    let mut working =
+        c.fixed as f64 + c.per_pixel * job.pixels() as f64 + c.per_score * scores as f64 + pile as f64 + wide;
     let piece = if stage == Stage::Decoder { levers.decoder_piece_bytes } else { None };
     if let Some(piece) = piece {
         let floor = DECODER_SPLIT_FLOOR_PER_PIXEL * job.pixels() as f64;
@@ -431,14 +441,12 @@ pub fn attention_chunks(job: &Job) -> u32 {
 }
 
 /// `levers` with the transformer's projections per part, and its token-wise chains in as many chunks of
-/// tokens as keep their tensors under ORT's cache limit: where that needs less, or where chunks are
-/// needed (float32 above 1008x1008), which the model does not count yet (the plan may then say it
-/// does not fit, and the job tries anyway).
+/// tokens as keep their tensors under ORT's cache limit, where that needs less.
 fn leaner_projections(weights: &StageWeights, job: &Job, levers: Levers) -> Levers {
     let parted = Levers { projections_per_part: true, token_chunks: job.token_chunks(), ..levers };
     let need = |l| stage_need(Stage::Transformer, weights, job, l);
     let whole = Levers { projections_per_part: false, ..levers };
-    if need(parted) < need(whole) || parted.token_chunks > 1 {
+    if need(parted) < need(whole) {
         parted
     } else {
         levers
