@@ -21,6 +21,10 @@ fn main() {
                     (false, false, false) => "one stage at a time",
                     _ => "other",
                 };
+                let loading = match plan.levers.transformer_pieces {
+                    1 => loading.to_owned(),
+                    n => format!("{loading}, transformer streamed in {n}"),
+                };
                 let pieces = plan
                     .levers
                     .decoder_piece_bytes

@@ -184,6 +184,10 @@ pub struct GenerateRequest {
     /// projection) computed on WebGPU in this many chunks of tokens (`crate::graph::rows`), clamped to 1
     /// to 64; by default as the GPU memory plan says.
     pub token_chunks: Option<u32>,
+    /// For benchmarks and tests: the transformer streamed on WebGPU in this many pieces of its weights,
+    /// one piece's session at a time (`crate::graph::split::by_weights`), clamped to 1 to 8; by default
+    /// as the GPU memory plan says (whole, unless its weights do not fit beside its work).
+    pub transformer_pieces: Option<u32>,
     /// For benchmarks and tests: the decoder runs on WebGPU as a chain of pieces of at most this many
     /// bytes each (`crate::graph::split`), the GPU awaited between them; by default as the GPU
     /// memory plan says (whole, unless the budget needs it).

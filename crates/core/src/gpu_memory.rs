@@ -19,6 +19,7 @@ use crate::api::Stage;
 use crate::graph::attention::{chunks_for, ORT_LARGEST_CACHED_BUFFER};
 use crate::message::{number, Localize, Message};
 use crate::pack::Graph;
+use crate::params::MAX_TRANSFORMER_PIECES;
 
 /// A gigabyte, as the pages say sizes (decimal).
 pub const GB: u64 = 1_000_000_000;
@@ -311,6 +312,10 @@ pub struct Levers {
     /// (`graph::split`; `None`: whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder_piece_bytes: Option<u64>,
+    /// The transformer is streamed in this many pieces of its weights, one on the GPU at a time
+    /// (`graph::split::by_weights`; 1: whole).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub transformer_pieces: u32,
 }
 
 impl Levers {
@@ -321,6 +326,7 @@ impl Levers {
         projections_per_part: false,
         token_chunks: 1,
         decoder_piece_bytes: None,
+        transformer_pieces: 1,
     };
 }
 
@@ -431,8 +437,23 @@ pub fn stage_need(stage: Stage, weights: &StageWeights, job: &Job, levers: Lever
     if levers.keep_buffers && stage != Stage::TextEncoder && piece.is_none() {
         working *= KEEP_BUFFERS_FACTOR;
     }
-    weights.of(stage) + working.max(0.0) as u64
+    let weights = match stage {
+        Stage::Transformer if levers.transformer_pieces > 1 => streamed_piece(weights.transformer, levers),
+        _ => weights.of(stage),
+    };
+    weights + working.max(0.0) as u64
 }
+
+/// The weights of the largest piece of a transformer streamed in `levers.transformer_pieces`: an even
+/// share, and [`STREAMED_PIECE_SLACK`] for cuts between blocks rather than at the exact share.
+fn streamed_piece(weights: u64, levers: Levers) -> u64 {
+    let share = weights.div_ceil(u64::from(levers.transformer_pieces));
+    (share as f64 * STREAMED_PIECE_SLACK) as u64
+}
+
+/// How much larger than an even share the largest streamed piece may be: the cuts go between the
+/// transformer's 25 blocks (5 double-stream, 20 single-stream, about 0.17 GB each).
+const STREAMED_PIECE_SLACK: f64 = 1.1;
 
 /// The fewest query chunks that bring one attention's scores under ORT's largest cached buffer, for
 /// `job`'s transformer.
@@ -482,8 +503,9 @@ pub struct Wanted {
 
 /// The fastest plan for `job` within `budget` (`None`: no known limit), from what it would like down
 /// to one stage at a time with nothing kept, no buffers kept, the attention chunked and the decoder
-/// split. Where even that does not fit, that leanest plan with `fits: false`: the pages warn before,
-/// and the job tries anyway.
+/// split, then the transformer streamed in 2 to [`MAX_TRANSFORMER_PIECES`] pieces of its weights.
+/// Where nothing fits, the smallest plan with `fits: false`: the pages warn before, and the job tries
+/// anyway.
 pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Wanted) -> MemoryPlan {
     let all = |levers| -> u64 { STAGES.iter().map(|&s| stage_need(s, weights, job, levers)).sum() };
     let largest =
@@ -502,6 +524,12 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     let split = Levers { decoder_piece_bytes: Some(piece), ..chunked };
     let together = wanted.ahead || wanted.keep;
     let leanest = (false, split, largest(split));
+    // The transformer streamed a piece of its weights at a time: the last resort, as every piece is
+    // read again on every step.
+    let streamed = (2..=MAX_TRANSFORMER_PIECES).map(|pieces| {
+        let levers = Levers { transformer_pieces: pieces, ..split };
+        (false, levers, largest(levers))
+    });
     let candidates = [
         (together, levers, all(levers)),
         (together, lean_levers, all(lean_levers)),
@@ -517,7 +545,11 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    candidates.into_iter().map(plan_of).find(|p| p.fits).unwrap_or_else(|| plan_of(leanest))
+    let candidates = candidates.into_iter().chain(streamed).map(plan_of);
+    candidates.clone().find(|p| p.fits).unwrap_or_else(|| {
+        // Nothing fits: the smallest, with the fewest pieces among equals.
+        candidates.min_by_key(|p| p.peak).unwrap_or_else(|| plan_of(leanest))
+    })
 }
 
 /// What a job taught about this GPU: a plan needing `failed_peak` bytes failed on `adapter` with the pack
@@ -600,6 +632,11 @@ impl MemoryFacts {
             projections_per_part: leaner.projections_per_part,
             token_chunks: leaner.token_chunks,
             decoder_piece_bytes: Some(replanned.levers.decoder_piece_bytes.map_or(halved, |p| p.min(halved))),
+            // Streamed already: in pieces half as large.
+            transformer_pieces: match failed.levers.transformer_pieces {
+                1 => replanned.levers.transformer_pieces,
+                pieces => (pieces * 2).min(MAX_TRANSFORMER_PIECES),
+            },
         };
         let peak = STAGES.iter().map(|&s| stage_need(s, &self.weights, &job, levers)).max().unwrap_or(0);
         let retry =
@@ -630,4 +667,8 @@ mod tests;
 
 fn one() -> u32 {
     1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }

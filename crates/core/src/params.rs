@@ -40,6 +40,9 @@ pub const MAX_PROMPT_CHARS: usize = 20_000;
 /// The most chunks of tokens a request may ask the transformer's chains in (`GenerateRequest::token_chunks`,
 /// a benchmark's switch: clamped to 1..=64, as ONNX Runtime splits the tokens however many there are).
 pub const MAX_TOKEN_CHUNKS: u32 = 64;
+/// The most pieces the transformer may be streamed in (`GenerateRequest::transformer_pieces`): each
+/// piece's weights are read again on every step, and beyond this a piece is a block or two.
+pub const MAX_TRANSFORMER_PIECES: u32 = 8;
 
 /// The highest `MatMulNBits` `accuracy_level` (ONNX Runtime's: 4 computes with int8 activations).
 pub const MAX_ACCURACY_LEVEL: u8 = 4;
@@ -136,6 +139,10 @@ pub struct GenerateParams {
     /// (`GenerateRequest::token_chunks`, or the memory plan's; 1: whole).
     #[serde(default = "one")]
     pub token_chunks: u32,
+    /// The transformer streamed on WebGPU in this many pieces of its weights, one on the GPU at a time
+    /// (`GenerateRequest::transformer_pieces`, or the memory plan's; 1: whole).
+    #[serde(default = "one")]
+    pub transformer_pieces: u32,
     /// Nothing of the job is kept on disk (`GenerateRequest::private`).
     #[serde(default)]
     pub private: bool,
@@ -234,6 +241,16 @@ impl GenerateParams {
         }
     }
 
+    /// In how many pieces of its weights `graph` is streamed ([`GenerateParams::transformer_pieces`]):
+    /// the transformer's on WebGPU only.
+    pub fn transformer_pieces(&self, graph: Graph) -> u32 {
+        if graph == Graph::Transformer && self.backend == Backend::WebGpu {
+            self.transformer_pieces.max(1)
+        } else {
+            1
+        }
+    }
+
     /// What `graph`'s session is made with besides its graph and backend: a stage loaded with other
     /// options is not reused for these parameters.
     pub fn session_options(&self, graph: Graph) -> SessionOptions {
@@ -245,6 +262,7 @@ impl GenerateParams {
             token_chunks: self.token_chunks(graph),
             attention_chunks: self.attention_chunks(graph),
             decoder_piece_bytes: self.decoder_piece_bytes(graph),
+            transformer_pieces: self.transformer_pieces(graph),
         }
     }
 
@@ -283,6 +301,8 @@ pub struct SessionOptions {
     pub attention_chunks: u32,
     /// The graph run as a chain of pieces of at most this many bytes.
     pub decoder_piece_bytes: Option<u64>,
+    /// The graph streamed in this many pieces of its weights.
+    pub transformer_pieces: u32,
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.
@@ -447,6 +467,7 @@ impl GenerateRequest {
             fuse_attention: self.fuse_attention.unwrap_or(false),
             projections_per_part: self.projections_per_part.unwrap_or(false),
             token_chunks: self.token_chunks.unwrap_or(1).clamp(1, MAX_TOKEN_CHUNKS),
+            transformer_pieces: self.transformer_pieces.unwrap_or(1).clamp(1, MAX_TRANSFORMER_PIECES),
             private: self.private,
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,

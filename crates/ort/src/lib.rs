@@ -30,6 +30,7 @@ use js_sys::{
     Array, BigInt64Array, Float32Array, Int32Array, Int8Array, Object, Promise, Reflect, Uint16Array,
     Uint8Array,
 };
+use std::cell::RefCell;
 use std::collections::HashMap;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -123,6 +124,9 @@ pub enum OrtError {
     /// `run` did not return an output the caller asked for.
     #[error("the graph returned no output named `{0}`")]
     MissingOutput(String),
+    /// A piece of a chain was run while its session was not made (a run that failed midway).
+    #[error("a piece of the chain has no session")]
+    Released,
 }
 
 impl From<JsValue> for OrtError {
@@ -160,6 +164,7 @@ pub enum Provider {
 }
 
 /// Where one external-data file of a graph comes from.
+#[derive(Clone)]
 pub struct ExternalData {
     /// The location recorded in the graph.
     pub path: String,
@@ -278,17 +283,42 @@ impl Session {
 }
 
 /// A graph run as a chain of smaller graphs ("pieces", `imagine_core::graph::split`), one session
-/// each, in order: what a piece passes on stays on the GPU, what no later piece reads is freed after
-/// each piece, and the GPU is waited for before the next, so that the chain's peak is its largest
-/// piece's rather than the whole graph's.
+/// each, in order. What no later piece reads is freed after each piece, and the GPU is waited for before
+/// the next.
+///
+/// Resident ([`Chain::create`]): every piece's session stays made, what a piece passes on stays on the
+/// GPU, and the chain's peak is its largest piece's work rather than the whole graph's (the decoder).
+/// Streamed ([`Chain::streamed`]): one piece's session at a time, made when it runs and released
+/// before the next is made, what a piece passes on read back to the CPU, so that only one piece's
+/// weights are ever on the GPU (a transformer whose weights do not fit beside its work), at the cost
+/// of reading every piece's weights again on every run.
 pub struct Chain {
     pieces: Vec<ChainPiece>,
+    /// Where a streamed chain's pieces are made from; `None` for a resident chain.
+    streamed: Option<Streamed>,
 }
 
 struct ChainPiece {
-    session: Session,
+    /// Made; in a streamed chain only while it runs (and the first piece between runs).
+    session: RefCell<Option<Session>>,
+    /// The graph, kept to make the session again (streamed chains only).
+    graph: Vec<u8>,
     inputs: Vec<String>,
     outputs: Vec<String>,
+    input_infos: Vec<TensorInfo>,
+    output_infos: Vec<TensorInfo>,
+}
+
+struct Streamed {
+    external: Vec<ExternalData>,
+    provider: Provider,
+}
+
+impl ChainPiece {
+    fn new(session: Session, graph: Vec<u8>, inputs: Vec<String>, outputs: Vec<String>) -> ChainPiece {
+        let (input_infos, output_infos) = (session.inputs(), session.outputs());
+        ChainPiece { session: RefCell::new(Some(session)), graph, inputs, outputs, input_infos, output_infos }
+    }
 }
 
 impl Chain {
@@ -309,9 +339,37 @@ impl Chain {
                 Provider::WebGpu { channels_first: true, keep_buffers: false, gpu_outputs: i < last };
             let session =
                 Session::create(&Uint8Array::from(graph.as_slice()), external, &provider, false).await?;
-            created.push(ChainPiece { session, inputs, outputs });
+            created.push(ChainPiece::new(session, Vec::new(), inputs, outputs));
         }
-        Ok(Chain { pieces: created })
+        Ok(Chain { pieces: created, streamed: None })
+    }
+
+    /// A streamed chain of `pieces` on `provider` (its outputs read back to the CPU). Each piece's
+    /// session is made once here, last to first, for what it declares, and released, but for the
+    /// first's, which the first run uses.
+    pub async fn streamed(
+        pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
+        external: Vec<ExternalData>,
+        provider: Provider,
+    ) -> Result<Chain, OrtError> {
+        let provider = match provider {
+            Provider::WebGpu { channels_first, keep_buffers, .. } => {
+                Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false }
+            }
+            Provider::Wasm => Provider::Wasm,
+        };
+        let streamed = Streamed { external, provider };
+        let mut made = Vec::with_capacity(pieces.len());
+        for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate().rev() {
+            let session = streamed.session(&graph).await?;
+            let piece = ChainPiece::new(session, graph, inputs, outputs);
+            if i > 0 {
+                piece.release_session().await?;
+            }
+            made.push(piece);
+        }
+        made.reverse();
+        Ok(Chain { pieces: made, streamed: Some(streamed) })
     }
 
     /// How many pieces.
@@ -324,15 +382,20 @@ impl Chain {
         self.pieces.is_empty()
     }
 
+    /// Whether its pieces are made one at a time ([`Chain::streamed`]).
+    pub fn is_streamed(&self) -> bool {
+        self.streamed.is_some()
+    }
+
     /// The chain's declared inputs: those of its pieces that no piece before them computes.
     pub fn inputs(&self) -> Vec<TensorInfo> {
         let mut seen = std::collections::HashSet::new();
         let mut computed = std::collections::HashSet::new();
         let mut inputs = Vec::new();
         for piece in &self.pieces {
-            for info in piece.session.inputs() {
+            for info in &piece.input_infos {
                 if !computed.contains(&info.name) && seen.insert(info.name.clone()) {
-                    inputs.push(info);
+                    inputs.push(info.clone());
                 }
             }
             computed.extend(piece.outputs.iter().cloned());
@@ -342,13 +405,24 @@ impl Chain {
 
     /// The last piece's declared outputs, the graph's.
     pub fn outputs(&self) -> Vec<TensorInfo> {
-        self.pieces.last().map(|p| p.session.outputs()).unwrap_or_default()
+        self.pieces.last().map(|p| p.output_infos.clone()).unwrap_or_default()
     }
 
-    /// Runs the pieces in order on `feeds` and returns the outputs named in `wanted`.
+    /// Runs the pieces in order on `feeds` and returns the outputs named in `wanted`. A streamed chain
+    /// makes each piece's session before it runs and releases the one before.
     pub async fn run(&self, feeds: &[(&str, &Tensor)], wanted: &[&str]) -> Result<Vec<Tensor>, OrtError> {
         let mut held: HashMap<String, Tensor> = HashMap::new();
         for (i, piece) in self.pieces.iter().enumerate() {
+            if let Some(streamed) = &self.streamed {
+                let before = if i == 0 { self.pieces.last() } else { self.pieces.get(i - 1) };
+                if let Some(before) = before.filter(|_| self.pieces.len() > 1) {
+                    before.release_session().await?;
+                }
+                if piece.session.borrow().is_none() {
+                    let session = streamed.session(&piece.graph).await?;
+                    *piece.session.borrow_mut() = Some(session);
+                }
+            }
             let mut named = Vec::with_capacity(piece.inputs.len());
             for name in &piece.inputs {
                 let fed = feeds.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
@@ -357,8 +431,11 @@ impl Chain {
                 named.push((name.as_str(), tensor));
             }
             let names: Vec<&str> = piece.outputs.iter().map(String::as_str).collect();
-            let outputs = piece.session.run(&named, &names).await?;
-            held.extend(piece.outputs.iter().cloned().zip(outputs));
+            // Taken out while it runs: no borrow is held across the await.
+            let session = piece.session.borrow_mut().take().ok_or(OrtError::Released)?;
+            let outputs = session.run(&named, &names).await;
+            *piece.session.borrow_mut() = Some(session);
+            held.extend(piece.outputs.iter().cloned().zip(outputs?));
             let later: std::collections::HashSet<&str> =
                 self.pieces[i + 1..].iter().flat_map(|p| p.inputs.iter().map(String::as_str)).collect();
             let done: Vec<String> = held
@@ -381,10 +458,28 @@ impl Chain {
 
     /// Releases every piece's session.
     pub async fn release(self) -> Result<(), OrtError> {
-        for piece in self.pieces {
-            piece.session.release().await?;
+        for piece in &self.pieces {
+            piece.release_session().await?;
         }
         Ok(())
+    }
+}
+
+impl ChainPiece {
+    async fn release_session(&self) -> Result<(), OrtError> {
+        let session = self.session.borrow_mut().take();
+        if let Some(session) = session {
+            session.release().await?;
+            // The GPU's copies of its weights are freed once the GPU has caught up.
+            JsFuture::from(gpu_work_done()).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Streamed {
+    async fn session(&self, graph: &[u8]) -> Result<Session, OrtError> {
+        Session::create(&Uint8Array::from(graph), &self.external, &self.provider, false).await
     }
 }
 

@@ -3,8 +3,8 @@
 // independent Python reference on the same graphs (ORT on the CPU). On WebGPU the graphs re-blocked to
 // 32 at install are what the stages load, and a pack installed without them (by an older version)
 // makes the same image by re-blocking while it loads, then stores the form it re-blocked. The decoder cut
-// into a chain of pieces and the transformer's projections computed per part make the whole graphs'
-// image.
+// into a chain of pieces, the transformer's projections computed per part and the transformer streamed
+// in pieces of its weights make the whole graphs' image.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
@@ -60,11 +60,12 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     if (backend === 'wasm') return;
     assert.deepEqual(graphFiles(result), { textEncoder: B32.text_encoder_q4, transformer: B32.transformer_q8, decoder: 'vae_decoder.onnx' });
 
-    // The decoder cut into a chain of pieces, the transformer's wide projections computed per part and
-    // its token-wise chains in chunks of tokens (as the memory plan cuts them for a small GPU) make the
-    // whole graphs' image, within the tolerance (the prompt's embeddings are cached now). 20 MB cuts the
-    // tiny decoder's 110 MB at 256x256 into 7 pieces.
-    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3 };
+    // The decoder cut into a chain of pieces, the transformer's wide projections computed per part, its
+    // token-wise chains in chunks of tokens, and the transformer streamed in 2 pieces of its weights
+    // (one session at a time, made again on every step), as the memory plan cuts them for a small GPU,
+    // make the whole graphs' image, within the tolerance (the prompt's embeddings are cached now).
+    // 20 MB cuts the tiny decoder's 110 MB at 256x256 into 7 pieces.
+    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3, transformerPieces: 2 };
     const split = await h.generateOk(b.page, { ...req, ...cut }, 600_000);
     const stage = (r, name) => r.timings.stages.find((s) => s.stage === name);
     const pieces = stage(split.result, 'decoder').pieces;
@@ -75,10 +76,12 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     assert.equal(stage(result, 'transformer').partedProjections, undefined);
     // The double-stream block's two MLPs and the single-stream block's MLP with its second projection.
     assert.equal(stage(split.result, 'transformer').chunkedChains, 3);
+    assert.equal(stage(split.result, 'transformer').pieces, 2);
+    assert.equal(stage(result, 'transformer').pieces, 1);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
     const compared = await h.run('python3', ['tests/reference/compare.py', files.png, splitFiles.png, '--tol', String(TOLERANCE[activations])]);
     assert.equal(compared.code, 0, `the split decoder's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
-    console.log(`decoder in ${pieces} pieces, projections per part, chains in 3 chunks of tokens, against whole: ${compared.stdout.trim()}`);
+    console.log(`decoder in ${pieces} pieces, projections per part, chains in 3 chunks of tokens, transformer streamed in 2, against whole: ${compared.stdout.trim()}`);
 
     // The same pack as an older version installed it, without the stored forms: the transformer is
     // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.

@@ -114,13 +114,17 @@ fn a_budget_steps_down_to_one_stage_at_a_time() {
     assert!(eight.peak <= 8 * GB);
     let six = plan(Some(6 * GB), &W, &small, wanted);
     assert!(six.fits && six.peak <= 6 * GB, "{six:?}");
+    // With 4 GB the transformer's weights (4.1 GB) do not fit whole: streamed in 3 pieces.
     let four = plan(Some(4 * GB), &W, &small, wanted);
-    assert!(!four.fits && !four.ahead && !four.keep, "{four:?}");
-    // With no room, the leanest plan: no buffers kept, the attention in chunks, the decoder split.
-    assert!(!four.levers.keep_buffers, "{four:?}");
+    assert!(four.fits && !four.ahead && !four.keep && four.peak <= 4 * GB, "{four:?}");
+    assert_eq!(four.levers.transformer_pieces, 3, "{four:?}");
+    // With no room, the smallest plan: no buffers kept, the attention in chunks, the decoder split,
+    // the transformer streamed in as many pieces as bring it under the decoder's floor.
     let big32 = plan(Some(4 * GB), &W, &job(1024, Precision::Float32), wanted);
     assert!(!big32.fits && !big32.levers.keep_buffers && big32.levers.attention_chunks > 1, "{big32:?}");
     assert!(big32.levers.decoder_piece_bytes.is_some(), "{big32:?}");
+    assert_eq!(big32.levers.transformer_pieces, 2, "{big32:?}");
+    assert_eq!(big32.peak, stage_need(Stage::Decoder, &W, &job(1024, Precision::Float32), big32.levers));
 }
 
 #[test]
@@ -149,28 +153,38 @@ fn the_attention_is_chunked_and_the_decoder_split_only_where_the_budget_needs_it
     // As measured with 8 GB free (a budget of 7.0 GB): every preset size fits in float16. In float32
     // the larger sizes' transformer ran out with its projections whole; per part, 768x1024 and
     // 1024x768 ran within 7.1 GB, and 1024x1024 with its chains in 2 chunks of tokens within 7.8 GB:
-    // above the 7.0 GB the probe allows, so the pages warn, and within a budget of 8 GB.
+    // above the 7.0 GB the probe allows, so the transformer is streamed there, and not with 8 GB.
     let seven = 7_000_000_000;
     for (w, h) in [(512, 512), (768, 1024), (1024, 768), (1024, 1024)] {
         let f16 = plan(Some(seven), &W, &Job { width: w, height: h, precision: Precision::Float16 }, WANTED);
-        assert!(f16.fits, "float16 {w}x{h}: {f16:?}");
+        assert!(f16.fits && f16.levers.transformer_pieces == 1, "float16 {w}x{h}: {f16:?}");
         let job32 = Job { width: w, height: h, precision: Precision::Float32 };
         let f32 = plan(Some(seven), &W, &job32, WANTED);
-        assert_eq!(f32.fits, w * h == 512 * 512, "float32 {w}x{h}: {f32:?}");
-        assert!(plan(Some(8 * GB), &W, &job32, WANTED).fits, "float32 {w}x{h} in 8 GB");
+        assert!(f32.fits, "float32 {w}x{h}: {f32:?}");
+        let streamed = if w * h == 512 * 512 { 1 } else { 2 };
+        assert_eq!(f32.levers.transformer_pieces, streamed, "float32 {w}x{h}: {f32:?}");
+        let eight = plan(Some(8 * GB), &W, &job32, WANTED);
+        assert!(eight.fits && eight.levers.transformer_pieces == 1, "float32 {w}x{h} in 8 GB: {eight:?}");
         assert!(f32.levers.projections_per_part, "float32 {w}x{h}: {f32:?}");
         assert_eq!(
             f32.levers.token_chunks,
             if w * h == 1024 * 1024 { 2 } else { 1 },
             "float32 {w}x{h}: {f32:?}"
         );
-        let whole = Levers { projections_per_part: false, ..f32.levers };
+        let whole = Levers { projections_per_part: false, transformer_pieces: 1, ..f32.levers };
         let whole_fits = stage_need(Stage::Transformer, &W, &job32, whole) <= seven;
         assert_eq!(whole_fits, w * h == 512 * 512, "float32 {w}x{h} with whole projections");
     }
-    // So a float32 failure there says what fits: up to 848x848.
+    // Every square up to the largest preset fits, streamed.
     let side = MemoryFacts { weights: W, precision: Precision::Float32 }.largest_square(seven);
-    assert_eq!(side, Some(848), "{side:?}");
+    assert_eq!(side, Some(1056), "{side:?}");
+    // With 6 GB free (the probe's budget 5.1 GB) float32 512x512 needs 6.2 GB whole: streamed in 2
+    // pieces it fits, and a failure then streams it in pieces half as large.
+    let facts32 = MemoryFacts { weights: W, precision: Precision::Float32 };
+    let six = facts32.default_plan(Some(5_100_000_000), 512, 512);
+    assert!(six.fits && six.levers.transformer_pieces == 2, "{six:?}");
+    let again = facts32.after_out_of_memory(Some(5_100_000_000), 512, 512, &six).unwrap();
+    assert_eq!(again.levers.transformer_pieces, 4, "{again:?}");
     let four = plan(Some(4 * GB), &W, &tall, WANTED);
     assert!(!four.fits && four.levers.decoder_piece_bytes.is_some(), "{four:?}");
 }

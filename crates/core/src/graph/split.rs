@@ -237,6 +237,22 @@ struct Graph<'a> {
 
 impl<'a> Graph<'a> {
     fn read(model: &'a [u8], latent_h: u64, latent_w: u64) -> Result<Graph<'a>, SplitError> {
+        let mut graph = Graph::structure(model)?;
+        graph.size_inputs(latent_h, latent_w)?;
+        for index in 0..graph.nodes.len() {
+            graph.size_node(index)?;
+        }
+        for output in &graph.outputs {
+            if !graph.infos.contains_key(output) {
+                return Err(SplitError::Model(format!("no node computes its output {output:?}")));
+            }
+        }
+        Ok(graph)
+    }
+
+    /// The graph's nodes, initializers, inputs, outputs and declarations, who produces and who last
+    /// reads each value; only the initializers sized.
+    fn structure(model: &'a [u8]) -> Result<Graph<'a>, SplitError> {
         const WHAT: &str = "GraphProto";
         let model_fields = wire::parse(model, "ModelProto")?;
         let graph_fields = wire::parse(model_graph(&model_fields)?, WHAT)?;
@@ -282,13 +298,12 @@ impl<'a> Graph<'a> {
             }
         }
         graph.inputs = all_inputs.into_iter().filter(|i| !graph.initializers.contains(i)).collect();
-        graph.size_inputs(latent_h, latent_w)?;
-        for index in 0..graph.nodes.len() {
-            graph.size_node(index)?;
-        }
-        for output in &graph.outputs {
-            if !graph.infos.contains_key(output) {
-                return Err(SplitError::Model(format!("no node computes its output {output:?}")));
+        for (index, node) in graph.nodes.iter().enumerate() {
+            for &name in node.inputs.iter().filter(|i| !i.is_empty()) {
+                graph.last_use.insert(name, index);
+            }
+            for &name in node.outputs.iter().filter(|o| !o.is_empty()) {
+                graph.producer.insert(name, index);
             }
         }
         graph.model_fields = model_fields;
@@ -337,8 +352,7 @@ impl<'a> Graph<'a> {
         Ok(())
     }
 
-    /// Sizes node `index`'s outputs from its inputs' infos, and records who produces and last reads
-    /// each value.
+    /// Sizes node `index`'s outputs from its inputs' infos.
     fn size_node(&mut self, index: usize) -> Result<(), SplitError> {
         let node = &self.nodes[index];
         let error = |reason: String| SplitError::Node {
@@ -359,14 +373,10 @@ impl<'a> Graph<'a> {
             outputs.push((name, info));
         }
         let recomputed = self.is_recomputed(node);
-        for &name in self.nodes[index].inputs.iter().filter(|i| !i.is_empty()) {
-            self.last_use.insert(name, index);
-        }
         for (name, info) in outputs {
             if recomputed {
                 self.recomputed.insert(name);
             }
-            self.producer.insert(name, index);
             self.infos.insert(name, info);
         }
         Ok(())
@@ -512,14 +522,16 @@ impl<'a> Graph<'a> {
                 && !self.recomputed.contains(*v)
                 && !inputs.contains(v)
         });
-        let bytes = inputs.iter().map(|v| self.infos[v].bytes()).sum::<u64>()
+        // Nothing sized (a cut by weights, `by_weights`) counts nothing.
+        let size = |v: &str| self.infos.get(v).map_or(0, Info::bytes);
+        let bytes = inputs.iter().map(|v| size(v)).sum::<u64>()
             + nodes
                 .iter()
                 .filter(|&&i| !ALIASES.contains(&self.nodes[i].op_type))
                 .flat_map(|&i| self.nodes[i].outputs.iter().filter(|o| !o.is_empty()))
-                .map(|o| self.infos[o].bytes())
+                .map(|o| size(o))
                 .sum::<u64>()
-            + held.map(|(v, _)| self.infos[v].bytes()).sum::<u64>();
+            + held.map(|(v, _)| size(v)).sum::<u64>();
         Plan { own: start..end, nodes, inputs, outputs, bytes }
     }
 
@@ -619,6 +631,9 @@ fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
     }
     Ok(Some(declared))
 }
+
+mod weights;
+pub use weights::by_weights;
 
 #[cfg(test)]
 mod tests;

@@ -70,6 +70,7 @@ fn defaults() {
             fuse_attention: false,
             projections_per_part: false,
             token_chunks: 1,
+            transformer_pieces: 1,
             private: false,
             attention_chunks: 1,
             decoder_piece_bytes: None,

@@ -291,3 +291,61 @@ fn the_fixture_decoders_split() {
         assert_eq!(pieces.last().unwrap().outputs, names(&["sample"]), "{pack}");
     }
 }
+
+/// Three matrix products in a row, x [batch, 4] through w1, w2, w3 (external in `w.data`: 64, 64 and
+/// 128 bytes), with `b` (after the first) declared and `c` (after the second) declared only when
+/// `declare_c`; `batch` (a shape) read at the end.
+fn three_products(declare_c: bool) -> Vec<u8> {
+    let mut fields = vec![
+        (GRAPH_NODE, node("shape", "", "Shape", &["x"], &["batch"], &[])),
+        (GRAPH_NODE, node("p1", "", "MatMul", &["x", "w1"], &["b"], &[])),
+        (GRAPH_NODE, node("p2", "", "MatMul", &["b", "w2"], &["c"], &[])),
+        (GRAPH_NODE, node("p3", "", "MatMul", &["c", "w3"], &["d"], &[])),
+        (GRAPH_NODE, node("back", "", "Reshape", &["d", "batch"], &["y"], &[])),
+        (GRAPH_INITIALIZER, external_tensor("w1", &[4, 4], FLOAT, "w.data", 0, 64)),
+        (GRAPH_INITIALIZER, external_tensor("w2", &[4, 4], FLOAT, "w.data", 64, 64)),
+        (GRAPH_INITIALIZER, external_tensor("w3", &[4, 8], FLOAT, "w.data", 128, 128)),
+        (GRAPH_INPUT, value_info("x", FLOAT, &[Dim::Param("batch"), Dim::Value(4)])),
+        (GRAPH_OUTPUT, value_info("y", FLOAT, &[Dim::Param("batch"), Dim::Value(8)])),
+        (GRAPH_VALUE_INFO, value_info("b", FLOAT, &[Dim::Param("batch"), Dim::Value(4)])),
+        (GRAPH_VALUE_INFO, value_info("batch", INT64, &[Dim::Value(2)])),
+        (GRAPH_VALUE_INFO, value_info("d", FLOAT, &[Dim::Param("batch"), Dim::Value(8)])),
+    ];
+    if declare_c {
+        fields.push((GRAPH_VALUE_INFO, value_info("c", FLOAT, &[Dim::Param("batch"), Dim::Value(4)])));
+    }
+    model(&fields)
+}
+
+#[test]
+fn by_weights_cuts_where_the_weights_halve_and_passes_what_later_pieces_read() {
+    let pieces = by_weights(&three_products(true), 2).unwrap();
+    // 256 bytes of weights: the cut before p3 leaves 128 on each side.
+    assert_eq!(pieces.iter().map(|p| p.bytes).collect::<Vec<_>>(), [128, 128]);
+    assert_eq!(pieces[0].nodes, 0..3);
+    assert_eq!(pieces[0].inputs, ["x"]);
+    assert_eq!(pieces[0].outputs, ["batch", "c"]);
+    assert_eq!(pieces[1].inputs, ["batch", "c"]);
+    assert_eq!(pieces[1].outputs, ["y"]);
+    // Each piece is a graph of its own nodes and initializers, declaring what it is passed.
+    let second = Graph::structure(&pieces[1].model).unwrap();
+    assert_eq!(second.nodes.iter().map(|n| n.name).collect::<Vec<_>>(), ["p3", "back"]);
+    assert_eq!(second.initializers, HashSet::from(["w3"]));
+    assert_eq!(second.inputs, ["batch", "c"]);
+    for name in ["c", "batch"] {
+        assert!(second.declared.contains_key(name), "{name} declared");
+    }
+    // One part, or two where no cut is allowed: the model as it was.
+    assert_eq!(by_weights(&three_products(true), 1).unwrap()[0].model, three_products(true));
+}
+
+#[test]
+fn by_weights_never_passes_an_undeclared_value() {
+    // Without c's declaration the cut before p3 is refused; the nearest allowed is before p2 (b).
+    let pieces = by_weights(&three_products(false), 2).unwrap();
+    assert_eq!(pieces.iter().map(|p| p.bytes).collect::<Vec<_>>(), [64, 192]);
+    assert_eq!(pieces[1].inputs, ["batch", "b"]);
+    // Three parts: at most as many pieces as allowed cuts give, each with weights of its own.
+    let three = by_weights(&three_products(false), 3).unwrap();
+    assert_eq!(three.len(), 2);
+}

@@ -444,6 +444,7 @@ fn with_levers(params: &GenerateParams, memory: &MemoryPlan) -> GenerateParams {
         projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
         token_chunks: params.token_chunks.max(memory.levers.token_chunks),
         decoder_piece_bytes: params.decoder_piece_bytes.or(memory.levers.decoder_piece_bytes),
+        transformer_pieces: params.transformer_pieces.max(memory.levers.transformer_pieces),
         ..params.clone()
     }
 }
@@ -530,6 +531,7 @@ impl Tries<'_> {
             projections_per_part: params.projections_per_part || memory.levers.projections_per_part,
             token_chunks: params.token_chunks.max(memory.levers.token_chunks),
             decoder_piece_bytes: memory.levers.decoder_piece_bytes,
+            transformer_pieces: params.transformer_pieces.max(memory.levers.transformer_pieces),
             ..params.clone()
         };
         self.run(params, Plan { memory, budget }).await

@@ -87,6 +87,25 @@ pub(super) fn pieces(
     }
 }
 
+/// `bytes` (the graph `name`) cut into `parts` pieces of about equal weights
+/// (`imagine_core::graph::split::by_weights`), as [`pieces`] gives them; none where it cannot be cut,
+/// which is logged: the graph then runs whole.
+pub(super) fn pieces_by_weights(
+    name: &str,
+    bytes: &[u8],
+    parts: u32,
+) -> Vec<(Vec<u8>, Vec<String>, Vec<String>)> {
+    match imagine_core::graph::split::by_weights(bytes, parts) {
+        Ok(pieces) => pieces.into_iter().map(|p| (p.model, p.inputs, p.outputs)).collect(),
+        Err(e) => {
+            web_sys::console::warn_1(
+                &format!("imagine: {name} runs whole: it could not be cut by its weights ({e})").into(),
+            );
+            Vec::new()
+        }
+    }
+}
+
 /// The graph `graph` runs as on WebGPU `adapter` (`None`: the wasm backend): `(file name, bytes, tables
 /// to look up)`. On a WebGPU adapter without `shader-f16`, a float16 graph runs as the pack's float32
 /// conversion made for this adapter's limits; without one it is refused before anything is loaded.

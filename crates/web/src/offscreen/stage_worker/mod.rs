@@ -19,6 +19,7 @@ use imagine_core::graph::{attention, projections, rows};
 use imagine_core::graph::{EmbeddingLookup, Range};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::pack::{self, Graph, PackError};
+use imagine_core::params::SessionOptions;
 use imagine_core::stages::{self, DenoiseParams, StageError};
 use imagine_core::{
     Backend, DType, EncodedPrompt, GenerateParams, SessionError, Tensor, TensorData, TensorInfo,

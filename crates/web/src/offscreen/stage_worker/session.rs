@@ -8,20 +8,8 @@ use super::*;
 pub(super) struct Stage {
     pub(super) graph: Graph,
     pub(super) backend: Backend,
-    /// The `MatMulNBits` accuracy level set on the graph, if any.
-    pub(super) accuracy_level: Option<u8>,
-    /// ORT keeps every released GPU buffer for the next run (`GenerateParams::keeps_buffers`).
-    pub(super) keep_buffers: bool,
-    /// Its attention was fused into `MultiHeadAttention` where it could be (`GenerateParams::fuses_attention`).
-    pub(super) fuse_attention: bool,
-    /// Its attention is computed in this many chunks of queries (`GenerateParams::attention_chunks`).
-    pub(super) attention_chunks: u32,
-    /// Its wide projections are computed per part (`GenerateParams::parts_projections`).
-    pub(super) projections_per_part: bool,
-    /// Its token-wise chains are computed in this many chunks of tokens (`GenerateParams::token_chunks`).
-    pub(super) token_chunks: u32,
-    /// It runs as a chain of pieces of at most this many bytes (`GenerateParams::decoder_piece_bytes`).
-    pub(super) piece_bytes: Option<u64>,
+    /// What its session was made with besides the graph (`GenerateParams::session_options`).
+    pub(super) options: SessionOptions,
     pub(super) session: Loaded,
     pub(super) inputs: Vec<TensorInfo>,
     pub(super) outputs: Vec<TensorInfo>,
@@ -153,13 +141,7 @@ impl Stage {
         Ok(Stage {
             graph,
             backend,
-            accuracy_level: params.accuracy_level,
-            keep_buffers: params.keeps_buffers(graph),
-            fuse_attention: params.fuses_attention(graph),
-            attention_chunks: params.attention_chunks(graph),
-            projections_per_part: params.parts_projections(graph),
-            token_chunks: params.token_chunks(graph),
-            piece_bytes: params.decoder_piece_bytes(graph),
+            options: params.session_options(graph),
             session,
             inputs,
             outputs,
@@ -183,13 +165,7 @@ impl Stage {
         let same = |stage: &Stage| {
             stage.graph == graph
                 && stage.backend == params.backend
-                && stage.accuracy_level == params.accuracy_level
-                && stage.keep_buffers == params.keeps_buffers(graph)
-                && stage.fuse_attention == params.fuses_attention(graph)
-                && stage.attention_chunks == params.attention_chunks(graph)
-                && stage.projections_per_part == params.parts_projections(graph)
-                && stage.token_chunks == params.token_chunks(graph)
-                && stage.piece_bytes == params.decoder_piece_bytes(graph)
+                && stage.options == params.session_options(graph)
         };
         match kept.take() {
             Some(mut stage) if same(&stage) && !params.profile => {
@@ -413,7 +389,7 @@ async fn timed<T>(future: impl Future<Output = T>) -> (T, f64) {
 }
 
 /// `bytes` (the graph `name`) made into ORT's session, or a chain of sessions where `params` cut the
-/// decoder into pieces.
+/// decoder into pieces (resident) or the transformer (streamed).
 async fn create_session(
     name: &str,
     bytes: Vec<u8>,
@@ -423,6 +399,15 @@ async fn create_session(
     graph: Graph,
     profile: bool,
 ) -> Result<Loaded, OrtError> {
+    let streamed = params.transformer_pieces(graph);
+    if streamed > 1 {
+        let pieces = pieces_by_weights(name, &bytes, streamed);
+        if pieces.len() > 1 {
+            return ort::Chain::streamed(pieces, external.to_vec(), provider.clone())
+                .await
+                .map(Loaded::Chain);
+        }
+    }
     let pieces = match params.decoder_piece_bytes(graph) {
         Some(max) => pieces(name, &bytes, params, max),
         None => Vec::new(),
