@@ -545,10 +545,16 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
         peak,
         fits: peak <= budget,
     };
-    let candidates = candidates.into_iter().chain(streamed).map(plan_of);
+    let candidates = candidates.into_iter().chain(streamed.clone()).map(plan_of);
     candidates.clone().find(|p| p.fits).unwrap_or_else(|| {
-        // Nothing fits: the smallest, with the fewest pieces among equals.
-        candidates.min_by_key(|p| p.peak).unwrap_or_else(|| plan_of(leanest))
+        // Nothing fits: the leanest, streamed only where that needs a tenth less (the transformer
+        // the largest stage, and its weights the larger part of it).
+        let leanest = plan_of(leanest);
+        streamed
+            .map(plan_of)
+            .filter(|p| p.peak < leanest.peak / 10 * 9)
+            .min_by_key(|p| p.peak)
+            .unwrap_or(leanest)
     })
 }
 

@@ -85,6 +85,17 @@ fn needs_match_what_ran_on_a_gpu_held_to_8_gb() {
         let need = stage_need(Stage::Transformer, &W, job, levers);
         assert!(need > 7_800_000_000, "float32 {what}: {}", gb(need));
     }
+    // Streamed in pieces of its weights (an H100 held to 6 and 4 GB free), 512x512: the model errs
+    // above what ran, by under a GB (what a piece loads beside its weights is counted whole).
+    let streamed = |j: &Job, pieces| Levers { transformer_pieces: pieces, ..parted(j) };
+    for (what, job, levers, measured) in [
+        ("float32 in 2", &small32, streamed(&small32, 2), 3.7),
+        ("float32 in 4", &small32, streamed(&small32, 4), 2.5),
+        ("float16 in 3", &small16, Levers { transformer_pieces: 3, ..Levers::NONE }, 2.7),
+    ] {
+        let need = gb(stage_need(Stage::Transformer, &W, job, levers));
+        assert!(need >= measured && need <= measured + 1.0, "{what}: {need} vs {measured}");
+    }
     // The decoder in pieces of a quarter of the room, computing in NCHW, ran at 768x1024 and at
     // 1024x1024 within a budget of 7.0 GB.
     let facts = MemoryFacts { weights: W, precision: Float16 };
