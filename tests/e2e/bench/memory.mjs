@@ -165,8 +165,10 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
     stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
     rendererAboveStart: rendererPeak - rendererBefore,
-    // The GPU's use over time (ms from the request, MB), to tell the stages' peaks apart afterwards.
+    // The GPU's and the renderer's use over time (ms from the request, MB), to tell the stages' peaks
+    // apart afterwards.
     gpuTrace: gpu.samples.map((x) => [x.t - t0, Math.round(x.bytes / MB)]),
+    rendererTrace: cpu.history.filter((x) => x.t >= t0).map((x) => [x.t - t0, Math.round((x.rss.extension ?? 0) / MB)]),
     during: duringOutcome,
     png,
   };
