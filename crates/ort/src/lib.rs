@@ -296,29 +296,23 @@ pub struct Chain {
     pieces: Vec<ChainPiece>,
     /// Where a streamed chain's pieces are made from; `None` for a resident chain.
     streamed: Option<Streamed>,
+    /// The chain's declared inputs and outputs (the whole graph's).
+    inputs: Vec<TensorInfo>,
+    outputs: Vec<TensorInfo>,
 }
 
 struct ChainPiece {
-    /// Made; in a streamed chain only while it runs (and the first piece between runs).
+    /// Made; in a streamed chain only while it runs (and the first piece until the first run).
     session: RefCell<Option<Session>>,
     /// The graph, kept to make the session again (streamed chains only).
     graph: Vec<u8>,
     inputs: Vec<String>,
     outputs: Vec<String>,
-    input_infos: Vec<TensorInfo>,
-    output_infos: Vec<TensorInfo>,
 }
 
 struct Streamed {
     external: Vec<ExternalData>,
     provider: Provider,
-}
-
-impl ChainPiece {
-    fn new(session: Session, graph: Vec<u8>, inputs: Vec<String>, outputs: Vec<String>) -> ChainPiece {
-        let (input_infos, output_infos) = (session.inputs(), session.outputs());
-        ChainPiece { session: RefCell::new(Some(session)), graph, inputs, outputs, input_infos, output_infos }
-    }
 }
 
 impl Chain {
@@ -334,23 +328,37 @@ impl Chain {
     ) -> Result<Chain, OrtError> {
         let last = pieces.len().saturating_sub(1);
         let mut created = Vec::with_capacity(pieces.len());
+        let (mut chain_inputs, mut computed) = (Vec::new(), std::collections::HashSet::new());
+        let mut chain_outputs = Vec::new();
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
             let provider =
                 Provider::WebGpu { channels_first: true, keep_buffers: false, gpu_outputs: i < last };
             let session =
                 Session::create(&Uint8Array::from(graph.as_slice()), external, &provider, false).await?;
-            created.push(ChainPiece::new(session, Vec::new(), inputs, outputs));
+            // The chain's inputs: those of its pieces that no piece before them computes.
+            for info in session.inputs() {
+                if !computed.contains(&info.name)
+                    && !chain_inputs.iter().any(|c: &TensorInfo| c.name == info.name)
+                {
+                    chain_inputs.push(info);
+                }
+            }
+            computed.extend(outputs.iter().cloned());
+            chain_outputs = session.outputs();
+            let session = RefCell::new(Some(session));
+            created.push(ChainPiece { session, graph: Vec::new(), inputs, outputs });
         }
-        Ok(Chain { pieces: created, streamed: None })
+        Ok(Chain { pieces: created, streamed: None, inputs: chain_inputs, outputs: chain_outputs })
     }
 
-    /// A streamed chain of `pieces` on `provider` (its outputs read back to the CPU). Each piece's
-    /// session is made once here, last to first, for what it declares, and released, but for the
-    /// first's, which the first run uses.
+    /// A streamed chain of `pieces` on `provider` (its outputs read back to the CPU), taking `inputs`
+    /// and giving `outputs` as the whole graph declares them. Only the first piece's session is made
+    /// here, for the first run.
     pub async fn streamed(
         pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
         external: Vec<ExternalData>,
         provider: Provider,
+        (inputs, outputs): (Vec<TensorInfo>, Vec<TensorInfo>),
     ) -> Result<Chain, OrtError> {
         let provider = match provider {
             Provider::WebGpu { channels_first, keep_buffers, .. } => {
@@ -360,16 +368,11 @@ impl Chain {
         };
         let streamed = Streamed { external, provider };
         let mut made = Vec::with_capacity(pieces.len());
-        for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate().rev() {
-            let session = streamed.session(&graph).await?;
-            let piece = ChainPiece::new(session, graph, inputs, outputs);
-            if i > 0 {
-                piece.release_session().await?;
-            }
-            made.push(piece);
+        for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
+            let session = if i == 0 { Some(streamed.session(&graph).await?) } else { None };
+            made.push(ChainPiece { session: RefCell::new(session), graph, inputs, outputs });
         }
-        made.reverse();
-        Ok(Chain { pieces: made, streamed: Some(streamed) })
+        Ok(Chain { pieces: made, streamed: Some(streamed), inputs, outputs })
     }
 
     /// How many pieces.
@@ -387,25 +390,14 @@ impl Chain {
         self.streamed.is_some()
     }
 
-    /// The chain's declared inputs: those of its pieces that no piece before them computes.
+    /// The chain's declared inputs.
     pub fn inputs(&self) -> Vec<TensorInfo> {
-        let mut seen = std::collections::HashSet::new();
-        let mut computed = std::collections::HashSet::new();
-        let mut inputs = Vec::new();
-        for piece in &self.pieces {
-            for info in &piece.input_infos {
-                if !computed.contains(&info.name) && seen.insert(info.name.clone()) {
-                    inputs.push(info.clone());
-                }
-            }
-            computed.extend(piece.outputs.iter().cloned());
-        }
-        inputs
+        self.inputs.clone()
     }
 
-    /// The last piece's declared outputs, the graph's.
+    /// The chain's declared outputs, the graph's.
     pub fn outputs(&self) -> Vec<TensorInfo> {
-        self.pieces.last().map(|p| p.output_infos.clone()).unwrap_or_default()
+        self.outputs.clone()
     }
 
     /// Runs the pieces in order on `feeds` and returns the outputs named in `wanted`. A streamed chain

@@ -633,7 +633,7 @@ fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
 }
 
 mod weights;
-pub use weights::by_weights;
+pub use weights::{by_weights, declared_io};
 
 #[cfg(test)]
 mod tests;

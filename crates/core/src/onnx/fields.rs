@@ -81,6 +81,7 @@ pub(crate) const OPTIONAL_ELEM_TYPE: u64 = 1;
 // TensorShapeProto, and its Dimension.
 pub(crate) const SHAPE_DIM: u64 = 1;
 pub(crate) const DIM_VALUE: u64 = 1;
+pub(crate) const DIM_PARAM: u64 = 2;
 
 // TensorProto.DataType.
 pub(crate) const FLOAT: u64 = 1;

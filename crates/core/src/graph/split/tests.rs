@@ -349,3 +349,16 @@ fn by_weights_never_passes_an_undeclared_value() {
     let three = by_weights(&three_products(false), 3).unwrap();
     assert_eq!(three.len(), 2);
 }
+
+#[test]
+fn declared_io_is_what_the_graph_declares() {
+    use crate::session::{DType, Dim, TensorInfo};
+    let (inputs, outputs) = declared_io(&three_products(true)).unwrap();
+    let info = |name: &str, width| TensorInfo {
+        name: name.into(),
+        dtype: DType::Float32,
+        shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(width)],
+    };
+    assert_eq!(inputs, [info("x", 4)]);
+    assert_eq!(outputs, [info("y", 8)]);
+}

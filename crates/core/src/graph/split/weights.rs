@@ -2,6 +2,7 @@
 //! work: the transformer, streamed a piece at a time (`imagine_ort::Chain::streamed`).
 
 use super::*;
+use crate::session::{DType, Dim, TensorInfo};
 
 /// `model` cut into `parts` pieces of consecutive nodes whose initializers weigh about the same, each
 /// [`Piece`]'s `bytes` being its initializers' (an initializer read on both sides of a cut is in both
@@ -49,6 +50,70 @@ pub fn by_weights(model: &[u8], parts: u32) -> Result<Vec<Piece>, SplitError> {
             })
         })
         .collect()
+}
+
+/// The graph inputs (not initializers) and outputs `model` declares, as ONNX Runtime reports them: what
+/// a streamed chain takes and gives without making a session to ask.
+pub fn declared_io(model: &[u8]) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), SplitError> {
+    let graph = Graph::structure(model)?;
+    let infos = |names: &[&str]| -> Result<Vec<TensorInfo>, SplitError> {
+        names.iter().map(|name| tensor_info(name, graph.declared.get(name).copied())).collect()
+    };
+    Ok((infos(&graph.inputs)?, infos(&graph.outputs)?))
+}
+
+/// The tensor `name` as its ValueInfoProto declares it: element type by ONNX Runtime's name, dims fixed
+/// or named (an unnamed symbolic dim has an empty name).
+fn tensor_info(name: &str, value_info: Option<&[u8]>) -> Result<TensorInfo, SplitError> {
+    const WHAT: &str = "TypeProto.Tensor";
+    let field = |bytes: &[u8], number: u64, what: &'static str| -> Result<Option<Vec<u8>>, SplitError> {
+        let fields = wire::parse(bytes, what)?;
+        Ok(fields.iter().find(|f| f.number == number).map(|f| f.bytes(what)).transpose()?.map(<[u8]>::to_vec))
+    };
+    let mut info =
+        TensorInfo { name: name.to_owned(), dtype: DType::Other(String::new()), shape: Vec::new() };
+    let type_proto = value_info.map(|v| field(v, VALUE_INFO_TYPE, "ValueInfoProto")).transpose()?.flatten();
+    let Some(tensor) = type_proto.map(|t| field(&t, TYPE_TENSOR, "TypeProto")).transpose()?.flatten() else {
+        return Err(SplitError::Model(format!("it does not declare {name:?} as a tensor")));
+    };
+    for f in wire::parse(&tensor, WHAT)? {
+        match f.number {
+            TENSOR_TYPE_ELEM_TYPE => info.dtype = DType::from_name(elem_name(f.varint(WHAT)?)),
+            TENSOR_TYPE_SHAPE => {
+                for d in wire::parse(f.bytes(WHAT)?, "TensorShapeProto")? {
+                    if d.number != SHAPE_DIM {
+                        continue;
+                    }
+                    let mut dim = Dim::Symbolic(String::new());
+                    for g in wire::parse(d.bytes("TensorShapeProto")?, "Dimension")? {
+                        match g.number {
+                            DIM_VALUE => dim = Dim::Fixed(g.varint("Dimension")? as i64),
+                            DIM_PARAM => dim = Dim::Symbolic(g.string("Dimension")?.to_owned()),
+                            _ => {}
+                        }
+                    }
+                    info.shape.push(dim);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(info)
+}
+
+/// ONNX Runtime Web's name of an ONNX element type.
+fn elem_name(elem: u64) -> &'static str {
+    match elem {
+        FLOAT => "float32",
+        UINT8 => "uint8",
+        INT8 => "int8",
+        INT32 => "int32",
+        INT64 => "int64",
+        BOOL => "bool",
+        FLOAT16 => "float16",
+        DOUBLE => "float64",
+        _ => "unknown",
+    }
 }
 
 impl<'a> Graph<'a> {

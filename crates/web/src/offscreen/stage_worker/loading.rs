@@ -88,23 +88,28 @@ pub(super) fn pieces(
 }
 
 /// `bytes` (the graph `name`) cut into `parts` pieces of about equal weights
-/// (`imagine_core::graph::split::by_weights`), as [`pieces`] gives them; none where it cannot be cut,
-/// which is logged: the graph then runs whole.
-pub(super) fn pieces_by_weights(
-    name: &str,
-    bytes: &[u8],
-    parts: u32,
-) -> Vec<(Vec<u8>, Vec<String>, Vec<String>)> {
-    match imagine_core::graph::split::by_weights(bytes, parts) {
-        Ok(pieces) => pieces.into_iter().map(|p| (p.model, p.inputs, p.outputs)).collect(),
+/// (`imagine_core::graph::split::by_weights`), as [`pieces`] gives them, with the inputs and outputs
+/// the graph declares; `None` where it cannot be cut (logged: the graph then runs whole).
+pub(super) fn pieces_by_weights(name: &str, bytes: &[u8], parts: u32) -> Option<StreamedPieces> {
+    use imagine_core::graph::split;
+    let cut = split::by_weights(bytes, parts).and_then(|pieces| Ok((pieces, split::declared_io(bytes)?)));
+    match cut {
+        Ok((pieces, io)) if pieces.len() > 1 => {
+            Some((pieces.into_iter().map(|p| (p.model, p.inputs, p.outputs)).collect(), io))
+        }
+        Ok(_) => None,
         Err(e) => {
             web_sys::console::warn_1(
                 &format!("imagine: {name} runs whole: it could not be cut by its weights ({e})").into(),
             );
-            Vec::new()
+            None
         }
     }
 }
+
+/// A graph's pieces (`(graph, inputs, outputs)`), and the whole graph's declared inputs and outputs.
+pub(super) type StreamedPieces =
+    (Vec<(Vec<u8>, Vec<String>, Vec<String>)>, (Vec<TensorInfo>, Vec<TensorInfo>));
 
 /// The graph `graph` runs as on WebGPU `adapter` (`None`: the wasm backend): `(file name, bytes, tables
 /// to look up)`. On a WebGPU adapter without `shader-f16`, a float16 graph runs as the pack's float32

@@ -401,11 +401,9 @@ async fn create_session(
 ) -> Result<Loaded, OrtError> {
     let streamed = params.transformer_pieces(graph);
     if streamed > 1 {
-        let pieces = pieces_by_weights(name, &bytes, streamed);
-        if pieces.len() > 1 {
-            return ort::Chain::streamed(pieces, external.to_vec(), provider.clone())
-                .await
-                .map(Loaded::Chain);
+        if let Some((pieces, io)) = pieces_by_weights(name, &bytes, streamed) {
+            let chain = ort::Chain::streamed(pieces, external.to_vec(), provider.clone(), io);
+            return chain.await.map(Loaded::Chain);
         }
     }
     let pieces = match params.decoder_piece_bytes(graph) {
