@@ -85,16 +85,18 @@ fn needs_match_what_ran_on_a_gpu_held_to_8_gb() {
         let need = stage_need(Stage::Transformer, &W, job, levers);
         assert!(need > 7_800_000_000, "float32 {what}: {}", gb(need));
     }
-    // Streamed in pieces of its weights (an H100 held to 6 and 4 GB free), 512x512: the model errs
-    // above what ran, by under a GB (what a piece loads beside its weights is counted whole).
+    // Streamed in pieces of its weights (H100s held to 8, 6 and 4 GB free; the GPU's use while the
+    // transformer ran): the model errs above, by at most a fifth.
     let streamed = |j: &Job, pieces| Levers { transformer_pieces: pieces, ..parted(j) };
     for (what, job, levers, measured) in [
-        ("float32 in 2", &small32, streamed(&small32, 2), 3.7),
-        ("float32 in 4", &small32, streamed(&small32, 4), 2.5),
-        ("float16 in 3", &small16, Levers { transformer_pieces: 3, ..Levers::NONE }, 2.7),
+        ("float32 512x512 in 2", &small32, streamed(&small32, 2), 3.57),
+        ("float32 512x512 in 4", &small32, streamed(&small32, 4), 2.40),
+        ("float32 768x1024 in 2", &tall32, streamed(&tall32, 2), 4.18),
+        ("float32 1024x1024 in 2", &big32, Levers { transformer_pieces: 2, ..tokens(&big32) }, 4.57),
+        ("float16 512x512 in 3", &small16, Levers { transformer_pieces: 3, ..Levers::NONE }, 2.56),
     ] {
         let need = gb(stage_need(Stage::Transformer, &W, job, levers));
-        assert!(need >= measured && need <= measured + 1.0, "{what}: {need} vs {measured}");
+        assert!(need >= measured && need <= measured * 1.2, "{what}: {need} vs {measured}");
     }
     // The decoder in pieces of a quarter of the room, computing in NCHW, ran at 768x1024 and at
     // 1024x1024 within a budget of 7.0 GB.
@@ -125,10 +127,12 @@ fn a_budget_steps_down_to_one_stage_at_a_time() {
     assert!(eight.peak <= 8 * GB);
     let six = plan(Some(6 * GB), &W, &small, wanted);
     assert!(six.fits && six.peak <= 6 * GB, "{six:?}");
-    // With 4 GB the transformer's weights (4.1 GB) do not fit whole: streamed in 3 pieces.
+    // With 4 GB the transformer's weights (4.1 GB) do not fit whole: streamed in 2 pieces; with what
+    // the probe leaves of 4 GB free, in 3 (as ran).
     let four = plan(Some(4 * GB), &W, &small, wanted);
     assert!(four.fits && !four.ahead && !four.keep && four.peak <= 4 * GB, "{four:?}");
-    assert_eq!(four.levers.transformer_pieces, 3, "{four:?}");
+    assert_eq!(four.levers.transformer_pieces, 2, "{four:?}");
+    assert_eq!(plan(Some(3_380_000_000), &W, &small, wanted).levers.transformer_pieces, 3);
     // With no room, the smallest plan: no buffers kept, the attention in chunks, the decoder split,
     // the transformer streamed in as many pieces as bring it under the decoder's floor.
     let big32 = plan(Some(4 * GB), &W, &job(1024, Precision::Float32), wanted);
