@@ -243,3 +243,18 @@ fn names() {
         assert_eq!(Backend::from_name(b.name()), Some(b));
     }
 }
+
+#[test]
+fn benchmark_levers_are_clamped_and_apply_to_the_transformer_on_webgpu_only() {
+    let p = |json: &str| req(json).validate(0).unwrap();
+    assert_eq!(p(r#"{"tokenChunks":0,"transformerPieces":0}"#).transformer_pieces(Graph::Transformer), 1);
+    let many = p(r#"{"tokenChunks":1000,"transformerPieces":1000}"#);
+    assert_eq!(many.token_chunks(Graph::Transformer), MAX_TOKEN_CHUNKS);
+    assert_eq!(many.transformer_pieces(Graph::Transformer), MAX_TRANSFORMER_PIECES);
+    for graph in [Graph::TextEncoder, Graph::Decoder] {
+        assert_eq!((many.token_chunks(graph), many.transformer_pieces(graph)), (1, 1), "{graph:?}");
+    }
+    let wasm = p(r#"{"transformerPieces":3,"backend":"wasm"}"#);
+    assert_eq!(wasm.transformer_pieces(Graph::Transformer), 1, "the wasm backend has no GPU memory to save");
+    assert_eq!(p(r#"{"transformerPieces":3}"#).session_options(Graph::Transformer).transformer_pieces, 3);
+}
