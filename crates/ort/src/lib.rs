@@ -124,7 +124,7 @@ pub enum OrtError {
     /// `run` did not return an output the caller asked for.
     #[error("the graph returned no output named `{0}`")]
     MissingOutput(String),
-    /// A piece of a chain was run while its session was not made (a run that failed midway).
+    /// A piece of a chain had no session when its turn came (a chain run twice at once).
     #[error("a piece of the chain has no session")]
     Released,
 }
@@ -383,11 +383,6 @@ impl Chain {
     /// Whether it has no pieces.
     pub fn is_empty(&self) -> bool {
         self.pieces.is_empty()
-    }
-
-    /// Whether its pieces are made one at a time ([`Chain::streamed`]).
-    pub fn is_streamed(&self) -> bool {
-        self.streamed.is_some()
     }
 
     /// The chain's declared inputs.
