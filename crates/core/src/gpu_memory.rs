@@ -557,6 +557,28 @@ pub fn plan(budget: Option<u64>, weights: &StageWeights, job: &Job, wanted: Want
     })
 }
 
+/// How a size fits the budget, as the pages say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeFit {
+    /// Within the budget.
+    Fits,
+    /// Within the budget with the transformer streamed in pieces: slower.
+    Streamed,
+    /// Over the budget even at its leanest.
+    TooBig,
+}
+
+impl MemoryPlan {
+    /// How this plan's size fits its budget.
+    pub fn size_fit(&self) -> SizeFit {
+        match (self.fits, self.levers.transformer_pieces > 1) {
+            (false, _) => SizeFit::TooBig,
+            (true, true) => SizeFit::Streamed,
+            (true, false) => SizeFit::Fits,
+        }
+    }
+}
+
 /// What a job taught about this GPU: a plan needing `failed_peak` bytes failed on `adapter` with the pack
 /// `pack`, where one stage at a time then worked. Later plans for them stay below it, so that no job
 /// pays for that failure again (or for a stall, where running out of memory shows as one), until the

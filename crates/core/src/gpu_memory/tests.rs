@@ -266,6 +266,15 @@ fn out_of_memory_is_told_from_other_failures() {
 }
 
 #[test]
+fn the_pages_say_a_streamed_size_fits_slower() {
+    let facts32 = MemoryFacts { weights: W, precision: Precision::Float32 };
+    assert_eq!(facts32.default_plan(Some(8 * GB), 512, 512).size_fit(), SizeFit::Fits);
+    assert_eq!(facts32.default_plan(Some(5_100_000_000), 512, 512).size_fit(), SizeFit::Streamed);
+    let facts16 = MemoryFacts { weights: W, precision: Precision::Float16 };
+    assert_eq!(facts16.default_plan(Some(4 * GB), 1024, 1024).size_fit(), SizeFit::TooBig);
+}
+
+#[test]
 fn the_largest_square_that_fits() {
     let facts = MemoryFacts { weights: W, precision: Precision::Float16 };
     let side = facts.largest_square(8 * GB).unwrap();

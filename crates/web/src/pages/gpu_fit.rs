@@ -1,11 +1,13 @@
 //! Which image sizes fit this GPU's memory, for the studio and the popup: the size presets that will
-//! not fit are marked, and a warning under the size says so before such an image is started (what it
-//! needs, what Imagine may use, and the largest size that fits). The figures are the service worker's
+//! not fit, or fit only with the model loaded in pieces (slower), are marked, and a warning under the
+//! size says so before an image that will not fit is started (what it needs, what Imagine may use, and
+//! the largest size that fits). The figures are the service worker's
 //! (`gpuMemory`); the arithmetic is `imagine_core::gpu_memory`'s, as the offscreen document plans it.
 
 use std::cell::RefCell;
 
 use imagine_core::api::{GpuMemoryRequest, GpuMemoryStatus, Reply, Request};
+use imagine_core::gpu_memory::SizeFit;
 use wasm_bindgen::JsCast;
 use web_sys::{HtmlElement, HtmlInputElement};
 
@@ -47,8 +49,22 @@ pub fn warning(width: u32, height: u32) -> Option<String> {
     })
 }
 
+/// The mark beside a size preset: too big, slower (the model loaded in pieces), or none.
+fn preset_mark(width: u32, height: u32) -> String {
+    STATUS.with_borrow(|status| {
+        let Some((status, budget)) = status.as_ref().and_then(|s| Some((s, s.budget?))) else {
+            return String::new();
+        };
+        match status.facts.default_plan(Some(budget), width, height).size_fit() {
+            SizeFit::Fits => String::new(),
+            SizeFit::Streamed => t("gpuPresetSlower"),
+            SizeFit::TooBig => t("gpuPresetTooBig"),
+        }
+    })
+}
+
 /// Shows [`warning`] for the size in the fields `width` and `height` in `#size-fit`, and marks the
-/// size presets (`input[name=size]` valued `WxH`, with a `.fit` beside) that will not fit.
+/// size presets (`input[name=size]` valued `WxH`, with a `.fit` beside): [`preset_mark`].
 pub fn show() {
     let size = |id| element::<HtmlInputElement>(id).value().trim().parse::<u32>().ok();
     let text = match (size("width"), size("height")) {
@@ -62,14 +78,14 @@ pub fn show() {
         let Some(radio) = radios.item(i).and_then(|n| n.dyn_into::<HtmlInputElement>().ok()) else {
             continue;
         };
-        let too_big = radio
+        let text = radio
             .value()
             .split_once('x')
             .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
-            .is_some_and(|(w, h)| warning(w, h).is_some());
+            .map_or(String::new(), |(w, h)| preset_mark(w, h));
         let mark = radio.parent_element().and_then(|chip| chip.query_selector(".fit").ok().flatten());
         if let Some(mark) = mark.and_then(|m| m.dyn_into::<HtmlElement>().ok()) {
-            mark.set_text_content(Some(&if too_big { t("gpuPresetTooBig") } else { String::new() }));
+            mark.set_text_content(Some(&text));
         }
     }
 }

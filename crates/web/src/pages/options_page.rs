@@ -9,7 +9,7 @@ use imagine_core::api::{
 };
 use imagine_core::gallery::{MAX_BYTES_RANGE, MAX_ITEMS_RANGE};
 use imagine_core::gpu_memory::{
-    GpuMemorySetting, ProbeFound, SettingError, GB, MAX_SETTING_GB, MIN_SETTING_GB,
+    GpuMemorySetting, ProbeFound, SettingError, SizeFit, GB, MAX_SETTING_GB, MIN_SETTING_GB,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::spawn_local;
@@ -172,7 +172,11 @@ async fn gpu_memory(request_: GpuMemoryRequest) {
     for (_, width, height) in crate::pages::studio::PRESETS {
         let plan = status.facts.default_plan(Some(budget), width, height);
         let size = format!("{width}\u{00d7}{height}");
-        let key = if plan.fits { "gpuMemorySizeFits" } else { "gpuMemorySizeTooBig" };
+        let key = match plan.size_fit() {
+            SizeFit::Fits => "gpuMemorySizeFits",
+            SizeFit::Streamed => "gpuMemorySizeSlower",
+            SizeFit::TooBig => "gpuMemorySizeTooBig",
+        };
         let Ok(item) = view::document().create_element("li") else { return };
         item.set_text_content(Some(&t_args(key, &[&size, &gb(plan.peak)])));
         dom::append(&list, &item);
