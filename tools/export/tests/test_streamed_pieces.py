@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from conftest import edit_graph
-from test_attention_chunks import copy_pack
+from test_attention_chunks import copy_pack, relative
 from test_attention_fusion import transformer_feeds
 
 
@@ -65,7 +65,7 @@ def test_pieces_in_a_row_compute_the_whole_graphs_output(tiny_packs, activations
 
 
 def assert_close(got, expected, activations, what):
-    rel = np.abs(got - expected).max() / np.abs(expected).max()
+    rel = relative(got, expected)
     print(f"{activations}, {what}: max difference {rel:.2e} of the largest value")
     assert rel <= (1e-5 if activations == "float32" else 1e-3), rel
 

@@ -112,7 +112,7 @@ pub fn latent_channels(model: &[u8]) -> Result<Option<u64>, SplitError> {
         if initializers.contains(value_info_name(bytes)?) {
             continue;
         }
-        if let Some(Declared { elem, dims: Some(dims) }) = declared_type(bytes)? {
+        if let Some(Declared { elem, dims: Some(dims), .. }) = declared_type(bytes)? {
             if is_float(elem) && dims.len() == 4 {
                 return Ok(dims[1]);
             }
@@ -318,7 +318,7 @@ impl<'a> Graph<'a> {
         for &name in &self.inputs {
             let error = |reason: String| SplitError::Input { name: name.to_owned(), reason };
             let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
-            let Some(Declared { elem, dims: Some(dims) }) = declared else {
+            let Some(Declared { elem, dims: Some(dims), .. }) = declared else {
                 return Err(error("it declares no tensor type and shape".into()));
             };
             let is_latent = !latent_found && is_float(elem) && dims.len() == 4;
@@ -418,7 +418,7 @@ impl<'a> Graph<'a> {
             )));
         }
         let declared = self.declared.get(name).map(|b| declared_type(b)).transpose()?.flatten();
-        if let Some(Declared { elem, dims }) = declared {
+        if let Some(Declared { elem, dims, .. }) = declared {
             let agrees = (elem == 0 || elem == info.elem)
                 && dims.is_none_or(|d| {
                     d.len() == info.dims.len()
@@ -598,10 +598,11 @@ fn tensor_name(bytes: &[u8]) -> Result<&str, SplitError> {
 }
 
 /// A ValueInfoProto's tensor type: element type (0 when unset) and dims (`None` for a symbolic one),
-/// or no dims without a shape.
+/// or no dims without a shape; the symbolic dims' names (empty for a fixed or unnamed one).
 struct Declared {
     elem: u64,
     dims: Option<Vec<Option<u64>>>,
+    dim_names: Vec<String>,
 }
 
 fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
@@ -611,7 +612,7 @@ fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
     };
     let Some(type_proto) = field(value_info, VALUE_INFO_TYPE, "ValueInfoProto")? else { return Ok(None) };
     let Some(tensor) = field(&type_proto, TYPE_TENSOR, "TypeProto")? else { return Ok(None) };
-    let mut declared = Declared { elem: 0, dims: None };
+    let mut declared = Declared { elem: 0, dims: None, dim_names: Vec::new() };
     for f in wire::parse(&tensor, "TypeProto.Tensor")? {
         match f.number {
             TENSOR_TYPE_ELEM_TYPE => declared.elem = f.varint("TypeProto.Tensor")?,
@@ -622,6 +623,10 @@ fn declared_type(value_info: &[u8]) -> Result<Option<Declared>, SplitError> {
                         let dim = wire::parse(d.bytes("TensorShapeProto")?, "Dimension")?;
                         let value = dim.iter().find(|g| g.number == DIM_VALUE);
                         dims.push(value.map(|g| g.varint("Dimension")).transpose()?);
+                        let name = dim.iter().find(|g| g.number == DIM_PARAM);
+                        declared
+                            .dim_names
+                            .push(name.map(|g| g.string("Dimension")).transpose()?.unwrap_or("").to_owned());
                     }
                 }
                 declared.dims = Some(dims);

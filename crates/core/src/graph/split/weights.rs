@@ -65,40 +65,17 @@ pub fn declared_io(model: &[u8]) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), S
 /// The tensor `name` as its ValueInfoProto declares it: element type by ONNX Runtime's name, dims fixed
 /// or named (an unnamed symbolic dim has an empty name).
 fn tensor_info(name: &str, value_info: Option<&[u8]>) -> Result<TensorInfo, SplitError> {
-    const WHAT: &str = "TypeProto.Tensor";
-    let field = |bytes: &[u8], number: u64, what: &'static str| -> Result<Option<Vec<u8>>, SplitError> {
-        let fields = wire::parse(bytes, what)?;
-        Ok(fields.iter().find(|f| f.number == number).map(|f| f.bytes(what)).transpose()?.map(<[u8]>::to_vec))
-    };
-    let mut info =
-        TensorInfo { name: name.to_owned(), dtype: DType::Other(String::new()), shape: Vec::new() };
-    let type_proto = value_info.map(|v| field(v, VALUE_INFO_TYPE, "ValueInfoProto")).transpose()?.flatten();
-    let Some(tensor) = type_proto.map(|t| field(&t, TYPE_TENSOR, "TypeProto")).transpose()?.flatten() else {
+    let declared = value_info.map(declared_type).transpose()?.flatten();
+    let Some(Declared { elem, dims, dim_names }) = declared else {
         return Err(SplitError::Model(format!("it does not declare {name:?} as a tensor")));
     };
-    for f in wire::parse(&tensor, WHAT)? {
-        match f.number {
-            TENSOR_TYPE_ELEM_TYPE => info.dtype = DType::from_name(elem_name(f.varint(WHAT)?)),
-            TENSOR_TYPE_SHAPE => {
-                for d in wire::parse(f.bytes(WHAT)?, "TensorShapeProto")? {
-                    if d.number != SHAPE_DIM {
-                        continue;
-                    }
-                    let mut dim = Dim::Symbolic(String::new());
-                    for g in wire::parse(d.bytes("TensorShapeProto")?, "Dimension")? {
-                        match g.number {
-                            DIM_VALUE => dim = Dim::Fixed(g.varint("Dimension")? as i64),
-                            DIM_PARAM => dim = Dim::Symbolic(g.string("Dimension")?.to_owned()),
-                            _ => {}
-                        }
-                    }
-                    info.shape.push(dim);
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(info)
+    let shape = dims
+        .unwrap_or_default()
+        .into_iter()
+        .zip(dim_names)
+        .map(|(dim, name)| dim.map_or(Dim::Symbolic(name), |d| Dim::Fixed(d as i64)))
+        .collect();
+    Ok(TensorInfo { name: name.to_owned(), dtype: DType::from_name(elem_name(elem)), shape })
 }
 
 /// ONNX Runtime Web's name of an ONNX element type.
