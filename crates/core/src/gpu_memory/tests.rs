@@ -342,3 +342,15 @@ fn weights_of_a_packs_files() {
         StageWeights { text_encoder: 110, transformer: 200, decoder: 30 }
     );
 }
+
+#[test]
+fn where_nothing_fits_streaming_is_taken_only_where_it_needs_a_tenth_less() {
+    // A small pack (the tests' tiny one): its transformer's need is nearly all working memory, so
+    // streaming its 3 MB of weights would only make it slower.
+    let tiny = StageWeights { text_encoder: 23_000_000, transformer: 3_000_000, decoder: 700_000 };
+    let p = plan(Some(GB), &tiny, &job(512, Precision::Float32), WANTED);
+    assert!(!p.fits && p.levers.transformer_pieces == 1, "{p:?}");
+    // The published pack at 1024x1024 with 4 GB: streamed, down to the decoder's floor.
+    let big = plan(Some(4 * GB), &W, &job(1024, Precision::Float32), WANTED);
+    assert!(!big.fits && big.levers.transformer_pieces > 1, "{big:?}");
+}
