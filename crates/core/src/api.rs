@@ -541,7 +541,7 @@ pub enum Event {
         offline: bool,
     },
     /// The model or its download changed in a way no progress report tells: paused, resumed,
-    /// cancelled, or the model deleted. Pages ask `packStatus` again.
+    /// cancelled, the model deleted, or a download's end recorded. Pages ask `packStatus` again.
     PackChanged {},
     /// Stages were loaded or released, or the keep-loaded setting changed.
     Residency(Residency),
@@ -586,6 +586,16 @@ impl Event {
     /// The download stopped with `error`; `offline` when the network was down.
     pub fn pack_failed(error: &(impl Localize + ?Sized), offline: bool) -> Event {
         Event::PackFailed { error: error.to_string(), message: Some(error.message()), offline }
+    }
+
+    /// What every open page should hear once the service worker has recorded this event: the end of a
+    /// download changes the record the pages read, and they hear the event itself when the service
+    /// worker does, so a page that asked at once could read the record from before.
+    pub fn announcement(&self) -> Option<Event> {
+        match self {
+            Event::PackInstalled { .. } | Event::PackFailed { .. } => Some(Event::PackChanged {}),
+            _ => None,
+        }
     }
 
     /// What the toolbar badge says after this event: `Some("")` clears it, `None` leaves it. A running

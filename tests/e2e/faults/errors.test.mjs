@@ -191,7 +191,18 @@ test('errors made outside the page (core, service worker, download) are shown in
   await options.close();
 
   // A download error: a repo the Hub does not have (404), shown by the popup in German, the URL behind Details.
-  // A studio open meanwhile shows the failure at once, without a reload.
+  // A studio open meanwhile shows the failure at once, without a reload, however late the service
+  // worker writes it down: the pages hear the failure when the service worker does, and on a fast
+  // machine asked before the record said it (they showed "checking" for good). Writing the failed
+  // record is held back here by 1.5 s, so that every page's first question comes too early.
+  const sw = await h.currentServiceWorker(b.context, b.extensionId);
+  await sw.evaluate(() => {
+    const set = chrome.storage.local.set.bind(chrome.storage.local);
+    chrome.storage.local.set = async (items) => {
+      if (items.download?.state === 'failed') await new Promise((r) => setTimeout(r, 1500));
+      return set(items);
+    };
+  });
   const watching = await b.context.newPage();
   await watching.goto(h.extensionUrl(b.extensionId, 'studio.html'));
   await watching.waitForSelector('#generate');

@@ -56,6 +56,17 @@ fn the_badge_shows_the_step_or_the_percentage_and_clears_at_the_end() {
 }
 
 #[test]
+fn the_end_of_a_download_is_announced_once_recorded() {
+    let failed = Event::PackFailed { error: "e".into(), message: None, offline: false };
+    assert_eq!(failed.announcement(), Some(Event::PackChanged {}));
+    let installed = Event::PackInstalled { bytes: 1, commit: "c".into() };
+    assert_eq!(installed.announcement(), Some(Event::PackChanged {}));
+    // The pages follow a job by its events alone; nor is an announcement announced again.
+    assert_eq!(Event::Cancelled { job: "j".into() }.announcement(), None);
+    assert_eq!(Event::PackChanged {}.announcement(), None);
+}
+
+#[test]
 fn senders_are_told_apart_by_extension_and_url() {
     let own = "abcdefghijklmnopabcdefghijklmnop";
     let url = |path: &str| format!("chrome-extension://{own}/{path}");

@@ -343,7 +343,8 @@ fn show_model_error(error: Option<&str>) {
 }
 
 async fn refresh_model() {
-    let status = setup::pack_status().await;
+    // The verdict is about the source in the form, with that source's plan if one was asked for.
+    let Some((status, verdict)) = setup::read_state(&setup::source_from_form()).await else { return };
     let text = if status.installed {
         let repo = status.source.as_ref().map(|s| s.repo.as_str()).unwrap_or_default();
         t_args("optionsModelInstalled", &[repo, &i18n::bytes(status.bytes)])
@@ -367,8 +368,7 @@ async fn refresh_model() {
     set_visible("install", !installed_here && status.download.is_none());
     setup::show_download(status.download.as_ref());
     view::set_delete_model_question(&status);
-    // The verdict is about the source in the form, with that source's plan if one was asked for.
-    setup::show_verdict(&setup::source_from_form()).await;
+    setup::render_verdict(&verdict);
 }
 
 /// Behind "Details" under the verdict ([`refresh_model`]): the adapter, `shader-f16`, the buffer

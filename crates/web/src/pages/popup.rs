@@ -101,7 +101,7 @@ fn set_running(running: bool) {
 }
 
 async fn refresh_pack() {
-    let status = setup::pack_status().await;
+    let Some((status, verdict)) = setup::read_state(&setup::source_from_form()).await else { return };
     let text = if status.installed {
         i18n::t_args("popupModelInstalled", &[&i18n::bytes(status.bytes)])
     } else if status.download.is_some() {
@@ -119,7 +119,7 @@ async fn refresh_pack() {
     );
     set_visible("delete-pack", status.installed);
     view::set_delete_model_question(&status);
-    setup::show_status(&status, &setup::source_from_form()).await;
+    setup::show_status(&status, &verdict);
 }
 
 /// Shows the size of the download before anything is written; the verdict then says this plan's sizes.

@@ -7,7 +7,7 @@
 //! The pages hold the same markup under the same ids (`#setup`, `#device-verdict`, `#download`, ...);
 //! an id a page leaves out is skipped (the options page has no `#setup`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use imagine_core::api::{DownloadProgress, DownloadState, PackPlan, PackSource, PackStatus, Reply, Request};
 use imagine_core::device_verdict::{PackFigures, Verdict};
@@ -23,6 +23,8 @@ use crate::platform::storage;
 thread_local! {
     /// This page's adapter report, asked once (`Err`: why there is none).
     static DEVICE: RefCell<Option<Result<DeviceReport, String>>> = const { RefCell::new(None) };
+    /// How many times this page started to read the model's state ([`read_state`]).
+    static READS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn has(id: &str) -> bool {
@@ -39,11 +41,24 @@ pub async fn device() -> Result<DeviceReport, String> {
     report
 }
 
+/// The pack's status and the verdict on `source`, for a page to show; `None` once a later read started.
+/// A page reads as it opens and on every event of the model, and each read waits on the service
+/// worker: only the latest is shown, so that an older one answered later cannot put back a state
+/// that has passed (a failed download shown as still checking).
+pub async fn read_state(source: &PackSource) -> Option<(PackStatus, Verdict)> {
+    let read = READS.with(|reads| {
+        reads.set(reads.get() + 1);
+        reads.get()
+    });
+    let status = pack_status().await;
+    let verdict = verdict(&status, source).await;
+    (READS.with(Cell::get) == read).then_some((status, verdict))
+}
+
 /// The verdict for this device and the pack from `source`: with the installed pack's sizes when it
 /// came from there, else those of the plan made for it (kept for the browser session by whichever page
 /// asked), else the published pack's.
-pub async fn verdict(source: &PackSource) -> Verdict {
-    let status = pack_status().await;
+async fn verdict(status: &PackStatus, source: &PackSource) -> Verdict {
     let figures = match storage::PLAN.get().await {
         _ if status.installed && status.source.as_ref() == Some(source) => {
             PackFigures::installed(status.bytes, status.converted_bytes)
@@ -80,9 +95,13 @@ pub async fn remember_plan(plan: &PackPlan) {
     storage::PLAN.set_or_log(plan).await;
 }
 
-/// Shows the verdict for `source` (`#setup-intro`, `#device-verdict`, `#device-warning`) and returns it.
-pub async fn show_verdict(source: &PackSource) -> Verdict {
-    let verdict = verdict(source).await;
+/// Shows the verdict for `source` (`#setup-intro`, `#device-verdict`, `#device-warning`).
+pub async fn show_verdict(source: &PackSource) {
+    render_verdict(&verdict(&pack_status().await, source).await);
+}
+
+/// Shows `verdict` (`#setup-intro`, `#device-verdict`, `#device-warning`).
+pub fn render_verdict(verdict: &Verdict) {
     let say = |m| i18n::message(&m).unwrap_or_default();
     if has("setup-intro") {
         set_text("setup-intro", &say(verdict.download()));
@@ -91,7 +110,6 @@ pub async fn show_verdict(source: &PackSource) -> Verdict {
     let warning = verdict.warning().map(say);
     set_text("device-warning", warning.as_deref().unwrap_or_default());
     set_visible("device-warning", warning.is_some());
-    verdict
 }
 
 /// The adapter's raw facts in readable units, for the "Details" disclosure: adapter, how it was found,
@@ -141,12 +159,12 @@ pub async fn show_device_details(extra: Vec<(String, String)>) {
     fill_definitions(&list, rows);
 }
 
-/// The setup state of the studio and the popup for `status`: shown while nothing is installed or a
-/// download runs (its intro and Download button only while nothing is installed nor downloading);
-/// Generate held back, with the reason tied to it, until a model is installed. Returns whether a
-/// model is installed and this device can run it.
-pub async fn show_status(status: &PackStatus, source: &PackSource) -> bool {
-    let verdict = show_verdict(source).await;
+/// The setup state of the studio and the popup for `status` and `verdict` ([`read_state`]): shown
+/// while nothing is installed or a download runs (its intro and Download button only while nothing
+/// is installed nor downloading); Generate held back, with the reason tied to it, until a model is
+/// installed and this device can run it.
+pub fn show_status(status: &PackStatus, verdict: &Verdict) {
+    render_verdict(verdict);
     let installing = status.download.is_some();
     set_visible("setup", !status.installed || installing);
     set_visible("setup-intro-block", !status.installed);
@@ -160,7 +178,6 @@ pub async fn show_status(status: &PackStatus, source: &PackSource) -> bool {
         None
     };
     hold_generate(reason.as_deref());
-    reason.is_none()
 }
 
 /// Holds Generate back, saying why in `#generate-reason` (tied to it by `aria-describedby`; the

@@ -184,6 +184,9 @@ pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Prom
             Sender::Offscreen => {
                 if let Ok(event) = from_js::<Event>(&message) {
                     record(event.clone()).await;
+                    if let Some(announcement) = event.announcement() {
+                        spawn_local(async move { messaging::broadcast(&announcement).await });
+                    }
                     notify::after_event(&event).await;
                 }
                 return Ok(JsValue::UNDEFINED);

@@ -213,10 +213,11 @@ async fn start() {
 /// The guided setup while the model is not installed (or a download runs), and Generate held back
 /// until it is.
 async fn refresh_setup() {
-    let status = setup::pack_status().await;
     let source = storage::SOURCE.get().await.unwrap_or_default();
     SAVED_SOURCE.set(Some(source.clone()));
-    setup::show_status(&status, &source).await;
+    if let Some((status, verdict)) = setup::read_state(&source).await {
+        setup::show_status(&status, &verdict);
+    }
 }
 
 /// `chrome.runtime.onMessage` in the studio: events only.
