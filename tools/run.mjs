@@ -1,7 +1,9 @@
-// `cargo xtask run`: launch Chromium with the built extension (dist/), install the pack from a Hub
-// (or the demo pack from a local fake Hub), optionally generate one image and write it.
+// `cargo xtask run`: launch Chromium with the built extension (dist/), or Firefox ESR with its Firefox
+// build (dist-firefox/, `--browser firefox`), install the pack from a Hub (or the demo pack from a local
+// fake Hub), optionally generate one image and write it.
 //
-//   node tools/run.mjs [--pack URL | --hub ENDPOINT [--repo OWNER/NAME] [--revision REV] | --demo]
+//   node tools/run.mjs [--browser chrome|firefox]
+//        [--pack URL | --hub ENDPOINT [--repo OWNER/NAME] [--revision REV] | --demo]
 //        [--prompt P --out F.png]
 //        [--width W --height H --steps N --seed S --schedule NAME --backend webgpu|wasm]
 //        [--profile DIR] [--fresh]
@@ -21,11 +23,13 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as h from '../tests/e2e/lib/harness.mjs';
+import { FIREFOX, firefoxPageUrl, launchFirefox } from '../tests/e2e/lib/firefox.mjs';
 
 const DEFAULTS = { endpoint: 'https://huggingface.co', repo: 'cgb/flux2-klein-4b-onnx-webgpu', revision: 'main' };
 
 const { values: o } = parseArgs({
   options: {
+    browser: { type: 'string', default: 'chrome' },
     pack: { type: 'string' },
     hub: { type: 'string' },
     repo: { type: 'string' },
@@ -44,6 +48,8 @@ const { values: o } = parseArgs({
     fresh: { type: 'boolean', default: false },
   },
 });
+if (!['chrome', 'firefox'].includes(o.browser)) fail(`--browser ${o.browser}: expected chrome or firefox`);
+const firefox = o.browser === 'firefox';
 if (o.demo && (o.pack || o.hub || o.repo || o.revision)) fail('--demo serves its own Hub: it excludes --pack, --hub, --repo and --revision');
 if (o.pack && (o.hub || o.repo || o.revision)) fail('--pack names the Hub, repo and revision: it excludes --hub, --repo and --revision');
 if (o.pack) Object.assign(o, parsePackUrl(o.pack));
@@ -87,13 +93,13 @@ if (o.demo) {
   console.log(`run: fake Hub at ${hub.url} (CDN ${hub.cdnUrl}) serving tests/fixtures/packs/f32 as fixtures/f32`);
 }
 
-console.log(`run: launching ${h.CHROMIUM} (${h.isHeadless() ? 'headless' : 'headed'}), profile ${profileDir}`);
+console.log(`run: launching ${firefox ? FIREFOX : h.CHROMIUM} (${h.isHeadless() ? 'headless' : 'headed'}), profile ${profileDir}`);
 // Said before a download that may take an hour, not only after it.
 if (h.isHeadless() && o.prompt === undefined) {
   console.log('run: headless (no $DISPLAY, or IMAGINE_HEADLESS=1): nobody sees this browser, so this run only installs the pack and exits; add --prompt P --out F.png to make an image, or run where there is a display (a desktop session, or xvfb-run) to use the popup and the studio');
 }
-const b = await h.launch({ profileDir });
-console.log(`run: extension ${b.extensionId}: ${h.extensionUrl(b.extensionId, 'popup.html')}`);
+const b = firefox ? await launchFirefox({ profileDir }) : await h.launch({ profileDir });
+console.log(`run: extension at ${firefox ? firefoxPageUrl('popup.html') : h.extensionUrl(b.extensionId, 'popup.html')}`);
 let exitCode = 0;
 
 const shutdown = async (code) => {
@@ -189,7 +195,8 @@ try {
     await shutdown(0);
   } else {
     console.log('run: browser is open; Ctrl-C to quit');
-    b.context.on('close', () => shutdown(0));
+    if (firefox) b.browser.on('disconnected', () => shutdown(0));
+    else b.context.on('close', () => shutdown(0));
     await new Promise(() => {});
   }
 } catch (e) {

@@ -33,13 +33,13 @@ const LOADED_BY_NAME: &[&str] = &[
     "pkg/imagine_web_bg.wasm",
     "ort/ort.jspi.bundle.min.mjs",
     "ort/ort-wasm-simd-threaded.jspi.wasm",
-    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer.json.gz",
     "tokenizer/tokenizer_config.json",
 ];
 
-/// Writes the zip of `dist_dir` to `target/imagine-<version>.zip`, reads it back and checks it.
+/// Writes the zip of `dist_dir` to `target/` ([`Browser::zip_name`]), reads it back and checks it.
 /// Returns its path.
-pub fn write_dist_zip(root: &Path, dist_dir: &Path) -> Result<PathBuf> {
+pub fn write_dist_zip(root: &Path, dist_dir: &Path, browser: Browser) -> Result<PathBuf> {
     let files = package_files(dist_dir)?;
     let read_dir_file = |p: &str| fs::read(dist_dir.join(p)).map_err(|e| format!("dist/{p}: {e}"));
     let problems = check_package(&files, &read_dir_file)?;
@@ -50,7 +50,7 @@ pub fn write_dist_zip(root: &Path, dist_dir: &Path) -> Result<PathBuf> {
         .map_err(|e| format!("dist/manifest.json: {e}"))?;
     let version =
         manifest.get("version").and_then(|v| v.as_str()).ok_or("dist/manifest.json has no \"version\"")?;
-    let out = root.join("target").join(format!("imagine-{version}.zip"));
+    let out = root.join("target").join(browser.zip_name(version));
     fs::create_dir_all(root.join("target")).map_err(|e| format!("mkdir target: {e}"))?;
     write_zip(dist_dir, &files, &out)?;
 
@@ -66,6 +66,101 @@ pub fn write_dist_zip(root: &Path, dist_dir: &Path) -> Result<PathBuf> {
         return Err(format!("{} is not a complete extension:\n  {}", out.display(), problems.join("\n  ")));
     }
     Ok(out)
+}
+
+/// The browser a build is for: one set of pages and one wasm module, a manifest each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Browser {
+    Chrome,
+    Firefox,
+}
+
+/// The Firefox add-on's id (`browser_specific_settings.gecko.id`): what Firefox keys its storage and
+/// permissions by, so it never changes.
+pub const FIREFOX_ID: &str = "imagine@imagine-extension.org";
+
+/// The first Firefox with WebGPU on by default (on Windows; module event pages and `storage.session`,
+/// which Imagine also needs, came earlier).
+pub const FIREFOX_MIN_VERSION: &str = "141.0";
+
+impl Browser {
+    pub fn parse(name: &str) -> Result<Browser> {
+        match name {
+            "chrome" | "chromium" => Ok(Browser::Chrome),
+            "firefox" => Ok(Browser::Firefox),
+            other => Err(format!("--browser {other}: not a browser Imagine builds for (chrome, firefox)")),
+        }
+    }
+
+    /// Where `cargo xtask build` puts this browser's extension.
+    pub fn dist_dir(self) -> &'static str {
+        match self {
+            Browser::Chrome => "dist",
+            Browser::Firefox => "dist-firefox",
+        }
+    }
+
+    /// The store zip's name for `version`.
+    pub fn zip_name(self, version: &str) -> String {
+        match self {
+            Browser::Chrome => format!("imagine-{version}.zip"),
+            Browser::Firefox => format!("imagine-{version}-firefox.zip"),
+        }
+    }
+
+    /// The manifest for this browser, from the repository's (Chrome's). Firefox's background is an event
+    /// page running the same `sw.js` (it has no extension service workers), which opens the offscreen
+    /// document as an iframe (it has no `offscreen` API); the studio is its sidebar rather than a side
+    /// panel; it wants an id of its own and no Chrome-only keys.
+    pub fn manifest(self, chrome: &serde_json::Value) -> Result<serde_json::Value> {
+        let mut m = chrome.clone();
+        if self == Browser::Chrome {
+            return Ok(m);
+        }
+        let object = m.as_object_mut().ok_or("manifest.json is not an object")?;
+        object.remove("minimum_chrome_version");
+        let background = object.remove("background").ok_or("manifest.json has no background")?;
+        let script = background
+            .get("service_worker")
+            .cloned()
+            .ok_or("manifest.json has no background.service_worker")?;
+        object.insert("background".into(), serde_json::json!({ "scripts": [script], "type": "module" }));
+        if let Some(panel) = object.remove("side_panel") {
+            let page =
+                panel.get("default_path").cloned().ok_or("manifest.json side_panel has no default_path")?;
+            let mut sidebar = serde_json::json!({ "default_panel": page, "open_at_install": false });
+            for (from, to) in
+                [("/action/default_title", "default_title"), ("/action/default_icon", "default_icon")]
+            {
+                if let Some(value) = chrome.pointer(from) {
+                    sidebar[to] = value.clone();
+                }
+            }
+            object.insert("sidebar_action".into(), sidebar);
+        }
+        // The background page holds the offscreen document in a frame: pages of the extension may be
+        // framed by its own pages (by nothing else, as in Chrome).
+        if let Some(csp) =
+            object.get_mut("content_security_policy").and_then(|c| c.get_mut("extension_pages"))
+        {
+            let policy =
+                csp.as_str().unwrap_or_default().replace("frame-ancestors 'none'", "frame-ancestors 'self'");
+            *csp = policy.into();
+        }
+        if let Some(permissions) = object.get_mut("permissions").and_then(|p| p.as_array_mut()) {
+            permissions.retain(|p| !matches!(p.as_str(), Some("offscreen" | "sidePanel")));
+        }
+        object.insert(
+            "browser_specific_settings".into(),
+            // Nothing the user types or makes leaves the machine: Firefox asks add-ons to say so.
+            serde_json::json!({ "gecko": {
+                "id": FIREFOX_ID,
+                "strict_min_version": FIREFOX_MIN_VERSION,
+                "data_collection_permissions": { "required": ["none"] },
+            } }),
+        );
+        Ok(m)
+    }
 }
 
 /// Every file under `dir`, as sorted `/`-separated relative paths.
@@ -166,6 +261,9 @@ fn manifest_files(m: &serde_json::Value) -> Vec<String> {
         "/action/default_icon",
         "/action/default_popup",
         "/background/service_worker",
+        "/background/scripts",
+        "/sidebar_action/default_panel",
+        "/sidebar_action/default_icon",
         "/options_page",
         "/options_ui/page",
         "/side_panel/default_path",
@@ -303,6 +401,58 @@ mod tests {
     #[test]
     fn the_repository_makes_a_complete_package() {
         assert_eq!(check(&package_from_sources()), Vec::<String>::new());
+    }
+
+    fn firefox_manifest() -> serde_json::Value {
+        let chrome = serde_json::from_slice(&fs::read(repo_root().join("manifest.json")).unwrap()).unwrap();
+        Browser::Firefox.manifest(&chrome).unwrap()
+    }
+
+    #[test]
+    fn the_firefox_manifest_runs_the_same_background_as_an_event_page_with_the_studio_as_its_sidebar() {
+        let m = firefox_manifest();
+        assert_eq!(m["background"], serde_json::json!({ "scripts": ["sw.js"], "type": "module" }));
+        assert_eq!(m["sidebar_action"]["default_panel"], "studio.html");
+        assert!(m.get("side_panel").is_none() && m.get("minimum_chrome_version").is_none());
+        let permissions: Vec<&str> =
+            m["permissions"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+        assert!(
+            !permissions.contains(&"offscreen") && !permissions.contains(&"sidePanel"),
+            "{permissions:?}"
+        );
+        assert!(permissions.contains(&"storage") && permissions.contains(&"contextMenus"), "{permissions:?}");
+        let gecko = &m["browser_specific_settings"]["gecko"];
+        assert_eq!(gecko["id"], FIREFOX_ID);
+        assert_eq!(gecko["data_collection_permissions"]["required"], serde_json::json!(["none"]));
+        // The offscreen document is a frame of the background page: framed by the extension's own
+        // pages only, and nothing else of the policy loosened.
+        let chrome_csp = serde_json::from_slice::<serde_json::Value>(
+            &fs::read(repo_root().join("manifest.json")).unwrap(),
+        )
+        .unwrap()["content_security_policy"]["extension_pages"]
+            .as_str()
+            .unwrap()
+            .replace("frame-ancestors 'none'", "frame-ancestors 'self'");
+        assert_eq!(m["content_security_policy"]["extension_pages"], chrome_csp.as_str());
+        assert!(chrome_csp.contains("frame-ancestors 'self'"), "{chrome_csp}");
+    }
+
+    #[test]
+    fn the_firefox_package_is_complete_with_its_own_manifest() {
+        let mut files = package_from_sources();
+        files.insert("manifest.json".into(), serde_json::to_vec(&firefox_manifest()).unwrap());
+        assert_eq!(check(&files), Vec::<String>::new());
+        files.remove("sw.js");
+        assert_eq!(check(&files), vec!["sw.js is missing (named by manifest.json)".to_string()]);
+    }
+
+    #[test]
+    fn the_chrome_manifest_is_the_repository_s() {
+        let chrome: serde_json::Value =
+            serde_json::from_slice(&fs::read(repo_root().join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(Browser::Chrome.manifest(&chrome).unwrap(), chrome);
+        assert_eq!(Browser::parse("firefox").unwrap(), Browser::Firefox);
+        assert!(Browser::parse("safari").unwrap_err().contains("chrome, firefox"));
     }
 
     #[test]

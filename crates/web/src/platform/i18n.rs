@@ -5,7 +5,9 @@
 //! startup; text made at run time goes through [`t`] / [`t_args`]. Every key used must exist in the English
 //! file, and every locale must have the same keys (tested in `locale_tests`), so a missing string is a test
 //! failure, not a blank control. Errors made elsewhere (service worker, workers, the core) come with an
-//! `imagine_core::message::Message` beside their English text; [`error_text`] shows it.
+//! `imagine_core::message::Message` beside their English text; [`error_text`] shows it. A message that
+//! says something else in Firefox (how to get WebGPU there, where its shortcuts are set) has Firefox's
+//! wording under `<key>Firefox`, which Firefox shows instead.
 
 use imagine_core::message::{Arg, Localize, Message};
 use wasm_bindgen::prelude::*;
@@ -24,6 +26,22 @@ extern "C" {
     fn new(locale: &str, options: &JsValue) -> Result<NumberFormat, JsValue>;
     #[wasm_bindgen(method)]
     fn format(this: &NumberFormat, value: f64) -> String;
+}
+
+/// `chrome.i18n.getMessage`, Firefox's wording first in Firefox; `""` for an unknown key.
+fn lookup(key: &str, substitutions: &JsValue) -> String {
+    if in_firefox() {
+        let firefox = get_message(&format!("{key}Firefox"), substitutions);
+        if !firefox.is_empty() {
+            return firefox;
+        }
+    }
+    get_message(key, substitutions)
+}
+
+/// Whether this is Firefox, whose extension pages are `moz-extension:` ones.
+fn in_firefox() -> bool {
+    crate::platform::chrome::runtime_get_url("").starts_with("moz-extension:")
 }
 
 /// The message `key` in the browser's language (English where that language has no file).
@@ -103,7 +121,7 @@ pub fn bytes(bytes: u64) -> String {
 /// The message `key` with `$1`, `$2`, ... replaced by `args`.
 pub fn t_args(key: &str, args: &[&str]) -> String {
     let substitutions: js_sys::Array = args.iter().map(|a| JsValue::from_str(a)).collect();
-    let text = get_message(key, &substitutions);
+    let text = lookup(key, &substitutions);
     // `getMessage` answers "" for an unknown key; show the key so the gap is visible, not a blank.
     if text.is_empty() {
         key.to_owned()
@@ -126,7 +144,7 @@ pub fn message(message: &Message) -> Option<String> {
         })
         .collect::<Option<Vec<String>>>()?;
     let substitutions: js_sys::Array = args.iter().map(|a| JsValue::from_str(a)).collect();
-    Some(get_message(&message.key, &substitutions)).filter(|text| !text.is_empty())
+    Some(lookup(&message.key, &substitutions)).filter(|text| !text.is_empty())
 }
 
 /// What a page shows for an error: its message in the browser's language, or the English `error` when

@@ -205,3 +205,10 @@ impl<T, E: Loggable> LogError<T> for Result<T, E> {
             .ok()
     }
 }
+
+/// Whether the extension API `chrome.<name>` exists in this browser (Chrome's `offscreen` and
+/// `sidePanel` do not in Firefox).
+pub fn has_api(name: &str) -> bool {
+    let chrome = get(&js_sys::global(), "chrome");
+    !chrome.is_undefined() && !get(&chrome, name).is_undefined()
+}

@@ -31,5 +31,7 @@ pub async fn request(request: &Request) -> Reply {
 /// Who sent a message (`runtime.onMessage`'s `sender`).
 pub fn sender(sender: &JsValue) -> Sender {
     let own_id = crate::platform::chrome::runtime_id();
-    Sender::classify(&own_id, get_string(sender, "id").as_deref(), get_string(sender, "url").as_deref())
+    let own_origin = crate::platform::chrome::runtime_get_url("");
+    let (id, url) = (get_string(sender, "id"), get_string(sender, "url"));
+    Sender::classify(&own_id, &own_origin, id.as_deref(), url.as_deref())
 }

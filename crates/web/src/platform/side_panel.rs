@@ -1,6 +1,8 @@
 //! Opening the studio at a job (the side panel, or a tab when it cannot open) and the toolbar button's
 //! choice between the studio and the quick-prompt popup: used by the service worker, the popup and the
-//! gallery.
+//! gallery. Chrome's side panel is `chrome.sidePanel`; Firefox's is its sidebar (`sidebarAction`),
+//! which the toolbar button cannot be set to open: there the background opens it on the button's click
+//! (`sw.js`) while no popup is set.
 
 use wasm_bindgen_futures::{spawn_local, JsFuture};
 
@@ -32,7 +34,11 @@ pub async fn apply_toolbar(choice: ToolbarOpens) {
     let studio = choice == ToolbarOpens::Studio;
     let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
     let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
-    for call in [chrome::side_panel_set_panel_behavior(&behavior), chrome::action_set_popup(&popup)] {
+    let mut calls = vec![chrome::action_set_popup(&popup)];
+    if has_side_panel() {
+        calls.push(chrome::side_panel_set_panel_behavior(&behavior));
+    }
+    for call in calls {
         let done = match call {
             Ok(promise) => JsFuture::from(promise).await.map(drop),
             Err(e) => Err(e),
@@ -47,8 +53,11 @@ pub async fn apply_toolbar(choice: ToolbarOpens) {
 /// for; the call must happen before anything is awaited), else in a tab. Used by the popup and the
 /// gallery ("Reuse").
 pub fn open_from_click(then: impl FnOnce() + 'static) {
-    let options = Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build();
-    let opening = chrome::side_panel_open(&options);
+    let opening = if has_side_panel() {
+        chrome::side_panel_open(&Obj::new().set("windowId", chrome::WINDOW_ID_CURRENT).build())
+    } else {
+        chrome::sidebar_action_open()
+    };
     spawn_local(async move {
         let opened = match opening {
             Ok(promise) => JsFuture::from(promise).await.is_ok(),
@@ -62,4 +71,9 @@ pub fn open_from_click(then: impl FnOnce() + 'static) {
         }
         then();
     });
+}
+
+/// Whether this is Chrome's side panel (`chrome.sidePanel`) rather than Firefox's sidebar.
+fn has_side_panel() -> bool {
+    crate::platform::js::has_api("sidePanel")
 }

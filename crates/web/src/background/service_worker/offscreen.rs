@@ -78,9 +78,7 @@ pub(crate) async fn set_keep_loaded(seconds: Option<u32>) -> Result<(), ServiceW
 }
 
 pub(super) async fn offscreen_exists() -> Result<bool, JsError> {
-    let filter = Obj::new().set("contextTypes", js_sys::Array::of1(&"OFFSCREEN_DOCUMENT".into())).build();
-    let contexts = JsFuture::from(chrome::runtime_get_contexts(&filter)?).await?;
-    Ok(js_sys::Array::from(&contexts).length() > 0)
+    crate::platform::offscreen::exists().await
 }
 
 pub(super) async fn ensure_offscreen() -> Result<(), ServiceWorkerError> {
@@ -91,17 +89,5 @@ pub(super) async fn ensure_offscreen() -> Result<(), ServiceWorkerError> {
     if offscreen_exists().await? {
         return Ok(());
     }
-    let parameters = Obj::new()
-        .set("url", "offscreen.html")
-        .set("reasons", js_sys::Array::of1(&"WORKERS".into()))
-        .set("justification", "Runs the image model in dedicated workers (WebGPU) and stores the model pack.")
-        .build();
-    match JsFuture::from(chrome::offscreen_create_document(&parameters).map_err(JsError::from)?).await {
-        Ok(_) => Ok(()),
-        Err(e) => match JsError::from(e) {
-            // Another request created it meanwhile.
-            e if e.message.contains("single offscreen document") => Ok(()),
-            e => Err(ServiceWorkerError::OffscreenNotOpened(e)),
-        },
-    }
+    crate::platform::offscreen::open().await.map_err(ServiceWorkerError::OffscreenNotOpened)
 }

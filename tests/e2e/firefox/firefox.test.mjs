@@ -1,0 +1,45 @@
+// Imagine in Firefox ESR: the same pages and wasm, Firefox's manifest (dist-firefox/), its background an
+// event page that opens the offscreen document as a frame. WebGPU runs on lavapipe, which has
+// `shader-f16`: the float16 pack runs on WebGPU as published (Chromium's SwiftShader cannot).
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+import { setupFirefox } from '../lib/firefox.mjs';
+
+const REQUEST = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
+
+/** An image of `pack` equals the Python reference's within `tol` levels; its stages' graph files. */
+async function generateAndCompare(page, pack, tol) {
+  const { result } = await h.generateOk(page, REQUEST);
+  assert.equal(result.seed, '42');
+  const files = h.writeResult(`firefox-${pack}`, result);
+  await h.compareWithReference({ packDir: path.join(h.PACKS, pack), traceJson: files.json, png: files.png, tol, name: `firefox-${pack}` });
+  return result.timings.stages.map((s) => s.graphFile);
+}
+
+test('Firefox: the float16 pack installs from the fake Hub and runs on WebGPU with shader-f16; a float32 pack too; both equal the reference', { timeout: 600_000 }, async (t) => {
+  const ff = await setupFirefox(t);
+  // The background answers the pages (Firefox's origin is not the add-on's id, its background a page).
+  const status = await h.packStatus(ff.page);
+  assert.equal(status.installed, false, JSON.stringify(status));
+  // The verdict from an adapter Firefox names nothing of (no vendor, no architecture): it has shader-f16.
+  assert.equal((await ff.page.$eval('#device-verdict', (e) => e.textContent.trim())), await ff.page.evaluate(() => chrome.i18n.getMessage('verdictAsPublished')));
+
+  await h.installPack(ff.page, ff.hub, 'fixtures/f16');
+  assert.equal((await h.packStatus(ff.page)).convertedBytes, null, 'a float16 pack is not converted where WebGPU has shader-f16');
+  // The published graphs, float16, on WebGPU (the default backend; float16 is refused there without shader-f16).
+  assert.deepEqual(await generateAndCompare(ff.page, 'f16', 2), ['text_encoder_q4.onnx', 'transformer_q8.onnx', 'vae_decoder.onnx']);
+
+  await h.installPack(ff.page, ff.hub, 'fixtures/f32');
+  await generateAndCompare(ff.page, 'f32', 1);
+});
+
+test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get it in Firefox\'s words, and Generate is held back', { timeout: 120_000 }, async (t) => {
+  const ff = await setupFirefox(t, { repos: ['f32'], webgpu: false });
+  const said = async (key) => ff.page.evaluate((k) => chrome.i18n.getMessage(k), key);
+  await ff.page.waitForFunction((text) => document.querySelector('#device-verdict')?.textContent.trim() === text, { timeout: 30_000 }, await said('verdictNoWebGpuFirefox'));
+  assert.match(await said('verdictNoWebGpuFirefox'), /dom\.webgpu\.enabled/);
+  assert.equal(await ff.page.$eval('#generate', (e) => e.getAttribute('aria-disabled')), 'true');
+  assert.equal(await ff.page.$eval('#generate-reason', (e) => e.textContent.trim()), await said('setupCannotRun'));
+});
