@@ -43,3 +43,20 @@ test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get
   assert.equal(await ff.page.$eval('#generate', (e) => e.getAttribute('aria-disabled')), 'true');
   assert.equal(await ff.page.$eval('#generate-reason', (e) => e.textContent.trim()), await said('setupCannotRun'));
 });
+
+test('Firefox unloads an idle background page, and the offscreen document with it: stages kept loaded keep it', { timeout: 180_000 }, async (t) => {
+  // Firefox unloads an event page after `extensions.background.idle.timeout` without an event (30 s by
+  // default; 12 s here). The offscreen document, a frame of it, sends it a message every 10 s while it
+  // holds anything: the stages kept loaded after an image (300 s by default) outlive two timeouts.
+  const ff = await setupFirefox(t, { repos: ['f32'], prefs: { 'extensions.background.idle.timeout': 12_000 } });
+  await h.installPack(ff.page, ff.hub, 'fixtures/f32');
+  await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
+  const loaded = async () => (await h.api(ff.page, { type: 'keepLoaded' })).loaded;
+  assert.deepEqual((await loaded()).sort(), ['decoder', 'textEncoder', 'transformer']);
+  await h.sleep(26_000);
+  assert.deepEqual((await loaded()).sort(), ['decoder', 'textEncoder', 'transformer'], 'the stages are still loaded');
+  // Nothing loaded, nothing running: the background may go, and the next image still comes.
+  assert.deepEqual((await h.api(ff.page, { type: 'keepLoaded', seconds: 0 })).loaded, []);
+  await h.sleep(26_000);
+  await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
+});

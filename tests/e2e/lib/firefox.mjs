@@ -32,9 +32,9 @@ export function firefoxPageUrl(page) {
 /**
  * Firefox with the extension installed and the popup open: { browser, page, open(name), close() }.
  * `profileDir`: a profile kept between launches (default: a fresh one); `webgpu: false` leaves WebGPU
- * off, as Firefox ships it on Linux.
+ * off, as Firefox ships it on Linux; `prefs`: more of Firefox's preferences.
  */
-export async function launchFirefox({ headless = isHeadless(), profileDir, webgpu = true } = {}) {
+export async function launchFirefox({ headless = isHeadless(), profileDir, webgpu = true, prefs = {} } = {}) {
   const id = addonId();
   const browser = await puppeteer.launch({
     browser: 'firefox',
@@ -46,6 +46,7 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
       'dom.webgpu.enabled': webgpu,
       'gfx.webgpu.ignore-blocklist': webgpu,
       'extensions.webextensions.uuids': JSON.stringify({ [id]: ORIGIN_UUID }),
+      ...prefs,
     },
   });
   await browser.installExtension(FIREFOX_DIST);
@@ -61,13 +62,13 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
 }
 
 /**
- * `launchFirefox` (headless, a fresh profile) and a fake Hub serving `repos`: { browser, page, hub,
- * open(name) }. Both closed when the test ends.
+ * `launchFirefox` (headless, a fresh profile, `webgpu`, `prefs`) and a fake Hub serving `repos`:
+ * { browser, page, hub, open(name) }. Both closed when the test ends.
  */
-export async function setupFirefox(t, { repos = ['f16', 'f32'], webgpu = true } = {}) {
+export async function setupFirefox(t, { repos = ['f16', 'f32'], webgpu = true, prefs } = {}) {
   const hub = await startHub({ repos });
   t.after(() => hub.close());
-  const ff = await launchFirefox({ headless: true, webgpu });
+  const ff = await launchFirefox({ headless: true, webgpu, prefs });
   t.after(() => ff.close());
   return { ...ff, hub };
 }

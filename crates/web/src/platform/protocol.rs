@@ -40,6 +40,12 @@ pub enum ProtocolError {
 /// The `target` of the service worker's messages for the offscreen document (pages ignore them).
 pub const OFFSCREEN_TARGET: &str = "offscreen";
 
+/// The `target` of the offscreen document's "still working" message to the background, sent only in
+/// Firefox: there the offscreen document is a frame of the background, an event page that Firefox
+/// unloads after 30 s without an event (the frame and its workers with it, a job or download lost);
+/// a message it receives is one. Every context ignores it.
+pub const KEEP_ALIVE_TARGET: &str = "keepAlive";
+
 /// Service worker → offscreen document.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "camelCase")]

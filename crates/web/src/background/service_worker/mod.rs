@@ -35,7 +35,7 @@ use crate::platform::js::{from_js, get, random_u64, settled, to_js, JsError, Log
 use crate::platform::messaging::{self, send};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
-    self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, OFFSCREEN_TARGET,
+    self, OffscreenCommand, OffscreenReply, ProtocolError, StudioFocus, KEEP_ALIVE_TARGET, OFFSCREEN_TARGET,
 };
 use crate::platform::settings;
 use crate::platform::side_panel;
@@ -175,7 +175,7 @@ const JOBS_ALARM: &str = "imagine-jobs";
 #[wasm_bindgen(js_name = serviceWorkerMessage)]
 pub fn service_worker_message(message: JsValue, sender: JsValue) -> js_sys::Promise {
     future_to_promise(async move {
-        if get(&message, "target").as_string().as_deref() == Some(OFFSCREEN_TARGET) {
+        if let Some(OFFSCREEN_TARGET | KEEP_ALIVE_TARGET) = get(&message, "target").as_string().as_deref() {
             return Ok(JsValue::UNDEFINED);
         }
         let reply = match messaging::sender(&sender) {

@@ -42,7 +42,7 @@ use crate::platform::opfs::OpfsError;
 use crate::platform::prompt_encoder::EncoderLoadError;
 use crate::platform::protocol::{
     self, DownloadCommand, DownloadReport, HashSetup, OffscreenCommand, OffscreenReply, ProtocolError,
-    StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
+    StageOutput, StageReport, StageTask, StageTiming, TransformerOutput, KEEP_ALIVE_TARGET,
 };
 
 mod embeddings;
@@ -215,11 +215,48 @@ fn known_jobs(state: &State) -> Vec<String> {
     state.book.ended_jobs().chain(running).chain(queued).cloned().collect()
 }
 
+/// How often a framed offscreen document tells the background it is still working: well within
+/// Firefox's 30 s.
+const KEEP_ALIVE_MS: u64 = 10_000;
+
+thread_local! {
+    static KEEPING_ALIVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// In Firefox the offscreen document is a frame of the background page, which is unloaded when idle:
+/// while a job, a download, a store, stages kept loaded or private images are here, the background is
+/// sent a message every [`KEEP_ALIVE_MS`] (an event for it, so it stays). In Chrome the offscreen
+/// document lives on its own: nothing is sent.
+fn keep_background_alive() {
+    let framed = web_sys::window().and_then(|w| w.frame_element().ok().flatten()).is_some();
+    if !framed || KEEPING_ALIVE.with(|k| k.replace(true)) {
+        return;
+    }
+    spawn_local(async {
+        loop {
+            crate::platform::js::sleep_ms(KEEP_ALIVE_MS).await;
+            let busy = STATE.with_borrow(|s| {
+                s.running.is_some()
+                    || !s.queue.is_empty()
+                    || s.install.is_some()
+                    || s.store.is_some()
+                    || !s.resident.is_empty()
+                    || s.book.private_count() > 0
+            });
+            if busy {
+                let message = crate::platform::js::Obj::new().set("target", KEEP_ALIVE_TARGET).build();
+                let _ = crate::platform::messaging::send(&message).await;
+            }
+        }
+    });
+}
+
 /// Carries out a command; its own reply, for the commands that have one (else `Done`).
 async fn command(message: JsValue, sender: JsValue) -> Result<Option<OffscreenReply>, OffscreenError> {
     if crate::platform::messaging::sender(&sender) != Sender::ServiceWorker {
         return Err(OffscreenError::NotFromServiceWorker);
     }
+    keep_background_alive();
     match from_js::<OffscreenCommand>(&message).map_err(OffscreenError::BadCommand)? {
         OffscreenCommand::RunJob { job, params, keep_loaded_seconds, gpu_budget } => {
             queue_job(Queued { job, params, gpu_budget }, keep_loaded_seconds)
