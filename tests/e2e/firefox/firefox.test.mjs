@@ -60,3 +60,23 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.sleep(26_000);
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
+
+test('Firefox: the studio (its sidebar\'s page) counts tokens and makes an image from its form', { timeout: 180_000 }, async (t) => {
+  const ff = await setupFirefox(t, { repos: ['f32'] });
+  await h.installPack(ff.page, ff.hub, 'fixtures/f32');
+  const studio = await ff.open('studio.html');
+  // The token count comes from the core's tokenizer (shipped gzipped) and chat template: "a cat" is 14.
+  await studio.type('#prompt', 'a cat');
+  await studio.waitForFunction(() => /^14 \/ 512/.test(document.querySelector('#token-count').textContent), { timeout: 60_000 });
+  const set = (id, value) => studio.$eval(`#${id}`, (e, v) => {
+    e.value = v;
+    e.dispatchEvent(new Event('input', { bubbles: true }));
+  }, value);
+  await set('width', '256');
+  await set('height', '256');
+  await set('steps', '2');
+  await studio.click('#generate');
+  await studio.waitForFunction(() => document.querySelector('#image')?.src.startsWith('data:image/png') && !document.querySelector('#result').hidden, { timeout: 120_000 });
+  const [width, height] = await studio.$eval('#image', (img) => img.decode().then(() => [img.naturalWidth, img.naturalHeight]));
+  assert.deepEqual([width, height], [256, 256]);
+});
