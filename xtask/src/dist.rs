@@ -79,8 +79,7 @@ pub enum Browser {
 /// permissions by, so it never changes.
 pub const FIREFOX_ID: &str = "imagine@imagine-extension.org";
 
-/// The first Firefox with WebGPU on by default (on Windows; module event pages and `storage.session`,
-/// which Imagine also needs, came earlier).
+/// The first Firefox with WebGPU on by default (on Windows).
 pub const FIREFOX_MIN_VERSION: &str = "141.0";
 
 impl Browser {
@@ -138,8 +137,8 @@ impl Browser {
             }
             object.insert("sidebar_action".into(), sidebar);
         }
-        // The background page holds the offscreen document in a frame: pages of the extension may be
-        // framed by its own pages (by nothing else, as in Chrome).
+        // The background page holds the offscreen document in a frame: the extension's pages may be
+        // framed by its own pages, and by nothing else (in Chrome by nothing at all).
         if let Some(csp) =
             object.get_mut("content_security_policy").and_then(|c| c.get_mut("extension_pages"))
         {

@@ -163,7 +163,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
     let (no_build, rest) = split_flag(rest, "--no-build");
     let (browser, rest) = split_browser(&rest)?;
     let needs = match browser {
-        Browser::Chrome => setup::Needs::BROWSER,
+        Browser::Chrome => setup::Needs::CHROMIUM,
         Browser::Firefox => setup::Needs::FIREFOX,
     };
     let tools = setup::ensure_prerequisites(root, needs)?;
@@ -209,7 +209,7 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         }
     };
     let (no_build, rest) = split_flag(rest, "--no-build");
-    let tools = setup::ensure_prerequisites(root, setup::Needs::BROWSER)?;
+    let tools = setup::ensure_prerequisites(root, setup::Needs::CHROMIUM)?;
     if !no_build {
         build(root, false, Browser::Chrome, &tools)?;
     }
@@ -712,7 +712,7 @@ fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
 fn e2e(root: &Path, names: &[String]) -> Result {
     let files = e2e_files(root, names)?;
     let jobs = env::var("IMAGINE_E2E_JOBS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(E2E_JOBS);
-    step(&format!("e2e: node --test ({} files, {jobs} at a time) in {}", files.len(), chromium_version()));
+    step(&format!("e2e: node --test ({} files, {jobs} at a time) in {}", files.len(), browser_versions()));
     let failed_list = root.join("target/e2e-failed.json");
     let _ = fs::remove_file(&failed_list);
     let Err(error) = node_test(&files, jobs, &failed_list) else { return Ok(()) };
@@ -794,14 +794,21 @@ const E2E_LONGEST: &[&str] = &["real-arch-bench", "repeat", "real-arch", "downlo
 /// At most this many files that failed are run again alone; more failures are not load.
 const MAX_E2E_RERUNS: usize = 2;
 
-/// What the browser tests' Chromium says of its version (the harness's `$IMAGINE_CHROMIUM` or Debian's).
-fn chromium_version() -> String {
-    let chromium = env::var("IMAGINE_CHROMIUM").unwrap_or_else(|_| "/usr/lib/chromium/chromium".into());
-    match Command::new(&chromium).arg("--version").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        Ok(out) => format!("{chromium} (--version failed: {})", String::from_utf8_lossy(&out.stderr).trim()),
-        Err(e) => format!("{chromium} (not started: {e})"),
-    }
+/// What the browser tests' browsers say of their versions (the harness's `$IMAGINE_CHROMIUM` and
+/// `$IMAGINE_FIREFOX`, or Debian's).
+fn browser_versions() -> String {
+    let version = |variable: &str, default: &str| {
+        let browser = env::var(variable).unwrap_or_else(|_| default.into());
+        match Command::new(&browser).arg("--version").output() {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            Ok(out) => {
+                format!("{browser} (--version failed: {})", String::from_utf8_lossy(&out.stderr).trim())
+            }
+            Err(e) => format!("{browser} (not started: {e})"),
+        }
+    };
+    let chromium = version("IMAGINE_CHROMIUM", "/usr/lib/chromium/chromium");
+    format!("{chromium} and {}", version("IMAGINE_FIREFOX", "/usr/bin/firefox-esr"))
 }
 
 const ORT_LICENSE: &str = "MIT License

@@ -42,7 +42,7 @@ const EXPORT_VENV: &str = "target/export-venv";
 #[derive(Clone, Copy, Debug)]
 pub struct Needs {
     /// Chromium, to load the extension.
-    pub browser: bool,
+    pub chromium: bool,
     /// Firefox ESR and lavapipe, for the Firefox tests.
     pub firefox: bool,
     /// The Python packages of the reference and the fixture generator.
@@ -51,13 +51,13 @@ pub struct Needs {
 
 impl Needs {
     /// `build`, `dist`.
-    pub const BUILD: Needs = Needs { browser: false, firefox: false, python: false };
+    pub const BUILD: Needs = Needs { chromium: false, firefox: false, python: false };
     /// `run`, `bench`.
-    pub const BROWSER: Needs = Needs { browser: true, firefox: false, python: false };
+    pub const CHROMIUM: Needs = Needs { chromium: true, firefox: false, python: false };
     /// `run --browser firefox`.
-    pub const FIREFOX: Needs = Needs { browser: false, firefox: true, python: false };
+    pub const FIREFOX: Needs = Needs { chromium: false, firefox: true, python: false };
     /// `e2e`, `test`: the browser tests, in Chromium and Firefox, compare with the Python reference.
-    pub const ALL: Needs = Needs { browser: true, firefox: true, python: true };
+    pub const ALL: Needs = Needs { chromium: true, firefox: true, python: true };
 }
 
 /// The tools found (or installed) that the build calls by path.
@@ -80,7 +80,7 @@ pub fn ensure_prerequisites(root: &Path, needs: Needs) -> Result<Tools> {
         ensure_python_packages(root)?;
         present.push("Python packages".into());
     }
-    if needs.browser {
+    if needs.chromium {
         let chromium = ensure_chromium()?;
         present.push(chromium.display().to_string());
     }

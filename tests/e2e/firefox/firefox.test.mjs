@@ -6,6 +6,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
 import { setupFirefox } from '../lib/firefox.mjs';
+import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
 const REQUEST = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
 
@@ -33,6 +34,19 @@ test('Firefox: the float16 pack installs from the fake Hub and runs on WebGPU wi
 
   await h.installPack(ff.page, ff.hub, 'fixtures/f32');
   await generateAndCompare(ff.page, 'f32', 1);
+});
+
+test('Firefox: the tiny real-architecture float16 pack runs on WebGPU with shader-f16 and equals the reference within 2 levels', { timeout: 900_000 }, async (t) => {
+  const dir = await tinyPack('float16');
+  const ff = await setupFirefox(t, { repos: { 'tiny/float16': { dir } } });
+  await h.installPack(ff.page, ff.hub, 'tiny/float16');
+  const { result } = await h.generateOk(ff.page, REQUEST, 600_000);
+  // The float16 graphs as exported, their MatMulNBits re-blocked to 32 as on every WebGPU (Chromium's
+  // SwiftShader can only run them converted to float32, or on the wasm backend).
+  const graphs = Object.fromEntries(result.timings.stages.map((s) => [s.stage, s.graphFile]));
+  assert.deepEqual(graphs, { textEncoder: 'text_encoder_q4.b32.onnx', transformer: 'transformer_q8.b32.onnx', decoder: 'vae_decoder.onnx' });
+  const files = h.writeResult('firefox-real-arch-float16', result);
+  await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: TOLERANCE.float16, name: 'firefox-real-arch-float16' });
 });
 
 test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get it in Firefox\'s words, and Generate is held back', { timeout: 120_000 }, async (t) => {

@@ -4,9 +4,8 @@
 //! the same in both.
 
 use js_sys::Array;
-use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::HtmlElement;
 
 use crate::platform::chrome;
 use crate::platform::js::{JsError, Obj};
@@ -18,16 +17,16 @@ fn has_offscreen_api() -> bool {
     crate::platform::js::has_api("offscreen")
 }
 
-/// The iframe holding the offscreen document in Firefox's background page.
-fn frame() -> Option<HtmlElement> {
-    let document = web_sys::window()?.document()?;
-    document.query_selector(&format!("iframe[src='{PAGE}']")).ok().flatten().map(JsCast::unchecked_into)
+/// Whether Firefox's background page holds the offscreen document's frame.
+fn has_frame() -> bool {
+    let document = web_sys::window().and_then(|w| w.document());
+    document.is_some_and(|d| d.query_selector(&format!("iframe[src='{PAGE}']")).ok().flatten().is_some())
 }
 
 /// Whether the offscreen document is open (it may still be loading).
 pub async fn exists() -> Result<bool, JsError> {
     if !has_offscreen_api() {
-        return Ok(frame().is_some());
+        return Ok(has_frame());
     }
     let filter = Obj::new().set("contextTypes", Array::of1(&"OFFSCREEN_DOCUMENT".into())).build();
     let contexts = JsFuture::from(chrome::runtime_get_contexts(&filter)?).await?;

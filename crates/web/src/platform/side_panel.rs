@@ -34,10 +34,11 @@ pub async fn apply_toolbar(choice: ToolbarOpens) {
     let studio = choice == ToolbarOpens::Studio;
     let behavior = Obj::new().set("openPanelOnActionClick", studio).build();
     let popup = Obj::new().set("popup", if studio { "" } else { "popup.html" }).build();
-    let mut calls = vec![chrome::action_set_popup(&popup)];
+    let mut calls = Vec::new();
     if has_side_panel() {
         calls.push(chrome::side_panel_set_panel_behavior(&behavior));
     }
+    calls.push(chrome::action_set_popup(&popup));
     for call in calls {
         let done = match call {
             Ok(promise) => JsFuture::from(promise).await.map(drop),
