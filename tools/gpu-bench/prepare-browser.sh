@@ -38,7 +38,8 @@ cd "$ROOT"
 
 tar -C node_modules -cf - playwright-core | xz -T0 -6 > "$G/1/playwright-core.tar.xz"
 cargo xtask dist
-cp target/imagine-*.zip "$G/1/extension.zip"
+# The Chrome zip (imagine-<version>.zip), not the Firefox one (imagine-<version>-firefox.zip).
+cp target/imagine-*[0-9].zip "$G/1/extension.zip"
 
 # Chromium: the browser directory without the Vulkan validation layer, the mock ICD and all locales but
 # en-US, plus its libraries (packed again only when the installed Chromium changed).

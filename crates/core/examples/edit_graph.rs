@@ -1,22 +1,23 @@
 //! Applies one of the stage worker's node edits to a graph on disk, as the stage worker does in memory
-//! before it creates a WebGPU session (`imagine_core::graph::{attention, projections}`):
+//! before it creates a WebGPU session (`imagine_core::graph::{attention, clip, projections, rows}`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example edit_graph -- fuse-attention IN.onnx OUT.onnx
 //! cargo run -p imagine-core --example edit_graph -- chunk-attention IN.onnx OUT.onnx CHUNKS
 //! cargo run -p imagine-core --example edit_graph -- per-part IN.onnx OUT.onnx
 //! cargo run -p imagine-core --example edit_graph -- chunk-rows IN.onnx OUT.onnx CHUNKS
+//! cargo run -p imagine-core --example edit_graph -- clip-as-max-min IN.onnx OUT.onnx
 //! cargo run -p imagine-core --example edit_graph -- by-weights IN.onnx OUT PARTS
 //! ```
 //!
 //! Writes the new graph to OUT.onnx (put it beside IN.onnx: its external data stays where it was) and
-//! prints how many places changed (attentions, projections computed per part, chains in chunks), for
+//! prints how many places changed (attentions, projections computed per part, chains in chunks, clips), for
 //! `tools/export/tests` to check that it computes what IN.onnx does. `by-weights` cuts the graph into
 //! PARTS pieces of its weights as the stage worker streams the transformer
 //! (`imagine_core::graph::split::by_weights`), writes them to OUT.0.onnx, OUT.1.onnx, ... and prints
 //! how many.
 
-use imagine_core::graph::{attention, projections, rows, split, RewriteError};
+use imagine_core::graph::{attention, clip, projections, rows, split, RewriteError};
 
 type Edit = Box<dyn Fn(&[u8]) -> Result<(Vec<u8>, usize), RewriteError>>;
 
@@ -30,6 +31,7 @@ fn main() {
     let (edit, input, output): (Edit, _, _) = match args.as_slice() {
         [e, input, output] if e == "fuse-attention" => (Box::new(attention::fuse_attention), input, output),
         [e, input, output] if e == "per-part" => (Box::new(projections::per_part), input, output),
+        [e, input, output] if e == "clip-as-max-min" => (Box::new(clip::as_max_min), input, output),
         [e, input, output, chunks] if e == "chunk-attention" => match chunks.parse::<u32>() {
             Ok(chunks) => (Box::new(move |m: &[u8]| attention::chunk_attention(m, chunks)), input, output),
             Err(e) => usage(&format!("CHUNKS {chunks:?}: {e}")),
@@ -73,6 +75,6 @@ fn pieces(input: &str, output: &str, parts: &str) {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("usage: edit_graph fuse-attention|per-part IN.onnx OUT.onnx, chunk-attention|chunk-rows IN.onnx OUT.onnx CHUNKS, or by-weights IN.onnx OUT PARTS ({why})");
+    eprintln!("usage: edit_graph fuse-attention|per-part|clip-as-max-min IN.onnx OUT.onnx, chunk-attention|chunk-rows IN.onnx OUT.onnx CHUNKS, or by-weights IN.onnx OUT PARTS ({why})");
     std::process::exit(2);
 }

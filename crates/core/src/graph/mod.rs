@@ -4,6 +4,7 @@
 //! * [`pack_conversion`]: that rewrite planned for a whole pack, and the record kept with it.
 //! * [`reblock`]: `MatMulNBits` re-blocked to 32, the only block ORT Web's wide WebGPU kernel takes.
 //! * [`attention`]: attention fused into `MultiHeadAttention`, or computed in chunks of query rows.
+//! * [`clip`]: `Clip` computed as `Max` then `Min`, which every browser's shader compiler takes.
 //! * [`projections`]: a wide `MatMulNBits` only cut apart computed as one per part; [`rows`]: token-wise
 //!   chains computed in chunks of tokens.
 //! * [`split`]: a graph (the VAE decoder) cut into a chain of smaller graphs that fit GPU memory.
@@ -18,6 +19,7 @@
 //! which a message crate such as `prost` would not do without ONNX's schema declared by hand.
 
 pub mod attention;
+pub mod clip;
 mod float32;
 mod nodes;
 mod ops;

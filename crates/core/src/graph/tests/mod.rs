@@ -14,6 +14,7 @@ use crate::onnx::fields::{
 use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 
 mod attention;
+mod clip;
 mod float32;
 mod projections;
 mod reblock;

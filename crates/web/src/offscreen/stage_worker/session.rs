@@ -429,7 +429,8 @@ struct Edited {
 }
 
 /// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
-/// or chunked, the wide projections per part, the token-wise chains in chunks of tokens.
+/// or chunked, the wide projections per part, the token-wise chains in chunks of tokens; and in every
+/// plan `Clip` as `Max` then `Min`, which Firefox's shader compiler takes where it refuses ORT's `Clip`.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
@@ -458,7 +459,7 @@ fn edited_for_webgpu(
         let (chunked, n) = rows::chunk_rows(&bytes, token_chunks)?;
         (bytes, edited.chunked_chains) = (chunked, count(n));
     }
-    Ok((bytes, edited))
+    Ok((clip::as_max_min(&bytes)?.0, edited))
 }
 
 /// Lets a test make a stage's session fail to be created once, as a GPU out of memory would, or run
