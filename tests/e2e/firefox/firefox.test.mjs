@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
-import { setupFirefox } from '../lib/firefox.mjs';
+import { firefoxProfile, setupFirefox } from '../lib/firefox.mjs';
 import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
 const REQUEST = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
@@ -73,7 +73,7 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   assert.deepEqual((await loaded()).sort(), ['decoder', 'textEncoder', 'transformer'], 'the stages are still loaded');
   // Nothing loaded, nothing running: the background may go, and the next image still comes.
   assert.deepEqual((await h.api(ff.page, { type: 'keepLoaded', seconds: 0 })).loaded, []);
-  await h.sleep(26_000);
+  await h.sleep(14_000);
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
@@ -95,4 +95,24 @@ test('Firefox: the studio (its sidebar\'s page) counts tokens and makes an image
   await studio.waitForFunction(() => document.querySelector('#image')?.src.startsWith('data:image/png') && !document.querySelector('#result').hidden, { timeout: 120_000 });
   const [width, height] = await studio.$eval('#image', (img) => img.decode().then(() => [img.naturalWidth, img.naturalHeight]));
   assert.deepEqual([width, height], [256, 256]);
+});
+
+test('Firefox closed mid-download and started again on the same profile: the download resumes by itself and the pack installs, verified', { timeout: 300_000 }, async (t) => {
+  const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE, REFETCH_BYTES } = h;
+  // Installed for good in its profile: a temporary add-on leaves with its storage when Firefox closes.
+  const ff = await setupFirefox(t, { repos: ['f32'], hubOptions: { pad: { [SHARD]: SIZE } }, profileDir: firefoxProfile(t) });
+  ff.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 3 << 20 });
+  assert.equal((await h.startInstall(ff.page, ff.hub, 'fixtures/f32')).type, 'installStarted');
+  const mid = await h.waitForDownload(ff.page, (s) => h.fileDone(s, SHARD) >= 8 << 20, 60_000);
+  const again = await ff.relaunch();
+  ff.hub.clearFaults();
+  // Nothing asked of it: the background's start resumes the download from its checkpoint.
+  const deadline = Date.now() + 40_000;
+  while (ff.hub.stats(SHARD).ranges.length < 2 && Date.now() < deadline) await h.sleep(250);
+  assert.ok(ff.hub.stats(SHARD).ranges.length >= 2, 'the download did not resume by itself within 40 s of the start');
+  await h.waitForInstall(again.page);
+  h.assertServed(ff.hub, 'fixtures/f32', { interruptions: { [SHARD]: 1 } });
+  const resumed = ff.hub.stats(SHARD).ranges.map((r) => Number(/bytes=(\d+)-/.exec(r ?? '')?.[1] ?? 0)).filter((n) => n > 0);
+  assert.ok(resumed.length === 1 && resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, JSON.stringify(ff.hub.stats(SHARD).ranges));
+  assert.equal((await h.packStatus(again.page)).installed, true);
 });

@@ -6,7 +6,9 @@
 // `extensions.webextensions.uuids` fixes it, so a test can open the extension's pages. Since Firefox 153,
 // WebDriver navigates to `moz-extension:` pages only with `--remote-allow-system-access`.
 
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import puppeteer from 'puppeteer-core';
 import { startHub } from './api.mjs';
@@ -30,12 +32,32 @@ export function firefoxPageUrl(page) {
 }
 
 /**
- * Firefox with the extension installed and the popup open: { browser, page, open(name), close() }.
- * `profileDir`: a profile kept between launches (default: a fresh one); `webgpu: false` leaves WebGPU
- * off, as Firefox ships it on Linux; `prefs`: more of Firefox's preferences.
+ * Puts the Firefox build into `profileDir` as an add-on of that profile (`extensions/<id>.xpi`), which
+ * Firefox installs for good at its next start, unsigned where `xpinstall.signatures.required` is off
+ * (ESR honours it; release builds do not). A temporary add-on (WebDriver's `installExtension`) is
+ * removed, its storage with it, when Firefox closes.
+ */
+function placeInProfile(profileDir, id) {
+  const xpi = path.join(profileDir, 'extensions', `${id}.xpi`);
+  if (fs.existsSync(xpi)) return;
+  fs.mkdirSync(path.dirname(xpi), { recursive: true });
+  const files = fs.readdirSync(FIREFOX_DIST).map((f) => path.join(FIREFOX_DIST, f));
+  execFileSync('python3', ['-m', 'zipfile', '-c', xpi, ...files]);
+}
+
+/**
+ * Firefox with the extension installed and the popup open: { browser, page, open(name), close(),
+ * relaunch() }. `profileDir`: a profile kept between launches, in which the add-on is installed for
+ * good (`relaunch` closes Firefox and starts it again on it, as a user quitting and reopening it);
+ * without one, a fresh profile and a temporary add-on. `webgpu: false` leaves WebGPU off, as Firefox
+ * ships it on Linux; `prefs`: more of Firefox's preferences.
  */
 export async function launchFirefox({ headless = isHeadless(), profileDir, webgpu = true, prefs = {} } = {}) {
   const id = addonId();
+  if (profileDir) placeInProfile(profileDir, id);
+  const permanent = profileDir
+    ? { 'xpinstall.signatures.required': false, 'extensions.autoDisableScopes': 0, 'extensions.enabledScopes': 15 }
+    : {};
   const browser = await puppeteer.launch({
     browser: 'firefox',
     executablePath: FIREFOX,
@@ -46,10 +68,11 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
       'dom.webgpu.enabled': webgpu,
       'gfx.webgpu.ignore-blocklist': webgpu,
       'extensions.webextensions.uuids': JSON.stringify({ [id]: ORIGIN_UUID }),
+      ...permanent,
       ...prefs,
     },
   });
-  await browser.installExtension(FIREFOX_DIST);
+  if (!profileDir) await browser.installExtension(FIREFOX_DIST);
   const open = async (name) => {
     const page = await browser.newPage();
     // An extension page never tells WebDriver it has loaded; its elements say so.
@@ -58,17 +81,35 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
     return page;
   };
   const page = await open('popup.html');
-  return { browser, page, open, close: () => browser.close().catch(() => {}) };
+  const close = () => browser.close().catch(() => {});
+  const relaunch = async () => {
+    await close();
+    return launchFirefox({ headless, profileDir, webgpu, prefs });
+  };
+  return { browser, page, open, close, relaunch };
+}
+
+/** A profile directory for `launchFirefox`, removed when the test ends. */
+export function firefoxProfile(t) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-firefox-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  return dir;
 }
 
 /**
- * `launchFirefox` (headless, a fresh profile, `webgpu`, `prefs`) and a fake Hub serving `repos`:
- * { browser, page, hub, open(name) }. Both closed when the test ends.
+ * `launchFirefox` (headless, `webgpu`, `prefs`, `profileDir`: a fresh temporary profile when none) and a
+ * fake Hub serving `repos` (`hubOptions`: more of `startHub`'s options): { browser, page, hub, open(name),
+ * relaunch() }. Both closed when the test ends (a relaunched Firefox too).
  */
-export async function setupFirefox(t, { repos = ['f16', 'f32'], webgpu = true, prefs } = {}) {
-  const hub = await startHub({ repos });
+export async function setupFirefox(t, { repos = ['f16', 'f32'], hubOptions = {}, webgpu = true, prefs, profileDir } = {}) {
+  const hub = await startHub({ repos, ...hubOptions });
   t.after(() => hub.close());
-  const ff = await launchFirefox({ headless: true, webgpu, prefs });
-  t.after(() => ff.close());
-  return { ...ff, hub };
+  const ff = await launchFirefox({ headless: true, webgpu, prefs, profileDir });
+  let current = ff;
+  t.after(() => current.close());
+  const relaunch = async () => {
+    current = await current.relaunch();
+    return current;
+  };
+  return { ...ff, hub, relaunch };
 }
