@@ -77,8 +77,17 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
-test('Firefox: the studio (its sidebar\'s page) counts tokens and makes an image from its form', { timeout: 180_000 }, async (t) => {
+test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio (its sidebar\'s page) counts tokens and makes an image from its form', { timeout: 180_000 }, async (t) => {
   const ff = await setupFirefox(t, { repos: ['f32'] });
+  // WebDriver cannot open a context menu; updating an item succeeds only for one that exists.
+  const updated = (id) => ff.page.evaluate((i) => chrome.contextMenus.update(i, {}).then(() => true, () => false), id);
+  assert.deepEqual([await updated('imagine-selection'), await updated('no-such-item')], [true, false]);
+  // The GPU memory probe: lavapipe's "GPU memory" is the computer's, so the cap is reached. Firefox
+  // names no adapter; the probe is kept under its features and limits instead.
+  const probed = await h.api(ff.page, { type: 'gpuMemory', measure: true, probeCapBytes: 768 << 20 });
+  assert.deepEqual([probed.probe?.found, probed.budget, probed.precision], [{ kind: 'plenty', bytes: 768 << 20 }, null, 'float16'], JSON.stringify(probed));
+  assert.match(probed.probe.adapter, /^unnamed adapter \(shader-f16: true, maxBufferSize \d+, maxStorageBufferBindingSize \d+\)$/);
+
   await h.installPack(ff.page, ff.hub, 'fixtures/f32');
   const studio = await ff.open('studio.html');
   // The token count comes from the core's tokenizer (shipped gzipped) and chat template: "a cat" is 14.
@@ -116,3 +125,4 @@ test('Firefox closed mid-download and started again on the same profile: the dow
   assert.ok(resumed.length === 1 && resumed[0] >= h.fileDone(mid, SHARD) - REFETCH_BYTES, JSON.stringify(ff.hub.stats(SHARD).ranges));
   assert.equal((await h.packStatus(again.page)).installed, true);
 });
+

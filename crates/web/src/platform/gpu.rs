@@ -151,9 +151,18 @@ pub struct DeviceReport {
 }
 
 impl DeviceReport {
-    /// The adapter's name as a probe records it: another GPU is probed anew.
+    /// The adapter's name as a probe records it: another GPU is probed anew. Firefox names no adapter
+    /// (vendor, architecture and description all empty): there its features and limits stand for the
+    /// name, so a GPU with other ones is probed anew too.
     pub fn adapter_id(&self) -> String {
-        [&self.vendor, &self.architecture, &self.description].map(|s| s.as_str()).join(" ").trim().to_owned()
+        let named = [&self.vendor, &self.architecture, &self.description].map(|s| s.as_str()).join(" ");
+        if !named.trim().is_empty() {
+            return named.trim().to_owned();
+        }
+        format!(
+            "unnamed adapter (shader-f16: {}, maxBufferSize {}, maxStorageBufferBindingSize {})",
+            self.shader_f16, self.max_buffer_size, self.max_storage_buffer_binding_size
+        )
     }
 
     /// What decides the device verdict (`imagine_core::device_verdict`).
@@ -240,4 +249,33 @@ pub async fn memory_facts() -> MemoryFacts {
         _ => Precision::Float32,
     };
     MemoryFacts { weights, precision }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(vendor: &str, description: &str, max_buffer_size: u64) -> DeviceReport {
+        DeviceReport {
+            vendor: vendor.to_owned(),
+            architecture: String::new(),
+            description: description.to_owned(),
+            power_preference: "high-performance".to_owned(),
+            shader_f16: true,
+            max_buffer_size,
+            max_storage_buffer_binding_size: 1 << 30,
+            software_renderer: None,
+        }
+    }
+
+    #[test]
+    fn an_adapter_is_known_by_its_names_or_where_it_has_none_by_its_features_and_limits() {
+        assert_eq!(report("nvidia", "NVIDIA H200", 1 << 32).adapter_id(), "nvidia  NVIDIA H200");
+        let unnamed = report("", "", 1 << 30).adapter_id();
+        assert_eq!(
+            unnamed,
+            "unnamed adapter (shader-f16: true, maxBufferSize 1073741824, maxStorageBufferBindingSize 1073741824)"
+        );
+        assert_ne!(unnamed, report("", "", 1 << 31).adapter_id(), "another GPU, another probe");
+    }
 }
