@@ -291,7 +291,8 @@ impl Session {
 /// Streamed ([`Chain::streamed`]): one piece's session at a time, made when it runs and released
 /// before the next is made, what a piece passes on read back to the CPU, so that only one piece's
 /// weights are ever on the GPU (a transformer whose weights do not fit beside its work), at the cost
-/// of reading every piece's weights again on every run.
+/// of reading every piece's weights again on every run. (Left on the GPU, a piece's outputs do not
+/// outlive its released session: the next piece then fails to run, seen on SwiftShader.)
 pub struct Chain {
     pieces: Vec<ChainPiece>,
     /// Where a streamed chain's pieces are made from; `None` for a resident chain.
