@@ -77,7 +77,7 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
-test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio (its sidebar\'s page) counts tokens and makes an image from its form', { timeout: 180_000 }, async (t) => {
+test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio counts tokens and makes an image from its form; it is the sidebar: the popup's button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
   const ff = await setupFirefox(t, { repos: ['f32'] });
   // WebDriver cannot open a context menu; updating an item succeeds only for one that exists.
   const updated = (id) => ff.page.evaluate((i) => chrome.contextMenus.update(i, {}).then(() => true, () => false), id);
@@ -104,6 +104,35 @@ test('Firefox: the selection\'s menu item is there; the GPU memory probe; the st
   await studio.waitForFunction(() => document.querySelector('#image')?.src.startsWith('data:image/png') && !document.querySelector('#result').hidden, { timeout: 120_000 });
   const [width, height] = await studio.$eval('#image', (img) => img.decode().then(() => [img.naturalWidth, img.naturalHeight]));
   assert.deepEqual([width, height], [256, 256]);
+
+  // The studio is Firefox's sidebar; the toolbar button opens it (no popup set) and so does the
+  // shortcut; the popup's button opens it (the click is the gesture Firefox asks for).
+  const ask = (f) => studio.evaluate(f);
+  assert.match(await ask(() => chrome.sidebarAction.getPanel({})), /\/studio\.html$/);
+  assert.equal(await ask(() => chrome.action.getPopup({})), '');
+  assert.equal((await ask(() => chrome.commands.getAll())).find((c) => c.name === 'open-studio')?.shortcut, 'Alt+Shift+I');
+  const popup = await ff.open('popup.html');
+  await popup.click('#open-studio');
+  let sidebars = [];
+  for (let i = 0; i < 50 && sidebars.length === 0; i++) {
+    await h.sleep(200);
+    sidebars = await ask(() => chrome.runtime.getContexts({ contextTypes: ['SIDE_PANEL'] }));
+  }
+  assert.deepEqual(sidebars.map((c) => new URL(c.documentUrl).pathname), ['/studio.html']);
+  assert.equal(await ask(() => chrome.sidebarAction.isOpen({})), true);
+  // The toolbar button may open the quick prompt instead.
+  const toolbarPopup = async (want) => {
+    let now;
+    for (let i = 0; i < 50 && now !== want; i++) {
+      await h.sleep(200);
+      now = (await ask(() => chrome.action.getPopup({}))).replace(/^.*\//, '');
+    }
+    assert.equal(now, want);
+  };
+  await studio.select('#toolbar-opens', 'popup');
+  await toolbarPopup('popup.html');
+  await studio.select('#toolbar-opens', 'studio');
+  await toolbarPopup('');
 });
 
 test('Firefox closed mid-download and started again on the same profile: the download resumes by itself and the pack installs, verified', { timeout: 300_000 }, async (t) => {
