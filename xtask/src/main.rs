@@ -79,6 +79,10 @@ commands:
                          at a time, the decoder in pieces), each in a browser of its own: peak
                          GPU process and renderer memory above idle (nvidia-smi where there is
                          one), time and its ratio, largest difference from the first plan's image
+  bench browsers [--runs 3] [--size 256] [--steps 2]
+                         build both, then the tiny real-architecture packs on WebGPU in Chromium
+                         (SwiftShader) and Firefox ESR (lavapipe): each stage's session creation
+                         and run, wall time, their ratio; the float16 pack in Firefox too
   help                   this text
 
 options for run/bench/e2e:
@@ -190,7 +194,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
 fn bench(root: &Path, rest: &[String]) -> Result {
     let Some((what, rest)) = rest.split_first() else {
         return Err(format!(
-            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory)\n{USAGE}"
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers)\n{USAGE}"
         ));
     };
     let script = match what.as_str() {
@@ -202,16 +206,23 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         "layout" => "tests/e2e/bench/layout.mjs",
         "buffers" => "tests/e2e/bench/buffers.mjs",
         "memory" => "tests/e2e/bench/memory.mjs",
+        "browsers" => "tests/e2e/bench/browsers.mjs",
         other => {
             return Err(format!(
-                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory)"
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers)"
             ))
         }
     };
     let (no_build, rest) = split_flag(rest, "--no-build");
-    let tools = setup::ensure_prerequisites(root, setup::Needs::CHROMIUM)?;
+    // `browsers` runs the tiny packs (the exporter's Python) in Chromium and in Firefox.
+    let both = what == "browsers";
+    let tools =
+        setup::ensure_prerequisites(root, if both { setup::Needs::ALL } else { setup::Needs::CHROMIUM })?;
     if !no_build {
         build(root, false, Browser::Chrome, &tools)?;
+        if both {
+            build(root, false, Browser::Firefox, &tools)?;
+        }
     }
     step(&format!("bench: node {script}"));
     node_script(root, script, &rest)
