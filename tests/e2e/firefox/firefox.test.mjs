@@ -77,7 +77,7 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
-test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio counts tokens and makes an image from its form; it is the sidebar: the popup's button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
+test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio counts tokens and makes an image from its form; it is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
   const ff = await setupFirefox(t, { repos: ['f32'] });
   // WebDriver cannot open a context menu; updating an item succeeds only for one that exists.
   const updated = (id) => ff.page.evaluate((i) => chrome.contextMenus.update(i, {}).then(() => true, () => false), id);
