@@ -35,14 +35,17 @@ export function firefoxPageUrl(page) {
  * Puts the Firefox build into `profileDir` as an add-on of that profile (`extensions/<id>.xpi`), which
  * Firefox installs for good at its next start, unsigned where `xpinstall.signatures.required` is off
  * (ESR honours it; release builds do not). A temporary add-on (WebDriver's `installExtension`) is
- * removed, its storage with it, when Firefox closes.
+ * removed, its storage with it, when Firefox closes. The file is replaced only when the build changed:
+ * Firefox takes a new file for an update of the add-on.
  */
 function placeInProfile(profileDir, id) {
   const xpi = path.join(profileDir, 'extensions', `${id}.xpi`);
-  if (fs.existsSync(xpi)) return;
   fs.mkdirSync(path.dirname(xpi), { recursive: true });
+  const made = `${xpi}.new`;
   const files = fs.readdirSync(FIREFOX_DIST).map((f) => path.join(FIREFOX_DIST, f));
-  execFileSync('python3', ['-m', 'zipfile', '-c', xpi, ...files]);
+  execFileSync('python3', ['-m', 'zipfile', '-c', made, ...files]);
+  if (fs.existsSync(xpi) && fs.readFileSync(xpi).equals(fs.readFileSync(made))) fs.rmSync(made);
+  else fs.renameSync(made, xpi);
 }
 
 /**
