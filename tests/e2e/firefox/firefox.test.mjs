@@ -137,7 +137,8 @@ test('Firefox: the selection\'s menu item is there; the GPU memory probe; the st
 
 test('Firefox closed mid-download and started again on the same profile: the download resumes by itself and the pack installs, verified', { timeout: 300_000 }, async (t) => {
   const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE, REFETCH_BYTES } = h;
-  // Installed for good in its profile: a temporary add-on leaves with its storage when Firefox closes.
+  // Installed for good in its profile, as a user has it. (Seen to fail when the profile's storage is
+  // removed between the two starts: the download then does not resume.)
   const ff = await setupFirefox(t, { repos: ['f32'], hubOptions: { pad: { [SHARD]: SIZE } }, profileDir: firefoxProfile(t) });
   ff.hub.inject(SHARD, { type: 'slow', bytesPerSecond: 3 << 20 });
   assert.equal((await h.startInstall(ff.page, ff.hub, 'fixtures/f32')).type, 'installStarted');

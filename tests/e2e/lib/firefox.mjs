@@ -34,9 +34,9 @@ export function firefoxPageUrl(page) {
 /**
  * Puts the Firefox build into `profileDir` as an add-on of that profile (`extensions/<id>.xpi`), which
  * Firefox installs for good at its next start, unsigned where `xpinstall.signatures.required` is off
- * (ESR honours it; release builds do not). A temporary add-on (WebDriver's `installExtension`) is
- * removed, its storage with it, when Firefox closes. The file is replaced only when the build changed:
- * Firefox takes a new file for an update of the add-on.
+ * (ESR honours it; release builds do not): installed as a user has it, rather than as a temporary
+ * add-on (WebDriver's `installExtension`), which must be installed again at every start. The file is
+ * replaced only when the build changed: Firefox takes a new file for an update of the add-on.
  */
 function placeInProfile(profileDir, id) {
   const xpi = path.join(profileDir, 'extensions', `${id}.xpi`);
