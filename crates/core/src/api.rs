@@ -192,6 +192,10 @@ pub struct GenerateRequest {
     /// bytes each (`crate::graph::split`), the GPU awaited between them; by default as the GPU
     /// memory plan says (whole, unless the budget needs it).
     pub decoder_piece_bytes: Option<u64>,
+    /// For tests: a `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in
+    /// parts of its weights' rows (`crate::graph::gemm_parts`), at least 1024; by default
+    /// [`crate::graph::gemm_parts::MAX_PART_BYTES`].
+    pub gemm_part_bytes: Option<u64>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
     /// selected in a private window unless the user allowed keeping those.
@@ -443,6 +447,10 @@ pub struct StageTimings {
     /// left out of the JSON when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub chunked_chains: u32,
+    /// `Gemm`s computed in parts of their weights' rows, so that no weight is uploaded whole
+    /// (`crate::graph::gemm_parts`); left out of the JSON when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parted_gemms: u32,
     /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
     /// GPU memory (`crate::graph::split`); 0 when the stage did not run.
     #[serde(default)]

@@ -154,10 +154,18 @@ pub struct GenerateParams {
     /// (`GenerateRequest::decoder_piece_bytes`, or the memory plan's; `None`: whole).
     #[serde(default)]
     pub decoder_piece_bytes: Option<u64>,
+    /// A `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in parts of
+    /// their rows (`GenerateRequest::gemm_part_bytes`; by default `gemm_parts::MAX_PART_BYTES`).
+    #[serde(default = "max_gemm_part_bytes")]
+    pub gemm_part_bytes: u64,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn max_gemm_part_bytes() -> u64 {
+    crate::graph::gemm_parts::MAX_PART_BYTES
 }
 
 fn yes() -> bool {
@@ -263,6 +271,7 @@ impl GenerateParams {
             attention_chunks: self.attention_chunks(graph),
             decoder_piece_bytes: self.decoder_piece_bytes(graph),
             transformer_pieces: self.transformer_pieces(graph),
+            gemm_part_bytes: self.gemm_part_bytes,
         }
     }
 
@@ -303,6 +312,8 @@ pub struct SessionOptions {
     pub decoder_piece_bytes: Option<u64>,
     /// The graph streamed in this many pieces of its weights.
     pub transformer_pieces: u32,
+    /// Its `Gemm`s computed in parts of at most this many bytes of weights.
+    pub gemm_part_bytes: u64,
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.
@@ -471,6 +482,7 @@ impl GenerateRequest {
             private: self.private,
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,
+            gemm_part_bytes: self.gemm_part_bytes.map_or_else(max_gemm_part_bytes, |b| b.max(1024)),
         })
     }
 }

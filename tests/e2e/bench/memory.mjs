@@ -142,7 +142,9 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
   await h.opfsRemove(b.page, 'cache/embeddings');
   const gpu = sampleGpu();
   const cpu = startSampler(b.profileDir, 200);
-  await h.sleep(1000);
+  // The job before this one may have ended only just now: its stage worker's memory goes back to the
+  // system over the next second or two, and "above start" must not count from before that.
+  await h.sleep(3000);
   const before = Math.min(...gpu.samples.map((x) => x.bytes), Infinity);
   const t0 = Date.now();
   const rendererBefore = medianBetween(cpu.history, t0 - 1000, t0).extension ?? 0;
@@ -162,13 +164,16 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
     wallMs: r.wallMs,
     memory: r.result?.timings.memory ?? null,
     budget: r.result?.timings.budget ?? null,
-    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains })) ?? null,
+    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
     rendererAboveStart: rendererPeak - rendererBefore,
     // The GPU's and the renderer's use over time (ms from the request, MB), to tell the stages' peaks
-    // apart afterwards.
+    // apart afterwards; the renderer's as [ms, VmRSS, of which anonymous, shared, file-backed].
     gpuTrace: gpu.samples.map((x) => [x.t - t0, Math.round(x.bytes / MB)]),
-    rendererTrace: cpu.history.filter((x) => x.t >= t0).map((x) => [x.t - t0, Math.round((x.rss.extension ?? 0) / MB)]),
+    rendererTrace: cpu.history.filter((x) => x.t >= t0).map((x) => {
+      const { anon = 0, shmem = 0, file = 0 } = x.parts.extension ?? {};
+      return [x.t - t0, ...[x.rss.extension ?? 0, anon, shmem, file].map((n) => Math.round(n / MB))];
+    }),
     during: duringOutcome,
     png,
   };

@@ -30,12 +30,14 @@ function cpuOfNode() {
 /**
  * Samples the browser launched on `profileDir` and its descendants every `intervalMs` until stop().
  * mark() ends a segment and summarises it; `history` keeps every sample as { t (ms since the epoch),
- * rss: { kind: bytes } } for benchmarks that cut the timeline afterwards (summarize()). `field`: the
- * line of /proc/PID/status read as a process's memory (VmRSS; RssAnon leaves out shared memory, such
- * as the buffers a renderer shares with the GPU process).
+ * rss: { kind: bytes }, parts: { kind: { anon, file, shmem } } } for benchmarks that cut the timeline
+ * afterwards (summarize()); `parts` splits VmRSS into its anonymous memory (heaps: JS, wasm), mapped
+ * files and shared memory (such as the buffers a renderer shares with the GPU process). `field`: the
+ * line of /proc/PID/status read as a process's memory (VmRSS; RssAnon leaves out shared memory).
  */
 export function startSampler(profileDir, intervalMs, field = 'VmRSS') {
   const memoryLine = new RegExp(`${field}:\\s+(\\d+) kB`);
+  const PARTS = { anon: /RssAnon:\s+(\d+) kB/, file: /RssFile:\s+(\d+) kB/, shmem: /RssShmem:\s+(\d+) kB/ };
   const seen = new Map();
   const history = [];
   let segment = [];
@@ -92,6 +94,7 @@ export function startSampler(profileDir, intervalMs, field = 'VmRSS') {
   };
   const sample = (root) => {
     const byKind = {};
+    const parts = {};
     const cpuByKind = {};
     for (const pid of processes(root)) {
       try {
@@ -102,14 +105,18 @@ export function startSampler(profileDir, intervalMs, field = 'VmRSS') {
           kindOf.set(pid, k);
           seen.set(k, (seen.get(k) ?? 0) + 1);
         }
-        const m = memoryLine.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-        if (m) byKind[kindOf.get(pid)] = (byKind[kindOf.get(pid)] ?? 0) + Number(m[1]) * 1024;
+        const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+        const kind = kindOf.get(pid);
+        const m = memoryLine.exec(status);
+        if (m) byKind[kind] = (byKind[kind] ?? 0) + Number(m[1]) * 1024;
+        const of = (parts[kind] ??= { anon: 0, file: 0, shmem: 0 });
+        for (const [part, line] of Object.entries(PARTS)) of[part] += Number(line.exec(status)?.[1] ?? 0) * 1024;
         cpuByKind[kindOf.get(pid)] = (cpuByKind[kindOf.get(pid)] ?? 0) + cpuSeconds(pid);
       } catch {}
     }
     cpuByKind.node = cpuOfNode();
     const x = { t: Date.now(), rss: byKind, cpu: cpuByKind };
-    history.push({ t: x.t, rss: byKind });
+    history.push({ t: x.t, rss: byKind, parts });
     return x;
   };
   const root = findBrowser();

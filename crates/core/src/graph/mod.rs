@@ -6,7 +6,8 @@
 //! * [`attention`]: attention fused into `MultiHeadAttention`, or computed in chunks of query rows.
 //! * [`clip`]: `Clip` computed as `Max` then `Min`, which every browser's shader compiler takes.
 //! * [`projections`]: a wide `MatMulNBits` only cut apart computed as one per part; [`rows`]: token-wise
-//!   chains computed in chunks of tokens.
+//!   chains computed in chunks of tokens; [`gemm_parts`]: a `Gemm` with heavy weights computed in parts of
+//!   its weights' rows.
 //! * [`split`]: a graph (the VAE decoder) cut into a chain of smaller graphs that fit GPU memory.
 //! * `shapes`: each tensor's type and shape at a latent size, which [`split`] sizes pieces by.
 //! * [`tables`]: embedding tables taken out of the graph and looked up by the stage worker.
@@ -21,6 +22,7 @@
 pub mod attention;
 pub mod clip;
 mod float32;
+pub mod gemm_parts;
 mod nodes;
 mod ops;
 pub mod pack_conversion;

@@ -212,7 +212,7 @@ fn slice_bounds(
 /// How a row-per-column initializer of a node with `n` columns is cut: its bytes per row, when its
 /// first dim is `n` (or, for one dim, a multiple of it) and its bytes are raw (external, or inline
 /// `raw_data`).
-fn rows_of((tensor, bytes): &(Tensor, &[u8]), n: u64) -> Option<u64> {
+pub(super) fn rows_of((tensor, bytes): &(Tensor, &[u8]), n: u64) -> Option<u64> {
     let first = *tensor.dims.first()?;
     if !(first == n || (tensor.dims.len() == 1 && first % n == 0)) || tensor.segmented {
         return None;
@@ -285,7 +285,7 @@ fn part_node(
 
 /// The TensorProto of rows `columns` of a row-per-column initializer, named `name`: the same external
 /// file at the rows' offset, or the rows' raw bytes.
-fn rows_cut(
+pub(super) fn rows_cut(
     rows: &(Tensor, &[u8]),
     n: u64,
     columns: &Range<u64>,

@@ -74,6 +74,7 @@ fn defaults() {
             private: false,
             attention_chunks: 1,
             decoder_piece_bytes: None,
+            gemm_part_bytes: 16 << 20,
         }
     );
     assert_eq!(p.latent_size(), (32, 32));
@@ -257,4 +258,14 @@ fn benchmark_levers_are_clamped_and_apply_to_the_transformer_on_webgpu_only() {
     let wasm = p(r#"{"transformerPieces":3,"backend":"wasm"}"#);
     assert_eq!(wasm.transformer_pieces(Graph::Transformer), 1, "the wasm backend has no GPU memory to save");
     assert_eq!(p(r#"{"transformerPieces":3}"#).session_options(Graph::Transformer).transformer_pieces, 3);
+}
+
+#[test]
+fn the_gemm_part_limit_is_the_default_unless_a_test_asks_and_at_least_1024() {
+    let p = |json: &str| req(json).validate(0).unwrap().gemm_part_bytes;
+    assert_eq!(p("{}"), crate::graph::gemm_parts::MAX_PART_BYTES);
+    assert_eq!(p(r#"{"gemmPartBytes":16384}"#), 16384);
+    assert_eq!(p(r#"{"gemmPartBytes":0}"#), 1024);
+    let options = req(r#"{"gemmPartBytes":16384}"#).validate(0).unwrap().session_options(Graph::Transformer);
+    assert_eq!(options.gemm_part_bytes, 16384, "a session made with other parts is not reused");
 }

@@ -327,6 +327,9 @@ pub struct StageTiming {
     /// Token-wise chains computed in chunks of tokens (`GenerateParams::token_chunks`).
     #[serde(default)]
     pub chunked_chains: u32,
+    /// `Gemm`s computed in parts of their weights' rows (`GenerateParams::gemm_part_bytes`).
+    #[serde(default)]
+    pub parted_gemms: u32,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).
     #[serde(default)]
     pub pieces: u32,

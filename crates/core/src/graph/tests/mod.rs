@@ -16,6 +16,7 @@ use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 mod attention;
 mod clip;
 mod float32;
+mod gemm_parts;
 mod projections;
 mod reblock;
 mod rows;

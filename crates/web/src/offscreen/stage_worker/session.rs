@@ -126,6 +126,7 @@ impl Stage {
             chunked_attention: edited.chunked_attention,
             parted_projections: edited.parted_projections,
             chunked_chains: edited.chunked_chains,
+            parted_gemms: edited.parted_gemms,
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
@@ -175,6 +176,7 @@ impl Stage {
                     chunked_attention: stage.timing.chunked_attention,
                     parted_projections: stage.timing.parted_projections,
                     chunked_chains: stage.timing.chunked_chains,
+                    parted_gemms: stage.timing.parted_gemms,
                     pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -426,11 +428,13 @@ struct Edited {
     chunked_attention: u32,
     parted_projections: u32,
     chunked_chains: u32,
+    parted_gemms: u32,
 }
 
 /// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
 /// or chunked, the wide projections per part, the token-wise chains in chunks of tokens; and in every
-/// plan `Clip` as `Max` then `Min`, which Firefox's shader compiler takes where it refuses ORT's `Clip`.
+/// plan `Clip` as `Max` then `Min`, which Firefox's shader compiler takes where it refuses ORT's `Clip`,
+/// and `Gemm`s with heavy weights in parts, so that no weight passes through the renderer whole.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
@@ -459,6 +463,8 @@ fn edited_for_webgpu(
         let (chunked, n) = rows::chunk_rows(&bytes, token_chunks)?;
         (bytes, edited.chunked_chains) = (chunked, count(n));
     }
+    let (parted, n) = gemm_parts::by_rows(&bytes, params.gemm_part_bytes)?;
+    (bytes, edited.parted_gemms) = (parted, count(n));
     Ok((clip::as_max_min(&bytes)?.0, edited))
 }
 
