@@ -77,7 +77,7 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
-test('Firefox: the selection\'s menu item is there; the GPU memory probe; the studio counts tokens and makes an image from its form; it is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
+test('Firefox: the selection\'s menu item is there; the GPU memory probe; offline, the studio counts tokens and makes an image from its form, the gallery shows it, the options page sets the defaults; the studio is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
   const ff = await setupFirefox(t, { repos: ['f32'] });
   // WebDriver cannot open a context menu; updating an item succeeds only for one that exists.
   const updated = (id) => ff.page.evaluate((i) => chrome.contextMenus.update(i, {}).then(() => true, () => false), id);
@@ -89,21 +89,35 @@ test('Firefox: the selection\'s menu item is there; the GPU memory probe; the st
   assert.match(probed.probe.adapter, /^unnamed adapter \(shader-f16: true, maxBufferSize \d+, maxStorageBufferBindingSize \d+\)$/);
 
   await h.installPack(ff.page, ff.hub, 'fixtures/f32');
+  // Offline from here: nothing answers at the Hub's address any more.
+  await ff.hub.close();
   const studio = await ff.open('studio.html');
   // The token count comes from the core's tokenizer (shipped gzipped) and chat template: "a cat" is 14.
   await studio.type('#prompt', 'a cat');
   await studio.waitForFunction(() => /^14 \/ 512/.test(document.querySelector('#token-count').textContent), { timeout: 60_000 });
-  const set = (id, value) => studio.$eval(`#${id}`, (e, v) => {
+  const set = (page, id, value) => page.$eval(`#${id}`, (e, v) => {
     e.value = v;
     e.dispatchEvent(new Event('input', { bubbles: true }));
   }, value);
-  await set('width', '256');
-  await set('height', '256');
-  await set('steps', '2');
+  await set(studio, 'width', '256');
+  await set(studio, 'height', '256');
+  await set(studio, 'steps', '2');
   await studio.click('#generate');
   await studio.waitForFunction(() => document.querySelector('#image')?.src.startsWith('data:image/png') && !document.querySelector('#result').hidden, { timeout: 120_000 });
   const [width, height] = await studio.$eval('#image', (img) => img.decode().then(() => [img.naturalWidth, img.naturalHeight]));
   assert.deepEqual([width, height], [256, 256]);
+  // The gallery shows it; the defaults saved on the options page are the quick prompt's form's.
+  const gallery = await ff.open('gallery.html');
+  await gallery.waitForFunction(() => document.querySelectorAll('#grid button.thumb').length === 1, { timeout: 20_000 });
+  const options = await ff.open('options.html');
+  await options.waitForFunction(() => document.querySelector('#default-width').value === '512', { timeout: 20_000 });
+  await set(options, 'default-width', '768');
+  await set(options, 'default-steps', '6');
+  await options.click('#save-defaults');
+  await options.waitForFunction(() => document.querySelector('#defaults-status').textContent === 'Saved.', { timeout: 10_000 });
+  const quick = await ff.open('popup.html');
+  await quick.waitForFunction(() => document.querySelector('#width').value === '768', { timeout: 20_000 });
+  assert.equal(await quick.$eval('#steps', (e) => e.value), '6');
 
   // The studio is Firefox's sidebar; the toolbar button opens it (no popup set) and so does the
   // shortcut; the popup's button opens it (the click is the gesture Firefox asks for).
