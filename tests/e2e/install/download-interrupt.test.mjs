@@ -32,9 +32,7 @@ async function flowing(hub, ms = 1500) {
   return hub.totalBodyBytes() - before;
 }
 
-function resumedFrom(hub) {
-  return hub.stats(SHARD).ranges.map((r) => (r ? Number(/bytes=(\d+)-/.exec(r)?.[1]) : 0)).filter((n) => n > 0);
-}
+const resumedFrom = (hub) => h.resumedFrom(hub, SHARD);
 
 test('service worker stopped mid-download: the download goes on', { timeout: 180_000 }, async (t) => {
   const b = await h.setupPadded(t);

@@ -303,6 +303,11 @@ export function isPackFile(p) {
   return !p.includes('/') && /\.(onnx|data|manifest\.json)$/.test(p);
 }
 
+/** The offsets `hub` was asked to resume file `p` from (its `Range` requests' starts, 0s left out). */
+export function resumedFrom(hub, p) {
+  return hub.stats(p).ranges.map((r) => (r ? Number(/bytes=(\d+)-/.exec(r)?.[1]) : 0)).filter((n) => n > 0);
+}
+
 /** Bytes of body the hub (hub and CDN) served for a pack-relative path. */
 export function servedBytes(hub, p) {
   return hub.stats(p).bodyBytes;
