@@ -22,10 +22,12 @@
 // GPU process that shared memory grows with the weights (1.7 GB in the renderer for the full-size
 // transformer on SwiftShader). So every PACE_BYTES read mark a point in the GPU queue, and the next slice
 // after a mark waits until the queue has passed the mark before it: at most about two PACE_BYTES are in
-// flight, and reading never waits for the copies it has just submitted.
+// flight, and reading never waits for the copies it has just submitted. Chromium keeps that shared
+// memory, once grown, for the worker's life: with 64 MiB the renderer held 130-215 MB of it while a
+// text encoder loaded on an H100 (whose copies take microseconds), so the pace is 32 MiB.
 
 const CHUNK_BYTES = 8 << 20;
-const PACE_BYTES = 64 << 20;
+const PACE_BYTES = 32 << 20;
 
 // The buffer chunks are read into; null while a stream has it (another stream then takes a new one).
 let spareChunk = null;

@@ -144,11 +144,11 @@ test('ChunkedBlob: slices read back exactly, as plain streams, through one reuse
   assert.match(checks.shortError, /the file ended 0 bytes in, 10 bytes early/);
 });
 
-test('ChunkedBlob: every 64 MiB read marks the GPU queue, and the next slice waits for the mark before', { timeout: 120_000 }, async (t) => {
+test('ChunkedBlob: every 32 MiB read marks the GPU queue, and the next slice waits for the mark before', { timeout: 120_000 }, async (t) => {
   const { b, url } = await pageWithChunkedBlob(t);
   const seen = await b.page.evaluate(async (url) => {
     const { forOrt } = await import(url);
-    const blob = await forOrt(new Blob([new Uint8Array(20 << 20)]));
+    const blob = await forOrt(new Blob([new Uint8Array(10 << 20)]));
     // Opened after forOrt, as ORT opens its device: that device's queue is the one paced to. Its marks
     // settle only when the test says.
     const device = await (await navigator.gpu.requestAdapter()).requestDevice();
@@ -156,20 +156,20 @@ test('ChunkedBlob: every 64 MiB read marks the GPU queue, and the next slice wai
     device.queue.onSubmittedWorkDone = () => new Promise((resolve) => marks.push({ at: read, resolve }));
     let read = 0;
     const readSlice = async () => {
-      const reader = blob.slice(0, 20 << 20).stream().getReader();
+      const reader = blob.slice(0, 10 << 20).stream().getReader();
       while (!(await reader.read()).done);
-      read += 20;
+      read += 10;
     };
-    for (let i = 0; i < 8; i++) await readSlice(); // the 5th marks the queue at 80 MiB, waiting for nothing
-    const ninth = readSlice(); // marks at 160 MiB and waits for the mark at 80
+    for (let i = 0; i < 8; i++) await readSlice(); // the 5th marks the queue at 40 MiB, waiting for nothing
+    const ninth = readSlice(); // marks at 80 MiB and waits for the mark at 40
     const settled = await Promise.race([ninth.then(() => true), new Promise((r) => setTimeout(() => r(false), 500))]);
     const marksBefore = marks.map((m) => m.at);
     marks[0].resolve();
     await ninth;
     return { marksBefore, settledBeforeFirstMark: settled, read };
   }, url);
-  // 20 MiB slices: the 5th starts after 80 MiB, the 9th after 160.
-  assert.deepEqual(seen, { marksBefore: [80, 160], settledBeforeFirstMark: false, read: 180 });
+  // 10 MiB slices: the 5th starts after 40 MiB, the 9th after 80.
+  assert.deepEqual(seen, { marksBefore: [40, 80], settledBeforeFirstMark: false, read: 90 });
 });
 
 test(`${GENERATIONS} generations in one browser, each through three JSPI stage workers`, { timeout: 900_000 }, async (t) => {
