@@ -5,8 +5,8 @@
 //! into one JavaScript buffer first. Chromium backs staging buffers with shared memory that the
 //! renderer keeps, once grown, for the stage worker's life; so the largest initializers set a floor
 //! under the renderer's memory. FLUX.2's modulation projections are float weights of 113 MB each (226
-//! MB converted to float32): with them whole, the renderer held 0.7 GB of shared memory while the
-//! float32 transformer loaded. With `transB` set, output column n of a `Gemm` reads only row n of B
+//! MB converted to float32): with them whole, the renderer held 0.72 GB of shared memory while the
+//! float32 transformer loaded on an H100, 0.25 GB with them in parts (BENCHMARKS.md). With `transB` set, output column n of a `Gemm` reads only row n of B
 //! (and element n of a bias of one element per column), so a range of rows is a `Gemm` of its own:
 //! for weights stored outside the graph, the same file at another offset, nothing copied. Each output
 //! column's sum is the one it was, so the output is the same bit for bit. Tests:
@@ -24,8 +24,8 @@ use super::RewriteError;
 use crate::onnx::fields::*;
 use crate::onnx::wire;
 
-/// The most bytes of weights one `Gemm` uploads after [`by_rows`] as the stage worker applies it: the
-/// order of ORT's largest quantized weights (a 3072 x 9216 int8 projection is 28 MB).
+/// The most bytes of weights one `Gemm` uploads after [`by_rows`] as the stage worker applies it: less
+/// than the transformer's larger quantized weights (a 3072 x 9216 int8 projection is 28 MB).
 pub const MAX_PART_BYTES: u64 = 16 << 20;
 
 /// `model` with every `Gemm` whose weights (B, with `transB` set) weigh more than `max_part_bytes`

@@ -434,7 +434,8 @@ struct Edited {
 /// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
 /// or chunked, the wide projections per part, the token-wise chains in chunks of tokens; and in every
 /// plan `Clip` as `Max` then `Min`, which Firefox's shader compiler takes where it refuses ORT's `Clip`,
-/// and `Gemm`s with heavy weights in parts, so that no weight passes through the renderer whole.
+/// and `Gemm`s with heavy weights in parts, so that none of those weights passes through the renderer
+/// whole.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
