@@ -13,15 +13,13 @@
 //! `graph/tests/gemm_parts.rs` and `tools/export/tests/test_gemm_parts.py` (the tiny transformers on
 //! ONNX Runtime against the graphs as exported).
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use super::nodes::{write_nodes, Graph, NewNode, GRAPH_PROTO};
-use super::projections::{rows_cut, rows_of};
-use super::proto::{model_graph, read_tensor, with_graph, Node, Tensor};
+use super::projections::{initializers, rows_cut, rows_of, Initializers};
+use super::proto::{model_graph, with_graph, Node};
 use super::reblock::int_attribute;
 use super::RewriteError;
-use crate::onnx::fields::*;
 use crate::onnx::wire;
 
 /// The most bytes of weights one `Gemm` uploads after [`by_rows`] as the stage worker applies it: less
@@ -43,12 +41,7 @@ pub fn by_rows(model: &[u8], max_part_bytes: u64) -> Result<(Vec<u8>, usize), Re
     if !graph.nodes.iter().any(|n| n.is_onnx("Gemm")) {
         return Ok((model.to_vec(), 0));
     }
-    let mut initializers = HashMap::new();
-    for f in graph_fields.iter().filter(|f| f.number == GRAPH_INITIALIZER) {
-        let bytes = f.bytes(GRAPH_PROTO)?;
-        let tensor = read_tensor(bytes)?;
-        initializers.insert(tensor.name.clone(), (tensor, bytes));
-    }
+    let initializers = initializers(&graph_fields)?;
     let mut nodes = Vec::with_capacity(graph.nodes.len());
     let mut tensors = Vec::new();
     let mut changed = 0;
@@ -68,8 +61,6 @@ pub fn by_rows(model: &[u8], max_part_bytes: u64) -> Result<(Vec<u8>, usize), Re
     let out = write_nodes(&graph, &graph_fields, &kept, &tensors, graph_bytes.len())?;
     Ok((with_graph(&fields, &out), changed))
 }
-
-type Initializers<'a> = HashMap<String, (Tensor, &'a [u8])>;
 
 /// A `Gemm` to compute in parts.
 struct WideGemm {

@@ -46,12 +46,7 @@ pub fn per_part(model: &[u8]) -> Result<(Vec<u8>, usize), RewriteError> {
     }
     let graph_fields = wire::parse(graph_bytes, GRAPH_PROTO)?;
     let graph = Graph::read(&graph_fields)?;
-    let mut initializers = HashMap::new();
-    for f in graph_fields.iter().filter(|f| f.number == GRAPH_INITIALIZER) {
-        let bytes = f.bytes(GRAPH_PROTO)?;
-        let tensor = read_tensor(bytes)?;
-        initializers.insert(tensor.name.clone(), (tensor, bytes));
-    }
+    let initializers = initializers(&graph_fields)?;
     let found: Vec<Projection> =
         graph.nodes.iter().filter_map(|node| Projection::of(&graph, &initializers, node)).collect();
     if found.is_empty() {
@@ -73,7 +68,18 @@ struct Projection<'a> {
     cutters: Vec<usize>,
 }
 
-type Initializers<'a> = HashMap<String, (Tensor, &'a [u8])>;
+/// A graph's initializers by name, each with its TensorProto's bytes.
+pub(super) type Initializers<'a> = HashMap<String, (Tensor, &'a [u8])>;
+
+pub(super) fn initializers<'a>(graph_fields: &[wire::Field<'a>]) -> Result<Initializers<'a>, RewriteError> {
+    let mut initializers = HashMap::new();
+    for f in graph_fields.iter().filter(|f| f.number == GRAPH_INITIALIZER) {
+        let bytes = f.bytes(GRAPH_PROTO)?;
+        let tensor = read_tensor(bytes)?;
+        initializers.insert(tensor.name.clone(), (tensor, bytes));
+    }
+    Ok(initializers)
+}
 
 /// A cutting node and the value and columns of each of its outputs.
 type Cut<'a> = (usize, Vec<(&'a str, Range<u64>)>);

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::graph::clip::as_max_min;
-use crate::graph::proto::read_node;
 
 /// `y = Clip(x, inputs[1..])` after `Neg`, with `lo` and `hi` as initializers.
 fn clipped(bounds: &[&str], attributes: &[Vec<u8>]) -> Vec<u8> {
@@ -21,17 +20,6 @@ fn clipped(bounds: &[&str], attributes: &[Vec<u8>]) -> Vec<u8> {
         ],
         Some(17),
     )
-}
-
-/// Each node as (op, inputs, outputs).
-fn nodes(model: &[u8]) -> Vec<(String, Vec<String>, Vec<String>)> {
-    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    graph_fields(model, GRAPH_NODE)
-        .iter()
-        .map(|n| {
-            read_node(n, 0).map(|n| (n.op_type.to_owned(), strings(&n.inputs), strings(&n.outputs))).unwrap()
-        })
-        .collect()
 }
 
 fn initializer_names(model: &[u8]) -> Vec<String> {

@@ -36,17 +36,6 @@ fn attr_float(name: &str, v: f32) -> Vec<u8> {
     a
 }
 
-/// Each node as (op, inputs, outputs).
-fn nodes(model: &[u8]) -> Vec<(String, Vec<String>, Vec<String>)> {
-    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    graph_fields(model, GRAPH_NODE)
-        .iter()
-        .map(|n| {
-            read_node(n, 0).map(|n| (n.op_type.to_owned(), strings(&n.inputs), strings(&n.outputs))).unwrap()
-        })
-        .collect()
-}
-
 fn initializers(model: &[u8]) -> HashMap<String, Vec<u8>> {
     graph_fields(model, GRAPH_INITIALIZER).into_iter().map(|t| (read_tensor(&t).unwrap().name, t)).collect()
 }

@@ -249,6 +249,17 @@ fn raw_data(tensor: &[u8]) -> Vec<u8> {
         .to_vec()
 }
 
+/// Each node as (op, inputs, outputs).
+pub(super) fn nodes(model: &[u8]) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    graph_fields(model, GRAPH_NODE)
+        .iter()
+        .map(|n| {
+            read_node(n, 0).map(|n| (n.op_type.to_owned(), strings(&n.inputs), strings(&n.outputs))).unwrap()
+        })
+        .collect()
+}
+
 /// (key, value) external-data entries of a tensor.
 pub(super) fn entries(tensor: &[u8]) -> Vec<(String, String)> {
     wire::parse(tensor, "t")
