@@ -73,6 +73,9 @@ extern "C" {
     #[wasm_bindgen(method)]
     fn dispose(this: &JsTensor);
 
+    #[wasm_bindgen(method, getter)]
+    fn location(this: &JsTensor) -> String;
+
     #[wasm_bindgen(thread_local_v2, js_namespace = ort, js_name = env)]
     static ENV: Object;
 }
@@ -93,6 +96,11 @@ extern "C" {
 extern "C" {
     #[wasm_bindgen(js_name = gpuWorkDone)]
     fn gpu_work_done() -> Promise;
+
+    /// An output ORT left on the GPU, read into `reuse` (an `ArrayBuffer`) when large enough, as a CPU
+    /// tensor; ORT's output is disposed (see `gpu.js`).
+    #[wasm_bindgen(js_name = readBack)]
+    fn read_back(tensor: &JsTensor, reuse: &JsValue) -> Promise;
 }
 
 #[wasm_bindgen(module = "/src/profile.js")]
@@ -289,10 +297,13 @@ impl Session {
 /// Resident ([`Chain::create`]): every piece's session stays made, what a piece passes on stays on the
 /// GPU, and the chain's peak is its largest piece's work rather than the whole graph's (the decoder).
 /// Streamed ([`Chain::streamed`]): one piece's session at a time, made when it runs and released
-/// before the next is made, what a piece passes on read back to the CPU, so that only one piece's
-/// weights are ever on the GPU (a transformer whose weights do not fit beside its work), at the cost
-/// of reading every piece's weights again on every run. (Left on the GPU, a piece's outputs do not
-/// outlive its released session: the next piece then fails to run, seen on SwiftShader.)
+/// before the next is made, so that only one piece's weights are ever on the GPU (a transformer whose
+/// weights do not fit beside its work), at the cost of reading every piece's weights again on every
+/// run. What a piece passes on is read back to the CPU, into arrays of the chain's own reused on every
+/// run, rather than into new ones each time (57 MB a value at 1024x1024 in float32, which the
+/// renderer held as garbage until collected). It cannot stay on the GPU: ORT closes its device, with
+/// every buffer on it, when its last session is released; and a session kept open to hold the device
+/// keeps ORT's buffer cache with it, which held more GPU memory than an 8 GB budget has (H100).
 pub struct Chain {
     pieces: Vec<ChainPiece>,
     /// Where a streamed chain's pieces are made from; `None` for a resident chain.
@@ -313,7 +324,10 @@ struct ChainPiece {
 
 struct Streamed {
     external: Vec<ExternalData>,
+    /// The provider, all outputs on the CPU.
     provider: Provider,
+    /// The arrays what the pieces pass on is read back into, by the value's name.
+    arrays: RefCell<HashMap<String, JsValue>>,
 }
 
 impl Chain {
@@ -352,9 +366,8 @@ impl Chain {
         Ok(Chain { pieces: created, streamed: None, inputs: chain_inputs, outputs: chain_outputs })
     }
 
-    /// A streamed chain of `pieces` on `provider` (its outputs read back to the CPU), taking `inputs`
-    /// and giving `outputs` as the whole graph declares them. Only the first piece's session is made
-    /// here, for the first run.
+    /// A streamed chain of `pieces` on `provider`, taking `inputs` and giving `outputs` as the whole
+    /// graph declares them. Only the first piece's session is made here, for the first run.
     pub async fn streamed(
         pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
         external: Vec<ExternalData>,
@@ -367,10 +380,11 @@ impl Chain {
             }
             Provider::Wasm => Provider::Wasm,
         };
-        let streamed = Streamed { external, provider };
+        let streamed = Streamed { external, provider, arrays: RefCell::default() };
+        let last = pieces.len().saturating_sub(1);
         let mut made = Vec::with_capacity(pieces.len());
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
-            let session = if i == 0 { Some(streamed.session(&graph).await?) } else { None };
+            let session = if i == 0 { Some(streamed.session(&graph, i < last).await?) } else { None };
             made.push(ChainPiece { session: RefCell::new(session), graph, inputs, outputs });
         }
         Ok(Chain { pieces: made, streamed: Some(streamed), inputs, outputs })
@@ -407,7 +421,7 @@ impl Chain {
                     before.release_session().await?;
                 }
                 if piece.session.borrow().is_none() {
-                    let session = streamed.session(&piece.graph).await?;
+                    let session = streamed.session(&piece.graph, i + 1 < self.pieces.len()).await?;
                     *piece.session.borrow_mut() = Some(session);
                 }
             }
@@ -422,8 +436,14 @@ impl Chain {
             // Taken out while it runs: no borrow is held across the await.
             let session = piece.session.borrow_mut().take().ok_or(OrtError::Released)?;
             let outputs = session.run(&named, &names).await;
+            let mut outputs = outputs?;
+            if let Some(streamed) = &self.streamed {
+                for output in outputs.iter_mut().filter(|o| o.inner.location() == "gpu-buffer") {
+                    *output = streamed.read_back(output).await?;
+                }
+            }
             *piece.session.borrow_mut() = Some(session);
-            held.extend(piece.outputs.iter().cloned().zip(outputs?));
+            held.extend(piece.outputs.iter().cloned().zip(outputs));
             let later: std::collections::HashSet<&str> =
                 self.pieces[i + 1..].iter().flat_map(|p| p.inputs.iter().map(String::as_str)).collect();
             let done: Vec<String> = held
@@ -466,8 +486,25 @@ impl ChainPiece {
 }
 
 impl Streamed {
-    async fn session(&self, graph: &[u8]) -> Result<Session, OrtError> {
-        Session::create(&Uint8Array::from(graph), &self.external, &self.provider, false).await
+    /// A piece's session; with `gpu_outputs` its outputs stay on the GPU for [`Streamed::read_back`].
+    async fn session(&self, graph: &[u8], gpu_outputs: bool) -> Result<Session, OrtError> {
+        let provider = match &self.provider {
+            Provider::WebGpu { channels_first, keep_buffers, .. } => {
+                Provider::WebGpu { channels_first: *channels_first, keep_buffers: *keep_buffers, gpu_outputs }
+            }
+            Provider::Wasm => Provider::Wasm,
+        };
+        Session::create(&Uint8Array::from(graph), &self.external, &provider, false).await
+    }
+
+    /// `tensor` on the CPU: an output left on the GPU read back into the chain's array for its name
+    /// (made again only when too small), before its session goes.
+    async fn read_back(&self, tensor: &Tensor) -> Result<Tensor, OrtError> {
+        let reuse = self.arrays.borrow().get(&tensor.name).cloned().unwrap_or(JsValue::UNDEFINED);
+        let inner: JsTensor = JsFuture::from(read_back(&tensor.inner, &reuse)).await?.unchecked_into();
+        let array = Reflect::get(&inner.data(), &"buffer".into())?;
+        self.arrays.borrow_mut().insert(tensor.name.clone(), array);
+        Ok(Tensor { inner, name: tensor.name.clone() })
     }
 }
 
