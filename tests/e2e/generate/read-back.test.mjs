@@ -1,0 +1,55 @@
+// A transformer streamed in pieces passes values from one piece's session to the next through the CPU
+// (ORT closes its device with its last session). `readBack` (crates/ort/src/gpu.js) reads an output
+// ORT left on the GPU into an array of the chain's own, reused on every step, where ORT's own read back
+// makes a new array every time: the renderer held those as garbage (BENCHMARKS.md, "The streamed
+// transformer's values read back into reused arrays").
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as h from '../lib/harness.mjs';
+
+// `y = Add(x, x)` over float `[n]`, opset 17, as onnx.helper writes it (checked by onnx.checker).
+const TWICE = 'CAg6OwoOCgF4CgF4EgF5IgNBZGQSBXR3aWNlWhAKAXgSCwoJCAESBQoDEgFuYhAKAXkSCwoJCAESBQoDEgFuQgQKABAR';
+
+test('readBack: an output left on the GPU read back exactly, into the array it is given while large enough', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
+  const seen = await b.page.evaluate(async ({ gpuJs, model }) => {
+    globalThis.ort = await import('/ort/ort.jspi.bundle.min.mjs');
+    const { readBack } = await import(gpuJs);
+    const bytes = Uint8Array.from(atob(model), (c) => c.charCodeAt(0));
+    const session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], preferredOutputLocation: 'gpu-buffer' });
+    const twice = async (values, reuse) => {
+      const { y } = await session.run({ x: new ort.Tensor('float32', Float32Array.from(values), [values.length]) });
+      const location = y.location;
+      const read = await readBack(y, reuse);
+      let disposed = false;
+      try {
+        y.data;
+      } catch {
+        disposed = true;
+      }
+      // Copied now: the next read back into the same array overwrites it.
+      return { location, read, disposed, values: Array.from(read.data) };
+    };
+    // 5 floats: 20 bytes, not a whole multiple of ORT's 16.
+    const first = await twice([1, 2, 3, 4, 5.5]);
+    const again = await twice([-1, 0, 0.25, 1e6, 7], first.read.data.buffer);
+    const larger = await twice(Array.from({ length: 40 }, (_, i) => i), first.read.data.buffer);
+    await session.release();
+    const out = ({ location, read, disposed, values }) => ({ location, disposed, onCpu: read.location, dims: read.dims, values });
+    return {
+      first: out(first),
+      again: out(again),
+      larger: out(larger),
+      reused: again.read.data.buffer === first.read.data.buffer,
+      replaced: larger.read.data.buffer !== first.read.data.buffer,
+    };
+  }, { gpuJs: `/pkg/snippets/${dir}/src/gpu.js`, model: TWICE });
+  assert.deepEqual(seen.first, { location: 'gpu-buffer', disposed: true, onCpu: 'cpu', dims: [5], values: [2, 4, 6, 8, 11] });
+  assert.deepEqual(seen.again.values, [-2, 0, 0.5, 2e6, 14]);
+  assert.ok(seen.reused, 'the second read back made a new array rather than filling the one it was given');
+  assert.deepEqual(seen.larger.values, Array.from({ length: 40 }, (_, i) => 2 * i));
+  assert.ok(seen.replaced, 'an array too small for the value was used anyway');
+});
