@@ -49,6 +49,13 @@ test('Firefox: the tiny real-architecture float16 pack runs on WebGPU with shade
   assert.deepEqual(graphs, { textEncoder: 'text_encoder_q4.b32.onnx', transformer: 'transformer_q8.b32.onnx', decoder: 'vae_decoder.onnx' });
   const files = h.writeResult('firefox-real-arch-float16', result);
   await h.compareWithReference({ packDir: dir, traceJson: files.json, png: files.png, tol: TOLERANCE.float16, name: 'firefox-real-arch-float16' });
+  // Streamed in 2 pieces, as the memory plan streams it for a small GPU: what the first piece passes to
+  // the second (float16 values) is read back into the chain's own arrays on every step; the same image.
+  const streamed = await h.generateOk(ff.page, { ...REQUEST, backend: 'webgpu', transformerPieces: 2 }, 600_000);
+  assert.equal(streamed.result.timings.stages.find((s) => s.stage === 'transformer').pieces, 2);
+  const streamedFiles = h.writeResult('firefox-real-arch-float16-streamed', streamed.result);
+  const compared = await h.run('python3', ['tests/reference/compare.py', files.png, streamedFiles.png, '--tol', String(TOLERANCE.float16)]);
+  assert.equal(compared.code, 0, `the streamed transformer's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
 });
 
 test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get it in Firefox\'s words, and Generate is held back', { timeout: 120_000 }, async (t) => {
