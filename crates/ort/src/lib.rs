@@ -324,7 +324,6 @@ struct ChainPiece {
 
 struct Streamed {
     external: Vec<ExternalData>,
-    /// The provider, all outputs on the CPU.
     provider: Provider,
     /// The arrays what the pieces pass on is read back into, by the value's name.
     arrays: RefCell<HashMap<String, JsValue>>,
@@ -381,10 +380,10 @@ impl Chain {
             Provider::Wasm => Provider::Wasm,
         };
         let streamed = Streamed { external, provider, arrays: RefCell::default() };
-        let last = pieces.len().saturating_sub(1);
-        let mut made = Vec::with_capacity(pieces.len());
+        let count = pieces.len();
+        let mut made = Vec::with_capacity(count);
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
-            let session = if i == 0 { Some(streamed.session(&graph, i < last).await?) } else { None };
+            let session = if i == 0 { Some(streamed.session(&graph, i + 1 < count).await?) } else { None };
             made.push(ChainPiece { session: RefCell::new(session), graph, inputs, outputs });
         }
         Ok(Chain { pieces: made, streamed: Some(streamed), inputs, outputs })
@@ -436,13 +435,13 @@ impl Chain {
             // Taken out while it runs: no borrow is held across the await.
             let session = piece.session.borrow_mut().take().ok_or(OrtError::Released)?;
             let outputs = session.run(&named, &names).await;
+            *piece.session.borrow_mut() = Some(session);
             let mut outputs = outputs?;
             if let Some(streamed) = &self.streamed {
                 for output in outputs.iter_mut().filter(|o| o.inner.location() == "gpu-buffer") {
                     *output = streamed.read_back(output).await?;
                 }
             }
-            *piece.session.borrow_mut() = Some(session);
             held.extend(piece.outputs.iter().cloned().zip(outputs));
             let later: std::collections::HashSet<&str> =
                 self.pieces[i + 1..].iter().flat_map(|p| p.inputs.iter().map(String::as_str)).collect();
