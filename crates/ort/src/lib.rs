@@ -373,17 +373,11 @@ impl Chain {
         provider: Provider,
         (inputs, outputs): (Vec<TensorInfo>, Vec<TensorInfo>),
     ) -> Result<Chain, OrtError> {
-        let provider = match provider {
-            Provider::WebGpu { channels_first, keep_buffers, .. } => {
-                Provider::WebGpu { channels_first, keep_buffers, gpu_outputs: false }
-            }
-            Provider::Wasm => Provider::Wasm,
-        };
         let streamed = Streamed { external, provider, arrays: RefCell::default() };
-        let count = pieces.len();
-        let mut made = Vec::with_capacity(count);
+        let several = pieces.len() > 1;
+        let mut made = Vec::with_capacity(pieces.len());
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
-            let session = if i == 0 { Some(streamed.session(&graph, i + 1 < count).await?) } else { None };
+            let session = if i == 0 { Some(streamed.session(&graph, several).await?) } else { None };
             made.push(ChainPiece { session: RefCell::new(session), graph, inputs, outputs });
         }
         Ok(Chain { pieces: made, streamed: Some(streamed), inputs, outputs })
@@ -487,12 +481,10 @@ impl ChainPiece {
 impl Streamed {
     /// A piece's session; with `gpu_outputs` its outputs stay on the GPU for [`Streamed::read_back`].
     async fn session(&self, graph: &[u8], gpu_outputs: bool) -> Result<Session, OrtError> {
-        let provider = match &self.provider {
-            Provider::WebGpu { channels_first, keep_buffers, .. } => {
-                Provider::WebGpu { channels_first: *channels_first, keep_buffers: *keep_buffers, gpu_outputs }
-            }
-            Provider::Wasm => Provider::Wasm,
-        };
+        let mut provider = self.provider.clone();
+        if let Provider::WebGpu { gpu_outputs: on_gpu, .. } = &mut provider {
+            *on_gpu = gpu_outputs;
+        }
         Session::create(&Uint8Array::from(graph), &self.external, &provider, false).await
     }
 
