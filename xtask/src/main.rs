@@ -83,6 +83,10 @@ commands:
                          build both, then the tiny real-architecture packs on WebGPU in Chromium
                          (SwiftShader) and Firefox ESR (lavapipe): each stage's session creation
                          and run, wall time, their ratio; the float16 pack in Firefox too
+  bench loading [--watch-ms 12000]
+                         build both, then in Chromium and in Firefox the stage workers' memory
+                         while every stage loads, the tiny float16 pack against the same with the
+                         full-size decoder: what its weights add, against their size
   help                   this text
 
 options for run/bench/e2e:
@@ -194,7 +198,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
 fn bench(root: &Path, rest: &[String]) -> Result {
     let Some((what, rest)) = rest.split_first() else {
         return Err(format!(
-            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers)\n{USAGE}"
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading)\n{USAGE}"
         ));
     };
     let script = match what.as_str() {
@@ -207,15 +211,16 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         "buffers" => "tests/e2e/bench/buffers.mjs",
         "memory" => "tests/e2e/bench/memory.mjs",
         "browsers" => "tests/e2e/bench/browsers.mjs",
+        "loading" => "tests/e2e/bench/loading.mjs",
         other => {
             return Err(format!(
-                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers)"
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading)"
             ))
         }
     };
     let (no_build, rest) = split_flag(rest, "--no-build");
-    // `browsers` runs the tiny packs (the exporter's Python) in Chromium and in Firefox.
-    let both = what == "browsers";
+    // `browsers` and `loading` run the tiny packs (the exporter's Python) in Chromium and in Firefox.
+    let both = what == "browsers" || what == "loading";
     let tools =
         setup::ensure_prerequisites(root, if both { setup::Needs::ALL } else { setup::Needs::CHROMIUM })?;
     if !no_build {

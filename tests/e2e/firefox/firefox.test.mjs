@@ -2,10 +2,12 @@
 // event page that opens the offscreen document as a frame. WebGPU runs on lavapipe, which has
 // `shader-f16`: the float16 pack runs on WebGPU as published (Chromium's SwiftShader cannot).
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
 import { firefoxProfile, setupFirefox } from '../lib/firefox.mjs';
+import { firefoxLoadingPeak, withFullDecoder } from '../lib/loading-memory.mjs';
 import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
 const REQUEST = { prompt: 'a red fox in the snow', width: 256, height: 256, steps: 2, seed: '42', trace: true };
@@ -56,6 +58,23 @@ test('Firefox: the tiny real-architecture float16 pack runs on WebGPU with shade
   const streamedFiles = h.writeResult('firefox-real-arch-float16-streamed', streamed.result);
   const compared = await h.run('python3', ['tests/reference/compare.py', files.png, streamedFiles.png, '--tol', String(TOLERANCE.float16)]);
   assert.equal(compared.code, 0, `the streamed transformer's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
+});
+
+test('Firefox streams a stage\'s weights from storage, as Chromium does: the full-size decoder adds far less than its weights to the stage workers\' process while every stage loads', { timeout: 600_000 }, async (t) => {
+  const tiny = await tinyPack('float16');
+  const full = await withFullDecoder(tiny);
+  const weights = fs.statSync(path.join(full, 'vae_decoder.onnx.data')).size;
+  const hub = await h.startHub({ repos: { 'tiny/float16': { dir: tiny }, 'tiny/full-decoder': { dir: full } } });
+  t.after(() => hub.close());
+  // Every stage loads at once (no GPU memory limit); the peak above idle of the process the stage
+  // workers run in, with the tiny decoder (176 kB) and with the full-size one (198 MB). Streamed one
+  // initializer at a time (ORT's JSPI build reading a `ChunkedBlob`), its weights added -14 to +19 MB
+  // here; handed to ORT whole (tried), 174 MB.
+  const small = await firefoxLoadingPeak(hub, 'tiny/float16', 12_000);
+  const large = await firefoxLoadingPeak(hub, 'tiny/full-decoder', 12_000);
+  const MB = (n) => `${(n / 1e6).toFixed(0)} MB`;
+  const added = large.above - small.above;
+  assert.ok(added < weights / 2, `the full-size decoder (${MB(weights)} of weights) added ${MB(added)} to the peak while loading: ${MB(small.above)} above idle with the tiny one, ${MB(large.above)} with it`);
 });
 
 test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get it in Firefox\'s words, and Generate is held back', { timeout: 120_000 }, async (t) => {
