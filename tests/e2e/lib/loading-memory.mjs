@@ -50,7 +50,10 @@ function anonByPid(root) {
   return out;
 }
 
-/** Samples `read()` every 200 ms: 2 s idle, then `job()`, then `watchMs` more; returns the samples' times and values. */
+/**
+ * Samples `read()` every 200 ms: 2 s idle, then `job()` (which returns what ends it), then `watchMs`
+ * more; returns when the job began (`t0`) and the samples.
+ */
 async function watch(read, job, watchMs) {
   const samples = [];
   let running = true;
@@ -60,13 +63,17 @@ async function watch(read, job, watchMs) {
       await h.sleep(200);
     }
   })();
-  await h.sleep(2000);
-  const t0 = Date.now();
-  const cancel = await job();
-  await h.sleep(watchMs);
-  running = false;
-  await loop;
-  await cancel();
+  let t0;
+  try {
+    await h.sleep(2000);
+    t0 = Date.now();
+    const cancel = await job();
+    await h.sleep(watchMs);
+    await cancel();
+  } finally {
+    running = false;
+    await loop;
+  }
   return { t0, samples };
 }
 
@@ -115,8 +122,9 @@ export async function firefoxLoadingPeak(hub, repo, watchMs) {
     // Firefox names no process after its extensions: the stage workers' is the content process whose
     // memory grows the most while the stages load (WebGPU itself runs in the parent process here).
     const { t0, samples } = await watch(() => anonByPid(ff.browser.process().pid), () => startImage(ff.page), watchMs);
-    const pids = Object.keys(samples.at(-1).value);
-    const series = (pid) => samples.map((s) => ({ t: s.t, value: s.value[pid] ?? 0 }));
+    // Processes there before the request only: one started later has no idle to count from.
+    const pids = Object.keys(samples.filter((s) => s.t < t0).at(-1).value);
+    const series = (pid) => samples.filter((s) => pid in s.value).map((s) => ({ t: s.t, value: s.value[pid] }));
     const [best] = pids
       .filter((pid) => Number(pid) !== ff.browser.process().pid)
       .map((pid) => idleAndPeak(t0, series(pid)))
