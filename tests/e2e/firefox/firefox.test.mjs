@@ -68,7 +68,7 @@ test('Firefox streams a stage\'s weights from storage, as Chromium does: the ful
   t.after(() => hub.close());
   // Every stage loads at once (no GPU memory limit); the peak above idle of the process the stage
   // workers run in, with the tiny decoder (176 kB) and with the full-size one (198 MB). Streamed one
-  // initializer at a time (ORT's JSPI build reading a `ChunkedBlob`), its weights added -14 to +19 MB
+  // initializer at a time (ORT's JSPI build reading a `ChunkedBlob`), its weights added -14 to +27 MB
   // here; handed to ORT whole (tried), 174 MB.
   const small = await firefoxLoadingPeak(hub, 'tiny/float16', 12_000);
   const large = await firefoxLoadingPeak(hub, 'tiny/full-decoder', 12_000);
