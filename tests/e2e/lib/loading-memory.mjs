@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import * as h from './harness.mjs';
 import { launchFirefox } from './firefox.mjs';
-import { startSampler } from './proc-memory.mjs';
+import { processTree, startSampler } from './proc-memory.mjs';
 import { PYTHON } from './tiny-packs.mjs';
 
 const REQUEST = { prompt: 'a lighthouse at dusk', width: 256, height: 256, steps: 1, seed: '1', backend: 'webgpu' };
@@ -28,21 +28,8 @@ export async function withFullDecoder(tiny) {
 
 /** Anonymous memory (bytes) of each process in the tree under `root`, by pid. */
 function anonByPid(root) {
-  const parent = new Map();
-  for (const p of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    try {
-      const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
-      parent.set(Number(p), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-    } catch {}
-  }
-  const tree = new Set([root]);
-  for (let grew = true; grew; ) {
-    grew = false;
-    for (const [pid, pp] of parent) if (!tree.has(pid) && tree.has(pp)) tree.add(pid), (grew = true);
-  }
   const out = {};
-  for (const pid of tree) {
+  for (const pid of processTree(root)) {
     try {
       out[pid] = Number(/RssAnon:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) * 1024;
     } catch {}

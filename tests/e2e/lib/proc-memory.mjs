@@ -27,6 +27,25 @@ function cpuOfNode() {
   return (user + system) / 1e6;
 }
 
+/** The pids of `root` and all its descendants (all of /proc read once). */
+export function processTree(root) {
+  const parent = new Map();
+  for (const p of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
+      parent.set(Number(p), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch {}
+  }
+  const tree = new Set([root]);
+  let grew = true;
+  while (grew) {
+    grew = false;
+    for (const [pid, pp] of parent) if (!tree.has(pid) && tree.has(pp)) tree.add(pid), (grew = true);
+  }
+  return tree;
+}
+
 /**
  * Samples the browser launched on `profileDir` and its descendants every `intervalMs` until stop().
  * mark() ends a segment and summarises it; `history` keeps every sample as { t (ms since the epoch),
@@ -70,25 +89,8 @@ export function startSampler(profileDir, intervalMs, field = 'VmRSS') {
   let treeAt = 0;
   const processes = (root) => {
     if (!tree || Date.now() - treeAt > 1000) {
-      tree = walkTree(root);
+      tree = processTree(root);
       treeAt = Date.now();
-    }
-    return tree;
-  };
-  const walkTree = (root) => {
-    const parent = new Map();
-    for (const p of fs.readdirSync('/proc')) {
-      if (!/^\d+$/.test(p)) continue;
-      try {
-        const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
-        parent.set(Number(p), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-      } catch {}
-    }
-    const tree = new Set([root]);
-    let grew = true;
-    while (grew) {
-      grew = false;
-      for (const [pid, pp] of parent) if (!tree.has(pid) && tree.has(pp)) tree.add(pid), (grew = true);
     }
     return tree;
   };
