@@ -60,11 +60,14 @@ fi
 if [ -e $W/.setup ] && [ ! -e $W/.export-started ] && [ -z "${PROBE:-}" ]; then
   touch $W/.export-started
   mkdir -p $PACK
+  # The exporter runs from a copy: every later call copies the tree afresh, and an export still
+  # importing its modules then finds them missing ("No module named 'export'", seen 2026-12-06).
+  rm -rf $W/tools && mkdir -p $W/tools && cp -r tools/export tools/gpu-bench $W/tools/
   setsid bash -c '
     T=$SECONDS; ok=1; pids=()
     for job in '"${EXPORT:-text_encoder_q4:float16 transformer_q8:float16 vae_decoder:float32}"'; do
       set -- ${job/:/ }
-      python3 tools/gpu-bench/export_stage.py --stem $1 --config full --activations $2 --out '$PACK' \
+      python3 '$W'/tools/gpu-bench/export_stage.py --stem $1 --config full --activations $2 --out '$PACK' \
         --threads 5 > '$W'/logs/export-$1.log 2>&1 & pids+=($!)
     done
     for p in "${pids[@]}"; do wait $p || ok=0; done

@@ -29,7 +29,7 @@ commands:
                          release build, then the store zip target/imagine-<version>.zip
                          (Firefox: imagine-<version>-firefox.zip; contents checked)
   test [--no-fmt]        everything CI runs: fmt, clippy, native tests, fixture check, dist, e2e tests
-  e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/*/NAME.test.mjs), two
+  e2e [NAME...]          build, then only the e2e tests (all, or tests/e2e/*/NAME.test.mjs), three
                          files at a time ($IMAGINE_E2E_JOBS sets how many); a file that fails beside
                          another runs again alone, and passing there is reported as FLAKY
   fixtures               only test's fixture step: regenerate the packs into a temp dir, compare them
@@ -795,13 +795,17 @@ fn node_test(files: &[PathBuf], jobs: usize, failed_list: &Path) -> Result {
                 "--test-reporter-destination=stdout",
             ])
             .env("IMAGINE_E2E_FAILED", failed_list)
+            // Chromium's wasm compiled by V8's baseline compiler only (tests/e2e/lib/config.mjs).
+            .env("IMAGINE_WASM_BASELINE", "1")
             .args(files),
     )
 }
 
-/// Browser test files run at once: two on this 2-core machine use it fully (each browser test waits on
-/// timers, the service worker and the GPU process much of the time); more only add contention.
-const E2E_JOBS: usize = 2;
+/// Browser test files run at once. Many files spend much of their time waiting (on timers, throttled
+/// downloads, the service worker): on this 2-core machine two files at a time left the CPU idle part
+/// of the time, three keep it about 97 % busy and took the browser tests from about 1,700 s to 1,480 s
+/// (BENCHMARKS.md, "CI").
+const E2E_JOBS: usize = 3;
 
 /// The longest test files (on this 2-core machine, Chromium 148-156), longest first: started before
 /// the others.

@@ -47,6 +47,16 @@ export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
 }
 
 /**
+ * IMAGINE_WASM_BASELINE=1 (`cargo xtask test` and `e2e` set it): Chromium compiles WebAssembly with V8's
+ * baseline compiler only (`--liftoff-only`). Every stage worker loads ORT's wasm afresh and V8's
+ * optimizing tier compiles its hot code again in each: with the tests' tiny graphs on SwiftShader, about
+ * 1.3 s of CPU per worker, more than it gives back, on a 2-core machine the browser tests keep busy
+ * (BENCHMARKS.md, "CI"). Firefox's optimizing tier costs its tests nothing measurable: left on. The
+ * benchmarks leave it unset, measuring the browser as users run it.
+ */
+export const WASM_BASELINE = process.env.IMAGINE_WASM_BASELINE === '1';
+
+/**
  * Bytes as the pages write them (`imagine_core::hub::format_bytes`): decimal units, one decimal below
  * 100 of the unit and none above, with a plain space (the pages hold it to the unit with a no-break
  * space: `.replace(' ', '\u00a0')`).
