@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
-import { firefoxProfile, setupFirefox } from '../lib/firefox.mjs';
+import { firefoxProfile, inBrowserWindow, setupFirefox } from '../lib/firefox.mjs';
 import { firefoxLoadingPeak, withFullDecoder } from '../lib/loading-memory.mjs';
 import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
@@ -103,11 +103,56 @@ test('Firefox unloads an idle background page, and the offscreen document with i
   await h.generateOk(ff.page, { prompt: 'a red fox', width: 256, height: 256, steps: 2, seed: '1' });
 });
 
-test('Firefox: the selection\'s menu item is there; the GPU memory probe; offline, the studio counts tokens and makes an image from its form, the gallery shows it, the options page sets the defaults; the studio is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
+test('Firefox: a right-click on selected text, then "Imagine" in Firefox\'s own context menu: the studio opens in the sidebar at the job, made from the selection with the saved defaults', { timeout: 300_000 }, async (t) => {
   const ff = await setupFirefox(t, { repos: ['f32'] });
-  // WebDriver cannot open a context menu; updating an item succeeds only for one that exists.
-  const updated = (id) => ff.page.evaluate((i) => chrome.contextMenus.update(i, {}).then(() => true, () => false), id);
-  assert.deepEqual([await updated('imagine-selection'), await updated('no-such-item')], [true, false]);
+  await h.installPack(ff.page, ff.hub, 'fixtures/f32');
+  await ff.page.evaluate(() => chrome.storage.local.set({ 'imagine.defaults': { width: 256, height: 320, steps: 2, schedule: 'linear-shift' } }));
+  const prompt = 'a lighthouse at dusk <b>bold</b>';
+  const page = await ff.browser.newPage();
+  await page.goto(`data:text/html,${encodeURIComponent('<body style="margin:40px"><p id="text" style="font-size:24px"></p></body>')}`);
+  const at = await page.evaluate((text) => {
+    const p = document.getElementById('text');
+    p.textContent = text;
+    const range = document.createRange();
+    range.selectNodeContents(p);
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    const box = p.getBoundingClientRect();
+    return { x: box.x + 30, y: box.y + box.height / 2 };
+  }, prompt);
+  // Firefox opens its context menu on the right-click, as for a user, with the add-on's item in it.
+  const opened = inBrowserWindow(ff.browser, async () => {
+    const menu = document.getElementById('contentAreaContextMenu');
+    if (menu.state !== 'open') await new Promise((resolve) => menu.addEventListener('popupshown', resolve, { once: true }));
+    return [...menu.querySelectorAll('menuitem')].filter((m) => !m.hidden).map((m) => ({ id: m.id, label: m.label }));
+  });
+  await h.sleep(300);
+  await page.mouse.click(at.x, at.y, { button: 'right' });
+  const items = await opened;
+  const ours = items.filter((m) => m.id.endsWith('-menuitem-_imagine-selection'));
+  assert.deepEqual(ours.map((m) => m.label), [`Imagine “${prompt}”`], JSON.stringify(items));
+  // Chosen: the item's command, which Firefox turns into the add-on's click, and the menu closes.
+  await inBrowserWindow(ff.browser, (id) => {
+    document.getElementById(id).doCommand();
+    document.getElementById('contentAreaContextMenu').hidePopup();
+  }, ours[0].id);
+  // The click is the user's gesture: the studio opens as the sidebar, focused on the selection's job.
+  let focus;
+  for (let i = 0; i < 100 && !focus?.job; i++) {
+    await h.sleep(200);
+    focus = (await ff.page.evaluate(() => chrome.storage.session.get('studioFocus'))).studioFocus;
+  }
+  assert.equal(focus?.prompt, prompt, JSON.stringify(focus));
+  assert.ok(focus.job, JSON.stringify(focus));
+  assert.equal(await ff.page.evaluate(() => chrome.sidebarAction.isOpen({})), true);
+  const sidebar = await inBrowserWindow(ff.browser, () => SidebarController.browser.contentDocument.getElementById('webext-panels-browser')?.currentURI.spec ?? null);
+  assert.match(sidebar ?? '', /^moz-extension:\/\/[^/]+\/studio\.html/);
+  const state = await h.endedJob(ff.page, focus.job, h.GENERATION_TIMEOUT_MS);
+  assert.deepEqual([state.result?.prompt, state.result?.width, state.result?.height, state.result?.steps, state.result?.schedule], [prompt, 256, 320, 2, 'linear-shift'], JSON.stringify(state).slice(0, 400));
+});
+
+test('Firefox: the GPU memory probe; offline, the studio counts tokens and makes an image from its form, the gallery shows it, the options page sets the defaults; the studio is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {
+  const ff = await setupFirefox(t, { repos: ['f32'] });
   // The GPU memory probe: lavapipe's "GPU memory" is the computer's, so the cap is reached. Firefox
   // names no adapter; the probe is kept under its features and limits instead.
   const probed = await h.api(ff.page, { type: 'gpuMemory', measure: true, probeCapBytes: 768 << 20 });

@@ -116,3 +116,25 @@ export async function setupFirefox(t, { repos = ['f16', 'f32'], hubOptions = {},
   };
   return { ...ff, hub, relaunch };
 }
+
+/**
+ * Runs `fn` in Firefox's browser window, in its parent process, with `args` (JSON values); returns what
+ * it returns (a JSON value). WebDriver BiDi reaches the browser window's privileged scope where Firefox
+ * allows system access (`--remote-allow-system-access`; `browsingContext.getTree` with
+ * `moz:scope: "chrome"` lists its windows), so a test can read and use Firefox's own UI, such as its
+ * context menu.
+ */
+export async function inBrowserWindow(browser, fn, ...args) {
+  const connection = browser.connection;
+  const { result: tree } = await connection.send('browsingContext.getTree', { 'moz:scope': 'chrome' });
+  const window = tree.contexts.find((c) => c.url === 'chrome://browser/content/browser.xhtml');
+  if (!window) throw new Error(`no browser window among Firefox's windows: ${JSON.stringify(tree.contexts.map((c) => c.url))}`);
+  const { result } = await connection.send('script.callFunction', {
+    functionDeclaration: `async (args) => JSON.stringify((await (${fn})(...JSON.parse(args))) ?? null)`,
+    target: { context: window.context },
+    arguments: [{ type: 'string', value: JSON.stringify(args) }],
+    awaitPromise: true,
+  });
+  if (result.type === 'exception') throw new Error(`in Firefox's browser window: ${result.exceptionDetails.text}`);
+  return JSON.parse(result.result.value);
+}
