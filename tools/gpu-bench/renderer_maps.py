@@ -36,15 +36,13 @@ def maps(pid):
             m = head.match(line)
             if m:
                 start, end = int(m[1], 16), int(m[2], 16)
-                cur = [end - start, m[3], m[4] or '[anon]', 0, 0]
+                cur = [end - start, m[3], m[4] or '[anon]', 0]
                 out[start] = cur
             elif line.startswith('Rss:'):
                 cur[3] = int(line.split()[1]) * 1024
-            elif line.startswith('Anonymous:'):
-                cur[4] = int(line.split()[1]) * 1024
     return out
 
-def kind(start, size, perms, name):
+def kind(start, size, name):
     if 'memfd' in name or 'shared' in name:
         return 'shared'
     if name != '[anon]':
@@ -57,8 +55,8 @@ KINDS = ['aligned', 'shared', 'anon<1M', 'anon<8M', 'anon<64M', 'anon>=64M', 'fi
 
 def classes(m):
     out = dict.fromkeys(KINDS, 0)
-    for start, (size, perms, name, rss, anon) in m.items():
-        out[kind(start, size, perms, name)] += rss
+    for start, (size, perms, name, rss) in m.items():
+        out[kind(start, size, name)] += rss
     return out
 
 timeline = {}
@@ -73,13 +71,14 @@ while child.poll() is None:
             continue
         samples.setdefault(pid, []).append((time.time() - t0, sum(v[3] for v in m.values()), m))
         timeline.setdefault(pid, []).append((time.time() - t0, classes(m)))
-        # Keep memory bounded: only the lowest and highest so far, and the newest.
+        # Memory bounded: the highest so far, the lowest before it, the lowest of all (for a higher peak
+        # to come) and the newest.
         s = samples[pid]
-        if len(s) > 3:
+        if len(s) > 4:
             hi = max(range(len(s)), key=lambda i: s[i][1])
             lo = min(range(hi + 1), key=lambda i: s[i][1])
-            keep = sorted({lo, hi, len(s) - 1})
-            samples[pid] = [s[i] for i in keep]
+            low = min(range(len(s)), key=lambda i: s[i][1])
+            samples[pid] = [s[i] for i in sorted({lo, hi, low, len(s) - 1})]
     time.sleep(a.every)
 rc = child.returncode
 GB = 1e9
@@ -89,7 +88,7 @@ for pid, s in samples.items():
     (tl, rl, ml), (th, rh, mh) = s[lo], s[hi]
     print(f'renderer {pid}: lowest {rl / GB:.3f} GB at {tl:.1f} s, highest {rh / GB:.3f} GB at {th:.1f} s')
     rows = []
-    for start, (size, perms, name, rss, anon) in mh.items():
+    for start, (size, perms, name, rss) in mh.items():
         before = ml.get(start)
         grew = rss - (before[3] if before else 0)
         rows.append((grew, start, size, perms, name, rss, 'new' if before is None else f'was {before[3] / 2**20:.0f} MiB'))
@@ -99,7 +98,7 @@ for pid, s in samples.items():
     print(f'  grown in mappings of 64 MiB or more: {big / GB:.3f} GB; in smaller ones: {(sum(r[0] for r in rows) - big) / GB:.3f} GB; mappings gone: {gone / GB:.3f} GB')
     by = dict.fromkeys(KINDS, 0)
     for grew, start, size, perms, name, rss, was in rows:
-        by[kind(start, size, perms, name)] += grew
+        by[kind(start, size, name)] += grew
     print('  grown by kind (MiB): ' + ', '.join(f'{k} {v / 2**20:.0f}' for k, v in by.items()))
     print('  timeline (s: MiB by kind ' + ' '.join(KINDS) + '):')
     for t, c in timeline[pid][::2]:
