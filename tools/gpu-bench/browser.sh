@@ -105,8 +105,9 @@ if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
     [ -d '$W'/base ] && cp -n '$W'/base/* '$PACK'/
     ls -la '$PACK' > '$W'/logs/pack.txt; cp '$PACK'/*.export.json '$W'/logs/
     if [ -n "'"${MEMORY_ARGS:-}"'" ]; then
-      '$W'/node tests/e2e/bench/memory.mjs --pack-dir '$PACK' --out '$W'/logs/memory.json '"${MEMORY_ARGS:-}"' \
-        > '$W'/logs/memory.log 2>&1
+      # MAPS=1: under renderer_maps.py, which adds the extension renderer memory by kind of mapping.
+      '"${MAPS:+python3 tools/gpu-bench/renderer_maps.py --}"' '$W'/node tests/e2e/bench/memory.mjs \
+        --pack-dir '$PACK' --out '$W'/logs/memory.json '"${MEMORY_ARGS:-}"' > '$W'/logs/memory.log 2>&1
       echo "memory bench exit $?" >> '$W'/logs/memory.log; touch '$W'/.bench-done; exit
     fi
     alt=; [ -e '$W'/ort-alt/package ] && alt="--ort-alt '$W'/ort-alt/package"
