@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
-import { firefoxProfile, inBrowserWindow, setupFirefox } from '../lib/firefox.mjs';
+import { FIREFOX_DIST, fakeSystemNotifications, firefoxProfile, inBrowserWindow, setupFirefox } from '../lib/firefox.mjs';
 import { firefoxLoadingPeak, withFullDecoder } from '../lib/loading-memory.mjs';
 import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
@@ -149,6 +149,54 @@ test('Firefox: a right-click on selected text, then "Imagine" in Firefox\'s own 
   assert.match(sidebar ?? '', /^moz-extension:\/\/[^/]+\/studio\.html/);
   const state = await h.endedJob(ff.page, focus.job, h.GENERATION_TIMEOUT_MS);
   assert.deepEqual([state.result?.prompt, state.result?.width, state.result?.height, state.result?.steps, state.result?.schedule], [prompt, 256, 320, 2, 'linear-shift'], JSON.stringify(state).slice(0, 400));
+});
+
+test('Firefox: with no page of the add-on open, the download\'s end and an image made are notified; clicking one opens the studio at its image', { timeout: 300_000 }, async (t) => {
+  // Throttled, so the download is still running when the last page closes.
+  const ff = await setupFirefox(t, { repos: ['f32'], hubOptions: { throttle: 200_000 } });
+  const notifications = await fakeSystemNotifications(ff.browser);
+  const en = JSON.parse(fs.readFileSync(path.join(FIREFOX_DIST, '_locales/en/messages.json'), 'utf8'));
+  const shown = async (name) => {
+    for (let i = 0; i < 240; i++) {
+      const found = (await notifications.shown()).find((n) => n.name === name);
+      if (found) return found;
+      await h.sleep(500);
+    }
+    throw new Error(`no notification ${name}: ${JSON.stringify(await notifications.shown())}`);
+  };
+  const tabs = () => inBrowserWindow(ff.browser, () => gBrowser.tabs.map((tab) => ({ url: tab.linkedBrowser.currentURI.spec, selected: tab.selected })));
+  const studioOpened = async (search) => {
+    for (let i = 0; i < 50; i++) {
+      const tab = (await tabs()).find((x) => x.selected && /^moz-extension:\/\/[^/]+\/studio\.html/.test(x.url));
+      if (tab) return assert.equal(new URL(tab.url).search, search);
+      await h.sleep(200);
+    }
+    assert.fail(`the studio did not open: ${JSON.stringify(await tabs())}`);
+  };
+  const icon = /^moz-extension:\/\/[^/]+\/icons\/icon128\.png$/;
+
+  assert.equal((await h.startInstall(ff.page, ff.hub, 'fixtures/f32')).type, 'installStarted');
+  const blank = await ff.browser.newPage();
+  await ff.page.close();
+  const installed = await shown('imagine-download');
+  assert.deepEqual([installed.title, installed.text, installed.textClickable], [en.notifyModelInstalled.message, en.notifyModelInstalledText.message, true]);
+  assert.match(installed.imageURL, icon);
+  await notifications.click('imagine-download');
+  await studioOpened('');
+  assert.deepEqual(await notifications.shown(), [], 'a notification clicked is closed');
+  await inBrowserWindow(ff.browser, () => gBrowser.removeTab(gBrowser.selectedTab));
+
+  const popup = await ff.open('popup.html');
+  const reply = await h.api(popup, { type: 'generate', prompt: 'a quiet harbour', width: 256, height: 256, steps: 2, seed: '5' });
+  assert.equal(reply.type, 'jobStarted', JSON.stringify(reply));
+  await popup.close();
+  const made = await shown(`imagine-job-${reply.job}`);
+  assert.deepEqual([made.title, made.text, made.textClickable], [en.notifyImageReady.message, 'a quiet harbour', true]);
+  assert.match(made.imageURL, icon);
+  await notifications.click(`imagine-job-${reply.job}`);
+  await studioOpened(`?job=${reply.job}`);
+  assert.deepEqual(await notifications.shown(), []);
+  await blank.close();
 });
 
 test('Firefox: the GPU memory probe; offline, the studio counts tokens and makes an image from its form, the gallery shows it, the options page sets the defaults; the studio is the sidebar: the popup\'s button opens it, the toolbar button and the shortcut are set to', { timeout: 180_000 }, async (t) => {

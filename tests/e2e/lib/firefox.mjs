@@ -138,3 +138,42 @@ export async function inBrowserWindow(browser, fn, ...args) {
   if (result.type === 'exception') throw new Error(`in Firefox's browser window: ${result.exceptionDetails.text}`);
   return JSON.parse(result.result.value);
 }
+
+/**
+ * Stands in for the system's notifications: headless Firefox shows none (its alerts service ends each
+ * at once), so the add-on's `notifications` API never sees one stay. Registers an alerts service of the
+ * test's in Firefox's parent process, in place of the system's: Firefox's own notifications API hands it
+ * each notification an add-on creates, and what it shows and is clicked goes back through that API as
+ * from the system. Returns { shown() (each notification shown and not yet closed: { name, title, text,
+ * imageURL, textClickable }), click(name) (as a user's click on it) }.
+ */
+export async function fakeSystemNotifications(browser) {
+  await inBrowserWindow(browser, () => {
+    const open = new Map();
+    const service = {
+      QueryInterface: ChromeUtils.generateQI(['nsIAlertsService']),
+      showAlert(alert, listener) {
+        const { name, title, text, imageURL, textClickable, cookie } = alert;
+        open.set(name, { shown: { name, title, text, imageURL, textClickable }, listener, cookie });
+        listener?.observe(null, 'alertshow', cookie);
+      },
+      closeAlert(name) {
+        const alert = open.get(name);
+        open.delete(name);
+        alert?.listener?.observe(null, 'alertfinished', alert.cookie);
+      },
+    };
+    window.imagineTestAlerts = open;
+    const factory = { createInstance: (iid) => service.QueryInterface(iid), QueryInterface: ChromeUtils.generateQI(['nsIFactory']) };
+    Components.manager.QueryInterface(Ci.nsIComponentRegistrar)
+      .registerFactory(Services.uuid.generateUUID(), 'Imagine test: system notifications', '@mozilla.org/alerts-service;1', factory);
+  });
+  return {
+    shown: () => inBrowserWindow(browser, () => [...window.imagineTestAlerts.values()].map((a) => a.shown)),
+    click: (name) => inBrowserWindow(browser, (n) => {
+      const alert = window.imagineTestAlerts.get(n);
+      if (!alert) throw new Error(`no notification ${n} is shown`);
+      alert.listener.observe(null, 'alertclickcallback', alert.cookie);
+    }, name),
+  };
+}
