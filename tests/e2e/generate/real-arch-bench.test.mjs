@@ -21,13 +21,16 @@ import { tinyPack, TOLERANCE } from '../lib/tiny-packs.mjs';
 const CONVERTED_TOLERANCE = 2;
 
 /**
- * The images of the bench's plan made here, in its order: all of it but the float32 images with
- * `keepBuffers` (workers.test.mjs shows the option reaches ORT on WebGPU), the float32 image re-blocked
- * while loading (real-arch.test.mjs shows that path) and the fused attention's timed images (the image of
- * the cold image's inputs shows the same): each WebGPU image costs SwiftShader 1-3 minutes; and the
+ * The images of the bench's plan made here, in its order: all of it but these, as each WebGPU image costs
+ * SwiftShader half a minute to a minute (three times that beside two other test files in CI): the
+ * float32 images with `keepBuffers` (workers.test.mjs shows the option reaches ORT on WebGPU), the float32
+ * image re-blocked while loading (real-arch.test.mjs shows that path), the float32 repeat (stages kept
+ * loaded on WebGPU: repeat.test.mjs and workers.test.mjs), the float32 image with accuracy level 4 (the
+ * graph edit: `reblock` tests in imagine-core; here it runs on wasm, f16-acc4, where ORT gives the same
+ * image), the fused attention's timed images (the image of the cold image's inputs shows the same), and the
  * --large images (--large 0).
  */
-const PLAN = ['f32-cold', 'f32-repeat', 'f32-acc4', 'f32-profile', 'f32-fused-same', 'f16-warm-up', 'base-cold', 'base-repeat', 'f16-cold',
+const PLAN = ['f32-cold', 'f32-profile', 'f32-fused-same', 'f16-warm-up', 'base-cold', 'base-repeat', 'f16-cold',
   'f16-repeat', 'f16-batch', 'f16-atload', 'f16-acc4', 'f16-acc4-repeat', 'f16-profile', 'f16-keep', 'f16-keep-repeat', 'f16-fused-same'];
 
 test('the browser mode of the GPU bench, on the tiny float16 pack: installed converted to float32 without shader-f16, every image of the plan made, the images match the reference and a perturbed input fails', { timeout: 1_200_000 }, async () => {
@@ -68,12 +71,11 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   const transposes = webgpu.decoder.kernels.filter((k) => k.op === 'Transpose').reduce((n, k) => n + k.dispatches, 0);
   assert.ok(transposes <= 20, `the decoder ran ${transposes} Transposes: ${JSON.stringify(webgpu.decoder.kernels)}`);
   const stage = (image, name) => report.stages.find((x) => x.image === report.images.find((i) => i.name === image).label && x.stage === name);
-  // Accuracy level 4 reaches ORT on WebGPU (another image), and only there (the float16 images run on
-  // wasm here: the same image); its text encoder runs again rather than take the cached embeddings.
+  // Accuracy level 4 on wasm (the float16 images here): ORT gives the same image; its text encoder runs
+  // again rather than take the cached embeddings.
   const png = (name) => fs.readFileSync(path.join(out, `${name}.png`));
-  assert.notDeepEqual(png('f32-acc4'), png('f32-cold'));
   assert.deepEqual(png('f16-acc4'), png('f16-cold'));
-  assert.ok(!stage('f32-acc4', 'textEncoder').cached && !stage('f16-acc4', 'textEncoder').cached);
+  assert.ok(!stage('f16-acc4', 'textEncoder').cached);
   // Every stage's time is accounted for: the transformer runs once per step and image, the text
   // encoder is skipped where the prompt's embeddings were cached.
   for (const image of ['f32-cold', 'base-cold', 'f16-cold', 'f32-profile', 'f16-profile']) {
@@ -89,10 +91,10 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   assert.equal(stage('f32-cold', 'transformer').graphFile, 'transformer_q8.f32.b32.onnx');
   for (const image of ['f16-cold', 'f16-atload']) assert.equal(stage(image, 'transformer').graphFile, 'transformer_q8.onnx');
   // A repeat: the baseline loads the transformer and the decoder again, the product keeps them loaded.
-  for (const image of ['f32-repeat', 'base-repeat', 'f16-repeat']) assert.equal(stage(image, 'textEncoder').cached, true);
+  for (const image of ['base-repeat', 'f16-repeat']) assert.equal(stage(image, 'textEncoder').cached, true);
   for (const name of ['transformer', 'decoder']) {
     assert.ok(!stage('base-repeat', name).resident && stage('base-repeat', name).sessionCreateMs > 0, JSON.stringify(stage('base-repeat', name)));
-    for (const image of ['f32-repeat', 'f16-repeat', 'f16-batch', 'f16-keep-repeat']) {
+    for (const image of ['f16-repeat', 'f16-batch', 'f16-keep-repeat']) {
       assert.ok(stage(image, name).resident && stage(image, name).sessionCreateMs === 0, JSON.stringify(stage(image, name)));
     }
   }
@@ -107,14 +109,13 @@ test('the browser mode of the GPU bench, on the tiny float16 pack: installed con
   const measured = (c) => (c.expect === 'measure' && c.name.startsWith('f32-') ? 'measured' : c.outcome);
   assert.deepEqual(report.comparisons.map((c) => [c.name, c.expect, measured(c)]), [
     ['f32-cold', 'pass', 'pass'], ['f16-cold', 'pass', 'pass'], ['f16-cold-perturbed', 'fail', 'fail'],
-    ['f32-acc4', 'measure', 'measured'], ['f16-acc4', 'measure', 'pass'],
+    ['f16-acc4', 'measure', 'pass'],
     ['f32-fused-same', 'measure', 'measured'], ['f16-fused-same', 'pass', 'pass'],
     ['f32-fused-same-velocity', 'pass', 'pass'], ['f16-fused-same-velocity', 'pass', 'pass'],
   ]);
   // Where nothing was fused (wasm) the images are the same.
   assert.deepEqual(png('f16-fused-same'), png('f16-cold'));
   for (const name of ['f32-fused-same', 'f32-fused-same-velocity']) console.log(`attention fused (WebGPU), ${name}: ${report.comparisons.find((c) => c.name === name).output}`);
-  console.log(`accuracy level 4 on the float32 conversion (WebGPU): ${report.comparisons.find((c) => c.name === 'f32-acc4').output}`);
   // The converted graphs compute the float32 export's function: the closer reference.
   const f32 = await h.compareWithReference({ packDir: f32Dir, traceJson: path.join(out, 'f32-cold.json'), png: path.join(out, 'f32-cold.png'), tol: CONVERTED_TOLERANCE, name: 'real-arch-float16-converted' });
   console.log(`converted, against the float32 export's reference: ${f32}`);
