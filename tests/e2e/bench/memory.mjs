@@ -151,10 +151,18 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
   const job = h.generate(b.page, { ...REQUEST, width, height, ...extra }, 1_800_000);
   const duringOutcome = during ? await during(b) : null;
   const r = await job;
+  const tEnd = Date.now();
   gpu.stop();
+  // What the renderer holds at the end that is garbage: the JavaScript heaps of the extension's main
+  // thread (its documents) and service worker, then again after a full collection in each, and the
+  // renderer's memory after it.
+  const heapsAtEnd = await h.extensionHeaps(b.context);
+  const heapsAfterCollection = await h.extensionHeaps(b.context, { collect: true });
+  await h.sleep(1500);
   await cpu.stop();
   const peak = Math.max(...gpu.samples.map((x) => x.bytes), -Infinity);
-  const rendererPeak = peakBetween(cpu.history, t0, Date.now()).peak.extension ?? 0;
+  const rendererPeak = peakBetween(cpu.history, t0, tEnd).peak.extension ?? 0;
+  const rendererAfterCollection = (cpu.history.at(-1)?.rss.extension ?? 0) - rendererBefore;
   const png = r.result ? path.join(dir, `${tag}-${size}.png`) : null;
   if (png) fs.writeFileSync(png, h.pngBytes(r.result));
   return {
@@ -167,6 +175,9 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
     stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
     rendererAboveStart: rendererPeak - rendererBefore,
+    rendererAfterCollection,
+    heapsAtEnd,
+    heapsAfterCollection,
     // The GPU's and the renderer's use over time (ms from the request, MB), to tell the stages' peaks
     // apart afterwards; the renderer's as [ms, VmRSS, of which anonymous, shared, file-backed].
     gpuTrace: gpu.samples.map((x) => [x.t - t0, Math.round(x.bytes / MB)]),

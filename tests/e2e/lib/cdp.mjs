@@ -112,3 +112,41 @@ export function watchWorkers(context, { intervalMs = 100 } = {}) {
 export function isStageWorker(w) {
   return w.parentUrl.includes('/offscreen.html') || w.url.includes('stage-worker') || (w.parentId === null && w.url === '');
 }
+
+/**
+ * The JavaScript heap of each of the extension's documents and its service worker, from CDP's
+ * `Runtime.getHeapUsage`: { "<type> <file>": { used, total, backing } } in bytes (`backing`: array
+ * buffers' memory, where Chromium reports it), each after a full garbage collection there when `collect`.
+ * The offscreen document's dedicated workers are left out: Chromium answers nothing for them (see
+ * listWorkers). A target that does not answer within 5 s is reported as null.
+ */
+export async function extensionHeaps(context, { collect = false } = {}) {
+  const cdp = await browserSession(context);
+  const { targetInfos } = await cdp.send('Target.getTargets');
+  const heaps = {};
+  let nextId = 1;
+  for (const target of targetInfos.filter((x) => x.url.startsWith('chrome-extension://') && x.type !== 'worker')) {
+    const { sessionId } = await cdp.send('Target.attachToTarget', { targetId: target.targetId, flatten: false });
+    const call = (method) => new Promise((resolve) => {
+      const id = nextId++;
+      const timer = setTimeout(() => done(null), 5_000);
+      const listener = (event) => {
+        if (event.sessionId !== sessionId) return;
+        const message = JSON.parse(event.message);
+        if (message.id === id) done(message.result ?? null);
+      };
+      const done = (value) => {
+        clearTimeout(timer);
+        cdp.off('Target.receivedMessageFromTarget', listener);
+        resolve(value);
+      };
+      cdp.on('Target.receivedMessageFromTarget', listener);
+      cdp.send('Target.sendMessageToTarget', { sessionId, message: JSON.stringify({ id, method }) }).catch(() => done(null));
+    });
+    if (collect) await call('HeapProfiler.collectGarbage');
+    const usage = await call('Runtime.getHeapUsage');
+    heaps[`${target.type} ${new URL(target.url).pathname.slice(1)}`] = usage && { used: usage.usedSize, total: usage.totalSize, backing: usage.backingStorageSize ?? null };
+    await cdp.send('Target.detachFromTarget', { sessionId }).catch(() => {});
+  }
+  return heaps;
+}
