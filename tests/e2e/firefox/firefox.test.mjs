@@ -166,7 +166,7 @@ test('Firefox: with no page of the add-on open, the download\'s end and an image
   };
   const tabs = () => inBrowserWindow(ff.browser, () => gBrowser.tabs.map((tab) => ({ url: tab.linkedBrowser.currentURI.spec, selected: tab.selected })));
   const studioOpened = async (search) => {
-    for (let i = 0; i < 50; i++) {
+    for (let i = 0; i < 150; i++) {
       const tab = (await tabs()).find((x) => x.selected && /^moz-extension:\/\/[^/]+\/studio\.html/.test(x.url));
       if (tab) return assert.equal(new URL(tab.url).search, search);
       await h.sleep(200);

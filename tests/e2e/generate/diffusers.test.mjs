@@ -15,15 +15,20 @@ import { PYTHON, tinyPack } from '../lib/tiny-packs.mjs';
 
 const ITEMS = ['inputIds', 'attentionMask', 'sigmas', 'noise', 'imgIds', 'txtIds', 'promptEmbeds', 'firstVelocity', 'image'];
 
-/** diffusers_pipeline.py on the pack and the extension's result, with `args` changing diffusers' side. */
-async function diffusers(dir, files, name, args = []) {
-  const out = path.join(h.OUT, `diffusers-${name}`);
-  const r = await h.run(PYTHON, ['tests/reference/diffusers_pipeline.py', '--pack', dir, '--trace', files.json, '--png', files.png, '--out', out, ...args]);
+/**
+ * diffusers_pipeline.py on the pack and the extension's result, once per run of `runs` ([name, args]:
+ * `args` change diffusers' side), all in one Python process; each run's report.
+ */
+async function diffusers(dir, files, runs) {
+  const outs = runs.map(([name]) => path.join(h.OUT, `diffusers-${name}`));
+  for (const out of outs) fs.rmSync(out, { recursive: true, force: true });
+  const argv = runs.flatMap(([, args], i) => [...(i ? ['--then'] : []), '--pack', dir, '--trace', files.json, '--png', files.png, '--out', outs[i], ...args]);
+  const r = await h.run(PYTHON, ['tests/reference/diffusers_pipeline.py', ...argv]);
   assert.ok(r.code === 0 || r.code === 1, `diffusers_pipeline.py failed (${r.code}):\n${r.stdout}\n${r.stderr}`);
-  const report = JSON.parse(fs.readFileSync(path.join(out, 'report.json'), 'utf8'));
-  assert.equal(r.code, report.ok ? 0 : 1);
-  assert.deepEqual(Object.keys(report.items), ITEMS);
-  return { report, stdout: r.stdout };
+  const reports = outs.map((out) => JSON.parse(fs.readFileSync(path.join(out, 'report.json'), 'utf8')));
+  assert.equal(r.code, reports.every((report) => report.ok) ? 0 : 1);
+  for (const report of reports) assert.deepEqual(Object.keys(report.items), ITEMS);
+  return { reports, stdout: r.stdout };
 }
 
 /** The items that differ in a report. */
@@ -39,14 +44,8 @@ test('the extension matches diffusers\' Flux2KleinPipeline on an unquantized tin
   assert.deepEqual(result.timings.stages.map((s) => s.graphFile), ['text_encoder_q4.onnx', 'transformer_q8.onnx', 'vae_decoder.onnx']);
   const files = h.writeResult('diffusers', result);
 
-  const same = await diffusers(dir, files, 'same');
-  console.log(same.stdout.trim());
-  assert.deepEqual(differing(same.report), [], same.stdout);
-  const compared = await h.run('python3', ['tests/reference/compare.py', files.png, path.join(h.OUT, 'diffusers-same', 'diffusers.png'), '--tol', '2']);
-  assert.equal(compared.code, 0, `compare.py: ${compared.stdout}${compared.stderr}`);
-  console.log(`against diffusers' image: ${compared.stdout.trim()}`);
-
-  // One change on diffusers' side each: the comparison reports it, and the items it must touch differ.
+  // The same inputs, then one change on diffusers' side each, for which the comparison must fail in the
+  // items the change touches; all in one Python process.
   const negatives = [
     ['noise-seed', ['--noise-seed', '43'], ['noise', 'firstVelocity', 'image']],
     ['extra-step', ['--extra-steps', '1'], ['sigmas', 'image']],
@@ -57,10 +56,17 @@ test('the extension matches diffusers\' Flux2KleinPipeline on an unquantized tin
     // A text-position off-by-one, caught by comparing the position ids as fed.
     ['text-position', ['--text-position-offset', '1'], ['txtIds']],
   ];
-  for (const [name, args, expected] of negatives) {
-    const { report, stdout } = await diffusers(dir, files, name, args);
+  const { reports: [same, ...changed], stdout } = await diffusers(dir, files, [['same', []], ...negatives]);
+  console.log(stdout.trim());
+  assert.deepEqual(differing(same), [], stdout);
+  const compared = await h.run('python3', ['tests/reference/compare.py', files.png, path.join(h.OUT, 'diffusers-same', 'diffusers.png'), '--tol', '2']);
+  assert.equal(compared.code, 0, `compare.py: ${compared.stdout}${compared.stderr}`);
+  console.log(`against diffusers' image: ${compared.stdout.trim()}`);
+
+  negatives.forEach(([name, , expected], i) => {
+    const report = changed[i];
     console.log(`${name}: differs in ${differing(report).join(', ')}`);
     assert.equal(report.ok, false, `${name}: the comparison did not fail:\n${stdout}`);
     for (const item of expected) assert.ok(!report.items[item].ok, `${name}: ${item} did not differ:\n${stdout}`);
-  }
+  });
 });
