@@ -7,7 +7,7 @@
 //   node tests/e2e/bench/memory.mjs [--size 384] [--steps 2] [--pack tiny-f32|f32] [--pack-dir DIR]
 //        [--piece-mb 16] [--plans unlimited,lean,split] [--out FILE]
 //   node tests/e2e/bench/memory.mjs --free-gb 8,6,4 --pack-dir DIR [--sizes 512,768x1024,1024x768,1024]
-//        [--small-sizes 512,1024] [--grow 8:3] [--also 'SIZE=JSON;...'] [--steps 4] [--browser-args "..."] [--out FILE]
+//        [--small-sizes 512,1024] [--grow 8:3] [--also 'SIZE=JSON;...'] [--steps 4] [--browser-args "..."] [--dumps] [--out FILE]
 //
 // Plans (the image is always the same prompt and seed):
 //   unlimited  no budget: every stage loads at once and stays loaded (what a large GPU gets);
@@ -47,6 +47,7 @@ const { values: o } = parseArgs({
     grow: { type: 'string' },
     also: { type: 'string' },
     'browser-args': { type: 'string', default: '' },
+    dumps: { type: 'boolean', default: false },
     plans: { type: 'string', default: 'unlimited,lean,split' },
     out: { type: 'string' },
   },
@@ -148,10 +149,21 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
   const before = Math.min(...gpu.samples.map((x) => x.bytes), Infinity);
   const t0 = Date.now();
   const rendererBefore = medianBetween(cpu.history, t0 - 1000, t0).extension ?? 0;
+  const dumps = o.dumps ? h.memoryDumps(b.context) : null;
+  await dumps?.start();
   const job = h.generate(b.page, { ...REQUEST, width, height, ...extra }, 1_800_000);
+  let ended = false;
+  const dumping = (async () => {
+    while (dumps && !ended) {
+      await dumps.dump();
+      await h.sleep(400);
+    }
+  })();
   const duringOutcome = during ? await during(b) : null;
   const r = await job;
   const tEnd = Date.now();
+  ended = true;
+  await dumping;
   gpu.stop();
   // What the renderer holds at the end that is garbage: the JavaScript heaps of the extension's main
   // thread (its documents) and service worker, then again after a full collection in each, and the
@@ -159,7 +171,11 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
   const heapsAtEnd = await h.extensionHeaps(b.context);
   const heapsAfterCollection = await h.extensionHeaps(b.context, { collect: true });
   await h.sleep(1500);
+  await dumps?.dump();
   await cpu.stop();
+  const renderers = extensionRenderers();
+  const rendererDumps = (await dumps?.stop())?.filter((d) => renderers.has(d.pid)).map((d) => [d.t - t0, Object.fromEntries(
+    Object.entries(d.allocators).filter(([name, bytes]) => bytes >= 8 * MB && name.split('/').length <= 4).map(([name, bytes]) => [name, Math.round(bytes / MB)]))]);
   const peak = Math.max(...gpu.samples.map((x) => x.bytes), -Infinity);
   const rendererPeak = peakBetween(cpu.history, t0, tEnd).peak.extension ?? 0;
   const rendererAfterCollection = (cpu.history.at(-1)?.rss.extension ?? 0) - rendererBefore;
@@ -186,10 +202,25 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
       return [x.t - t0, ...[x.rss.extension ?? 0, anon, shmem, file].map((n) => Math.round(n / MB))];
     }),
     during: duringOutcome,
+    // With --dumps: Chromium's account of the extension renderer's memory by allocator (memory-infra),
+    // every 0.4 s from the request to 1.5 s after the job: [ms from the request, { allocator: MiB }].
+    rendererDumps,
     png,
   };
 }
 
+
+/** The pids of the extension renderers (Chromium's `--extension-process`) running now. */
+function extensionRenderers() {
+  const pids = new Set();
+  for (const p of fs.readdirSync('/proc').filter((x) => /^\d+$/.test(x))) {
+    try {
+      const cmd = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8');
+      if (cmd.includes('--type=renderer') && cmd.includes('--extension-process')) pids.add(Number(p));
+    } catch {}
+  }
+  return pids;
+}
 
 /** Opens the profile again under the current ballast and measures the budget, as at a first run. */
 async function reopen(profileDir, args, freeGb) {

@@ -150,3 +150,52 @@ export async function extensionHeaps(context, { collect = false } = {}) {
   }
   return heaps;
 }
+
+/**
+ * Chromium's own accounts of its processes' memory by allocator (memory-infra, over CDP's Tracing):
+ * start(), then dump() as often as wanted (each asks every process for a detailed dump), then stop(),
+ * which returns the dumps: [{ t (ms since the epoch, when asked), pid, allocators: { name: bytes } }],
+ * the allocators named by their path (`partition_alloc/partitions/array_buffer`, `malloc`,
+ * `v8/main/heap`, ...), each with its `size`.
+ */
+export function memoryDumps(context) {
+  let cdp;
+  const asked = [];
+  return {
+    async start() {
+      cdp = await browserSession(context);
+      await cdp.send('Tracing.start', {
+        transferMode: 'ReturnAsStream',
+        traceConfig: { includedCategories: ['disabled-by-default-memory-infra'], excludedCategories: ['*'], memoryDumpConfig: { triggers: [] } },
+      });
+    },
+    async dump() {
+      const t = Date.now();
+      const { dumpGuid, success } = await cdp.send('Tracing.requestMemoryDump', { deterministic: false, levelOfDetail: 'detailed' });
+      if (success) asked.push({ t, dumpGuid });
+    },
+    async stop() {
+      const complete = new Promise((resolve) => cdp.once('Tracing.tracingComplete', resolve));
+      await cdp.send('Tracing.end');
+      const { stream } = await complete;
+      let text = '';
+      for (;;) {
+        const { data, eof, base64Encoded } = await cdp.send('IO.read', { handle: stream, size: 1 << 20 });
+        text += base64Encoded ? Buffer.from(data, 'base64').toString('utf8') : data;
+        if (eof) break;
+      }
+      await cdp.send('IO.close', { handle: stream });
+      const events = JSON.parse(text).traceEvents ?? [];
+      const when = new Map(asked.map((a) => [a.dumpGuid, a.t]));
+      return events
+        .filter((e) => e.ph === 'v' && e.args?.dumps?.allocators && when.has(e.id))
+        .map((e) => ({
+          t: when.get(e.id),
+          pid: e.pid,
+          allocators: Object.fromEntries(Object.entries(e.args.dumps.allocators)
+            .filter(([, a]) => a.attrs?.size)
+            .map(([name, a]) => [name, parseInt(a.attrs.size.value, 16)])),
+        }));
+    },
+  };
+}
