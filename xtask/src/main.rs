@@ -314,7 +314,7 @@ fn build(root: &Path, debug: bool, browser: Browser, tools: &setup::Tools) -> Re
     let profile = if debug { "debug" } else { "release" };
     let dist = root.join(browser.dist_dir());
 
-    run_cmd("cargo build (wasm)", &mut wasm_build(root, debug))?;
+    compile_wasm(debug, profile)?;
     let shown = browser.dist_dir();
     step(&format!("build: removing stale {shown}/"));
     if dist.exists() {
@@ -334,27 +334,20 @@ fn build(root: &Path, debug: bool, browser: Browser, tools: &setup::Tools) -> Re
     Ok(())
 }
 
-/// The release build's own target directory: cargo builds in one target directory at a time, and
-/// `cargo xtask test` compiles the release build beside clippy and the native tests.
-const RELEASE_TARGET_DIR: &str = "target/wasm-release";
-
-/// `cargo build` of imagine-web for wasm32: the debug build in `target/`, the release build in
-/// [`RELEASE_TARGET_DIR`].
-fn wasm_build(root: &Path, debug: bool) -> Command {
-    let profile = if debug { "debug" } else { "release" };
+/// `cargo build` of imagine-web for wasm32, in `profile`.
+fn compile_wasm(debug: bool, profile: &str) -> Result {
     step(&format!("build: cargo build -p imagine-web --target wasm32-unknown-unknown ({profile})"));
     let mut cargo = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo.args(["build", "-p", "imagine-web", "--target", "wasm32-unknown-unknown"]);
     if !debug {
-        cargo.arg("--release").arg("--target-dir").arg(root.join(RELEASE_TARGET_DIR));
+        cargo.arg("--release");
     }
-    cargo
+    run_cmd("cargo build (wasm)", &mut cargo)
 }
 
 /// `wasm-bindgen` (`bindgen`) of the wasm built in `profile`, into `dist/pkg`.
 fn bind_wasm(root: &Path, dist: &Path, bindgen: &Path, debug: bool, profile: &str) -> Result {
-    let target = if debug { "target" } else { RELEASE_TARGET_DIR };
-    let wasm = root.join(format!("{target}/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
+    let wasm = root.join(format!("target/wasm32-unknown-unknown/{profile}/imagine_web.wasm"));
     step(&format!("build: wasm-bindgen --target web -> dist/pkg ({})", rel(root, &wasm)));
     let mut wb = Command::new(bindgen);
     wb.args(["--target", "web", "--out-dir"]).arg(dist.join("pkg")).arg("--no-typescript");
@@ -526,7 +519,6 @@ fn test(root: &Path, args: &[String]) -> Result {
     let tools = setup::ensure_prerequisites(root, setup::Needs::ALL)?;
     let started = Instant::now();
     let exporter = start_exporter_tests(root);
-    let release_build = start_release_build(root);
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut done: Vec<(String, f64)> = Vec::new();
     let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
@@ -554,12 +546,6 @@ fn test(root: &Path, args: &[String]) -> Result {
             )
         },
     )?;
-    let mut release_build = Some(release_build);
-    timed("release build (wasm; begun beside the steps above)", &mut || {
-        let built = release_build.take().ok_or("the release build was waited for twice")?.join();
-        print!("{}", built.map_err(|_| "the release build panicked".to_owned())??);
-        Ok(())
-    })?;
     timed("cargo xtask dist --browser firefox (store zip checked, web-ext lint: no errors)", &mut || {
         package(root, Browser::Firefox, &tools)?;
         lint_firefox(root)
@@ -619,13 +605,6 @@ fn start_exporter_tests(root: &Path) -> std::thread::JoinHandle<(Result<String>,
         });
         (tested, t.elapsed().as_secs_f64())
     })
-}
-
-/// The release build of the wasm, in a thread of its own: its last phase (one codegen unit, full
-/// LTO) keeps one core busy, and clippy and the native tests have the other.
-fn start_release_build(root: &Path) -> std::thread::JoinHandle<Result<String>> {
-    let root = root.to_path_buf();
-    std::thread::spawn(move || run_captured("cargo build (wasm, release)", &mut wasm_build(&root, false)))
 }
 
 /// `cargo clippy` of the workspace (native) and of the crates that run in the browser (wasm32),
