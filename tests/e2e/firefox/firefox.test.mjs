@@ -69,12 +69,13 @@ test('Firefox streams a stage\'s weights from storage, as Chromium does: the ful
   // Every stage loads at once (no GPU memory limit); the peak above idle of the process the stage
   // workers run in, with the tiny decoder (176 kB) and with the full-size one (198 MB). Streamed one
   // initializer at a time (ORT's JSPI build reading a `ChunkedBlob`), its weights added -14 to +27 MB
-  // here; handed to ORT whole (tried), 174 MB.
+  // here alone, 106 MB once beside two other test files in CI; handed to ORT whole (tried), 174 MB. So
+  // the line is at two thirds of the weights (132 MB).
   const small = await firefoxLoadingPeak(hub, 'tiny/float16', 12_000);
   const large = await firefoxLoadingPeak(hub, 'tiny/full-decoder', 12_000);
   const MB = (n) => `${(n / 1e6).toFixed(0)} MB`;
   const added = large.above - small.above;
-  assert.ok(added < weights / 2, `the full-size decoder (${MB(weights)} of weights) added ${MB(added)} to the peak while loading: ${MB(small.above)} above idle with the tiny one, ${MB(large.above)} with it`);
+  assert.ok(added < (weights * 2) / 3, `the full-size decoder (${MB(weights)} of weights) added ${MB(added)} to the peak while loading: ${MB(small.above)} above idle with the tiny one, ${MB(large.above)} with it`);
 });
 
 test('Firefox without WebGPU (as it ships on Linux): the verdict says how to get it in Firefox\'s words, and Generate is held back', { timeout: 120_000 }, async (t) => {
