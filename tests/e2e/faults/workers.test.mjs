@@ -89,7 +89,7 @@ test('stages stay loaded for keepLoaded seconds after the last image: the next i
   assert.equal(bad.error, 'keepLoaded seconds 3601 is not allowed: seconds must be an integer from 0 (unload after each image) to 3600');
   assert.equal((await keepLoaded(b.page)).seconds, 300);
 
-  const KEEP_S = 6;
+  const KEEP_S = 8;
   assert.equal((await keepLoaded(b.page, KEEP_S)).seconds, KEEP_S);
   const req = { prompt: 'a teapot on a windowsill', width: 256, height: 256, steps: 2 };
   const { result: first } = await h.generateOk(b.page, { ...req, seed: '1' });
@@ -100,10 +100,12 @@ test('stages stay loaded for keepLoaded seconds after the last image: the next i
   assert.equal((await h.listWorkers(b.context)).filter(h.isStageWorker).length, 3);
 
   // Within the time: the same workers, their sessions not created again; the prompt's embeddings
-  // come from the cache, so the text encoder stays loaded but idle.
+  // come from the cache, so the text encoder stays loaded but idle. The time runs from a job's end, not
+  // while one runs, so what counts is that the second is asked for in time (under load in CI the image
+  // itself took longer than the time).
+  assert.ok(Date.now() - ended < (KEEP_S - 2) * 1000, 'the second image was asked for too late for this test to mean anything');
   const { result: second } = await h.generateOk(b.page, { ...req, seed: '2' });
   const s = byStage(second);
-  assert.ok(Date.now() - ended < KEEP_S * 1000, 'the second image took too long for this test to mean anything');
   for (const name of ['transformer', 'decoder']) {
     assert.equal(s[name].resident, true, JSON.stringify(s[name]));
     assert.equal(s[name].sessionCreateMs, 0, JSON.stringify(s[name]));
