@@ -6,10 +6,10 @@ globalThis.ort = ort;
 // Messages that arrive before the wasm module is ready are queued, then replayed.
 const early = [];
 self.onmessage = (event) => early.push(event);
-// ORT gets its wasm as bytes, not as a URL to compile while it streams: Chromium then serves the third
-// stage worker's compile from its code cache, and V8 compiled ORT's static constructors (958 kB of wasm,
-// run once) with its optimizing tier there, which held 0.25-0.8 GB of the renderer for seconds during
-// the decoder's stage (BENCHMARKS.md, "The renderer at the job's end").
+// ORT gets its wasm as bytes, not as a URL to compile while it streams: streamed, the third stage
+// worker's compile had V8 optimize ORT's static constructors (958 kB of wasm, run once), which held
+// 0.25-0.8 GB of the renderer for seconds during the decoder's stage (BENCHMARKS.md, "The decoder's rise
+// in the renderer").
 const ortWasm = fetch(new URL('./ort/ort-wasm-simd-threaded.jspi.wasm', import.meta.url))
   .then((response) => response.arrayBuffer())
   .then((bytes) => { ort.env.wasm.wasmBinary = bytes; });
