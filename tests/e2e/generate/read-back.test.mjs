@@ -2,7 +2,8 @@
 // (ORT closes its device with its last session). `readBack` (crates/ort/src/gpu.js) reads an output
 // ORT left on the GPU into an array of the chain's own, reused on every step, where ORT's own read back
 // makes a new array every time: the renderer held those as garbage (BENCHMARKS.md, "The streamed
-// transformer's values read back into reused arrays").
+// transformer's values read back into reused arrays"); and through one staging buffer, a chunk at a
+// time, where one staging buffer the size of each value left Chromium's mapped memory holding them all.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -12,7 +13,7 @@ import * as h from '../lib/harness.mjs';
 // `y = Add(x, x)` over float `[n]`, opset 17, as onnx.helper writes it (checked by onnx.checker).
 const TWICE = 'CAg6OwoOCgF4CgF4EgF5IgNBZGQSBXR3aWNlWhAKAXgSCwoJCAESBQoDEgFuYhAKAXkSCwoJCAESBQoDEgFuQgQKABAR';
 
-test('readBack: an output left on the GPU read back exactly, into the array it is given while large enough', { timeout: 120_000 }, async (t) => {
+test('readBack: an output left on the GPU read back exactly, into the array it is given while large enough, through one staging buffer a chunk at a time', { timeout: 120_000 }, async (t) => {
   const b = await h.setup(t, { pack: null });
   const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
   const seen = await b.page.evaluate(async ({ gpuJs, model }) => {
@@ -20,10 +21,26 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
     const { readBack } = await import(gpuJs);
     const bytes = Uint8Array.from(atob(model), (c) => c.charCodeAt(0));
     const session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], preferredOutputLocation: 'gpu-buffer' });
-    const twice = async (values, reuse) => {
+    // The staging buffers readBack makes on ORT's device, and how many times each is mapped.
+    const device = await ort.env.webgpu.device;
+    const staging = [];
+    const createBuffer = device.createBuffer.bind(device);
+    device.createBuffer = (descriptor) => {
+      const buffer = createBuffer(descriptor);
+      if (descriptor.usage & GPUBufferUsage.MAP_READ) {
+        const made = { size: descriptor.size, maps: 0 };
+        staging.push(made);
+        const mapAsync = buffer.mapAsync.bind(buffer);
+        buffer.mapAsync = (...args) => ((made.maps += 1), mapAsync(...args));
+      }
+      return buffer;
+    };
+    const maps = () => staging.reduce((n, s) => n + s.maps, 0);
+    const twice = async (values, reuse, chunk) => {
       const { y } = await session.run({ x: new ort.Tensor('float32', Float32Array.from(values), [values.length]) });
       const location = y.location;
-      const read = await readBack(y, reuse);
+      const mapsBefore = maps();
+      const read = await readBack(y, reuse, chunk);
       let disposed = false;
       try {
         y.data;
@@ -31,12 +48,17 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
         disposed = true;
       }
       // Copied now: the next read back into the same array overwrites it.
-      return { location, read, disposed, values: Array.from(read.data) };
+      return { location, read, disposed, values: Array.from(read.data), maps: maps() - mapsBefore };
     };
     // 5 floats: 20 bytes, not a whole multiple of ORT's 16.
     const first = await twice([1, 2, 3, 4, 5.5]);
     const again = await twice([-1, 0, 0.25, 1e6, 7], first.read.data.buffer);
     const larger = await twice(Array.from({ length: 40 }, (_, i) => i), first.read.data.buffer);
+    // In chunks: 160 bytes 32 at a time; 164 bytes (176 on the GPU) 48 at a time, the last chunk partly
+    // past the value; 20 bytes (32) 16 at a time.
+    const chunked = await twice(Array.from({ length: 40 }, (_, i) => -i), undefined, 32);
+    const uneven = await twice(Array.from({ length: 41 }, (_, i) => i / 4), undefined, 48);
+    const small = await twice([9, 8, 7, 6, 5], undefined, 16);
     await session.release();
     const out = ({ location, read, disposed, values }) => ({ location, disposed, onCpu: read.location, dims: read.dims, values });
     return {
@@ -45,6 +67,9 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
       larger: out(larger),
       reused: again.read.data.buffer === first.read.data.buffer,
       replaced: larger.read.data.buffer !== first.read.data.buffer,
+      chunked: out(chunked), uneven: out(uneven), small: out(small),
+      maps: [first, again, larger, chunked, uneven, small].map((r) => r.maps),
+      staging: staging.map((s) => s.size),
     };
   }, { gpuJs: `/pkg/snippets/${dir}/src/gpu.js`, model: TWICE });
   assert.deepEqual(seen.first, { location: 'gpu-buffer', disposed: true, onCpu: 'cpu', dims: [5], values: [2, 4, 6, 8, 11] });
@@ -52,4 +77,10 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
   assert.ok(seen.reused, 'the second read back made a new array rather than filling the one it was given');
   assert.deepEqual(seen.larger.values, Array.from({ length: 40 }, (_, i) => 2 * i));
   assert.ok(seen.replaced, 'an array too small for the value was used anyway');
+  assert.deepEqual(seen.chunked.values, Array.from({ length: 40 }, (_, i) => -2 * i));
+  assert.deepEqual(seen.uneven.values, Array.from({ length: 41 }, (_, i) => i / 2));
+  assert.deepEqual(seen.small.values, [18, 16, 14, 12, 10]);
+  assert.deepEqual(seen.maps, [1, 1, 1, 5, 4, 2], 'mapped once per chunk');
+  // One staging buffer, made again only when a value outgrew it (32 bytes, then 160), not one a value.
+  assert.deepEqual(seen.staging, [32, 160]);
 });
