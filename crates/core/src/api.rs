@@ -451,6 +451,10 @@ pub struct StageTimings {
     /// (`crate::graph::gemm_parts`); left out of the JSON when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub parted_gemms: u32,
+    /// The stage worker handed ORT its wasm as bytes (stages loaded one at a time) rather than its URL
+    /// (Chromium's code cache); left out of the JSON when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ort_wasm_as_bytes: bool,
     /// The sessions its graph ran as: more than 1 for a decoder cut into a chain of pieces to hold less
     /// GPU memory (`crate::graph::split`); 0 when the stage did not run.
     #[serde(default)]

@@ -47,6 +47,10 @@ test('under a small budget no two stages are loaded at once, none stays, and the
   assert.equal(u.memory.keep, true, JSON.stringify(u.memory));
   assert.equal(u.budget, undefined);
   assert.equal(unlimited.most, 3, 'with no limit every stage loads at once');
+  // Stages at once let ORT compile its wasm from its URL (Chromium's code cache); one at a time hands
+  // it the bytes (stage_run.rs, `stage_worker_script`).
+  const asBytes = (r) => r.timings.stages.map((s) => [s.stage, s.ortWasmAsBytes ?? false]);
+  assert.deepEqual(asBytes(unlimited.value.result), [['textEncoder', false], ['transformer', false], ['decoder', false]]);
   assert.deepEqual((await h.api(b.page, { type: 'keepLoaded' })).loaded.length, 3, 'and stays loaded');
 
   // A size the options page refuses, and nothing changes.
@@ -73,6 +77,7 @@ test('under a small budget no two stages are loaded at once, none stays, and the
   assert.ok(s.transformer.workerCreatedAtMs >= s.textEncoder.finishedAtMs, JSON.stringify(s));
   assert.ok(s.decoder.workerCreatedAtMs >= s.transformer.finishedAtMs, JSON.stringify(s));
   assert.ok(['textEncoder', 'transformer', 'decoder'].every((n) => !s[n].resident), JSON.stringify(s));
+  assert.deepEqual(asBytes(result), [['textEncoder', true], ['transformer', true], ['decoder', true]]);
   // The decoder ends when it reports done, just after its image's result: asked until then (10 s).
   let loaded;
   for (const t0 = Date.now(); ; await h.sleep(200)) {

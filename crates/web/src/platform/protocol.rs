@@ -330,6 +330,8 @@ pub struct StageTiming {
     /// `Gemm`s computed in parts of their weights' rows (`GenerateParams::gemm_part_bytes`).
     #[serde(default)]
     pub parted_gemms: u32,
+    /// ORT was given its wasm as bytes (`stage-worker.js?ort-wasm=bytes`).
+    pub ort_wasm_as_bytes: bool,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).
     #[serde(default)]
     pub pieces: u32,

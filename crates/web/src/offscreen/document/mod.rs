@@ -155,6 +155,9 @@ struct State {
     no_store_for: Option<String>,
     /// The stored forms (`<commit>:<file>`) whose checksums a stage checked in this document's life.
     checked_forms: HashSet<String>,
+    /// The running try loads one stage at a time: the stage workers it starts hand ORT its wasm as
+    /// bytes ([`StageRun::start`]).
+    one_at_a_time: bool,
 }
 
 impl Default for State {
@@ -181,6 +184,7 @@ impl Default for State {
             store_failed_at_ms: 0.0,
             no_store_for: None,
             checked_forms: HashSet::new(),
+            one_at_a_time: false,
         }
     }
 }
@@ -500,6 +504,7 @@ struct Tries<'a> {
 impl Tries<'_> {
     async fn run(&mut self, params: &GenerateParams, plan: Plan) -> Result<(), StageFailure> {
         self.tried = plan;
+        STATE.with_borrow_mut(|state| state.one_at_a_time = !plan.memory.ahead);
         run_stages(self.job, params, self.pack, plan, &mut self.sent).await
     }
 

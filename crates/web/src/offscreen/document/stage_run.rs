@@ -55,7 +55,7 @@ impl StageRun {
                 run
             }
             None => {
-                let (worker, inbox, sender) = spawn_worker("stage-worker.js")?;
+                let (worker, inbox, sender) = spawn_worker(stage_worker_script())?;
                 let id = STATE.with_borrow_mut(|state| {
                     let id = state.next_run;
                     state.next_run += 1;
@@ -205,6 +205,20 @@ impl Drop for StageRun {
         self.worker.terminate();
         STATE.with_borrow_mut(|state| state.current.retain(|current| current.id != self.id));
         announce_residency();
+    }
+}
+
+/// The stage worker's script, as the running try loads its stages. Stages loaded at once (a large GPU)
+/// let ORT compile its wasm from its URL: Chromium's code cache then gives every later worker ORT's
+/// optimized code (a stage's session made in about half the time). One stage at a time (a budget)
+/// hands ORT the bytes: from that cache V8 optimized ORT's static constructors once more (958 kB,
+/// run once), holding 0.25-0.8 GB of the renderer for seconds (BENCHMARKS.md, "How a stage worker's
+/// ORT gets its wasm").
+fn stage_worker_script() -> &'static str {
+    if STATE.with_borrow(|state| state.one_at_a_time) {
+        "stage-worker.js?ort-wasm=bytes"
+    } else {
+        "stage-worker.js"
     }
 }
 

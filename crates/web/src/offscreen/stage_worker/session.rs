@@ -127,6 +127,7 @@ impl Stage {
             parted_projections: edited.parted_projections,
             chunked_chains: edited.chunked_chains,
             parted_gemms: edited.parted_gemms,
+            ort_wasm_as_bytes: ort_wasm_as_bytes(),
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
             task_at_ms: arrived.task_at_ms,
@@ -177,6 +178,7 @@ impl Stage {
                     parted_projections: stage.timing.parted_projections,
                     chunked_chains: stage.timing.chunked_chains,
                     parted_gemms: stage.timing.parted_gemms,
+                    ort_wasm_as_bytes: stage.timing.ort_wasm_as_bytes,
                     pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
                     task_at_ms: arrived.task_at_ms,
@@ -481,4 +483,12 @@ async fn injected_failure(graph: Graph) -> Result<(), StageWorkerError> {
         )));
     }
     Ok(())
+}
+
+/// Whether `stage-worker.js` handed ORT its wasm as bytes (`ort.env.wasm.wasmBinary`).
+fn ort_wasm_as_bytes() -> bool {
+    let get =
+        |target: &JsValue, key: &str| js_sys::Reflect::get(target, &key.into()).unwrap_or(JsValue::UNDEFINED);
+    let wasm = get(&get(&get(&js_sys::global(), "ort"), "env"), "wasm");
+    !wasm.is_undefined() && !get(&wasm, "wasmBinary").is_undefined()
 }
