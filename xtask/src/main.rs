@@ -87,6 +87,10 @@ commands:
                          build both, then in Chromium and in Firefox the stage workers' memory
                          while every stage loads, the tiny float16 pack against the same with the
                          full-size decoder: what its weights add, against their size
+  bench ort-wasm [--images 5]
+                         build, then cold images of the fixture pack (every stage loaded afresh)
+                         with the stage workers compiling ORT's wasm from its URL (Chromium's
+                         code cache), then handing ORT the bytes: session creation, wall, ratio
   help                   this text
 
 options for run/bench/e2e:
@@ -198,7 +202,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
 fn bench(root: &Path, rest: &[String]) -> Result {
     let Some((what, rest)) = rest.split_first() else {
         return Err(format!(
-            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading)\n{USAGE}"
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm)\n{USAGE}"
         ));
     };
     let script = match what.as_str() {
@@ -212,9 +216,10 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         "memory" => "tests/e2e/bench/memory.mjs",
         "browsers" => "tests/e2e/bench/browsers.mjs",
         "loading" => "tests/e2e/bench/loading.mjs",
+        "ort-wasm" => "tests/e2e/bench/ort-wasm.mjs",
         other => {
             return Err(format!(
-                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading)"
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm)"
             ))
         }
     };

@@ -11,9 +11,9 @@ const ARRAYS = {
 };
 
 // Read backs go through one staging buffer of at most this many bytes, kept while ORT's device lives
-// and reused, a chunk at a time. A staging buffer the size of each value left Chromium's mapped memory
-// holding them all (312 MB of the renderer at 1024x1024 in float32; BENCHMARKS.md, "The streamed
-// transformer's read backs through one staging buffer").
+// and reused, a chunk at a time, rather than one the size of each value: Chromium keeps the shared
+// memory it mapped for reuse, each size apart (BENCHMARKS.md, "How a stage worker's ORT gets its wasm,
+// and the renderer's mapped memory").
 const READ_BACK_CHUNK = 16 * 1024 * 1024;
 let staging = null;
 
