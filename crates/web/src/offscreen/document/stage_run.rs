@@ -210,7 +210,7 @@ impl Drop for StageRun {
 
 /// The stage worker's script, as the running try loads its stages. Stages loaded at once (a large GPU)
 /// let ORT compile its wasm from its URL: Chromium's code cache then gives every later worker ORT's
-/// optimized code (a stage's session made in about half the time). One stage at a time (a budget)
+/// optimized code (a stage's session made in about 0.6x the time). One stage at a time (a budget)
 /// hands ORT the bytes: from that cache V8 optimized ORT's static constructors once more (958 kB,
 /// run once), holding 0.25-0.8 GB of the renderer for seconds (BENCHMARKS.md, "How a stage worker's
 /// ORT gets its wasm").
