@@ -21,8 +21,7 @@ let staging = null;
 function stagingBuffer(device, size) {
   if (staging?.device === device && staging.buffer.size >= size) return staging.buffer;
   staging?.buffer.destroy();
-  const grown = staging?.device === device ? Math.max(size, staging.buffer.size) : size;
-  const buffer = device.createBuffer({ size: grown, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const buffer = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
   staging = { device, buffer };
   return buffer;
 }

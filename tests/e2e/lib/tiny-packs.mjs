@@ -49,7 +49,7 @@ export async function tinyPack(activations, { quantize = true } = {}) {
   }
 }
 
-/** Whether the process named in `lock` still runs (a lock just made may not name it yet: it does). */
+/** Whether the process named in `lock` still runs; a lock that names no one yet was just made: it does. */
 function exporting(lock) {
   let pid;
   try {
