@@ -1,5 +1,5 @@
 //! Applies one of the stage worker's node edits to a graph on disk, as the stage worker does in memory
-//! before it creates a WebGPU session (`imagine_core::graph::{attention, clip, gemm_parts, projections, rows}`):
+//! before it creates a WebGPU session (`imagine_core::graph::{attention, clip, projections, rows, weight_parts}`):
 //!
 //! ```text
 //! cargo run -p imagine-core --example edit_graph -- fuse-attention IN.onnx OUT.onnx
@@ -8,17 +8,18 @@
 //! cargo run -p imagine-core --example edit_graph -- chunk-rows IN.onnx OUT.onnx CHUNKS
 //! cargo run -p imagine-core --example edit_graph -- clip-as-max-min IN.onnx OUT.onnx
 //! cargo run -p imagine-core --example edit_graph -- gemm-parts IN.onnx OUT.onnx MAX_PART_BYTES
+//! cargo run -p imagine-core --example edit_graph -- matmul-parts IN.onnx OUT.onnx MAX_PART_BYTES
 //! cargo run -p imagine-core --example edit_graph -- by-weights IN.onnx OUT PARTS
 //! ```
 //!
 //! Writes the new graph to OUT.onnx (put it beside IN.onnx: its external data stays where it was) and
 //! prints how many places changed (attentions, projections computed per part, chains in chunks, clips,
-//! `Gemm`s in parts), for `tools/export/tests` to check that it computes what IN.onnx does. `by-weights` cuts the graph into
+//! `Gemm`s or `MatMulNBits` in parts), for `tools/export/tests` to check that it computes what IN.onnx does. `by-weights` cuts the graph into
 //! PARTS pieces of its weights as the stage worker streams the transformer
 //! (`imagine_core::graph::split::by_weights`), writes them to OUT.0.onnx, OUT.1.onnx, ... and prints
 //! how many.
 
-use imagine_core::graph::{attention, clip, gemm_parts, projections, rows, split, RewriteError};
+use imagine_core::graph::{attention, clip, projections, rows, split, weight_parts, RewriteError};
 
 type Edit = Box<dyn Fn(&[u8]) -> Result<(Vec<u8>, usize), RewriteError>>;
 
@@ -37,8 +38,12 @@ fn main() {
             Ok(chunks) => (Box::new(move |m: &[u8]| attention::chunk_attention(m, chunks)), input, output),
             Err(e) => usage(&format!("CHUNKS {chunks:?}: {e}")),
         },
-        [e, input, output, max] if e == "gemm-parts" => match max.parse::<u64>() {
-            Ok(max) => (Box::new(move |m: &[u8]| gemm_parts::by_rows(m, max)), input, output),
+        [e, input, output, max] if e == "gemm-parts" || e == "matmul-parts" => match max.parse::<u64>() {
+            Ok(max) => {
+                let op =
+                    if e == "gemm-parts" { weight_parts::Op::Gemm } else { weight_parts::Op::MatMulNBits };
+                (Box::new(move |m: &[u8]| weight_parts::by_rows(m, max, op)), input, output)
+            }
             Err(e) => usage(&format!("MAX_PART_BYTES {max:?}: {e}")),
         },
         [e, input, output, chunks] if e == "chunk-rows" => match chunks.parse::<u32>() {
@@ -80,6 +85,6 @@ fn pieces(input: &str, output: &str, parts: &str) {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("usage: edit_graph fuse-attention|per-part|clip-as-max-min IN.onnx OUT.onnx, chunk-attention|chunk-rows IN.onnx OUT.onnx CHUNKS, gemm-parts IN.onnx OUT.onnx MAX_PART_BYTES, or by-weights IN.onnx OUT PARTS ({why})");
+    eprintln!("usage: edit_graph fuse-attention|per-part|clip-as-max-min IN.onnx OUT.onnx, chunk-attention|chunk-rows IN.onnx OUT.onnx CHUNKS, gemm-parts|matmul-parts IN.onnx OUT.onnx MAX_PART_BYTES, or by-weights IN.onnx OUT PARTS ({why})");
     std::process::exit(2);
 }

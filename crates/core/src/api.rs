@@ -193,9 +193,9 @@ pub struct GenerateRequest {
     /// memory plan says (whole, unless the budget needs it).
     pub decoder_piece_bytes: Option<u64>,
     /// For tests: a `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in
-    /// parts of its weights' rows (`crate::graph::gemm_parts`), at least 1024; by default
-    /// [`crate::graph::gemm_parts::MAX_PART_BYTES`].
-    pub gemm_part_bytes: Option<u64>,
+    /// parts of its weights' rows (`crate::graph::weight_parts`), at least 1024; by default
+    /// [`crate::graph::weight_parts::MAX_PART_BYTES`].
+    pub weight_part_bytes: Option<u64>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),
     /// no notification shows the prompt, and the prompt's embeddings are not cached. Set for text
     /// selected in a private window unless the user allowed keeping those.
@@ -448,9 +448,13 @@ pub struct StageTimings {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub chunked_chains: u32,
     /// `Gemm`s computed in parts of their weights' rows, so that no weight is uploaded whole
-    /// (`crate::graph::gemm_parts`); left out of the JSON when none.
+    /// (`crate::graph::weight_parts`); left out of the JSON when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub parted_gemms: u32,
+    /// `MatMulNBits` computed in parts of their weights' rows, where stages load one at a time
+    /// (`crate::graph::weight_parts`); left out of the JSON when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parted_matmuls: u32,
     /// The stage worker handed ORT its wasm as bytes (stages loaded one at a time) rather than its URL
     /// (Chromium's code cache); left out of the JSON when not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

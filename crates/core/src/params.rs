@@ -155,17 +155,22 @@ pub struct GenerateParams {
     #[serde(default)]
     pub decoder_piece_bytes: Option<u64>,
     /// A `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in parts of
-    /// their rows (`GenerateRequest::gemm_part_bytes`; by default `gemm_parts::MAX_PART_BYTES`).
-    #[serde(default = "max_gemm_part_bytes")]
-    pub gemm_part_bytes: u64,
+    /// their rows (`GenerateRequest::weight_part_bytes`; by default `weight_parts::MAX_PART_BYTES`).
+    #[serde(default = "max_weight_part_bytes")]
+    pub weight_part_bytes: u64,
+    /// A `MatMulNBits` too (set per try where stages load one at a time, as small budgets have them:
+    /// there the renderer's memory counts, and where stages load at once each part's `Concat` would
+    /// cost speed for nothing).
+    #[serde(default)]
+    pub matmuls_in_parts: bool,
 }
 
 fn one() -> u32 {
     1
 }
 
-fn max_gemm_part_bytes() -> u64 {
-    crate::graph::gemm_parts::MAX_PART_BYTES
+fn max_weight_part_bytes() -> u64 {
+    crate::graph::weight_parts::MAX_PART_BYTES
 }
 
 fn yes() -> bool {
@@ -271,7 +276,8 @@ impl GenerateParams {
             attention_chunks: self.attention_chunks(graph),
             decoder_piece_bytes: self.decoder_piece_bytes(graph),
             transformer_pieces: self.transformer_pieces(graph),
-            gemm_part_bytes: self.gemm_part_bytes,
+            weight_part_bytes: self.weight_part_bytes,
+            matmuls_in_parts: self.matmuls_in_parts,
         }
     }
 
@@ -313,7 +319,9 @@ pub struct SessionOptions {
     /// The graph streamed in this many pieces of its weights.
     pub transformer_pieces: u32,
     /// Its `Gemm`s computed in parts of at most this many bytes of weights.
-    pub gemm_part_bytes: u64,
+    pub weight_part_bytes: u64,
+    /// Its `MatMulNBits` too.
+    pub matmuls_in_parts: bool,
 }
 
 /// Why a `generate` request was refused. The message names the field, the value and what is allowed.
@@ -482,7 +490,8 @@ impl GenerateRequest {
             private: self.private,
             attention_chunks: 1,
             decoder_piece_bytes: self.decoder_piece_bytes,
-            gemm_part_bytes: self.gemm_part_bytes.map_or_else(max_gemm_part_bytes, |b| b.max(1024)),
+            weight_part_bytes: self.weight_part_bytes.map_or_else(max_weight_part_bytes, |b| b.max(1024)),
+            matmuls_in_parts: false,
         })
     }
 }

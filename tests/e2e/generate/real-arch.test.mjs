@@ -62,11 +62,12 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
 
     // The decoder cut into a chain of pieces, the transformer's wide projections computed per part, its
     // token-wise chains in chunks of tokens, and the transformer streamed in 2 pieces of its weights
-    // (one session at a time, made again on every step), as the memory plan cuts them for a small GPU,
-    // and its Gemms in parts of their weights' rows (every plan's, for weights over 16 MiB), make the
-    // whole graphs' image, within the tolerance (the prompt's embeddings are cached now). 20 MB cuts
-    // the tiny decoder's 110 MB at 256x256 into 7 pieces; 16 KB cuts the tiny transformer's 6 Gemms.
-    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3, transformerPieces: 2, gemmPartBytes: 16_384 };
+    // (one session at a time, made again on every step), one stage loaded at a time, as the memory plan
+    // cuts them for a small GPU, and the heavy weights in parts of their rows (the Gemms' in every plan,
+    // the MatMulNBits' where stages load one at a time; over 16 MiB), make the whole graphs' image,
+    // within the tolerance (the prompt's embeddings are cached now). 20 MB cuts the tiny decoder's 110
+    // MB at 256x256 into 7 pieces; 16 KB cuts the tiny transformer's 6 Gemms and its heavier MatMulNBits.
+    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3, transformerPieces: 2, weightPartBytes: 16_384, loadAhead: false };
     const split = await h.generateOk(b.page, { ...req, ...cut }, 600_000);
     const stage = (r, name) => r.timings.stages.find((s) => s.stage === name);
     const pieces = stage(split.result, 'decoder').pieces;
@@ -80,11 +81,16 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     assert.equal(stage(split.result, 'transformer').pieces, 2);
     assert.equal(stage(split.result, 'transformer').partedGemms, 6);
     assert.equal(stage(result, 'transformer').partedGemms, undefined, 'the tiny weights are under the default 16 MiB');
+    // The MLPs' down projections, the second projection, the context embedder and the MLPs' halves,
+    // each copy of a chain's chunks of tokens (tools/export/tests/test_weight_parts.py).
+    assert.equal(stage(split.result, 'transformer').partedMatmuls, 28);
+    assert.equal(stage(split.result, 'textEncoder').partedMatmuls, undefined, 'the tiny text encoder\'s MatMulNBits are under 16 KB');
+    assert.equal(stage(result, 'transformer').partedMatmuls, undefined, 'stages loaded at once keep their MatMulNBits whole');
     assert.equal(stage(result, 'transformer').pieces, 1);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
     const compared = await h.run('python3', ['tests/reference/compare.py', files.png, splitFiles.png, '--tol', String(TOLERANCE[activations])]);
     assert.equal(compared.code, 0, `the split decoder's image differs from the whole one's: ${compared.stdout}${compared.stderr}`);
-    console.log(`decoder in ${pieces} pieces, projections per part, chains in 3 chunks of tokens, transformer streamed in 2, Gemms in parts, against whole: ${compared.stdout.trim()}`);
+    console.log(`decoder in ${pieces} pieces, projections per part, chains in 3 chunks of tokens, transformer streamed in 2, weights in parts, against whole: ${compared.stdout.trim()}`);
 
     // The same pack as an older version installed it, without the stored forms: the transformer is
     // re-blocked while it loads (the prompt's embeddings are cached), and the image is the same.

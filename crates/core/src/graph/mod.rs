@@ -6,7 +6,7 @@
 //! * [`attention`]: attention fused into `MultiHeadAttention`, or computed in chunks of query rows.
 //! * [`clip`]: `Clip` computed as `Max` then `Min`, which every browser's shader compiler takes.
 //! * [`projections`]: a wide `MatMulNBits` only cut apart computed as one per part; [`rows`]: token-wise
-//!   chains computed in chunks of tokens; [`gemm_parts`]: a `Gemm` with heavy weights computed in parts of
+//!   chains computed in chunks of tokens; [`weight_parts`]: a `Gemm` or `MatMulNBits` with heavy weights computed in parts of
 //!   its weights' rows.
 //! * [`split`]: a graph (the VAE decoder) cut into a chain of smaller graphs that fit GPU memory.
 //! * `shapes`: each tensor's type and shape at a latent size, which [`split`] sizes pieces by.
@@ -22,7 +22,6 @@
 pub mod attention;
 pub mod clip;
 mod float32;
-pub mod gemm_parts;
 mod nodes;
 mod ops;
 pub mod pack_conversion;
@@ -33,6 +32,7 @@ pub mod rows;
 mod shapes;
 pub mod split;
 pub mod tables;
+pub mod weight_parts;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

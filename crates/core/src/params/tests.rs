@@ -74,7 +74,8 @@ fn defaults() {
             private: false,
             attention_chunks: 1,
             decoder_piece_bytes: None,
-            gemm_part_bytes: 16 << 20,
+            weight_part_bytes: 16 << 20,
+            matmuls_in_parts: false,
         }
     );
     assert_eq!(p.latent_size(), (32, 32));
@@ -262,10 +263,11 @@ fn benchmark_levers_are_clamped_and_apply_to_the_transformer_on_webgpu_only() {
 
 #[test]
 fn the_gemm_part_limit_is_the_default_unless_a_test_asks_and_at_least_1024() {
-    let p = |json: &str| req(json).validate(0).unwrap().gemm_part_bytes;
-    assert_eq!(p("{}"), crate::graph::gemm_parts::MAX_PART_BYTES);
-    assert_eq!(p(r#"{"gemmPartBytes":16384}"#), 16384);
-    assert_eq!(p(r#"{"gemmPartBytes":0}"#), 1024);
-    let options = req(r#"{"gemmPartBytes":16384}"#).validate(0).unwrap().session_options(Graph::Transformer);
-    assert_eq!(options.gemm_part_bytes, 16384, "a session made with other parts is not reused");
+    let p = |json: &str| req(json).validate(0).unwrap().weight_part_bytes;
+    assert_eq!(p("{}"), crate::graph::weight_parts::MAX_PART_BYTES);
+    assert_eq!(p(r#"{"weightPartBytes":16384}"#), 16384);
+    assert_eq!(p(r#"{"weightPartBytes":0}"#), 1024);
+    let options =
+        req(r#"{"weightPartBytes":16384}"#).validate(0).unwrap().session_options(Graph::Transformer);
+    assert_eq!(options.weight_part_bytes, 16384, "a session made with other parts is not reused");
 }

@@ -327,9 +327,12 @@ pub struct StageTiming {
     /// Token-wise chains computed in chunks of tokens (`GenerateParams::token_chunks`).
     #[serde(default)]
     pub chunked_chains: u32,
-    /// `Gemm`s computed in parts of their weights' rows (`GenerateParams::gemm_part_bytes`).
+    /// `Gemm`s computed in parts of their weights' rows (`GenerateParams::weight_part_bytes`).
     #[serde(default)]
     pub parted_gemms: u32,
+    /// `MatMulNBits` computed in parts of their weights' rows (`GenerateParams::matmuls_in_parts`).
+    #[serde(default)]
+    pub parted_matmuls: u32,
     /// ORT was given its wasm as bytes (`stage-worker.js?ort-wasm=bytes`).
     pub ort_wasm_as_bytes: bool,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).

@@ -16,11 +16,11 @@ use crate::onnx::wire::{self, put_bytes_field, put_varint_field, Value};
 mod attention;
 mod clip;
 mod float32;
-mod gemm_parts;
 mod projections;
 mod reblock;
 mod rows;
 mod tables;
+mod weight_parts;
 
 // ------------------------------------------------------------------------------------------------
 // A small ONNX writer for test models (the split's tests use it too).

@@ -504,7 +504,10 @@ struct Tries<'a> {
 impl Tries<'_> {
     async fn run(&mut self, params: &GenerateParams, plan: Plan) -> Result<(), StageFailure> {
         self.tried = plan;
-        STATE.with_borrow_mut(|state| state.one_at_a_time = !plan.memory.ahead);
+        let one_at_a_time = !plan.memory.ahead;
+        STATE.with_borrow_mut(|state| state.one_at_a_time = one_at_a_time);
+        // One stage at a time is a small budget's plan, where the renderer's memory counts.
+        let params = &GenerateParams { matmuls_in_parts: one_at_a_time, ..params.clone() };
         run_stages(self.job, params, self.pack, plan, &mut self.sent).await
     }
 

@@ -15,7 +15,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use imagine_core::graph::reblock::{self, ReblockedForm, ReblockedRecord};
 use imagine_core::graph::tables::{self, TableLookup};
-use imagine_core::graph::{attention, clip, gemm_parts, projections, rows};
+use imagine_core::graph::{attention, clip, projections, rows, weight_parts};
 use imagine_core::graph::{EmbeddingLookup, Range};
 use imagine_core::message::{arg, cause, ErrorText, Localize, Message};
 use imagine_core::pack::{self, Graph, PackError};

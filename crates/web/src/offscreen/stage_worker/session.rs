@@ -127,6 +127,7 @@ impl Stage {
             parted_projections: edited.parted_projections,
             chunked_chains: edited.chunked_chains,
             parted_gemms: edited.parted_gemms,
+            parted_matmuls: edited.parted_matmuls,
             ort_wasm_as_bytes: ort_wasm_as_bytes(),
             pieces: session.pieces(),
             worker_created_at_ms: arrived.worker_created_at_ms,
@@ -178,6 +179,7 @@ impl Stage {
                     parted_projections: stage.timing.parted_projections,
                     chunked_chains: stage.timing.chunked_chains,
                     parted_gemms: stage.timing.parted_gemms,
+                    parted_matmuls: stage.timing.parted_matmuls,
                     ort_wasm_as_bytes: stage.timing.ort_wasm_as_bytes,
                     pieces: stage.timing.pieces,
                     worker_created_at_ms: arrived.worker_created_at_ms,
@@ -431,13 +433,14 @@ struct Edited {
     parted_projections: u32,
     chunked_chains: u32,
     parted_gemms: u32,
+    parted_matmuls: u32,
 }
 
 /// The graph with the edits `params` ask of `graph` on WebGPU: the accuracy level, the attention fused
-/// or chunked, the wide projections per part, the token-wise chains in chunks of tokens; and in every
-/// plan `Clip` as `Max` then `Min`, which Firefox's shader compiler takes where it refuses ORT's `Clip`,
-/// and `Gemm`s with heavy weights in parts, so that none of those weights passes through the renderer
-/// whole.
+/// or chunked, the wide projections per part, the token-wise chains in chunks of tokens, heavy
+/// `MatMulNBits` in parts; and in every plan `Clip` as `Max` then `Min`, which Firefox's shader compiler
+/// takes where it refuses ORT's `Clip`, and `Gemm`s with heavy weights in parts, so that none of those
+/// weights passes through the renderer whole.
 fn edited_for_webgpu(
     mut bytes: Vec<u8>,
     graph: Graph,
@@ -466,8 +469,13 @@ fn edited_for_webgpu(
         let (chunked, n) = rows::chunk_rows(&bytes, token_chunks)?;
         (bytes, edited.chunked_chains) = (chunked, count(n));
     }
-    let (parted, n) = gemm_parts::by_rows(&bytes, params.gemm_part_bytes)?;
+    let (parted, n) = weight_parts::by_rows(&bytes, params.weight_part_bytes, weight_parts::Op::Gemm)?;
     (bytes, edited.parted_gemms) = (parted, count(n));
+    if params.matmuls_in_parts {
+        let (parted, n) =
+            weight_parts::by_rows(&bytes, params.weight_part_bytes, weight_parts::Op::MatMulNBits)?;
+        (bytes, edited.parted_matmuls) = (parted, count(n));
+    }
     Ok((clip::as_max_min(&bytes)?.0, edited))
 }
 
