@@ -193,7 +193,8 @@ pub struct GenerateRequest {
     /// memory plan says (whole, unless the budget needs it).
     pub decoder_piece_bytes: Option<u64>,
     /// For tests: a `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in
-    /// parts of its weights' rows (`crate::graph::weight_parts`), at least 1024; by default
+    /// parts of its weights' rows (`crate::graph::weight_parts`), and a `MatMulNBits` too where stages
+    /// load one at a time; at least 1024; by default
     /// [`crate::graph::weight_parts::MAX_PART_BYTES`].
     pub weight_part_bytes: Option<u64>,
     /// Leaves nothing on disk: the images are kept only until the browser closes (not in the gallery),

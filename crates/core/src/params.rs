@@ -154,8 +154,9 @@ pub struct GenerateParams {
     /// (`GenerateRequest::decoder_piece_bytes`, or the memory plan's; `None`: whole).
     #[serde(default)]
     pub decoder_piece_bytes: Option<u64>,
-    /// A `Gemm` whose weights weigh more than this many bytes is computed on WebGPU in parts of
-    /// their rows (`GenerateRequest::weight_part_bytes`; by default `weight_parts::MAX_PART_BYTES`).
+    /// A `Gemm` (and with `matmuls_in_parts` a `MatMulNBits`) whose weights weigh more than this many
+    /// bytes is computed on WebGPU in parts of their rows (`GenerateRequest::weight_part_bytes`; by
+    /// default `weight_parts::MAX_PART_BYTES`).
     #[serde(default = "max_weight_part_bytes")]
     pub weight_part_bytes: u64,
     /// A `MatMulNBits` too (set per try where stages load one at a time, as small budgets have them:
@@ -318,7 +319,7 @@ pub struct SessionOptions {
     pub decoder_piece_bytes: Option<u64>,
     /// The graph streamed in this many pieces of its weights.
     pub transformer_pieces: u32,
-    /// Its `Gemm`s computed in parts of at most this many bytes of weights.
+    /// Its heavy weights computed in parts of at most this many bytes.
     pub weight_part_bytes: u64,
     /// Its `MatMulNBits` too.
     pub matmuls_in_parts: bool,
