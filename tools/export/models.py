@@ -133,7 +133,18 @@ TINY = Config(
     vocab_wrap=True,
 )
 
-CONFIGS = {"full": FULL, "tiny": TINY}
+# The tiny configuration with the transformer at its real width (24 heads of 128: 3072), one block of
+# each kind: each of its weights the size of the real one (int8 `MatMulNBits` of 9 to 81 MiB, float
+# modulations of 113 MB in float16), 0.6 GB in all, so that what a weight's size costs the browser
+# (the renderer's memory while ORT uploads it) can be measured on a machine without a GPU.
+WIDE = dataclasses.replace(
+    TINY,
+    name="wide",
+    transformer=dict(KLEIN_4B_TRANSFORMER, num_layers=1, num_single_layers=1),
+    shard_bytes=FULL.shard_bytes,
+)
+
+CONFIGS = {"full": FULL, "tiny": TINY, "wide": WIDE}
 
 
 # --------------------------------------------------------------------------------------------------

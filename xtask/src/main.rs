@@ -91,6 +91,11 @@ commands:
                          build, then cold images of the fixture pack (every stage loaded afresh)
                          with the stage workers compiling ORT's wasm from its URL (Chromium's
                          code cache), then handing ORT the bytes: session creation, wall, ratio
+  bench weight-parts --other DIR [--label-other NAME] [--runs 2]
+                         build, then the tiny float32 pack with the transformer at its real width
+                         (one block of each kind), one stage at a time, in dist/ and in the build
+                         unpacked in DIR, in turn: the extension renderer's peak shared and
+                         anonymous memory above idle, and the weights each stage loaded in parts
   help                   this text
 
 options for run/bench/e2e:
@@ -202,7 +207,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
 fn bench(root: &Path, rest: &[String]) -> Result {
     let Some((what, rest)) = rest.split_first() else {
         return Err(format!(
-            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm)\n{USAGE}"
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts)\n{USAGE}"
         ));
     };
     let script = match what.as_str() {
@@ -217,9 +222,10 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         "browsers" => "tests/e2e/bench/browsers.mjs",
         "loading" => "tests/e2e/bench/loading.mjs",
         "ort-wasm" => "tests/e2e/bench/ort-wasm.mjs",
+        "weight-parts" => "tests/e2e/bench/weight-parts.mjs",
         other => {
             return Err(format!(
-                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm)"
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts)"
             ))
         }
     };
