@@ -4,10 +4,11 @@
 //! ONNX Runtime Web uploads each initializer through a staging buffer of its size, and reads it whole
 //! into one JavaScript buffer first. Chromium backs staging buffers with chunks of shared memory that
 //! the renderer keeps for the stage worker's life, each as large as the upload that made it; so the
-//! largest initializers set a floor under the renderer's memory. FLUX.2's modulation projections are float
-//! weights of 113 MB each (226 MB converted to float32): with them whole, the renderer held 0.72 GB of
-//! shared memory while the float32 transformer loaded on an H100, 0.25 GB with them in parts; what was
-//! left were chunks the sizes of its largest int8 `MatMulNBits` (28 to 54 MB: BENCHMARKS.md).
+//! largest initializers set a floor under the renderer's memory. FLUX.2's modulation projections are
+//! float weights of 113 MB each (226 MB converted to float32): with them whole, the renderer held 0.72
+//! GB of shared memory while the float32 transformer loaded on an H100, 0.25 GB with them in parts;
+//! what was left were chunks the sizes of its largest int8 `MatMulNBits` (28 to 54 MB). With those in
+//! parts too, the renderer's shared memory fell 0.60x (BENCHMARKS.md).
 //!
 //! Output column n reads only row n of the weights: of B for a `Gemm` with `transB` set (and element n
 //! of a bias of one element per column); of B, its scales, zero points and bias for a `MatMulNBits`.
