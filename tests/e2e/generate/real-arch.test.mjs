@@ -66,8 +66,11 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     // cuts them for a small GPU, and the heavy weights in parts of their rows (the Gemms' in every plan,
     // the MatMulNBits' where stages load one at a time; over 16 MiB), make the whole graphs' image,
     // within the tolerance (the prompt's embeddings are cached now). 20 MB cuts the tiny decoder's 110
-    // MB at 256x256 into 7 pieces; 16 KB cuts the tiny transformer's 6 Gemms and its heavier MatMulNBits.
-    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3, transformerPieces: 2, weightPartBytes: 16_384, loadAhead: false };
+    // MB at 256x256 into 7 pieces; 64 KiB cuts 5 of the tiny transformer's 6 Gemms and its context
+    // embedder's MatMulNBits (960 kB, into 15 parts). (16 KiB cut 28 MatMulNBits, most of them copies in
+    // the chains' chunks: each step of this image took 55-58 s on SwiftShader, and once in CI more than
+    // the stall limit the first image had set.)
+    const cut = { decoderPieceBytes: 20_000_000, projectionsPerPart: true, tokenChunks: 3, transformerPieces: 2, weightPartBytes: 65_536, loadAhead: false };
     const split = await h.generateOk(b.page, { ...req, ...cut }, 600_000);
     const stage = (r, name) => r.timings.stages.find((s) => s.stage === name);
     const pieces = stage(split.result, 'decoder').pieces;
@@ -79,12 +82,10 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     // The double-stream block's two MLPs and the single-stream block's MLP with its second projection.
     assert.equal(stage(split.result, 'transformer').chunkedChains, 3);
     assert.equal(stage(split.result, 'transformer').pieces, 2);
-    assert.equal(stage(split.result, 'transformer').partedGemms, 6);
+    assert.equal(stage(split.result, 'transformer').partedGemms, 5);
     assert.equal(stage(result, 'transformer').partedGemms, undefined, 'the tiny weights are under the default 16 MiB');
-    // The MLPs' down projections, the second projection, the context embedder and the MLPs' halves,
-    // each copy of a chain's chunks of tokens (tools/export/tests/test_weight_parts.py).
-    assert.equal(stage(split.result, 'transformer').partedMatmuls, 28);
-    assert.equal(stage(split.result, 'textEncoder').partedMatmuls, undefined, 'the tiny text encoder\'s MatMulNBits are under 16 KB');
+    // The context embedder (tools/export/tests/test_weight_parts.py cuts every chain's copies too).
+    assert.equal(stage(split.result, 'transformer').partedMatmuls, 1);
     assert.equal(stage(result, 'transformer').partedMatmuls, undefined, 'stages loaded at once keep their MatMulNBits whole');
     assert.equal(stage(result, 'transformer').pieces, 1);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
