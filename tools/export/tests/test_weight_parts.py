@@ -85,17 +85,22 @@ def test_a_gemm_in_parts_computes_what_the_whole_one_does(dtype, bias, tmp_path)
     assert np.array_equal(web[1], web[0])
 
 
+def with_parts_swapped(parted):
+    """`parted` with its Concat's first two parts in each other's place, saved beside it."""
+    model = onnx.load(parted, load_external_data=False)
+    concat = next(n for n in model.graph.node if n.op_type == "Concat")
+    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+    swapped = parted.replace(".onnx", ".swapped.onnx")
+    onnx.save(model, swapped)
+    return swapped
+
+
 def test_parts_joined_in_the_wrong_order_are_seen(tmp_path):
     original, parted = str(tmp_path / "gemm.onnx"), str(tmp_path / "gemm.parts.onnx")
     weight_bytes = gemm(original, np.float32, "column")
     assert gemm_parts(original, parted, weight_bytes // 2) == 1
-    model = onnx.load(parted, load_external_data=False)
-    concat = next(n for n in model.graph.node if n.op_type == "Concat")
-    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
-    swapped = str(tmp_path / "gemm.swapped.onnx")
-    onnx.save(model, swapped)
     x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
-    assert not np.array_equal(run(swapped, {"x": x}), run(original, {"x": x}))
+    assert not np.array_equal(run(with_parts_swapped(parted), {"x": x}), run(original, {"x": x}))
 
 
 def with_gemm_outputs(path, out):
@@ -211,12 +216,7 @@ def test_matmul_parts_joined_in_the_wrong_order_are_seen(tmp_path):
     original, parted = str(tmp_path / "m.onnx"), str(tmp_path / "m.parts.onnx")
     a, weight_bytes = matmul(original, 8, True)
     assert matmul_parts(original, parted, weight_bytes // 2) == 1
-    model = onnx.load(parted, load_external_data=False)
-    concat = next(n for n in model.graph.node if n.op_type == "Concat")
-    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
-    swapped = str(tmp_path / "m.swapped.onnx")
-    onnx.save(model, swapped)
-    assert relative(run(swapped, {"a": a}), run(original, {"a": a})) > 1e-3
+    assert relative(run(with_parts_swapped(parted), {"a": a}), run(original, {"a": a})) > 1e-3
 
 
 @pytest.mark.parametrize("activations", ["float32", "float16"])
