@@ -91,7 +91,7 @@ commands:
                          build, then cold images of the fixture pack (every stage loaded afresh)
                          with the stage workers compiling ORT's wasm from its URL (Chromium's
                          code cache), then handing ORT the bytes: session creation, wall, ratio
-  bench weight-parts --other DIR [--label-other NAME] [--runs 2]
+  bench weight-parts --other DIR [--label-other NAME] [--runs 2] [--watch-s 150]
                          build, then the tiny float32 pack with the transformer at its real width
                          (one block of each kind), one stage at a time, in dist/ and in the build
                          unpacked in DIR, in turn: the extension renderer's peak shared and

@@ -2,7 +2,7 @@
 // extension's renderer while they load one stage at a time, in two builds of the extension (the one in
 // dist/ and another, e.g. before a change to how weights load), on this machine's SwiftShader.
 //
-//   node tests/e2e/bench/weight-parts.mjs --other DIR [--label-other NAME] [--runs 2]
+//   node tests/e2e/bench/weight-parts.mjs --other DIR [--label-other NAME] [--runs 2] [--watch-s 150]
 //
 // The pack: the tiny real-architecture float32 pack with its transformer exported at its real width,
 // one block of each kind (tools/export/models.py, `wide`: int8 MatMulNBits of 9 to 81 MiB, float
