@@ -456,6 +456,11 @@ pub struct StageTimings {
     /// (`crate::graph::weight_parts`); left out of the JSON when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub parted_matmuls: u32,
+    /// Values the streamed transformer's pieces were given (what one passes the next) that it copied
+    /// to the GPU itself through a staging buffer of at most `weightPartBytes`, a chunk at a time,
+    /// over the image's steps; left out of the JSON when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub uploaded_values: u32,
     /// The stage worker handed ORT its wasm as bytes (stages loaded one at a time) rather than its URL
     /// (Chromium's code cache); left out of the JSON when not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

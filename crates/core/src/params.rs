@@ -156,7 +156,8 @@ pub struct GenerateParams {
     pub decoder_piece_bytes: Option<u64>,
     /// A `Gemm` (and with `matmuls_in_parts` a `MatMulNBits`) whose weights weigh more than this many
     /// bytes is computed on WebGPU in parts of their rows (`GenerateRequest::weight_part_bytes`; by
-    /// default `weight_parts::MAX_PART_BYTES`).
+    /// default `weight_parts::MAX_PART_BYTES`); what a streamed transformer's pieces pass each other
+    /// goes to and from the GPU in chunks of at most this many bytes too.
     #[serde(default = "max_weight_part_bytes")]
     pub weight_part_bytes: u64,
     /// A `MatMulNBits` too (set per try where stages load one at a time, as small budgets have them:

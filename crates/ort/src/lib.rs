@@ -30,7 +30,7 @@ use js_sys::{
     Array, BigInt64Array, Float32Array, Int32Array, Int8Array, Object, Promise, Reflect, Uint16Array,
     Uint8Array,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -98,9 +98,13 @@ extern "C" {
     fn gpu_work_done() -> Promise;
 
     /// An output ORT left on the GPU, read into `reuse` (an `ArrayBuffer`) when large enough, as a CPU
-    /// tensor; ORT's output is disposed (see `gpu.js`).
+    /// tensor, `chunk` bytes at a time; ORT's output is disposed (see `gpu.js`).
     #[wasm_bindgen(js_name = readBack)]
-    fn read_back(tensor: &JsTensor, reuse: &JsValue) -> Promise;
+    fn read_back(tensor: &JsTensor, reuse: &JsValue, chunk: u32) -> Promise;
+
+    /// A CPU tensor of more than `chunk` bytes copied onto ORT's device a chunk at a time, as a GPU
+    /// tensor; any other as it is (see `gpu.js`).
+    fn upload(tensor: &JsTensor, chunk: u32) -> Promise;
 }
 
 #[wasm_bindgen(module = "/src/profile.js")]
@@ -327,6 +331,10 @@ struct Streamed {
     provider: Provider,
     /// The arrays what the pieces pass on is read back into, by the value's name.
     arrays: RefCell<HashMap<String, JsValue>>,
+    /// The most bytes one copy to or from the GPU stages at a time (a multiple of 16).
+    chunk: u32,
+    /// How many values it copied to the GPU itself, in chunks, over all its runs.
+    uploaded: Cell<u32>,
 }
 
 impl Chain {
@@ -366,14 +374,19 @@ impl Chain {
     }
 
     /// A streamed chain of `pieces` on `provider`, taking `inputs` and giving `outputs` as the whole
-    /// graph declares them. Only the first piece's session is made here, for the first run.
+    /// graph declares them. What the pieces pass each other, and any input, goes between the CPU and
+    /// the GPU through staging buffers of at most `staging_bytes`. Only the first piece's session is
+    /// made here, for the first run.
     pub async fn streamed(
         pieces: Vec<(Vec<u8>, Vec<String>, Vec<String>)>,
         external: Vec<ExternalData>,
         provider: Provider,
         (inputs, outputs): (Vec<TensorInfo>, Vec<TensorInfo>),
+        staging_bytes: u64,
     ) -> Result<Chain, OrtError> {
-        let streamed = Streamed { external, provider, arrays: RefCell::default() };
+        let chunk = (staging_bytes.clamp(16, u64::from(u32::MAX)) as u32) & !15;
+        let streamed =
+            Streamed { external, provider, arrays: RefCell::default(), chunk, uploaded: Cell::new(0) };
         let several = pieces.len() > 1;
         let mut made = Vec::with_capacity(pieces.len());
         for (i, (graph, inputs, outputs)) in pieces.into_iter().enumerate() {
@@ -381,6 +394,12 @@ impl Chain {
             made.push(ChainPiece { session: RefCell::new(session), graph, inputs, outputs });
         }
         Ok(Chain { pieces: made, streamed: Some(streamed), inputs, outputs })
+    }
+
+    /// How many values a streamed chain copied to the GPU itself, in chunks, over all its runs (0 for
+    /// a resident chain, whose values stay on the GPU).
+    pub fn uploaded_values(&self) -> u32 {
+        self.streamed.as_ref().map_or(0, |s| s.uploaded.get())
     }
 
     /// How many pieces.
@@ -418,18 +437,34 @@ impl Chain {
                     *piece.session.borrow_mut() = Some(session);
                 }
             }
-            let mut named = Vec::with_capacity(piece.inputs.len());
+            let mut given = Vec::with_capacity(piece.inputs.len());
             for name in &piece.inputs {
                 let fed = feeds.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
                 let tensor =
                     fed.or_else(|| held.get(name)).ok_or_else(|| OrtError::MissingOutput(name.clone()))?;
-                named.push((name.as_str(), tensor));
+                given.push(tensor);
             }
+            // A streamed piece's large inputs go to the GPU through our reused staging buffer (see
+            // `Streamed::upload`), and are freed once it has run.
+            let mut uploaded = Vec::new();
+            if let Some(streamed) = &self.streamed {
+                for tensor in &given {
+                    uploaded.push(streamed.upload(tensor).await?);
+                }
+            }
+            let named: Vec<(&str, &Tensor)> = if uploaded.is_empty() {
+                piece.inputs.iter().map(String::as_str).zip(given.iter().copied()).collect()
+            } else {
+                piece.inputs.iter().map(String::as_str).zip(uploaded.iter()).collect()
+            };
             let names: Vec<&str> = piece.outputs.iter().map(String::as_str).collect();
             // Taken out while it runs: no borrow is held across the await.
             let session = piece.session.borrow_mut().take().ok_or(OrtError::Released)?;
             let outputs = session.run(&named, &names).await;
             *piece.session.borrow_mut() = Some(session);
+            for tensor in uploaded.into_iter().filter(|t| t.inner.location() == "gpu-buffer") {
+                tensor.dispose();
+            }
             let mut outputs = outputs?;
             if let Some(streamed) = &self.streamed {
                 for output in outputs.iter_mut().filter(|o| o.inner.location() == "gpu-buffer") {
@@ -488,11 +523,23 @@ impl Streamed {
         Session::create(&Uint8Array::from(graph), &self.external, &provider, false).await
     }
 
+    /// `tensor` on ORT's device when it is larger than the staging chunk, copied a chunk at a time:
+    /// ORT's own upload maps a staging buffer the size of the value, and Chromium keeps that much
+    /// shared memory in the renderer until the worker ends. Any other tensor comes back as it is.
+    async fn upload(&self, tensor: &Tensor) -> Result<Tensor, OrtError> {
+        let inner: JsTensor = JsFuture::from(upload(&tensor.inner, self.chunk)).await?.unchecked_into();
+        if inner.location() == "gpu-buffer" {
+            self.uploaded.set(self.uploaded.get() + 1);
+        }
+        Ok(Tensor { inner, name: tensor.name.clone() })
+    }
+
     /// `tensor` on the CPU: an output left on the GPU read back into the chain's array for its name
     /// (made again only when too small), before its session goes.
     async fn read_back(&self, tensor: &Tensor) -> Result<Tensor, OrtError> {
         let reuse = self.arrays.borrow().get(&tensor.name).cloned().unwrap_or(JsValue::UNDEFINED);
-        let inner: JsTensor = JsFuture::from(read_back(&tensor.inner, &reuse)).await?.unchecked_into();
+        let inner: JsTensor =
+            JsFuture::from(read_back(&tensor.inner, &reuse, self.chunk)).await?.unchecked_into();
         let array = Reflect::get(&inner.data(), &"buffer".into())?;
         self.arrays.borrow_mut().insert(tensor.name.clone(), array);
         Ok(Tensor { inner, name: tensor.name.clone() })

@@ -4,6 +4,8 @@
 // makes a new array every time: the renderer held those as garbage (BENCHMARKS.md, "The streamed
 // transformer's values read back into reused arrays"); and through one staging buffer, a chunk at a
 // time, where one staging buffer the size of each value left Chromium's mapped memory holding them all.
+// `upload` gives the next piece such a value the same way, where ORT's own upload maps a staging buffer
+// the size of the value.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -83,4 +85,62 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
   assert.deepEqual(seen.maps, [1, 1, 1, 5, 4, 2], 'mapped once per chunk');
   // One staging buffer, made again only when a value outgrew it (32 bytes, then 160), not one a value.
   assert.deepEqual(seen.staging, [32, 160]);
+});
+
+test('upload: a CPU value larger than the chunk copied to the GPU exactly, through one staging buffer a chunk at a time, as a GPU tensor ORT reads and whose buffer goes when it is disposed', { timeout: 120_000 }, async (t) => {
+  const b = await h.setup(t, { pack: null });
+  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
+  const seen = await b.page.evaluate(async ({ gpuJs, model }) => {
+    globalThis.ort = await import('/ort/ort.jspi.bundle.min.mjs');
+    const { upload } = await import(gpuJs);
+    const bytes = Uint8Array.from(atob(model), (c) => c.charCodeAt(0));
+    const session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'] });
+    // The staging buffers upload makes on ORT's device, and how many times each is mapped.
+    const device = await ort.env.webgpu.device;
+    const staging = [];
+    const createBuffer = device.createBuffer.bind(device);
+    device.createBuffer = (descriptor) => {
+      const buffer = createBuffer(descriptor);
+      if (descriptor.usage & GPUBufferUsage.MAP_WRITE) {
+        const made = { size: descriptor.size, maps: 0 };
+        staging.push(made);
+        const mapAsync = buffer.mapAsync.bind(buffer);
+        buffer.mapAsync = (...args) => ((made.maps += 1), mapAsync(...args));
+      }
+      return buffer;
+    };
+    const maps = () => staging.reduce((n, s) => n + s.maps, 0);
+    const twice = async (floats, chunk) => {
+      const mapsBefore = maps();
+      const cpu = new ort.Tensor('float32', Float32Array.from(floats), [floats.length]);
+      const x = await upload(cpu, chunk);
+      const { location } = x;
+      // The value's own GPU buffer, and whether disposing the tensor destroys it.
+      const buffer = location === 'gpu-buffer' ? { size: x.gpuBuffer.size, destroyed: false } : null;
+      if (buffer) {
+        const destroy = x.gpuBuffer.destroy.bind(x.gpuBuffer);
+        x.gpuBuffer.destroy = () => ((buffer.destroyed = true), destroy());
+      }
+      const { y } = await session.run({ x });
+      const result = { location, same: x === cpu, dims: x.dims, values: Array.from(y.data), maps: maps() - mapsBefore };
+      x.dispose();
+      return { ...result, buffer };
+    };
+    // 160 bytes 48 at a time, the last chunk 16; 164 bytes (176 on the GPU) 48 at a time, the last
+    // chunk partly past the value; 160 bytes 128 at a time; 20 bytes, no more than one chunk of 32.
+    const chunked = await twice(Array.from({ length: 40 }, (_, i) => i - 7.5), 48);
+    const uneven = await twice(Array.from({ length: 41 }, (_, i) => i / 4), 48);
+    const whole = await twice(Array.from({ length: 40 }, (_, i) => -i), 128);
+    const small = await twice([9, 8, 7, 6, 5], 32);
+    await session.release();
+    return { chunked, uneven, whole, small, staging: staging.map((s) => s.size) };
+  }, { gpuJs: `/pkg/snippets/${dir}/src/gpu.js`, model: TWICE });
+  const expect = (location, floats, maps, buffer) => ({ location, same: location === 'cpu', dims: [floats.length], values: floats.map((v) => 2 * v), maps, buffer });
+  assert.deepEqual(seen.chunked, expect('gpu-buffer', Array.from({ length: 40 }, (_, i) => i - 7.5), 4, { size: 160, destroyed: true }));
+  assert.deepEqual(seen.uneven, expect('gpu-buffer', Array.from({ length: 41 }, (_, i) => i / 4), 4, { size: 176, destroyed: true }));
+  assert.deepEqual(seen.whole, expect('gpu-buffer', Array.from({ length: 40 }, (_, i) => -i), 2, { size: 160, destroyed: true }));
+  assert.deepEqual(seen.small, expect('cpu', [9, 8, 7, 6, 5], 0, null), 'a value of one chunk or less is left to ORT');
+  // One staging buffer, made again only when a chunk outgrew it (48 bytes, then 128), not one a value;
+  // the last is ORT's own upload of the small value, a staging buffer of the value's size (20 bytes).
+  assert.deepEqual(seen.staging, [48, 128, 20]);
 });

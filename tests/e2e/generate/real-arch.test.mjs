@@ -90,6 +90,10 @@ for (const [activations, backend] of [['float32', undefined], ['float16', 'wasm'
     assert.equal(stage(result, 'transformer').partedGemms, undefined, 'the tiny weights are under the default 16 MiB');
     // The context embedder (tools/export/tests/test_weight_parts.py cuts every chain's copies too).
     assert.equal(stage(split.result, 'transformer').partedMatmuls, 1);
+    // What the second piece is given, larger than 64 KiB, copied to the GPU by us a chunk at a time
+    // (crates/ort/src/gpu.js, `upload`): 4 values a step.
+    assert.equal(stage(split.result, 'transformer').uploadedValues, 8);
+    assert.equal(stage(result, 'transformer').uploadedValues, undefined);
     assert.equal(stage(result, 'transformer').pieces, 1);
     const splitFiles = h.writeResult(`real-arch-${activations}-split`, split.result);
     const compared = await h.run('python3', ['tests/reference/compare.py', files.png, splitFiles.png, '--tol', String(TOLERANCE[activations])]);

@@ -333,6 +333,10 @@ pub struct StageTiming {
     /// `MatMulNBits` computed in parts of their weights' rows (`GenerateParams::matmuls_in_parts`).
     #[serde(default)]
     pub parted_matmuls: u32,
+    /// Values a streamed transformer's pieces were given that it copied to the GPU in chunks of at
+    /// most `GenerateParams::weight_part_bytes`, over this job's runs.
+    #[serde(default)]
+    pub uploaded_values: u32,
     /// ORT was given its wasm as bytes (`stage-worker.js?ort-wasm=bytes`).
     pub ort_wasm_as_bytes: bool,
     /// The sessions its graph ran as (more than 1: a chain of pieces, `GenerateParams::decoder_piece_bytes`).

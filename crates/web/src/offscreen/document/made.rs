@@ -89,6 +89,7 @@ fn stage_timings(stage: Stage, t: StageTiming) -> StageTimings {
         chunked_chains: t.chunked_chains,
         parted_gemms: t.parted_gemms,
         parted_matmuls: t.parted_matmuls,
+        uploaded_values: t.uploaded_values,
         ort_wasm_as_bytes: t.ort_wasm_as_bytes,
         pieces: t.pieces,
         stored_form_check_ms: t.stored_form_check_ms,

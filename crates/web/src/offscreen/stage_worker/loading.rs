@@ -20,6 +20,14 @@ impl Loaded {
         }
     }
 
+    /// How many values a streamed chain copied to the GPU itself, over all its runs.
+    pub(super) fn uploaded_values(&self) -> u32 {
+        match self {
+            Loaded::Whole(_) => 0,
+            Loaded::Chain(chain) => chain.uploaded_values(),
+        }
+    }
+
     pub(super) fn inputs(&self) -> Vec<TensorInfo> {
         match self {
             Loaded::Whole(session) => session.inputs(),

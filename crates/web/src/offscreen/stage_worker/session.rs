@@ -253,11 +253,12 @@ impl imagine_core::Session for Stage {
             tensors.push(tensor);
         }
         let named: Vec<(&str, &ort::Tensor)> = names.iter().map(String::as_str).zip(&tensors).collect();
-        let started = now_ms();
+        let (started, uploaded) = (now_ms(), self.session.uploaded_values());
         let outputs = self.session.run(&named, fetches).await;
         let ran = now_ms() - started;
         self.timing.run_ms += ran;
         self.timing.runs_ms.push(ran);
+        self.timing.uploaded_values += self.session.uploaded_values() - uploaded;
         // Free the inputs' copies now rather than at garbage collection: one per step adds up.
         tensors.into_iter().for_each(ort::Tensor::dispose);
         outputs.map_err(session_error)?.iter().map(from_ort).collect()
@@ -408,7 +409,8 @@ async fn create_session(
     let streamed = params.transformer_pieces(graph);
     if streamed > 1 {
         if let Some((pieces, io)) = pieces_by_weights(name, &bytes, streamed) {
-            let chain = ort::Chain::streamed(pieces, external.to_vec(), provider.clone(), io);
+            let staging = params.weight_part_bytes;
+            let chain = ort::Chain::streamed(pieces, external.to_vec(), provider.clone(), io, staging);
             return chain.await.map(Loaded::Chain);
         }
     }
