@@ -188,7 +188,7 @@ async function image(b, size, tag, { during, extra = {} } = {}) {
     wallMs: r.wallMs,
     memory: r.result?.timings.memory ?? null,
     budget: r.result?.timings.budget ?? null,
-    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms, partedMatmuls }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms, partedMatmuls })) ?? null,
+    stages: r.result?.timings.stages?.map(({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms, partedMatmuls, uploadedValues }) => ({ stage, startedAtMs, finishedAtMs, sessionCreateMs, resident, pieces, chunkedAttention, partedProjections, chunkedChains, partedGemms, partedMatmuls, uploadedValues })) ?? null,
     gpuAboveStart: Number.isFinite(peak) && Number.isFinite(before) ? peak - before : null,
     rendererAboveStart: rendererPeak - rendererBefore,
     rendererAfterCollection,
