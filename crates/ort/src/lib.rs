@@ -452,11 +452,8 @@ impl Chain {
                     uploaded.push(streamed.upload(tensor).await?);
                 }
             }
-            let named: Vec<(&str, &Tensor)> = if uploaded.is_empty() {
-                piece.inputs.iter().map(String::as_str).zip(given.iter().copied()).collect()
-            } else {
-                piece.inputs.iter().map(String::as_str).zip(uploaded.iter()).collect()
-            };
+            let inputs = if uploaded.is_empty() { given } else { uploaded.iter().collect() };
+            let named: Vec<(&str, &Tensor)> = piece.inputs.iter().map(String::as_str).zip(inputs).collect();
             let names: Vec<&str> = piece.outputs.iter().map(String::as_str).collect();
             // Taken out while it runs: no borrow is held across the await.
             let session = piece.session.borrow_mut().take().ok_or(OrtError::Released)?;
