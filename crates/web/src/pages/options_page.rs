@@ -223,12 +223,15 @@ fn show_keep_loaded(seconds: u32) {
 pub fn options_page_event(message: JsValue) {
     match from_js::<Event>(&message) {
         Ok(Event::PackProgress(progress)) => {
+            // The first report of a download started elsewhere also changes the buttons.
+            let first = element::<HtmlElement>("download").hidden();
             setup::show_download(Some(&progress));
+            // No "Download" while one runs ([`refresh_model`]), also before the page's first refresh.
+            set_visible("install", false);
             if element::<HtmlElement>("delete-pack").hidden() {
                 set_text("model-status", &setup::describe_download(&progress));
             }
-            // The first report of a download started elsewhere also changes the buttons.
-            if element::<HtmlElement>("download").hidden() || progress.state != DownloadState::Downloading {
+            if first || progress.state != DownloadState::Downloading {
                 spawn_local(refresh_model());
             }
         }
