@@ -15,21 +15,25 @@ import * as h from '../lib/harness.mjs';
 // `y = Add(x, x)` over float `[n]`, opset 17, as onnx.helper writes it (checked by onnx.checker).
 const TWICE = 'CAg6OwoOCgF4CgF4EgF5IgNBZGQSBXR3aWNlWhAKAXgSCwoJCAESBQoDEgFuYhAKAXkSCwoJCAESBQoDEgFuQgQKABAR';
 
-test('readBack: an output left on the GPU read back exactly, into the array it is given while large enough, through one staging buffer a chunk at a time', { timeout: 120_000 }, async (t) => {
+/**
+ * A browser whose page has ORT (`ort`), a session of TWICE (`session`, its outputs left on the GPU with
+ * `gpuOutputs`), and the staging buffers then made on ORT's device for `mode` (`READ` or `WRITE`), with
+ * how many times each is mapped (`staging`); and the URL of gpu.js to import there.
+ */
+async function pageWithTwice(t, { gpuOutputs, mode }) {
   const b = await h.setup(t, { pack: null });
   const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
-  const seen = await b.page.evaluate(async ({ gpuJs, model }) => {
+  await b.page.evaluate(async ({ model, gpuOutputs, mode }) => {
     globalThis.ort = await import('/ort/ort.jspi.bundle.min.mjs');
-    const { readBack } = await import(gpuJs);
     const bytes = Uint8Array.from(atob(model), (c) => c.charCodeAt(0));
-    const session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], preferredOutputLocation: 'gpu-buffer' });
-    // The staging buffers readBack makes on ORT's device, and how many times each is mapped.
+    const where = gpuOutputs ? { preferredOutputLocation: 'gpu-buffer' } : {};
+    globalThis.session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], ...where });
     const device = await ort.env.webgpu.device;
-    const staging = [];
+    globalThis.staging = [];
     const createBuffer = device.createBuffer.bind(device);
     device.createBuffer = (descriptor) => {
       const buffer = createBuffer(descriptor);
-      if (descriptor.usage & GPUBufferUsage.MAP_READ) {
+      if (descriptor.usage & GPUBufferUsage[`MAP_${mode}`]) {
         const made = { size: descriptor.size, maps: 0 };
         staging.push(made);
         const mapAsync = buffer.mapAsync.bind(buffer);
@@ -37,6 +41,14 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
       }
       return buffer;
     };
+  }, { model: TWICE, gpuOutputs, mode });
+  return { page: b.page, gpuJs: `/pkg/snippets/${dir}/src/gpu.js` };
+}
+
+test('readBack: an output left on the GPU read back exactly, into the array it is given while large enough, through one staging buffer a chunk at a time', { timeout: 120_000 }, async (t) => {
+  const { page, gpuJs } = await pageWithTwice(t, { gpuOutputs: true, mode: 'READ' });
+  const seen = await page.evaluate(async (gpuJs) => {
+    const { readBack } = await import(gpuJs);
     const maps = () => staging.reduce((n, s) => n + s.maps, 0);
     const twice = async (values, reuse, chunk) => {
       const { y } = await session.run({ x: new ort.Tensor('float32', Float32Array.from(values), [values.length]) });
@@ -73,7 +85,7 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
       maps: [first, again, larger, chunked, uneven, small].map((r) => r.maps),
       staging: staging.map((s) => s.size),
     };
-  }, { gpuJs: `/pkg/snippets/${dir}/src/gpu.js`, model: TWICE });
+  }, gpuJs);
   assert.deepEqual(seen.first, { location: 'gpu-buffer', disposed: true, onCpu: 'cpu', dims: [5], values: [2, 4, 6, 8, 11] });
   assert.deepEqual(seen.again.values, [-2, 0, 0.5, 2e6, 14]);
   assert.ok(seen.reused, 'the second read back made a new array rather than filling the one it was given');
@@ -88,27 +100,9 @@ test('readBack: an output left on the GPU read back exactly, into the array it i
 });
 
 test('upload: a CPU value larger than the chunk copied to the GPU exactly, through one staging buffer a chunk at a time, as a GPU tensor ORT reads and whose buffer goes when it is disposed', { timeout: 120_000 }, async (t) => {
-  const b = await h.setup(t, { pack: null });
-  const [dir] = fs.readdirSync(path.join(h.DIST, 'pkg/snippets')).filter((d) => d.startsWith('imagine-ort-'));
-  const seen = await b.page.evaluate(async ({ gpuJs, model }) => {
-    globalThis.ort = await import('/ort/ort.jspi.bundle.min.mjs');
+  const { page, gpuJs } = await pageWithTwice(t, { gpuOutputs: false, mode: 'WRITE' });
+  const seen = await page.evaluate(async (gpuJs) => {
     const { upload } = await import(gpuJs);
-    const bytes = Uint8Array.from(atob(model), (c) => c.charCodeAt(0));
-    const session = await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'] });
-    // The staging buffers upload makes on ORT's device, and how many times each is mapped.
-    const device = await ort.env.webgpu.device;
-    const staging = [];
-    const createBuffer = device.createBuffer.bind(device);
-    device.createBuffer = (descriptor) => {
-      const buffer = createBuffer(descriptor);
-      if (descriptor.usage & GPUBufferUsage.MAP_WRITE) {
-        const made = { size: descriptor.size, maps: 0 };
-        staging.push(made);
-        const mapAsync = buffer.mapAsync.bind(buffer);
-        buffer.mapAsync = (...args) => ((made.maps += 1), mapAsync(...args));
-      }
-      return buffer;
-    };
     const maps = () => staging.reduce((n, s) => n + s.maps, 0);
     const twice = async (floats, chunk) => {
       const mapsBefore = maps();
@@ -134,7 +128,7 @@ test('upload: a CPU value larger than the chunk copied to the GPU exactly, throu
     const small = await twice([9, 8, 7, 6, 5], 32);
     await session.release();
     return { chunked, uneven, whole, small, staging: staging.map((s) => s.size) };
-  }, { gpuJs: `/pkg/snippets/${dir}/src/gpu.js`, model: TWICE });
+  }, gpuJs);
   const expect = (location, floats, maps, buffer) => ({ location, same: location === 'cpu', dims: [floats.length], values: floats.map((v) => 2 * v), maps, buffer });
   assert.deepEqual(seen.chunked, expect('gpu-buffer', Array.from({ length: 40 }, (_, i) => i - 7.5), 4, { size: 160, destroyed: true }));
   assert.deepEqual(seen.uneven, expect('gpu-buffer', Array.from({ length: 41 }, (_, i) => i / 4), 4, { size: 176, destroyed: true }));
