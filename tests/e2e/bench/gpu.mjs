@@ -328,7 +328,13 @@ async function withOrt(ortDist, fn) {
 
 /** Sets `keepLoaded` (0 also unloads whatever is loaded); checks the reply. */
 async function keepLoaded(b, seconds) {
-  const reply = await h.api(b.page, { type: 'keepLoaded', seconds });
+  let reply = await h.api(b.page, { type: 'keepLoaded', seconds });
+  // A job whose result has arrived may still be finishing (seen under load in CI): the stages it holds
+  // are unloaded when it ends, so 0 waits for that.
+  for (const until = Date.now() + 60_000; seconds === 0 && reply?.loaded?.length && Date.now() < until;) {
+    await h.sleep(250);
+    reply = await h.api(b.page, { type: 'keepLoaded' });
+  }
   if (reply?.type !== 'keepLoaded' || reply.seconds !== seconds || (seconds === 0 && reply.loaded.length)) {
     throw new Error(`keepLoaded ${seconds}: ${JSON.stringify(reply)}`);
   }
