@@ -96,6 +96,11 @@ commands:
                          (one block of each kind), one stage at a time, in dist/ and in the build
                          unpacked in DIR, in turn: the extension renderer's peak shared and
                          anonymous memory above idle, and the weights each stage loaded in parts
+  bench test-cpu [NAME...]
+                         build both, then each browser test file (or the named ones) alone, as
+                         `e2e` runs it: wall time, the machine's busy CPU time and its share by
+                         process (Chromium's GPU process, the extension's renderer, Firefox's
+                         parent...), per file and in all; run it on an otherwise idle machine
   help                   this text
 
 options for run/bench/e2e:
@@ -207,7 +212,7 @@ fn run_extension(root: &Path, rest: &[String]) -> Result {
 fn bench(root: &Path, rest: &[String]) -> Result {
     let Some((what, rest)) = rest.split_first() else {
         return Err(format!(
-            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts)\n{USAGE}"
+            "bench needs a benchmark name (generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts, test-cpu)\n{USAGE}"
         ));
     };
     let script = match what.as_str() {
@@ -223,15 +228,17 @@ fn bench(root: &Path, rest: &[String]) -> Result {
         "loading" => "tests/e2e/bench/loading.mjs",
         "ort-wasm" => "tests/e2e/bench/ort-wasm.mjs",
         "weight-parts" => "tests/e2e/bench/weight-parts.mjs",
+        "test-cpu" => "tests/e2e/bench/test-cpu.mjs",
         other => {
             return Err(format!(
-                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts)"
+                "unknown benchmark `{other}` (known: generate, download, scale, soak, blocks, layout, buffers, memory, browsers, loading, ort-wasm, weight-parts, test-cpu)"
             ))
         }
     };
     let (no_build, rest) = split_flag(rest, "--no-build");
-    // `browsers` and `loading` run the tiny packs (the exporter's Python) in Chromium and in Firefox.
-    let both = what == "browsers" || what == "loading";
+    // `browsers` and `loading` run the tiny packs (the exporter's Python) in Chromium and in Firefox;
+    // `test-cpu` runs the browser tests, Firefox's among them.
+    let both = what == "browsers" || what == "loading" || what == "test-cpu";
     let tools =
         setup::ensure_prerequisites(root, if both { setup::Needs::ALL } else { setup::Needs::CHROMIUM })?;
     if !no_build {

@@ -1,0 +1,148 @@
+// `cargo xtask bench test-cpu [NAME...]`: where the browser tests' CPU time goes. Each test file (all of
+// them, or the named ones: `NAME` for tests/e2e/*/NAME.test.mjs) runs alone, as `cargo xtask e2e` runs it
+// (`node --test`, Chromium's wasm compiled by V8's baseline tier only), while the machine's busy CPU time
+// is read from /proc/stat and split by process: every process's CPU time (/proc/<pid>/stat) sampled
+// twice a second and classed by its command line (Chromium's GPU process, which runs SwiftShader's
+// WebGPU; the extension's renderer, which runs its pages, stage workers and ORT's wasm; Chromium's other
+// processes; Firefox's parent process, which runs lavapipe's WebGPU, and its content processes; node;
+// Python). Printed per file and in all, longest first.
+//
+// The question it answers: CI runs the browser tests a few at a time on 2 cores, all of them busy, so
+// the sum of the files' CPU time over 2 is the least the browser tests can take there; which cut shortens it?
+// Run it with the machine otherwise idle: the busy time is the whole machine's.
+
+import fs from 'node:fs';
+import path from 'node:path';
+import { spawn } from 'node:child_process';
+import { ROOT } from '../lib/config.mjs';
+
+const HZ = 100; // USER_HZ: the unit of /proc's CPU times on Linux
+const SAMPLE_MS = 500;
+
+/** The test files: the named ones, or every tests/e2e/<flow>/*.test.mjs. */
+function testFiles(names) {
+  const dir = path.join(ROOT, 'tests/e2e');
+  const all = fs
+    .readdirSync(dir, { withFileTypes: true })
+    .filter((d) => d.isDirectory())
+    .flatMap((d) => fs.readdirSync(path.join(dir, d.name)).filter((f) => f.endsWith('.test.mjs')).map((f) => path.join(dir, d.name, f)));
+  const name = (file) => path.basename(file, '.test.mjs');
+  if (names.length === 0) return all.sort();
+  return names.map((n) => {
+    const found = all.find((f) => name(f) === n.replace(/\.test\.mjs$/, ''));
+    if (!found) throw new Error(`no tests/e2e/*/${n}.test.mjs`);
+    return found;
+  });
+}
+
+/** The machine's busy CPU ticks: all but idle and iowait. */
+function busyTicks() {
+  const [, ...fields] = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/);
+  const v = fields.map(Number);
+  return v.reduce((a, b) => a + b, 0) - v[3] - v[4];
+}
+
+/** A process's user + system ticks, or null once it is gone. */
+function processTicks(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return Number(fields[11]) + Number(fields[12]);
+  } catch {
+    return null;
+  }
+}
+
+/** What a process is, from its command line (Chromium rewrites its own into one line with spaces). */
+function processClass(pid) {
+  let cmd;
+  try {
+    cmd = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
+  } catch {
+    return null;
+  }
+  const exe = path.basename(cmd.split(' ')[0]);
+  if (/chrom/.test(cmd.split(' ')[0]) || exe === 'exe') {
+    const type = cmd.match(/--type=([a-z-]+)/)?.[1];
+    if (!type) return 'chromium browser';
+    if (type === 'gpu-process') return 'chromium GPU (SwiftShader)';
+    if (type === 'renderer') return cmd.includes('--extension-process') ? 'chromium extension renderer' : 'chromium other renderers';
+    return `chromium ${type}`;
+  }
+  if (/firefox/.test(exe)) return cmd.includes('-contentproc') ? (/ tab$/.test(cmd.trim()) ? 'firefox content' : 'firefox other') : 'firefox parent (lavapipe)';
+  if (exe === 'node') return 'node';
+  if (/^python/.test(exe)) return 'python';
+  return 'other';
+}
+
+/** Runs `file` alone; its wall time, the machine's busy CPU seconds and those of each process class. */
+async function measure(file) {
+  const seen = new Map(); // pid -> { cls, ticks } for processes started since the measure began
+  const before = new Set(fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d)));
+  const byClass = {};
+  const sample = () => {
+    for (const d of fs.readdirSync('/proc')) {
+      if (!/^\d+$/.test(d) || before.has(d)) continue;
+      const ticks = processTicks(d);
+      if (ticks === null) continue;
+      let p = seen.get(d);
+      if (!p) {
+        const cls = processClass(d);
+        if (!cls) continue;
+        p = { cls, ticks: 0 };
+        seen.set(d, p);
+      }
+      byClass[p.cls] = (byClass[p.cls] ?? 0) + (ticks - p.ticks);
+      p.ticks = ticks;
+    }
+  };
+  const busy0 = busyTicks();
+  const t0 = Date.now();
+  const timer = setInterval(sample, SAMPLE_MS);
+  const child = spawn(process.execPath, ['--test', '--test-timeout=1200000', file], {
+    cwd: ROOT,
+    env: { ...process.env, IMAGINE_WASM_BASELINE: '1' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout.on('data', (d) => (out += d));
+  child.stderr.on('data', (d) => (out += d));
+  const code = await new Promise((resolve) => child.on('close', resolve));
+  sample();
+  clearInterval(timer);
+  const seconds = (ticks) => ticks / HZ;
+  return {
+    file: path.relative(path.join(ROOT, 'tests/e2e'), file),
+    passed: code === 0,
+    output: out,
+    wallS: (Date.now() - t0) / 1000,
+    busyS: seconds(busyTicks() - busy0),
+    byClass: Object.fromEntries(Object.entries(byClass).map(([k, v]) => [k, seconds(v)])),
+  };
+}
+
+const files = testFiles(process.argv.slice(2));
+const results = [];
+for (const file of files) {
+  const r = await measure(file);
+  results.push(r);
+  const top = Object.entries(r.byClass).sort((a, b) => b[1] - a[1]).filter(([, s]) => s >= 1);
+  console.log(`${r.file}: ${r.passed ? 'passed' : 'FAILED'}, ${r.wallS.toFixed(1)} s wall, ${r.busyS.toFixed(1)} CPU-s busy: ${top.map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}`);
+  if (!r.passed) console.log(r.output.slice(-3000));
+}
+
+const classes = [...new Set(results.flatMap((r) => Object.keys(r.byClass)))];
+const total = (f) => results.reduce((a, r) => a + f(r), 0);
+const totals = Object.fromEntries(classes.map((c) => [c, total((r) => r.byClass[c] ?? 0)]));
+const shown = classes.filter((c) => totals[c] >= 1).sort((a, b) => totals[b] - totals[a]);
+const pad = (s, n) => String(s).padStart(n);
+console.log(`\nCPU seconds per test file, each alone, the busiest first (columns: ${shown.join('; ')})`);
+console.log(`${'file'.padEnd(36)} ${pad('wall s', 7)} ${pad('busy', 6)} ${shown.map((_, i) => pad(`c${i + 1}`, 6)).join(' ')}`);
+for (const r of [...results].sort((a, b) => b.busyS - a.busyS)) {
+  console.log(`${r.file.padEnd(36)} ${pad(r.wallS.toFixed(0), 7)} ${pad(r.busyS.toFixed(0), 6)} ${shown.map((c) => pad((r.byClass[c] ?? 0).toFixed(0), 6)).join(' ')}`);
+}
+const busy = total((r) => r.busyS);
+console.log(`${'all'.padEnd(36)} ${pad(total((r) => r.wallS).toFixed(0), 7)} ${pad(busy.toFixed(0), 6)} ${shown.map((c) => pad(totals[c].toFixed(0), 6)).join(' ')}`);
+shown.forEach((c, i) => console.log(`  c${i + 1}: ${c}, ${((100 * totals[c]) / busy).toFixed(0)} % of the busy time`));
+console.log(`the least the browser tests can take on 2 busy cores: ${(busy / 2).toFixed(0)} s`);
+process.exitCode = results.every((r) => r.passed) ? 0 : 1;
