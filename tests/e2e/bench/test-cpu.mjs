@@ -1,15 +1,15 @@
 // `cargo xtask bench test-cpu [NAME...]`: where the browser tests' CPU time goes. Each test file (all of
 // them, or the named ones: `NAME` for tests/e2e/*/NAME.test.mjs) runs alone, as `cargo xtask e2e` runs it
 // (`node --test`, Chromium's wasm compiled by V8's baseline tier only), while the machine's busy CPU time
-// is read from /proc/stat and split by process: every process's CPU time (/proc/<pid>/stat) sampled
-// twice a second and classed by its command line (Chromium's GPU process, which runs SwiftShader's
-// WebGPU; the extension's renderer, which runs its pages, stage workers and ORT's wasm; Chromium's other
-// processes; Firefox's parent process, which runs lavapipe's WebGPU, and its content processes; node;
-// Python). Printed per file and in all, longest first.
+// is read from /proc/stat and split by process: the CPU time of every process the test started, and of
+// theirs (/proc/<pid>/stat), sampled twice a second and classed by its command line (Chromium's GPU
+// process, which runs SwiftShader's WebGPU; the extension's renderer, which runs its pages, stage
+// workers and ORT's wasm; Chromium's other processes; Firefox's parent process, which runs lavapipe's
+// WebGPU, and its content processes; node; Python). Printed per file and in all, the busiest first.
 //
 // The question it answers: CI runs the browser tests a few at a time on 2 cores, all of them busy, so
 // the sum of the files' CPU time over 2 is the least the browser tests can take there; which cut shortens it?
-// Run it with the machine otherwise idle: the busy time is the whole machine's.
+// Run it with the machine otherwise idle: the busy time is the whole machine's (the split, the test's own).
 
 import fs from 'node:fs';
 import path from 'node:path';
@@ -42,12 +42,12 @@ function busyTicks() {
   return v.reduce((a, b) => a + b, 0) - v[3] - v[4];
 }
 
-/** A process's user + system ticks, or null once it is gone. */
-function processTicks(pid) {
+/** A process's parent and its user + system ticks, or null once it is gone. */
+function processStat(pid) {
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return Number(fields[11]) + Number(fields[12]);
+    return { parent: fields[1], ticks: Number(fields[11]) + Number(fields[12]) };
   } catch {
     return null;
   }
@@ -75,16 +75,30 @@ function processClass(pid) {
   return 'other';
 }
 
-/** Runs `file` alone; its wall time, the machine's busy CPU seconds and those of each process class. */
+/**
+ * Runs `file` alone; its wall time, the machine's busy CPU seconds and those of each class of the test's
+ * processes (the test's node and what it started, and so on down).
+ */
 async function measure(file) {
-  const seen = new Map(); // pid -> { cls, ticks } for processes started since the measure began
-  const before = new Set(fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d)));
+  const seen = new Map(); // pid -> { cls, ticks } of the test's processes
+  const others = new Set(fs.readdirSync('/proc')); // pids that are not the test's
   const byClass = {};
+  let child = null;
   const sample = () => {
+    const stats = new Map();
     for (const d of fs.readdirSync('/proc')) {
-      if (!/^\d+$/.test(d) || before.has(d)) continue;
-      const ticks = processTicks(d);
-      if (ticks === null) continue;
+      if (!/^\d+$/.test(d) || others.has(d)) continue;
+      const stat = processStat(d);
+      if (stat) stats.set(d, stat);
+    }
+    // The test's processes: its node's descendants (a parent sampled first or seen before).
+    const ours = (pid, depth = 0) =>
+      pid === String(child?.pid) || seen.has(pid) || (depth < 32 && stats.has(pid) && ours(stats.get(pid).parent, depth + 1));
+    for (const [d, { ticks }] of stats) {
+      if (!ours(d)) {
+        if (child) others.add(d);
+        continue;
+      }
       let p = seen.get(d);
       if (!p) {
         const cls = processClass(d);
@@ -99,7 +113,7 @@ async function measure(file) {
   const busy0 = busyTicks();
   const t0 = Date.now();
   const timer = setInterval(sample, SAMPLE_MS);
-  const child = spawn(process.execPath, ['--test', '--test-timeout=1200000', file], {
+  child = spawn(process.execPath, ['--test', '--test-timeout=1200000', file], {
     cwd: ROOT,
     env: { ...process.env, IMAGINE_WASM_BASELINE: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
