@@ -80,7 +80,7 @@ function processClass(pid) {
  * processes (the test's node and what it started, and so on down).
  */
 async function measure(file) {
-  const seen = new Map(); // pid -> { cls, ticks } of the test's processes
+  const seen = new Map(); // pid -> { ticks } of the test's processes
   const others = new Set(fs.readdirSync('/proc')); // pids that are not the test's
   const byClass = {};
   let child = null;
@@ -99,14 +99,12 @@ async function measure(file) {
         if (child) others.add(d);
         continue;
       }
-      let p = seen.get(d);
-      if (!p) {
-        const cls = processClass(d);
-        if (!cls) continue;
-        p = { cls, ticks: 0 };
-        seen.set(d, p);
-      }
-      byClass[p.cls] = (byClass[p.cls] ?? 0) + (ticks - p.ticks);
+      // Classed again at every sample: a process Chromium's zygote forks says what it is only later.
+      const cls = processClass(d);
+      if (!cls) continue;
+      const p = seen.get(d) ?? { ticks: 0 };
+      seen.set(d, p);
+      byClass[cls] = (byClass[cls] ?? 0) + (ticks - p.ticks);
       p.ticks = ticks;
     }
   };
