@@ -80,10 +80,10 @@ function processClass(pid) {
  * processes (the test's node and what it started, and so on down).
  */
 async function measure(file) {
-  const seen = new Map(); // pid -> { ticks } of the test's processes
+  const lastTicks = new Map(); // the test's processes: pid -> CPU ticks at the last sample
   const others = new Set(fs.readdirSync('/proc')); // pids that are not the test's
   const byClass = {};
-  let child = null;
+  let child;
   const sample = () => {
     const stats = new Map();
     for (const d of fs.readdirSync('/proc')) {
@@ -91,21 +91,19 @@ async function measure(file) {
       const stat = processStat(d);
       if (stat) stats.set(d, stat);
     }
-    // The test's processes: its node's descendants (a parent sampled first or seen before).
+    // The test's processes: its node and every process below it, found through their parents.
     const ours = (pid, depth = 0) =>
-      pid === String(child?.pid) || seen.has(pid) || (depth < 32 && stats.has(pid) && ours(stats.get(pid).parent, depth + 1));
+      pid === String(child.pid) || lastTicks.has(pid) || (depth < 32 && stats.has(pid) && ours(stats.get(pid).parent, depth + 1));
     for (const [d, { ticks }] of stats) {
       if (!ours(d)) {
-        if (child) others.add(d);
+        others.add(d);
         continue;
       }
       // Classed again at every sample: a process Chromium's zygote forks says what it is only later.
       const cls = processClass(d);
       if (!cls) continue;
-      const p = seen.get(d) ?? { ticks: 0 };
-      seen.set(d, p);
-      byClass[cls] = (byClass[cls] ?? 0) + (ticks - p.ticks);
-      p.ticks = ticks;
+      byClass[cls] = (byClass[cls] ?? 0) + ticks - (lastTicks.get(d) ?? 0);
+      lastTicks.set(d, ticks);
     }
   };
   const busy0 = busyTicks();
