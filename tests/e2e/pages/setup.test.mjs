@@ -124,7 +124,9 @@ for (const lang of ['en', 'de']) {
 
   test(`guided setup (${lang}): the studio downloads in place, every page follows with pause and cancel; Generate held back until installed`, { timeout: 300_000 }, async (t) => {
     const b = await h.setupPadded(t, { args: [`--lang=${lang}`] });
-    b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 2 << 20 });
+    // Slow enough that the download is still running at the pause below, after six axe runs and a
+    // reload (at 2 MiB/s it once finished first, under load).
+    b.hub.inject(h.BIG_SHARD, { type: 'slow', bytesPerSecond: 512 << 10 });
     await saveSource(b.page, b.hub, b.repo);
     const studio = await open(b, 'studio.html');
     await studio.waitForSelector('#setup', { state: 'visible', timeout: 15_000 });
