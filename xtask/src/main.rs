@@ -247,6 +247,12 @@ fn bench(root: &Path, rest: &[String]) -> Result {
             build(root, false, Browser::Firefox, &tools)?;
         }
     }
+    // `test-cpu` measures the files `e2e` would run for these names (all of them, longest first).
+    let rest = if what == "test-cpu" {
+        e2e_files(root, &rest)?.iter().map(|f| f.display().to_string()).collect()
+    } else {
+        rest
+    };
     step(&format!("bench: node {script}"));
     node_script(root, script, &rest)
 }

@@ -1,5 +1,5 @@
 // `cargo xtask bench test-cpu [NAME...]`: where the browser tests' CPU time goes. Each test file (all of
-// them, or the named ones: `NAME` for tests/e2e/*/NAME.test.mjs) runs alone, as `cargo xtask e2e` runs it
+// them, or the named ones; xtask finds them as `e2e` does) runs alone, as `cargo xtask e2e` runs it
 // (`node --test`, Chromium's wasm compiled by V8's baseline tier only), while the machine's busy CPU time
 // is read from /proc/stat and split by process: the CPU time of every process the test started, and of
 // theirs (/proc/<pid>/stat), sampled twice a second and classed by its command line (Chromium's GPU
@@ -18,22 +18,6 @@ import { ROOT } from '../lib/config.mjs';
 
 const HZ = 100; // USER_HZ: the unit of /proc's CPU times on Linux
 const SAMPLE_MS = 500;
-
-/** The test files: the named ones, or every tests/e2e/<flow>/*.test.mjs. */
-function testFiles(names) {
-  const dir = path.join(ROOT, 'tests/e2e');
-  const all = fs
-    .readdirSync(dir, { withFileTypes: true })
-    .filter((d) => d.isDirectory())
-    .flatMap((d) => fs.readdirSync(path.join(dir, d.name)).filter((f) => f.endsWith('.test.mjs')).map((f) => path.join(dir, d.name, f)));
-  const name = (file) => path.basename(file, '.test.mjs');
-  if (names.length === 0) return all.sort();
-  return names.map((n) => {
-    const found = all.find((f) => name(f) === n.replace(/\.test\.mjs$/, ''));
-    if (!found) throw new Error(`no tests/e2e/*/${n}.test.mjs`);
-    return found;
-  });
-}
 
 /** The machine's busy CPU ticks: all but idle and iowait. */
 function busyTicks() {
@@ -131,7 +115,9 @@ async function measure(file) {
   };
 }
 
-const files = testFiles(process.argv.slice(2));
+// The test files' paths, as `cargo xtask bench test-cpu` finds them for the names it is given.
+const files = process.argv.slice(2).map((f) => path.resolve(f));
+if (files.length === 0) throw new Error('usage: node tests/e2e/bench/test-cpu.mjs FILE.test.mjs... (or cargo xtask bench test-cpu [NAME...])');
 const results = [];
 for (const file of files) {
   const r = await measure(file);
