@@ -819,8 +819,8 @@ fn node_test(files: &[PathBuf], jobs: usize, failed_list: &Path) -> Result {
                 "--test-reporter-destination=stdout",
             ])
             .env("IMAGINE_E2E_FAILED", failed_list)
-            // Chromium's wasm compiled by V8's baseline compiler only (tests/e2e/lib/config.mjs).
-            .env("IMAGINE_WASM_BASELINE", "1")
+            // Chromium's flags that save CPU no test depends on (tests/e2e/lib/config.mjs).
+            .env("IMAGINE_TEST_FLAGS", "1")
             .args(files),
     )
 }

@@ -8,13 +8,13 @@
 //
 //   node tests/e2e/bench/ort-wasm.mjs [--images 5]
 //
-// As users run Chromium: V8's optimizing tier on (IMAGINE_WASM_BASELINE is cleared).
+// As users run Chromium: V8's optimizing tier on (IMAGINE_TEST_FLAGS is cleared).
 
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
-delete process.env.IMAGINE_WASM_BASELINE;
+delete process.env.IMAGINE_TEST_FLAGS;
 const h = await import('../lib/harness.mjs');
 const { values: o } = parseArgs({ options: { images: { type: 'string', default: '5' } } });
 const IMAGES = Number(o.images);

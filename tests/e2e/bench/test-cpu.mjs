@@ -95,7 +95,7 @@ async function measure(file) {
   const timer = setInterval(sample, SAMPLE_MS);
   child = spawn(process.execPath, ['--test', '--test-timeout=1200000', file], {
     cwd: ROOT,
-    env: { ...process.env, IMAGINE_WASM_BASELINE: '1' },
+    env: { ...process.env, IMAGINE_TEST_FLAGS: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';

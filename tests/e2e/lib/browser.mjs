@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { collectEvents, installPack, startHub } from './api.mjs';
-import { CHROMIUM, DIST, WASM_BASELINE, webgpuArgs } from './config.mjs';
+import { CHROMIUM, DIST, testFlags, webgpuArgs } from './config.mjs';
 
 /** The flags every launch uses. */
 export function chromiumArgs(extDir = DIST) {
@@ -24,7 +24,7 @@ export function chromiumArgs(extDir = DIST) {
     '--no-first-run',
     '--disable-quic',
     '--disable-default-apps',
-    ...(WASM_BASELINE ? ['--js-flags=--liftoff-only'] : []),
+    ...testFlags(),
   ];
 }
 

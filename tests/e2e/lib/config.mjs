@@ -47,14 +47,26 @@ export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
 }
 
 /**
- * IMAGINE_WASM_BASELINE=1 (`cargo xtask test` and `e2e` set it): Chromium compiles WebAssembly with V8's
- * baseline compiler only (`--liftoff-only`). Every stage worker loads ORT's wasm afresh and V8's
- * optimizing tier compiles its hot code again in each: with the tests' tiny graphs on SwiftShader, about
- * 1.3 s of CPU per worker, more than it gives back, on a 2-core machine the browser tests keep busy
- * (BENCHMARKS.md, "CI"). Firefox's optimizing tier costs its tests nothing measurable: left on. The
- * benchmarks leave it unset, measuring the browser as users run it.
+ * IMAGINE_TEST_FLAGS=1 (`cargo xtask test` and `e2e` set it): Chromium with two savings of CPU that no
+ * test's outcome depends on, as the browser tests keep a 2-core machine busy (BENCHMARKS.md, "CI" and
+ * "Where the browser tests' CPU goes"); the benchmarks leave it unset, measuring the browser as users
+ * run it.
+ * - V8 compiles WebAssembly with its baseline compiler only (`--liftoff-only`). Every stage worker
+ *   loads ORT's wasm afresh and V8's optimizing tier compiles its hot code again in each: with the
+ *   tests' tiny graphs, about 1.3 s of CPU per worker, more than it gives back. (Firefox's optimizing
+ *   tier costs its tests nothing measurable: left on.)
+ * - Dawn compiles the shaders without zeroing workgroup memory and without clamping every buffer index
+ *   (`disable_workgroup_init`, `disable_robustness`): about a third of the GPU process's CPU, which runs
+ *   SwiftShader, on the fixture pack's images. A kernel that relied on either would read garbage here and
+ *   fail its test: no test can pass here and fail for users. (Dawn's `skip_validation` would save a
+ *   little more, but it would let through a WebGPU call that users' Chrome refuses.)
  */
-export const WASM_BASELINE = process.env.IMAGINE_WASM_BASELINE === '1';
+export const TEST_FLAGS = process.env.IMAGINE_TEST_FLAGS === '1';
+
+/** The Chromium flags IMAGINE_TEST_FLAGS adds. */
+export function testFlags() {
+  return TEST_FLAGS ? ['--js-flags=--liftoff-only', '--enable-dawn-features=disable_workgroup_init,disable_robustness'] : [];
+}
 
 /**
  * Bytes as the pages write them (`imagine_core::hub::format_bytes`): decimal units, one decimal below
