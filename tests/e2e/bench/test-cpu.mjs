@@ -1,6 +1,6 @@
 // `cargo xtask bench test-cpu [NAME...]`: where the browser tests' CPU time goes. Each test file (all of
 // them, or the named ones; xtask finds them as `e2e` does) runs alone, as `cargo xtask e2e` runs it
-// (`node --test`, Chromium's wasm compiled by V8's baseline tier only), while the machine's busy CPU time
+// (`node --test`, with the tests' Chromium flags: IMAGINE_TEST_FLAGS), while the machine's busy CPU time
 // is read from /proc/stat and split by process: the CPU time of every process the test started, and of
 // theirs (/proc/<pid>/stat), sampled twice a second and classed by its command line (Chromium's GPU
 // process, which runs SwiftShader's WebGPU; the extension's renderer, which runs its pages, stage

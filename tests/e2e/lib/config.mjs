@@ -61,11 +61,8 @@ export function webgpuArgs(kind = process.env.IMAGINE_WEBGPU || 'swiftshader') {
  *   fail its test: no test can pass here and fail for users. (Dawn's `skip_validation` would save a
  *   little more, but it would let through a WebGPU call that users' Chrome refuses.)
  */
-export const TEST_FLAGS = process.env.IMAGINE_TEST_FLAGS === '1';
-
-/** The Chromium flags IMAGINE_TEST_FLAGS adds. */
 export function testFlags() {
-  return TEST_FLAGS ? ['--js-flags=--liftoff-only', '--enable-dawn-features=disable_workgroup_init,disable_robustness'] : [];
+  return process.env.IMAGINE_TEST_FLAGS === '1' ? ['--js-flags=--liftoff-only', '--enable-dawn-features=disable_workgroup_init,disable_robustness'] : [];
 }
 
 /**
