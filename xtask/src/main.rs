@@ -577,12 +577,24 @@ fn test(root: &Path, args: &[String]) -> Result {
     timed("cargo xtask dist (release build, store zip checked)", &mut || {
         package(root, Browser::Chrome, &tools)
     })?;
-    let mut exporter = Some(exporter);
+    // The browser tests need the exporter's environment (the tiny packs), not its tests, which run on
+    // beside them.
+    timed(
+        "the exporter's environment (tools/export: torch, diffusers; made beside the steps above)",
+        &mut || {
+            exporter
+                .environment
+                .recv()
+                .map_err(|_| "the exporter's thread ended without a word".to_owned())?
+        },
+    )?;
+    timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
+    let mut exporter_tests = Some(exporter.tests);
     let mut exporter_secs = 0.0;
     timed(
         "exporter tests (tools/export, tiny configuration, against PyTorch; begun beside the steps above)",
         &mut || {
-            let (tested, secs) = exporter
+            let (tested, secs) = exporter_tests
                 .take()
                 .ok_or("the exporter's tests were waited for twice")?
                 .join()
@@ -592,7 +604,6 @@ fn test(root: &Path, args: &[String]) -> Result {
             Ok(())
         },
     )?;
-    timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
 
     print_test_summary(&done, exporter_secs, started);
     Ok(())
@@ -601,7 +612,7 @@ fn test(root: &Path, args: &[String]) -> Result {
 /// How long each step `done` took, the exporter's tests (`exporter_secs`, beside them) and all of them
 /// since `started`.
 fn print_test_summary(done: &[(String, f64)], exporter_secs: f64, started: Instant) {
-    println!("xtask: test: summary (the exporter's step is what was left to wait for)");
+    println!("xtask: test: summary (the exporter's steps are what was left to wait for)");
     for (name, secs) in done {
         println!("xtask:   ok  {secs:>8.1}s  {name}");
     }
@@ -613,22 +624,34 @@ fn print_test_summary(done: &[(String, f64)], exporter_secs: f64, started: Insta
     );
 }
 
-/// Installs the exporter's environment and runs its tests on a thread of their own; their output and
-/// how long they took. Torch is minutes of download and unpacking on a fresh machine, which the cargo
-/// steps (idle at times: the download, each crate's link) leave room for; the output is shown when it
-/// is waited for, before the browser tests, which need its environment.
-fn start_exporter_tests(root: &Path) -> std::thread::JoinHandle<(Result<String>, f64)> {
+/// The exporter's environment and tests, on a thread of their own: `environment` says once the
+/// environment is made (or why not), `tests` ends with the tests' output and how long the environment
+/// and the tests took.
+struct Exporter {
+    environment: std::sync::mpsc::Receiver<Result>,
+    tests: std::thread::JoinHandle<(Result<String>, f64)>,
+}
+
+/// Installs the exporter's environment and runs its tests on a thread of their own. Torch is minutes of
+/// download and unpacking on a fresh machine, which the cargo steps (idle at times: the download, each
+/// crate's link) leave room for; the browser tests need only the environment, and the tests (mostly one
+/// core) run on beside them.
+fn start_exporter_tests(root: &Path) -> Exporter {
     let root = root.to_path_buf();
-    std::thread::spawn(move || {
+    let (ready, environment) = std::sync::mpsc::channel();
+    let tests = std::thread::spawn(move || {
         let t = Instant::now();
-        let tested = setup::ensure_export_venv(&root).and_then(|python| {
+        let python = setup::ensure_export_venv(&root);
+        let _ = ready.send(python.as_ref().map(|_| ()).map_err(Clone::clone));
+        let tested = python.and_then(|python| {
             run_captured(
                 "pytest tools/export/tests",
                 Command::new(python).args(["-m", "pytest", "tools/export/tests", "-q"]).current_dir(&root),
             )
         });
         (tested, t.elapsed().as_secs_f64())
-    })
+    });
+    Exporter { environment, tests }
 }
 
 /// `cargo clippy` of the workspace (native) and of the crates that run in the browser (wasm32),
