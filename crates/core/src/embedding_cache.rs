@@ -12,7 +12,8 @@
 //!
 //! The cache is bounded by [`MAX_BYTES`]: the least recently used entries are dropped first. An entry
 //! carries its length and the SHA-256 of its values, so a short or damaged file is detected
-//! ([`decode_entry`]) and the prompt is encoded again instead of giving a wrong picture.
+//! ([`check_entry_header`], then the values' hash) and the prompt is encoded again instead of giving a
+//! wrong picture.
 //!
 //! The index is written before an entry's file and after the files of dropped entries are removed, so
 //! an interruption anywhere leaves no file outside the index (at most an entry whose file is missing or
@@ -37,7 +38,7 @@ pub const MAX_BYTES: u64 = 256 << 20;
 /// First bytes of an entry file (format version 1).
 const MAGIC: &[u8; 8] = b"IMEMB\x001\n";
 /// Magic, value count (u64 LE), SHA-256 of the values.
-const HEADER_BYTES: usize = 8 + 8 + 32;
+pub const HEADER_BYTES: usize = 8 + 8 + 32;
 
 /// Which form of the pack's text encoder computed the embeddings. The float32 conversion (WebGPU
 /// without `shader-f16`) and the float16 graph it was made from differ in their last bits, so an entry
@@ -180,13 +181,21 @@ impl Index {
     }
 }
 
-/// An entry file's bytes for `values`: magic, value count, SHA-256 of the values, the values (f32 LE).
+/// The header of an entry file of `values` values whose bytes (f32 LE) hash to `digest`: magic, value
+/// count (u64 LE), the SHA-256 of the values. The values follow it.
+pub fn entry_header(values: usize, digest: &[u8; 32]) -> [u8; HEADER_BYTES] {
+    let mut header = [0; HEADER_BYTES];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..16].copy_from_slice(&(values as u64).to_le_bytes());
+    header[16..].copy_from_slice(digest);
+    header
+}
+
+/// An entry file's bytes for `values`: [`entry_header`], then the values (f32 LE). The browser writes
+/// the same bytes with the values' hash computed by the browser.
 pub fn encode_entry(values: &[f32]) -> Vec<u8> {
     let payload: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + payload.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&(values.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&Sha256::digest(&payload));
+    let mut bytes = entry_header(values.len(), &Sha256::digest(&payload).into()).to_vec();
     bytes.extend_from_slice(&payload);
     bytes
 }
@@ -210,18 +219,27 @@ pub enum EntryError {
     Damaged,
 }
 
-/// The values of an entry file holding exactly `values` values, checked against its length and hash.
-pub fn decode_entry(bytes: &[u8], values: usize) -> Result<Vec<f32>, EntryError> {
+/// Checks the start of an entry file of `file_bytes` bytes (`start`: its first bytes, at least the
+/// header's when the file has them) against an entry of exactly `values` values: the SHA-256 the
+/// values (the bytes after [`HEADER_BYTES`]) must have.
+pub fn check_entry_header(start: &[u8], file_bytes: usize, values: usize) -> Result<[u8; 32], EntryError> {
     let expected = HEADER_BYTES + values * 4;
-    if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
+    if start.len() < HEADER_BYTES || &start[..8] != MAGIC {
         return Err(EntryError::NotAnEntry);
     }
-    let count = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-    if count != values as u64 || bytes.len() != expected {
-        return Err(EntryError::Length { expected, found: bytes.len() });
+    let count = u64::from_le_bytes(start[8..16].try_into().expect("8 bytes"));
+    if count != values as u64 || file_bytes != expected {
+        return Err(EntryError::Length { expected, found: file_bytes });
     }
+    Ok(start[16..HEADER_BYTES].try_into().expect("32 bytes"))
+}
+
+/// The values of an entry file holding exactly `values` values, checked against its length and hash
+/// ([`check_entry_header`]; the browser hashes the values itself).
+pub fn decode_entry(bytes: &[u8], values: usize) -> Result<Vec<f32>, EntryError> {
+    let digest = check_entry_header(bytes, bytes.len(), values)?;
     let payload = &bytes[HEADER_BYTES..];
-    if Sha256::digest(payload).as_slice() != &bytes[16..48] {
+    if Sha256::digest(payload).as_slice() != digest {
         return Err(EntryError::Damaged);
     }
     Ok(payload.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
@@ -290,6 +308,16 @@ mod tests {
         assert_eq!(decode_entry(&other, values.len()), Err(EntryError::NotAnEntry));
         assert_eq!(decode_entry(&bytes[..20], values.len()), Err(EntryError::NotAnEntry));
         assert_eq!(decode_entry(&[], 0), Err(EntryError::NotAnEntry));
+        // The header alone says what the values must hash to (the browser hashes them itself).
+        let digest: [u8; 32] = Sha256::digest(&bytes[HEADER_BYTES..]).into();
+        assert_eq!(bytes[..HEADER_BYTES], entry_header(values.len(), &digest));
+        let header = &bytes[..HEADER_BYTES];
+        assert_eq!(check_entry_header(header, bytes.len(), values.len()), Ok(digest));
+        assert_eq!(
+            check_entry_header(header, found, values.len()),
+            Err(EntryError::Length { expected: bytes.len(), found })
+        );
+        assert_eq!(check_entry_header(&bytes[..20], bytes.len(), values.len()), Err(EntryError::NotAnEntry));
     }
 
     #[test]

@@ -43,6 +43,19 @@ impl From<&JsValue> for JsError {
     }
 }
 
+/// The SHA-256 of `data` (an `ArrayBuffer` or a view of one), computed by the browser
+/// (`crypto.subtle`: far faster than SHA-256 in wasm, and off this thread).
+pub async fn sha256(data: &JsValue) -> Result<[u8; 32], JsError> {
+    let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
+    let digest: js_sys::Function = get(&subtle, "digest")
+        .dyn_into()
+        .map_err(|_| JsError { name: None, message: "crypto.subtle.digest is missing".to_owned() })?;
+    let hashed = digest.call2(&subtle, &"SHA-256".into(), data)?;
+    let hashed = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(hashed)).await?;
+    <[u8; 32]>::try_from(js_sys::Uint8Array::new(&hashed).to_vec())
+        .map_err(|_| JsError { name: None, message: "a SHA-256 digest of another length".to_owned() })
+}
+
 /// Converts a Rust value to a plain JS object (through JSON, so u64 sizes stay numbers). The types
 /// sent are plain data that always serialize; one that did not would be logged and sent as `undefined`
 /// rather than kill the context.

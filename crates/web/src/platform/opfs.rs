@@ -358,6 +358,15 @@ impl WholeFileWriter {
         await_js(written, Op::Write, &self.name).await.map(drop)
     }
 
+    /// Appends the bytes of `buffer` (an `ArrayBuffer`), which stay out of wasm memory.
+    pub async fn append_buffer(&self, buffer: &js_sys::ArrayBuffer) -> OpfsResult<()> {
+        let written = self
+            .stream
+            .write_with_buffer_source(buffer)
+            .map_err(|e| OpfsError::js(Op::Write, self.name.as_str(), e))?;
+        await_js(written, Op::Write, &self.name).await.map(drop)
+    }
+
     /// Leaves the file as it was: nothing appended takes its place (also after a failed append).
     pub async fn abort(self) {
         JsFuture::from(self.stream.abort())
@@ -425,14 +434,19 @@ pub async fn remove_stray(keep_staging: bool) -> OpfsResult<()> {
 /// only (one job at a time, so the index is never written twice at once); the service worker clears it.
 pub mod embeddings {
     use imagine_core::embedding_cache::{
-        decode_entry, encode_entry, entry_bytes, entry_file, Entry, Index, Loaded, CACHE_DIR, EMBEDDINGS_DIR,
-        INDEX_FILE, MAX_BYTES,
+        check_entry_header, entry_bytes, entry_file, entry_header, Entry, EntryError, Index, Loaded,
+        CACHE_DIR, EMBEDDINGS_DIR, HEADER_BYTES, INDEX_FILE, MAX_BYTES,
     };
+    use js_sys::{ArrayBuffer, Uint8Array};
     use wasm_bindgen::JsCast;
     use wasm_bindgen_futures::JsFuture;
     use web_sys::{FileSystemDirectoryHandle, FileSystemGetDirectoryOptions};
 
-    use super::{await_js, is_not_found, read, remove, root, write_whole, Op, OpfsError, OpfsResult};
+    use super::{
+        await_js, file, is_not_found, read_blob, remove, root, write_whole, Op, OpfsError, OpfsResult,
+        WholeFileWriter,
+    };
+    use crate::platform::js::sha256;
 
     async fn directory() -> OpfsResult<FileSystemDirectoryHandle> {
         let options = FileSystemGetDirectoryOptions::new();
@@ -453,20 +467,38 @@ pub mod embeddings {
         .unchecked_into())
     }
 
-    /// A file's bytes, or `None` when it does not exist.
-    async fn read_if_there(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<Option<Vec<u8>>> {
+    /// The file `name`, or `None` when it does not exist.
+    async fn file_if_there(dir: &FileSystemDirectoryHandle, name: &str) -> OpfsResult<Option<web_sys::File>> {
         match JsFuture::from(dir.get_file_handle(name)).await {
-            Ok(_) => Ok(Some(read(dir, name).await?)),
+            Ok(_) => Ok(Some(file(dir, name).await?)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(OpfsError::js(Op::Open, name, e)),
         }
+    }
+
+    /// The values of the entry file `name` (its bytes in `bytes`) if it holds exactly `values` of them
+    /// and they hash to what its header says, as float32 (the entry's little-endian bytes, as every
+    /// platform a browser runs on has them); why not otherwise. The bytes stay out of wasm memory.
+    async fn checked_values(bytes: &ArrayBuffer, values: usize) -> Result<ArrayBuffer, String> {
+        let length = bytes.byte_length() as usize;
+        let start = Uint8Array::new_with_byte_offset_and_length(bytes, 0, length.min(HEADER_BYTES) as u32);
+        let digest = check_entry_header(&start.to_vec(), length, values).map_err(|e| e.to_string())?;
+        let payload = bytes.slice(HEADER_BYTES as u32);
+        if sha256(&payload).await.map_err(|e| e.to_string())? != digest {
+            return Err(EntryError::Damaged.to_string());
+        }
+        Ok(payload)
     }
 
     /// The cache's index for the pack at `commit`; an index of another pack (or unreadable) is removed
     /// with every entry, and the cache starts empty.
     async fn load(commit: &str) -> OpfsResult<(Index, FileSystemDirectoryHandle)> {
         let dir = directory().await?;
-        match Index::load(read_if_there(&dir, INDEX_FILE).await?.as_deref(), commit) {
+        let index = match file_if_there(&dir, INDEX_FILE).await? {
+            Some(file) => Some(read_blob(&file, INDEX_FILE).await?),
+            None => None,
+        };
+        match Index::load(index.as_deref(), commit) {
             Loaded::Current(index) => Ok((index, dir)),
             Loaded::Reset(index) => {
                 clear().await?;
@@ -475,21 +507,25 @@ pub mod embeddings {
         }
     }
 
-    /// The cached embeddings `key` (of `values` values) of the pack at `commit`, marked as just used
-    /// (unless `record_use` is false: a private job's use leaves no trace); `None` when there are none or
-    /// their file is missing, short or damaged (then the entry is dropped).
+    /// The cached embeddings `key` (`values` float32 values, in an `ArrayBuffer`) of the pack at
+    /// `commit`, marked as just used (unless `record_use` is false: a private job's use leaves no trace);
+    /// `None` when there are none or their file is missing, short or damaged (then the entry is dropped).
     pub async fn read_entry(
         commit: &str,
         key: &str,
         values: usize,
         record_use: bool,
-    ) -> OpfsResult<Option<Vec<f32>>> {
+    ) -> OpfsResult<Option<ArrayBuffer>> {
         let (mut index, dir) = load(commit).await?;
         if index.touch(key).is_none() {
             return Ok(None);
         }
-        let checked = match read_if_there(&dir, &entry_file(key)).await {
-            Ok(Some(bytes)) => decode_entry(&bytes, values).map_err(|e| e.to_string()),
+        let name = entry_file(key);
+        let checked = match file_if_there(&dir, &name).await {
+            Ok(Some(file)) => match await_js(file.array_buffer(), Op::Read, &name).await {
+                Ok(bytes) => checked_values(&bytes.unchecked_into(), values).await,
+                Err(e) => Err(e.to_string()),
+            },
             Ok(None) => Err("its file is missing".to_owned()),
             Err(e) => Err(e.to_string()),
         };
@@ -500,7 +536,7 @@ pub mod embeddings {
             Err(why) => {
                 web_sys::console::warn_1(&format!("imagine: cached embeddings {key} not used: {why}").into());
                 index.remove(key);
-                remove(&dir, &entry_file(key)).await?;
+                remove(&dir, &name).await?;
                 None
             }
         };
@@ -508,31 +544,39 @@ pub mod embeddings {
         Ok(found)
     }
 
-    /// Keeps `values` as the embeddings `key` of the pack at `commit`, dropping the least recently used
-    /// entries past the cap. Removals and the index come before the entry's file, so no file is ever
-    /// outside the index.
+    /// Keeps `values` (float32 values in an `ArrayBuffer`, left as they are) as the embeddings `key` of
+    /// the pack at `commit`, dropping the least recently used entries past the cap. Removals and the
+    /// index come before the entry's file, so no file is ever outside the index.
     pub async fn write_entry(
         commit: &str,
         key: &str,
-        values: &[f32],
+        values: &ArrayBuffer,
         token_count: u32,
         truncated: bool,
     ) -> OpfsResult<()> {
+        let name = entry_file(key);
+        let count = values.byte_length() as usize / 4;
+        // Hashed before anything changes on disk: a failure here leaves the cache as it was.
+        let digest = sha256(values).await.map_err(|e| OpfsError::js(Op::Write, name.as_str(), e))?;
         let (mut index, dir) = load(commit).await?;
-        let entry = Entry {
-            key: key.to_owned(),
-            bytes: entry_bytes(values.len()),
-            token_count,
-            truncated,
-            last_used: 0,
-        };
+        let entry =
+            Entry { key: key.to_owned(), bytes: entry_bytes(count), token_count, truncated, last_used: 0 };
         let dropped = index.insert(entry, MAX_BYTES);
         for old in &dropped {
             remove(&dir, &entry_file(old)).await?;
         }
         write_whole(&dir, INDEX_FILE, &index.to_bytes()).await?;
         if !dropped.iter().any(|old| old == key) {
-            write_whole(&dir, &entry_file(key), &encode_entry(values)).await?;
+            let file = WholeFileWriter::create(&dir, &name).await?;
+            let written = match file.append(&entry_header(count, &digest)).await {
+                Ok(()) => file.append_buffer(values).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                file.abort().await;
+                return Err(e);
+            }
+            file.close().await?;
         }
         Ok(())
     }

@@ -45,10 +45,7 @@ pub(super) async fn prompt_embeddings(
     if let (Some(commit), Some(key)) = (commit, &key) {
         // A private job uses a cached prompt without marking it as used: nothing of it goes to disk.
         match crate::platform::opfs::embeddings::read_entry(commit, key, values, !params.private).await {
-            Ok(Some(embeddings)) => {
-                let buffer = Float32Array::from(embeddings.as_slice()).buffer().into();
-                return Ok((buffer, StageTiming::default()));
-            }
+            Ok(Some(embeddings)) => return Ok((embeddings.into(), StageTiming::default())),
             Ok(None) => {}
             Err(e) => warn(&format!("imagine: the embedding cache could not be read: {e}")),
         }
@@ -67,11 +64,16 @@ pub(super) async fn prompt_embeddings(
     let embeddings = embeddings.ok_or(OffscreenError::NoOutput)?;
     // A private job leaves nothing on disk, its prompt's embeddings included.
     if let (Some(commit), Some(key), false) = (commit, &key, params.private) {
-        // Copied before the buffer is transferred to the transformer.
-        let copy = Float32Array::new(&embeddings).to_vec();
+        // Written before the buffer is transferred to the transformer.
         let (count, truncated) = (prompt.token_count as u32, prompt.truncated);
-        if let Err(e) =
-            crate::platform::opfs::embeddings::write_entry(commit, key, &copy, count, truncated).await
+        if let Err(e) = crate::platform::opfs::embeddings::write_entry(
+            commit,
+            key,
+            embeddings.unchecked_ref(),
+            count,
+            truncated,
+        )
+        .await
         {
             warn(&format!("imagine: the prompt embeddings could not be cached: {e}"));
         }

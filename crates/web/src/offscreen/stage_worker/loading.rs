@@ -192,21 +192,17 @@ impl UncheckedForm {
     pub(super) async fn check(self, stored: &reblock::ReblockedGraph) -> Result<String, String> {
         let UncheckedForm { key, onnx_len, onnx_digest, data } = self;
         let data_len = data.size() as u64;
-        // Each piece hashed by the browser (`crypto.subtle`, far faster than SHA-256 in wasm, and off
-        // this thread), several at once, so that reading the next pieces overlaps hashing.
-        let subtle = get(&get(&js_sys::global(), "crypto"), "subtle");
-        let digest: js_sys::Function = get(&subtle, "digest").unchecked_into();
-        let read = |e: JsValue| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
+        // Each piece hashed by the browser (`js::sha256`), several at once, so that reading the next
+        // pieces overlaps hashing.
+        let read = |e: JsError| OpfsError::js(opfs::Op::Read, stored.data.as_str(), e).to_string();
         let hash_piece = |offset: u64| {
-            let (data, subtle, digest) = (&data, &subtle, &digest);
+            let data = &data;
             async move {
                 let end = (offset + reblock::DIGEST_PIECE_BYTES).min(data_len);
-                let slice = data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(read)?;
-                let piece = JsFuture::from(slice.array_buffer()).await.map_err(read)?;
-                let hashed = digest.call2(subtle, &"SHA-256".into(), &piece).map_err(read)?;
-                let hashed = JsFuture::from(js_sys::Promise::from(hashed)).await.map_err(read)?;
-                <[u8; 32]>::try_from(Uint8Array::new(&hashed).to_vec())
-                    .map_err(|_| "a digest of another length".to_owned())
+                let slice =
+                    data.slice_with_f64_and_f64(offset as f64, end as f64).map_err(|e| read(e.into()))?;
+                let piece = JsFuture::from(slice.array_buffer()).await.map_err(|e| read(e.into()))?;
+                crate::platform::js::sha256(&piece).await.map_err(read)
             }
         };
         let offsets = (0..data_len).step_by(reblock::DIGEST_PIECE_BYTES as usize);

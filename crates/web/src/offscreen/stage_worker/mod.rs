@@ -35,7 +35,7 @@ use web_sys::{DedicatedWorkerGlobalScope, MessageEvent};
 
 use crate::platform::error_messages::detail;
 use crate::platform::gpu::{self, GpuError};
-use crate::platform::js::{get, now_ms, time_origin_ms, JsError, LogError};
+use crate::platform::js::{now_ms, time_origin_ms, JsError, LogError};
 use crate::platform::opfs::{self, OpfsError};
 use crate::platform::protocol::{
     self, EncoderOutput, ProtocolError, StageOutput, StageReport, StageTask, StageTiming, TransformerOutput,
