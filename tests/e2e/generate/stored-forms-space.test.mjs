@@ -1,7 +1,7 @@
-// The disk space of the download worker's store of the graphs re-blocked to 32 beside the installed
-// pack (after a job whose stages re-blocked them while loading): a store checks the space first, leaves
-// nothing behind when the disk fills and is not tried again after every job, and packStatus counts the
-// forms. On the tiny real-architecture pack with a one-convolution decoder (lib/stored-forms.mjs);
+// The disk space of the download worker's store of the graphs re-blocked to 32 beside the installed pack
+// (after a job whose stages re-blocked them while loading): a store checks the space first, leaves nothing
+// behind when the disk fills and is not tried again after every job, and packStatus counts the forms. On the
+// tiny real-architecture transformer with the fixture's text encoder and decoder (lib/stored-forms.mjs);
 // damaged forms are stored-forms.test.mjs's, a store that hangs stored-forms-store.test.mjs's.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

@@ -1,8 +1,8 @@
-// The download worker that stores the graphs re-blocked to 32 beside the installed pack after a job
-// whose stages re-blocked them while loading, held part way (a failpoint): a store that hangs holds up
-// neither a new pack nor the images behind it, and deleting the pack while a store runs deletes it
-// whole. On the tiny real-architecture pack with a one-convolution decoder (lib/stored-forms.mjs);
-// damaged forms are stored-forms.test.mjs's, the store's disk space stored-forms-space.test.mjs's.
+// The download worker that stores the graphs re-blocked to 32 beside the installed pack after a job whose
+// stages re-blocked them while loading, held part way (a failpoint): a store that hangs holds up neither a
+// new pack nor the images behind it, and deleting the pack while a store runs deletes it whole. On the tiny
+// real-architecture transformer with the fixture's text encoder and decoder (lib/stored-forms.mjs); damaged
+// forms are stored-forms.test.mjs's, the store's disk space stored-forms-space.test.mjs's.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
