@@ -151,7 +151,8 @@ fn dispatch(args: &[String]) -> Result {
             no_arguments(rest)?;
             setup::ensure_python_packages(&root)?;
             step("fixtures: fixture packs up to date");
-            check_fixtures(&root)
+            print!("{}", check_fixtures(&root)?);
+            Ok(())
         }
         "e2e" => {
             let (no_build, rest) = split_flag(rest, "--no-build");
@@ -545,41 +546,30 @@ fn test(root: &Path, args: &[String]) -> Result {
     let exporter = start_exporter_tests(root);
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut done: Vec<(String, f64)> = Vec::new();
-    let mut timed = |name: &str, f: &mut dyn FnMut() -> Result| -> Result {
-        step(&format!("test: [{}] {name}", done.len() + 1));
-        let t = Instant::now();
-        f().map_err(|e| format!("step `{name}` failed: {e}"))?;
-        done.push((name.to_string(), t.elapsed().as_secs_f64()));
-        Ok(())
-    };
 
     if !no_fmt {
-        timed("cargo fmt --all --check", &mut || {
+        timed(&mut done, "cargo fmt --all --check", &mut || {
             run_cmd("cargo fmt", Command::new(&cargo).args(["fmt", "--all", "--check"]))
         })?;
     }
-    timed("cargo clippy (native and wasm32, warnings are errors)", &mut || clippy(&cargo))?;
-    timed("cargo test (native)", &mut || cargo_tests(&cargo))?;
-    timed("fixture packs up to date", &mut || check_fixtures(root))?;
+    // The checks the browser tests do not need run on a thread of their own, beside the release build and
+    // then the browser tests: the release build's link-time optimization leaves a core idle for a minute.
+    let checks = start_checks(root, &cargo);
     timed(
-        "float16 -> float32 rewrite against onnxruntime (tests/reference/check_converted.py)",
+        &mut done,
+        "cargo xtask dist --browser firefox (store zip checked, web-ext lint: no errors)",
         &mut || {
-            run_cmd(
-                "check_converted.py",
-                Command::new("python3").arg("tests/reference/check_converted.py").current_dir(root),
-            )
+            package(root, Browser::Firefox, &tools)?;
+            lint_firefox(root)
         },
     )?;
-    timed("cargo xtask dist --browser firefox (store zip checked, web-ext lint: no errors)", &mut || {
-        package(root, Browser::Firefox, &tools)?;
-        lint_firefox(root)
-    })?;
-    timed("cargo xtask dist (release build, store zip checked)", &mut || {
+    timed(&mut done, "cargo xtask dist (release build, store zip checked)", &mut || {
         package(root, Browser::Chrome, &tools)
     })?;
     // The browser tests need the exporter's environment (the tiny packs), not its tests, which run on
     // beside them.
     timed(
+        &mut done,
         "the exporter's environment (tools/export: torch, diffusers; made beside the steps above)",
         &mut || {
             exporter
@@ -588,10 +578,17 @@ fn test(root: &Path, args: &[String]) -> Result {
                 .map_err(|_| "the exporter's thread ended without a word".to_owned())?
         },
     )?;
-    timed("e2e tests (node --test)", &mut || e2e(root, &[]))?;
+    // Checks over by now are reported now: one that failed ends the run before the browser tests.
+    let mut checks = Some(checks);
+    if checks.as_ref().is_some_and(|c| c.is_finished()) {
+        report_checks(&mut done, checks.take())?;
+    }
+    timed(&mut done, "e2e tests (node --test)", &mut || e2e(root, &[]))?;
+    report_checks(&mut done, checks)?;
     let mut exporter_tests = Some(exporter.tests);
     let mut exporter_secs = 0.0;
     timed(
+        &mut done,
         "exporter tests (tools/export, tiny configuration, against PyTorch; begun beside the steps above)",
         &mut || {
             let (tested, secs) = exporter_tests
@@ -607,6 +604,71 @@ fn test(root: &Path, args: &[String]) -> Result {
 
     print_test_summary(&done, exporter_secs, started);
     Ok(())
+}
+
+/// Runs step `name` of `cargo xtask test` (`f`), numbered and timed into `done`.
+fn timed(done: &mut Vec<(String, f64)>, name: &str, f: &mut dyn FnMut() -> Result) -> Result {
+    step(&format!("test: [{}] {name}", done.len() + 1));
+    let t = Instant::now();
+    f().map_err(|e| format!("step `{name}` failed: {e}"))?;
+    done.push((name.to_string(), t.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// What the checks' thread ran: each check's name, seconds and output; and the error of the one that
+/// failed, if one did (the rest were not run).
+type ChecksRun = (Vec<(String, f64, String)>, Option<String>);
+
+/// A check's name, and the check (its output).
+type Check<'a> = (&'a str, &'a dyn Fn() -> Result<String>);
+
+/// Clippy, the native tests, the fixture packs and the float16 rewrite, one after another on a thread of
+/// their own, their output kept (printed by [`report_checks`], so that it does not mix with the steps
+/// beside them); the first that fails ends them.
+fn start_checks(root: &Path, cargo: &std::ffi::OsStr) -> std::thread::JoinHandle<ChecksRun> {
+    let (root, cargo) = (root.to_path_buf(), cargo.to_owned());
+    std::thread::spawn(move || {
+        let converted = || {
+            run_captured(
+                "check_converted.py",
+                Command::new("python3").arg("tests/reference/check_converted.py").current_dir(&root),
+            )
+        };
+        let checks: [Check; 4] = [
+            ("cargo clippy (native and wasm32, warnings are errors)", &|| clippy(&cargo)),
+            ("cargo test (native)", &|| cargo_tests(&cargo)),
+            ("fixture packs up to date", &|| check_fixtures(&root)),
+            (
+                "float16 -> float32 rewrite against onnxruntime (tests/reference/check_converted.py)",
+                &converted,
+            ),
+        ];
+        let mut ran = Vec::new();
+        for (name, check) in checks {
+            let t = Instant::now();
+            match check() {
+                Ok(output) => ran.push((name.to_owned(), t.elapsed().as_secs_f64(), output)),
+                Err(e) => return (ran, Some(format!("step `{name}` failed: {e}"))),
+            }
+        }
+        (ran, None)
+    })
+}
+
+/// Waits for the checks' thread (if not waited for yet), prints what it ran (begun beside the release
+/// build and the browser tests) and adds it to `done`; the error of a check that failed.
+fn report_checks(
+    done: &mut Vec<(String, f64)>,
+    checks: Option<std::thread::JoinHandle<ChecksRun>>,
+) -> Result {
+    let Some(checks) = checks else { return Ok(()) };
+    let (ran, failed) = checks.join().map_err(|_| "the checks' thread panicked".to_owned())?;
+    for (name, secs, output) in ran {
+        step(&format!("test: [{}] {name} (begun beside the release build)", done.len() + 1));
+        print!("{output}");
+        done.push((format!("{name} (beside)"), secs));
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// How long each step `done` took, the exporter's tests (`exporter_secs`, beside them) and all of them
@@ -656,12 +718,12 @@ fn start_exporter_tests(root: &Path) -> Exporter {
 
 /// `cargo clippy` of the workspace (native) and of the crates that run in the browser (wasm32),
 /// warnings as errors.
-fn clippy(cargo: &std::ffi::OsStr) -> Result {
-    run_cmd(
+fn clippy(cargo: &std::ffi::OsStr) -> Result<String> {
+    let native = run_captured(
         "cargo clippy (native)",
         Command::new(cargo).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
     )?;
-    run_cmd(
+    let wasm = run_captured(
         "cargo clippy (wasm32)",
         Command::new(cargo).args([
             "clippy",
@@ -675,13 +737,14 @@ fn clippy(cargo: &std::ffi::OsStr) -> Result {
             "-D",
             "warnings",
         ]),
-    )
+    )?;
+    Ok(native + &wasm)
 }
 
 /// `cargo test` of the native crates, then the web crate's unit tests, which need no browser (its
 /// browser code runs in the e2e tests).
-fn cargo_tests(cargo: &std::ffi::OsStr) -> Result {
-    run_cmd(
+fn cargo_tests(cargo: &std::ffi::OsStr) -> Result<String> {
+    let native = run_captured(
         "cargo test",
         Command::new(cargo).args([
             "test",
@@ -692,14 +755,18 @@ fn cargo_tests(cargo: &std::ffi::OsStr) -> Result {
             "imagine-ort",
         ]),
     )?;
-    run_cmd("cargo test (web, lib)", Command::new(cargo).args(["test", "-p", "imagine-web", "--lib"]))
+    let web = run_captured(
+        "cargo test (web, lib)",
+        Command::new(cargo).args(["test", "-p", "imagine-web", "--lib"]),
+    )?;
+    Ok(native + &web)
 }
 
 /// The committed fixture packs are what the generator makes: generate a fresh copy into a temp
 /// dir and compare it byte for byte with tests/fixtures/packs (naming every file that differs),
 /// then load and run the committed packs with onnxruntime (`make_packs.py --verify`, which writes
 /// nothing).
-fn check_fixtures(root: &Path) -> Result {
+fn check_fixtures(root: &Path) -> Result<String> {
     let script = root.join("tests/fixtures/make_packs.py");
     if !script.exists() {
         return Err("tests/fixtures/make_packs.py is missing".into());
@@ -709,10 +776,13 @@ fn check_fixtures(root: &Path) -> Result {
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
     let compared = (|| {
-        run_cmd("make_packs.py --out TMP", Command::new("python3").arg(&script).arg("--out").arg(&tmp))?;
+        let made = run_captured(
+            "make_packs.py --out TMP",
+            Command::new("python3").arg(&script).arg("--out").arg(&tmp),
+        )?;
         let diffs = compare_dirs(&tmp, &committed);
         if diffs.is_empty() {
-            Ok(())
+            Ok(made)
         } else {
             Err(format!(
                 "committed fixture packs (tests/fixtures/packs) differ from the generator's output (rerun \
@@ -722,11 +792,11 @@ fn check_fixtures(root: &Path) -> Result {
         }
     })();
     let _ = fs::remove_dir_all(&tmp);
-    compared?;
-    run_cmd(
+    let verified = run_captured(
         "make_packs.py --verify tests/fixtures/packs",
         Command::new("python3").arg(&script).arg("--verify").arg(&committed),
-    )
+    )?;
+    Ok(compared? + &verified)
 }
 
 fn compare_dirs(a: &Path, b: &Path) -> Vec<String> {
