@@ -146,7 +146,13 @@ test('Firefox: a right-click on selected text, then "Imagine" in Firefox\'s own 
   assert.equal(focus?.prompt, prompt, JSON.stringify(focus));
   assert.ok(focus.job, JSON.stringify(focus));
   assert.equal(await ff.page.evaluate(() => chrome.sidebarAction.isOpen({})), true);
-  const sidebar = await inBrowserWindow(ff.browser, () => SidebarController.browser.contentDocument.getElementById('webext-panels-browser')?.currentURI.spec ?? null);
+  // The sidebar's panel shows about:blank until the studio loads in it (seen beside other files).
+  const panel = () => inBrowserWindow(ff.browser, () => SidebarController.browser.contentDocument.getElementById('webext-panels-browser')?.currentURI.spec ?? null);
+  let sidebar = await panel();
+  for (let i = 0; i < 75 && !/^moz-extension:/.test(sidebar ?? ''); i++) {
+    await h.sleep(200);
+    sidebar = await panel();
+  }
   assert.match(sidebar ?? '', /^moz-extension:\/\/[^/]+\/studio\.html/);
   const state = await h.endedJob(ff.page, focus.job, h.GENERATION_TIMEOUT_MS);
   assert.deepEqual([state.result?.prompt, state.result?.width, state.result?.height, state.result?.steps, state.result?.schedule], [prompt, 256, 320, 2, 'linear-shift'], JSON.stringify(state).slice(0, 400));
