@@ -553,7 +553,7 @@ fn test(root: &Path, args: &[String]) -> Result {
         })?;
     }
     // The checks the browser tests do not need run on a thread of their own, beside the release build and
-    // then the browser tests: the release build's link-time optimization leaves a core idle for a minute.
+    // then the browser tests, which thus began about 190 s sooner on a fresh clone (BENCHMARKS.md).
     let checks = start_checks(root, &cargo);
     timed(
         &mut done,

@@ -476,9 +476,9 @@ pub mod embeddings {
         }
     }
 
-    /// The values of the entry file `name` (its bytes in `bytes`) if it holds exactly `values` of them
-    /// and they hash to what its header says, as float32 (the entry's little-endian bytes, as every
-    /// platform a browser runs on has them); why not otherwise. The bytes stay out of wasm memory.
+    /// The values of an entry file (its bytes in `bytes`) if it holds exactly `values` of them and they
+    /// hash to what its header says, as float32 (the entry's little-endian bytes, as every platform a
+    /// browser runs on has them); why not otherwise. The bytes stay out of wasm memory.
     async fn checked_values(bytes: &ArrayBuffer, values: usize) -> Result<ArrayBuffer, String> {
         let length = bytes.byte_length() as usize;
         let start = Uint8Array::new_with_byte_offset_and_length(bytes, 0, length.min(HEADER_BYTES) as u32);
