@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as h from '../lib/harness.mjs';
-import { FIREFOX_DIST, fakeSystemNotifications, firefoxProfile, inBrowserWindow, setupFirefox } from '../lib/firefox.mjs';
+import { FIREFOX_DIST, fakeSystemNotifications, inBrowserWindow, setupFirefox } from '../lib/firefox.mjs';
 import { firefoxLoadingPeak, withFullDecoder } from '../lib/loading-memory.mjs';
 import { TOLERANCE, tinyPack } from '../lib/tiny-packs.mjs';
 
@@ -27,7 +27,8 @@ test('Firefox: the float16 pack installs from the fake Hub and runs on WebGPU wi
   const status = await h.packStatus(ff.page);
   assert.equal(status.installed, false, JSON.stringify(status));
   // The verdict from an adapter Firefox names nothing of (no vendor, no architecture): it has shader-f16.
-  assert.equal((await ff.page.$eval('#device-verdict', (e) => e.textContent.trim())), await ff.page.evaluate(() => chrome.i18n.getMessage('verdictAsPublished')));
+  const asPublished = await ff.page.evaluate(() => chrome.i18n.getMessage('verdictAsPublished'));
+  await ff.page.waitForFunction((text) => document.querySelector('#device-verdict')?.textContent.trim() === text, { timeout: 30_000 }, asPublished);
 
   await h.installPack(ff.page, ff.hub, 'fixtures/f16');
   assert.equal((await h.packStatus(ff.page)).convertedBytes, null, 'a float16 pack is not converted where WebGPU has shader-f16');
@@ -279,7 +280,7 @@ test('Firefox closed mid-download and started again on the same profile: the dow
   const { BIG_SHARD: SHARD, BIG_SHARD_SIZE: SIZE, REFETCH_BYTES } = h;
   // Installed for good in its profile, as a user has it. (Seen to fail when the profile's storage is
   // removed between the two starts: the download then does not resume.)
-  const ff = await setupFirefox(t, { repos: ['f32'], hubOptions: { pad: { [SHARD]: SIZE } }, profileDir: firefoxProfile(t) });
+  const ff = await setupFirefox(t, { repos: ['f32'], hubOptions: { pad: { [SHARD]: SIZE } }, keptProfile: true });
   // 1 MiB/s: at 3 MiB/s, beside two other test files, Firefox took long enough to close that 5 MB more
   // were sent meanwhile, while its hash worker had checkpointed only 4 MiB: more re-fetched than a
   // checkpoint's interval allows.

@@ -67,7 +67,7 @@ export async function launch({ profileDir, extDir = DIST, headless = isHeadless(
   /** Closes the browser; removes the profile if launch() made it (unless keepProfile). */
   b.close = async ({ keepProfile = false } = {}) => {
     await context.close().catch(() => {});
-    if (ownProfile && !keepProfile) fs.rmSync(profileDir, { recursive: true, force: true });
+    if (ownProfile && !keepProfile) removeProfile(profileDir);
   };
   /**
    * Closes the browser and launches it again on the same profile (as a user quitting and reopening
@@ -79,11 +79,19 @@ export async function launch({ profileDir, extDir = DIST, headless = isHeadless(
     const innerClose = nb.close;
     nb.close = async ({ keepProfile = false } = {}) => {
       await innerClose({ keepProfile: true });
-      if (ownProfile && !keepProfile) fs.rmSync(profileDir, { recursive: true, force: true });
+      if (ownProfile && !keepProfile) removeProfile(profileDir);
     };
     return nb;
   };
   return b;
+}
+
+/**
+ * Removes a browser profile. A browser's last writes can land while the removal runs (ENOTEMPTY),
+ * so it is tried again a few times rather than failing the test that used it.
+ */
+export function removeProfile(dir) {
+  fs.rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
 }
 
 export function extensionUrl(extensionId, file) {
@@ -111,8 +119,11 @@ export async function setup(t, { pack = 'f32', install = true, backend, hubOptio
   const b = await launch(launchOpts);
   const ctx = { ...b, hub, repo: pack ? `fixtures/${pack}` : null };
   t.after(async () => {
-    await ctx.close();
-    await hub?.close();
+    try {
+      await ctx.close();
+    } finally {
+      await hub?.close();
+    }
   });
   await collectEvents(b.page);
   if (hub && pack && install) {

@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import puppeteer from 'puppeteer-core';
 import { startHub } from './api.mjs';
-import { isHeadless } from './browser.mjs';
+import { isHeadless, removeProfile } from './browser.mjs';
 import { ROOT } from './config.mjs';
 
 export const FIREFOX = process.env.IMAGINE_FIREFOX || '/usr/bin/firefox-esr';
@@ -84,7 +84,7 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
     return page;
   };
   const page = await open('popup.html');
-  const close = () => browser.close().catch(() => {});
+  const close = () => quit(browser);
   const relaunch = async () => {
     await close();
     return launchFirefox({ headless, profileDir, webgpu, prefs });
@@ -92,24 +92,46 @@ export async function launchFirefox({ headless = isHeadless(), profileDir, webgp
   return { browser, page, open, close, relaunch };
 }
 
-/** A profile directory for `launchFirefox`, removed when the test ends. */
-export function firefoxProfile(t) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-firefox-'));
-  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
-  return dir;
+/**
+ * Quits Firefox and waits for its process to end; kills it if it has not quit within 30 s. A Firefox
+ * that outlives its test keeps the test file running until the runner's timeout, and writes into a
+ * profile being removed.
+ */
+async function quit(browser) {
+  const child = browser.process();
+  const exited = new Promise((resolve) => {
+    if (!child || child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once('exit', resolve);
+  });
+  const closing = browser.close().catch(() => {});
+  const timer = setTimeout(() => child?.kill('SIGKILL'), 30_000);
+  await exited;
+  clearTimeout(timer);
+  // Puppeteer then removes the temporary profile it made, if any.
+  await Promise.race([closing, new Promise((resolve) => setTimeout(resolve, 5_000))]);
 }
 
 /**
- * `launchFirefox` (headless, `webgpu`, `prefs`, `profileDir`: a fresh temporary profile when none) and a
- * fake Hub serving `repos` (`hubOptions`: more of `startHub`'s options): { browser, page, hub, open(name),
- * relaunch() }. Both closed when the test ends (a relaunched Firefox too).
+ * `launchFirefox` (headless, `webgpu`, `prefs`) and a fake Hub serving `repos` (`hubOptions`: more of
+ * `startHub`'s options): { browser, page, hub, open(name), relaunch() }. `keptProfile`: Firefox runs on a
+ * profile of its own that `relaunch` keeps, with the add-on installed for good in it; otherwise on a
+ * fresh temporary profile with a temporary add-on. When the test ends, Firefox (a relaunched one too)
+ * quits, then the Hub closes and the profile is removed, in that order whatever fails.
  */
-export async function setupFirefox(t, { repos = ['f16', 'f32'], hubOptions = {}, webgpu = true, prefs, profileDir } = {}) {
+export async function setupFirefox(t, { repos = ['f16', 'f32'], hubOptions = {}, webgpu = true, prefs, keptProfile = false } = {}) {
   const hub = await startHub({ repos, ...hubOptions });
-  t.after(() => hub.close());
-  const ff = await launchFirefox({ headless: true, webgpu, prefs, profileDir });
-  let current = ff;
-  t.after(() => current.close());
+  const profileDir = keptProfile ? fs.mkdtempSync(path.join(os.tmpdir(), 'imagine-firefox-')) : undefined;
+  let current = null;
+  t.after(async () => {
+    try {
+      await current?.close();
+    } finally {
+      await hub.close();
+      if (profileDir) removeProfile(profileDir);
+    }
+  });
+  current = await launchFirefox({ headless: true, webgpu, prefs, profileDir });
+  const ff = current;
   const relaunch = async () => {
     current = await current.relaunch();
     return current;
