@@ -34,6 +34,43 @@ export function isHeadless() {
 }
 
 /**
+ * The features Playwright turns off and on at every launch (`chromiumSwitches` of the playwright-core
+ * that package-lock.json pins). Chromium keeps only the last `--disable-features` and the last
+ * `--enable-features`: `featureSwitches` merges ours with these into one of each, and `launch` fails if
+ * Playwright's list has grown and a name of it would be lost.
+ */
+const PLAYWRIGHT_FEATURES = {
+  disable: ['AvoidUnnecessaryBeforeUnloadCheckSync', 'DestroyProfileOnBrowserClose', 'HttpsUpgrades', 'HttpsFirstBalancedModeAutoEnable',
+    'LensOverlay', 'MediaRouter', 'PaintHolding', 'ThirdPartyStoragePartitioning', 'AvoidCorsURLLoaderRestartOnRedirect',
+    'TcpPortRandomizationWin', 'OptimizationHints', 'NetworkTimeServiceQuerying', 'AimEnabled', 'PreconnectToSearch',
+    'msForceBrowserSignIn', 'msEdgeUpdateLaunchServicesPreferredVersion'],
+  enable: ['CDPScreenshotNewSurface', 'SkipListAccountsWithoutGaiaCookies'],
+};
+
+/** `args` with their feature switches merged, with Playwright's, into one of each kind. */
+function featureSwitches(args) {
+  const names = { disable: [...PLAYWRIGHT_FEATURES.disable], enable: [...PLAYWRIGHT_FEATURES.enable] };
+  const rest = args.filter((arg) => {
+    const m = /^--(disable|enable)-features=(.*)$/.exec(arg);
+    if (m) names[m[1]].push(...m[2].split(',').filter(Boolean));
+    return !m;
+  });
+  return [...rest, ...Object.entries(names).map(([kind, list]) => `--${kind}-features=${[...new Set(list)].join(',')}`)];
+}
+
+/** Throws if a feature switch of the running browser drops a name that an earlier one of its kind gave. */
+async function checkFeatureSwitches(browserCdp) {
+  const { processInfo } = await browserCdp.send('SystemInfo.getProcessInfo');
+  const argv = fs.readFileSync(`/proc/${processInfo.find((p) => p.type === 'browser').id}/cmdline`, 'utf8').split('\0');
+  for (const kind of ['disable', 'enable']) {
+    const lists = argv.filter((a) => a.startsWith(`--${kind}-features=`)).map((a) => a.slice(a.indexOf('=') + 1).split(','));
+    const kept = new Set(lists.at(-1));
+    const lost = [...new Set(lists.flat())].filter((name) => !kept.has(name));
+    if (lost.length) throw new Error(`Chromium keeps only the last --${kind}-features: ${lost.join(', ')} would be lost; add them to PLAYWRIGHT_FEATURES (tests/e2e/lib/browser.mjs)`);
+  }
+}
+
+/**
  * Launches Chromium with the extension and opens its popup page in a tab.
  * Returns { context, extensionId, serviceWorker, page, profileDir, browserCdp, close }.
  */
@@ -46,7 +83,7 @@ export async function launch({ profileDir, extDir = DIST, headless = isHeadless(
   const context = await chromium.launchPersistentContext(profileDir, {
     executablePath: CHROMIUM,
     headless,
-    args: [...chromiumArgs(extDir), ...args],
+    args: featureSwitches([...chromiumArgs(extDir), ...args]),
     viewport: { width: 900, height: 900 },
   });
   let serviceWorker = context.serviceWorkers().find((w) => w.url().startsWith('chrome-extension://'));
@@ -63,6 +100,10 @@ export async function launch({ profileDir, extDir = DIST, headless = isHeadless(
     await page.goto(extensionUrl(extensionId, openPage));
   }
   const browserCdp = await context.browser().newBrowserCDPSession();
+  await checkFeatureSwitches(browserCdp).catch(async (e) => {
+    await context.close();
+    throw e;
+  });
   const b = { context, extensionId, serviceWorker, page, profileDir, browserCdp };
   /** Closes the browser; removes the profile if launch() made it (unless keepProfile). */
   b.close = async ({ keepProfile = false } = {}) => {
