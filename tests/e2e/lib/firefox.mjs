@@ -131,12 +131,11 @@ export async function setupFirefox(t, { repos = ['f16', 'f32'], hubOptions = {},
     }
   });
   current = await launchFirefox({ headless: true, webgpu, prefs, profileDir });
-  const ff = current;
   const relaunch = async () => {
     current = await current.relaunch();
     return current;
   };
-  return { ...ff, hub, relaunch };
+  return { ...current, hub, relaunch };
 }
 
 /**
